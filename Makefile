@@ -1,0 +1,25 @@
+# Set-up and entry points. `make demo` and `make test` work on a fresh machine with Python 3.11 + pip.
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+
+.PHONY: demo test lint bench clean
+
+$(BIN)/arcsim: pyproject.toml requirements-ci.txt
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q -r requirements-ci.txt
+	$(BIN)/pip install -q -e '.[dev]'
+	touch $@
+
+demo: $(BIN)/arcsim
+	$(BIN)/arcsim collective --algo all --engine both
+
+test: $(BIN)/arcsim
+	$(BIN)/ruff check .
+	$(BIN)/pytest -q
+
+bench: $(BIN)/arcsim
+	$(BIN)/python benchmarks/des_scaling.py
+
+clean:
+	rm -rf $(VENV) build *.egg-info

@@ -1,0 +1,3 @@
+from arcsim.cli import main
+
+main()

@@ -1,0 +1,153 @@
+"""The `arcsim` command line: thin; parses, calls the library, renders."""
+
+from __future__ import annotations
+
+import json
+import sys
+import traceback
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from arcsim import __version__
+from arcsim.errors import ArcsimError
+from arcsim.netsim import ENGINES
+from arcsim.pricing import ALGO_CHOICES, price_collective
+from arcsim.topology import GRAMMAR, load_topology, preset_names
+from arcsim.units import format_bits, format_duration, format_rate, format_size, parse_duration, parse_size
+
+DEFAULT_TOPOLOGY = "8x8-ib100"
+
+console = Console(width=None if sys.stdout.isatty() else 130)
+
+
+def _emit_json(obj: object) -> None:
+    click.echo(json.dumps(obj, indent=2, sort_keys=False))
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="arcsim")
+@click.option("--debug", is_flag=True, help="Show the full traceback on errors.")
+@click.pass_context
+def cli(ctx: click.Context, debug: bool) -> None:
+    """arcsim: which gradient compressor, collective and ratio train fastest on your cluster."""
+    ctx.obj = {"debug": debug}
+
+
+# -- topologies ----------------------------------------------------------------------------------------
+@cli.group()
+def topo() -> None:
+    """Cluster topologies: presets, YAML files and the name grammar."""
+
+
+@topo.command("list")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
+def topo_list(as_json: bool) -> None:
+    """List preset topologies."""
+    topologies = [load_topology(name) for name in preset_names()]
+    if as_json:
+        _emit_json([{"name": t.name, "ranks": t.ranks, "nodes": t.nodes, "gpus_per_node": t.gpus_per_node,
+                     "node_bandwidth_Bps": t.node_bandwidth, "description": t.description} for t in topologies])
+        return
+    table = Table(title="Preset topologies", caption=f"Also any YAML path, or the grammar {GRAMMAR}")
+    for col in ("name", "ranks", "inter-node per node", "description"):
+        table.add_column(col)
+    for t in topologies:
+        table.add_row(t.name, str(t.ranks), format_bits(t.node_bandwidth), t.description)
+    console.print(table)
+
+
+@topo.command("show")
+@click.argument("spec")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
+def topo_show(spec: str, as_json: bool) -> None:
+    """Show a topology: SPEC is a preset name, a YAML path, or a grammar name such as 8x8-ib100."""
+    t = load_topology(spec)
+    if as_json:
+        _emit_json(t.to_dict())
+        return
+    table = Table(title=f"{t.name}", caption=t.description, show_header=False)
+    table.add_column("field", style="bold")
+    table.add_column("value")
+    for key, value in t.summary_rows():
+        table.add_row(key, value)
+    table.add_row("source", t.source)
+    console.print(table)
+
+
+# -- collectives ---------------------------------------------------------------------------------------
+@cli.command()
+@click.option("--topology", "-t", default=DEFAULT_TOPOLOGY, show_default=True,
+              help="Preset name, YAML path, or grammar name (NxG-<fabric><Gbps>[x<NICs>]).")
+@click.option("--op", default="allreduce", show_default=True,
+              help="allreduce, allgather, broadcast or reducescatter.")
+@click.option("--algo", type=click.Choice(ALGO_CHOICES), default="auto", show_default=True,
+              help="Algorithm; 'auto' picks the cheapest by the closed form, 'all' compares every one.")
+@click.option("--size", default="100MB", show_default=True,
+              help="Bytes per rank (all-gather: total output), e.g. 100MB or 64MiB.")
+@click.option("--engine", type=click.Choice([*ENGINES, "both"]), default="analytic", show_default=True)
+@click.option("--compute", default="0s", show_default=True,
+              help="Compute time before the collective; stragglers arrive slowdown × this (DES only).")
+@click.option("--seed", default=0, show_default=True, help="Seed for latency jitter (DES).")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
+def collective(topology: str, op: str, algo: str, size: str, engine: str, compute: str, seed: int,
+               as_json: bool) -> None:
+    """Price one collective on a topology with the closed form and/or the SimPy DES.
+
+    \b
+    Units: sizes in B/kB/MB/GB are decimal (MB = 10^6 B), KiB/MiB/GiB are binary
+    (MiB = 2^20 B); rates in Gbps are 10^9 bit/s; durations in ns/us/ms/s.
+    """
+    topo_obj = load_topology(topology)
+    nbytes = parse_size(size)
+    engines = ENGINES if engine == "both" else (engine,)
+    results = price_collective(topo_obj, op, algo, nbytes, engines, parse_duration(compute), seed)
+    if as_json:
+        rows = [r.to_dict() for r in results]
+        _emit_json(rows[0] if len(rows) == 1 else rows)
+        return
+    table = Table(title=f"{results[0].op} of {format_size(nbytes)} on {topo_obj.name} ({topo_obj.ranks} ranks)")
+    for col in ("algorithm", "engine", "time", "algbw", "busbw", "steps", "notes"):
+        table.add_column(col, justify="right" if col in ("time", "algbw", "busbw", "steps") else "left")
+    best = min(r.time_s for r in results)
+    for r in results:
+        notes = [r.detail] if r.detail else []
+        if r.auto:
+            notes.append("chosen by auto")
+        if r.engine == "des":
+            notes.append(f"{r.events:,} events" + (f", {r.simulated_ranks}/{r.ranks} ranks simulated (symmetry)"
+                                                   if r.simulated_ranks < r.ranks else ""))
+        style = "bold green" if r.time_s == best and len(results) > 1 else None
+        table.add_row(r.algo, r.engine, format_duration(r.time_s), format_rate(r.algbw_Bps),
+                      format_rate(r.busbw_Bps), str(r.steps), "; ".join(notes), style=style)
+    console.print(table)
+    if "analytic" in engines and not topo_obj.is_homogeneous:
+        console.print("[yellow]note:[/] the closed form ignores stragglers and jitter; the DES includes them.")
+
+
+def main() -> None:
+    """Console entry point: user errors become one line on stderr and exit code 2."""
+    debug = "--debug" in sys.argv[1:]
+    try:
+        cli.main(standalone_mode=False)
+    except ArcsimError as exc:
+        if debug:
+            traceback.print_exc()
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(exc.exit_code)
+    except click.exceptions.ClickException as exc:
+        if debug:
+            traceback.print_exc()
+        click.echo(f"error: {exc.format_message()}", err=True)
+        sys.exit(2)
+    except click.exceptions.Abort:
+        click.echo("interrupted", err=True)
+        sys.exit(130)
+    except KeyboardInterrupt:
+        click.echo("interrupted", err=True)
+        sys.exit(130)
+
+
+if __name__ == "__main__":
+    main()

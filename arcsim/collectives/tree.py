@@ -1,0 +1,135 @@
+"""Tree and pipelined algorithms: double binary tree all-reduce, binomial and chain broadcast."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from arcsim.collectives.schedule import Step, make_step
+
+MAX_CHUNKS = 64
+
+
+def best_chunks(hops: int, nbytes: float, alpha: float, beta: float) -> int:
+    """Chunk count s minimising (hops + s)(α + nβ/s): s* = sqrt(hops·nβ/α), clamped to 1..MAX_CHUNKS."""
+    if hops <= 0 or nbytes <= 0:
+        return 1
+    if alpha <= 0:
+        return MAX_CHUNKS
+    return int(min(MAX_CHUNKS, max(1, round(math.sqrt(hops * nbytes * beta / alpha)))))
+
+
+def inorder_parents(p: int) -> np.ndarray:
+    """Parent of each rank in a balanced in-order binary tree over 0..p−1 (the root's parent is −1)."""
+    parent = np.full(p, -1, dtype=np.int64)
+    stack = [(0, p, -1)]
+    while stack:
+        lo, hi, up = stack.pop()
+        if lo >= hi:
+            continue
+        mid = (lo + hi) // 2
+        parent[mid] = up
+        stack += [(lo, mid, mid), (mid + 1, hi, mid)]
+    return parent
+
+
+def _depths_and_heights(parent: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    p = parent.size
+    depth = np.zeros(p, dtype=np.int64)
+    order = []
+    children: list[list[int]] = [[] for _ in range(p)]
+    root = int(np.flatnonzero(parent < 0)[0])
+    for v, u in enumerate(parent):
+        if u >= 0:
+            children[u].append(v)
+    stack = [root]
+    while stack:
+        v = stack.pop()
+        order.append(v)
+        for c in children[v]:
+            depth[c] = depth[v] + 1
+            stack.append(c)
+    height = np.zeros(p, dtype=np.int64)
+    for v in reversed(order):
+        if parent[v] >= 0:
+            height[parent[v]] = max(height[parent[v]], height[v] + 1)
+    return depth, height
+
+
+def double_binary_trees(p: int) -> tuple[np.ndarray, np.ndarray]:
+    """Two trees such that most ranks are a leaf in one and an inner node in the other (tree B = A shifted by 1)."""
+    a = inorder_parents(p)
+    b = np.full(p, -1, dtype=np.int64)
+    has_parent = a >= 0
+    b[(np.flatnonzero(has_parent) + 1) % p] = (a[has_parent] + 1) % p
+    return a, b
+
+
+def double_binary_tree_all_reduce(p: int, nbytes: float, chunks: int) -> list[Step]:
+    """Each tree reduces half the vector to its root, then broadcasts it back, pipelined in ``chunks`` pieces.
+
+    Reduce: a rank of height h sends chunk j to its parent in step j + h. Broadcast: a rank of depth d
+    receives chunk j from its parent in step j + d − 1. Both trees run in the same steps.
+    """
+    chunk = nbytes / 2 / chunks
+    trees = [(parent, *_depths_and_heights(parent)) for parent in double_binary_trees(p)]
+    up_starts = [(np.flatnonzero(par >= 0), height) for par, _, height in trees]
+    up_len = max(chunks + int(h[v].max()) for v, h in up_starts)
+    down_len = max(chunks + int(d.max()) - 1 for _, d, _ in trees)
+
+    def steps_for(length: int, starts_of, reduce: bool) -> list[Step]:
+        out = []
+        for t in range(length):
+            srcs, dsts = [], []
+            for (par, depth, height), (v, _) in zip(trees, up_starts, strict=True):
+                start = starts_of(depth, height)[v]
+                active = v[(t >= start) & (t < start + chunks)]
+                if reduce:
+                    srcs.append(active)
+                    dsts.append(par[active])
+                else:
+                    srcs.append(par[active])
+                    dsts.append(active)
+            src, dst = np.concatenate(srcs), np.concatenate(dsts)
+            if src.size:
+                out.append(make_step(src, dst, chunk, chunk if reduce else 0.0))
+        return out
+
+    up = steps_for(up_len, lambda depth, height: height, reduce=True)
+    down = steps_for(down_len, lambda depth, height: depth - 1, reduce=False)
+    return merge_repeats(up + down)
+
+
+def binomial_broadcast(p: int, nbytes: float) -> list[Step]:
+    """Root 0; in step i every rank below 2^i that has the data sends it to rank + 2^i."""
+    steps = []
+    d = 1
+    while d < p:
+        src = np.arange(min(d, p - d))
+        steps.append(make_step(src, src + d, nbytes, 0.0))
+        d *= 2
+    return steps
+
+
+def chain_broadcast(p: int, nbytes: float, chunks: int) -> list[Step]:
+    """Root 0 → 1 → … → p−1, pipelined: in step t rank i forwards chunk t − i."""
+    i = np.arange(p - 1)
+    steps = []
+    for t in range(p + chunks - 2):
+        active = i[(t - i >= 0) & (t - i < chunks)]
+        steps.append(make_step(active, active + 1, nbytes / chunks, 0.0))
+    return merge_repeats(steps)
+
+
+def merge_repeats(steps: list[Step]) -> list[Step]:
+    """Fold runs of identical consecutive steps into one step with a repeat count."""
+    out: list[Step] = []
+    for s in steps:
+        last = out[-1] if out else None
+        if (last is not None and np.array_equal(last.src, s.src) and np.array_equal(last.dst, s.dst)
+                and np.array_equal(last.nbytes, s.nbytes) and np.array_equal(last.reduce, s.reduce)):
+            out[-1] = Step(last.src, last.dst, last.nbytes, last.reduce, last.repeat + s.repeat)
+        else:
+            out.append(s)
+    return out

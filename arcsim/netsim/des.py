@@ -1,0 +1,186 @@
+"""Discrete-event simulation (SimPy) of a step schedule on a topology's shared links.
+
+Every rank is a SimPy process that walks through the steps it takes part in. A message starts when
+its sender and receiver have both reached its step, waits its path's latency (plus seeded exponential
+jitter), then crosses its links as a fluid flow that shares bandwidth with whatever else is on them
+(:mod:`arcsim.netsim.fluid`). A rank leaves a step when its messages are done and it has reduced what
+it received (γ per byte, times its straggler slowdown). Ranks may start at different times.
+
+Symmetry: when every node is alike (no stragglers, no jitter, equal start times) and the schedule is
+unchanged by shifting all ranks by whole translation periods of the topology (one node on a single
+switch, one leaf on a fat-tree), every rank behaves like its image in the first period. Only those
+ranks are simulated; the links they use stand for their images' links, so a link still carries exactly
+as many flows as its physical twin. The result is identical to simulating every rank.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Callable, Hashable, Iterator
+from dataclasses import dataclass
+
+import numpy as np
+import simpy
+from simpy.events import NORMAL
+
+from arcsim.collectives.schedule import Schedule
+from arcsim.netsim.fluid import FluidNetwork
+from arcsim.topology import Topology
+
+
+class _CountingEnvironment(simpy.Environment):
+    """A SimPy environment that counts the events it schedules."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.scheduled = 0
+
+    def schedule(self, event, priority=NORMAL, delay=0) -> None:  # type: ignore[override]
+        self.scheduled += 1
+        super().schedule(event, priority, delay)
+
+
+@dataclass(frozen=True)
+class DesResult:
+    time_s: float  # from the earliest start to the last rank's finish
+    events: int  # SimPy events processed
+    simulated_ranks: int  # ranks simulated as processes (fewer than ranks when symmetry was used)
+    finish_s: np.ndarray  # finish time of each simulated rank
+
+
+@dataclass
+class _Send:
+    dst: int
+    nbytes: float
+    path: tuple[Hashable, ...]
+    latency: float
+
+
+@dataclass
+class _Visit:
+    """What one rank does in one step (for every repeat of it)."""
+
+    step: int
+    sends: list[_Send]
+    recvs: list[tuple[int, int]]  # canonical (src, dst) of each message it receives
+    reduce_bytes: float
+
+
+def simulate(schedule: Schedule, topo: Topology, start_times: np.ndarray | None = None,
+             seed: int = 0, use_symmetry: bool = True) -> DesResult:
+    p = topo.ranks
+    if schedule.ranks != p:
+        raise ValueError(f"schedule is for {schedule.ranks} ranks, topology has {p}")
+    starts = np.zeros(p) if start_times is None else np.asarray(start_times, dtype=float)
+    t0 = float(starts.min())
+    period = _symmetry_period(schedule, topo, starts) if use_symmetry else topo.nodes
+    reps = period * topo.gpus_per_node  # ranks simulated: those of the first `period` nodes
+    env = _CountingEnvironment()
+    net = FluidNetwork(env, topo.capacity)
+    rng = np.random.default_rng(seed)
+    plans = _plans(schedule, topo, period, reps)
+    offsets = np.concatenate([[0], np.cumsum([s.repeat for s in schedule.steps])]).astype(np.int64)
+    repeats = [s.repeat for s in schedule.steps]
+
+    position = np.full(reps, -1, dtype=np.int64)
+    waiters: list[dict[int, list[Callable[[], None]]]] = [defaultdict(list) for _ in range(reps)]
+    pending: dict[tuple[int, int, int], list] = {}  # (position, src, dst) -> [event, uses]
+    finish = np.full(reps, np.nan)
+
+    def message_done(key: tuple[int, int, int]) -> simpy.Event:
+        entry = pending.get(key)
+        if entry is None:
+            entry = pending[key] = [env.event(), 0]
+        entry[1] += 1
+        if entry[1] == 2:  # the sender and the receiver have both asked for it
+            del pending[key]
+        return entry[0]
+
+    def launch(k: int, src: int, send: _Send) -> simpy.Event:
+        done = message_done((k, src, send.dst))
+        receiver = send.dst % reps
+
+        def start() -> None:
+            latency = send.latency
+            if topo.jitter:
+                latency *= 1.0 + topo.jitter * rng.exponential()
+            wait = env.timeout(latency)
+            wait.callbacks.append(lambda _: net.send(send.path, send.nbytes).callbacks.append(
+                lambda _: done.succeed()))
+
+        if position[receiver] >= k:
+            start()
+        else:
+            waiters[receiver][k].append(start)
+        return done
+
+    def rank(r: int) -> Iterator[simpy.Event]:
+        if starts[r] > t0:
+            yield env.timeout(starts[r] - t0)
+        slowdown = topo.slowdown(r)
+        for visit in plans[r]:
+            base = int(offsets[visit.step])
+            for k in range(base, base + repeats[visit.step]):
+                position[r] = k
+                for wake in waiters[r].pop(k, ()):
+                    wake()
+                events = [launch(k, r, s) for s in visit.sends]
+                events += [message_done((k, s, d)) for s, d in visit.recvs]
+                for ev in events:
+                    yield ev
+                if visit.reduce_bytes and topo.gamma:
+                    yield env.timeout(topo.gamma * visit.reduce_bytes * slowdown)
+        finish[r] = env.now
+
+    for r in range(reps):
+        env.process(rank(r))
+    env.run()
+    if np.isnan(finish).any():
+        stuck = np.flatnonzero(np.isnan(finish))[:5].tolist()
+        raise RuntimeError(f"DES deadlock in {schedule.op}/{schedule.algo}: ranks {stuck} never finished")
+    return DesResult(float(finish.max()), env.scheduled, reps, finish + t0)
+
+
+def _symmetry_period(schedule: Schedule, topo: Topology, starts: np.ndarray) -> int:
+    period = topo.translation_period()
+    if period >= topo.nodes or not np.all(starts == starts[0]):
+        return topo.nodes
+    if schedule.is_translation_invariant(period * topo.gpus_per_node):
+        return period
+    return topo.nodes
+
+
+def _plans(schedule: Schedule, topo: Topology, period: int, reps: int) -> list[list[_Visit]]:
+    """For each simulated rank, the steps it takes part in and what it does in each."""
+    p = topo.ranks
+    plans: list[list[_Visit]] = [[] for _ in range(reps)]
+    path_cache: dict[tuple[int, int], tuple[tuple[Hashable, ...], float]] = {}
+
+    def path(src: int, dst: int) -> tuple[tuple[Hashable, ...], float]:
+        key = (src, dst)
+        if key not in path_cache:
+            keys, latency = topo.path(src, dst)
+            path_cache[key] = (tuple(topo.canonical_key(k, period) for k in keys), latency)
+        return path_cache[key]
+
+    for i, step in enumerate(schedule.steps):
+        visits: dict[int, _Visit] = {}
+
+        def visit(r: int, i: int = i, visits: dict[int, _Visit] = visits) -> _Visit:
+            if r not in visits:
+                visits[r] = _Visit(i, [], [], 0.0)
+            return visits[r]
+
+        for j in np.flatnonzero(step.src < reps):
+            s, d = int(step.src[j]), int(step.dst[j])
+            keys, latency = path(s, d)
+            visit(s).sends.append(_Send(d, float(step.nbytes[j]), keys, latency))
+        for j in np.flatnonzero(step.dst < reps):
+            s, d = int(step.src[j]), int(step.dst[j])
+            shift = (s // reps) * reps
+            v = visit(d)
+            v.recvs.append((s - shift, (d - shift) % p))
+            v.reduce_bytes += float(step.reduce[j])
+        for r in sorted(visits):
+            plans[r].append(visits[r])
+    return plans

@@ -1,0 +1,75 @@
+"""Links as fluid resources inside a SimPy environment.
+
+A flow crosses a path of resources; while n flows share a resource each gets 1/n of its bandwidth,
+and a flow moves at the rate of its most crowded resource. Rates are recomputed only for the flows
+that share a resource with one that starts or ends, so uncontended flows cost one event each.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Callable, Hashable, Sequence
+
+import simpy
+
+
+class _Flow:
+    __slots__ = ("done", "last", "path", "rate", "remaining", "token")
+
+    def __init__(self, path: Sequence[Hashable], nbytes: float, done: simpy.Event, now: float) -> None:
+        self.path = path
+        self.remaining = nbytes
+        self.done = done
+        self.rate = 0.0
+        self.last = now
+        self.token = 0
+
+
+class FluidNetwork:
+    def __init__(self, env: simpy.Environment, capacity: Callable[[Hashable], float]) -> None:
+        self.env = env
+        self._capacity = capacity
+        self._bandwidth: dict[Hashable, float] = {}
+        self._users: dict[Hashable, set[_Flow]] = defaultdict(set)
+
+    def send(self, path: Sequence[Hashable], nbytes: float) -> simpy.Event:
+        """An event that fires when ``nbytes`` have crossed ``path``."""
+        done = self.env.event()
+        if nbytes <= 0:
+            done.succeed()
+            return done
+        flow = _Flow(path, nbytes, done, self.env.now)
+        affected = {flow}
+        for key in path:
+            if key not in self._bandwidth:
+                self._bandwidth[key] = self._capacity(key)
+            users = self._users[key]
+            affected |= users
+            users.add(flow)
+        self._rebalance(affected)
+        return done
+
+    def _rebalance(self, flows: set[_Flow]) -> None:
+        now = self.env.now
+        for f in flows:
+            f.remaining -= f.rate * (now - f.last)
+            f.last = now
+            f.rate = min(self._bandwidth[k] / len(self._users[k]) for k in f.path)
+            f.token += 1
+            wake = self.env.timeout(max(f.remaining, 0.0) / f.rate)
+            wake.callbacks.append(self._make_finisher(f, f.token))
+
+    def _make_finisher(self, flow: _Flow, token: int) -> Callable[[simpy.Event], None]:
+        def finish(_: simpy.Event) -> None:
+            if token != flow.token:
+                return  # the flow's rate changed since this wake-up was set
+            affected: set[_Flow] = set()
+            for key in flow.path:
+                users = self._users[key]
+                users.discard(flow)
+                affected |= users
+            flow.done.succeed()
+            if affected:
+                self._rebalance(affected)
+
+        return finish

@@ -1,0 +1,80 @@
+"""Price one collective on a topology: choose the algorithm(s), run the engine(s), report nccl-tests figures."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+from arcsim.collectives import ALGORITHMS, build, busbw_factor, normalize_op
+from arcsim.errors import CollectiveError
+from arcsim.netsim import ENGINES, estimate
+from arcsim.topology import Topology
+
+ALGO_CHOICES = ("ring", "tree", "rhd", "rd", "hierarchical", "chain", "auto", "all")
+
+
+@dataclass(frozen=True)
+class CollectiveResult:
+    topology: str
+    op: str
+    algo: str
+    engine: str
+    ranks: int
+    bytes: float
+    time_s: float
+    algbw_Bps: float
+    busbw_Bps: float
+    auto: bool  # chosen by 'auto' (cheapest by the closed form)
+    steps: int
+    messages: int
+    detail: str
+    events: int  # DES: SimPy events processed (0 for analytic)
+    simulated_ranks: int  # DES: rank processes simulated (fewer than ranks when symmetry applies)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def algorithms_for(op: str) -> tuple[str, ...]:
+    return tuple(ALGORITHMS[normalize_op(op)])
+
+
+def cheapest_algorithm(topo: Topology, op: str, nbytes: float) -> str:
+    """The algorithm the closed form prices lowest for this size (what 'auto' picks)."""
+    times = {a: estimate(build(op, a, nbytes, topo), topo, "analytic").time_s for a in algorithms_for(op)}
+    return min(times, key=times.__getitem__)
+
+
+def start_times(topo: Topology, compute_s: float) -> np.ndarray:
+    """Arrival time of each rank when each first computes for ``compute_s`` × its straggler slowdown."""
+    return np.array([compute_s * topo.slowdown(r) for r in range(topo.ranks)])
+
+
+def price_collective(topo: Topology, op: str, algo: str, nbytes: float, engines: tuple[str, ...],
+                     compute_s: float = 0.0, seed: int = 0) -> list[CollectiveResult]:
+    op = normalize_op(op)
+    for engine in engines:
+        if engine not in ENGINES:
+            raise CollectiveError(f"unknown engine {engine!r}; choose one of {', '.join(ENGINES)} or both")
+    if algo == "all":
+        algos = list(algorithms_for(op))
+    elif algo == "auto":
+        algos = [cheapest_algorithm(topo, op, nbytes)]
+    else:
+        algos = [algo]
+    arrivals = start_times(topo, compute_s) if compute_s > 0 else None
+    factor = busbw_factor(op, topo.ranks)
+    results = []
+    for name in algos:
+        schedule = build(op, name, nbytes, topo)
+        for engine in engines:
+            est = estimate(schedule, topo, engine, start_times=arrivals, seed=seed)
+            algbw = nbytes / est.time_s if est.time_s > 0 else float("inf")
+            results.append(CollectiveResult(
+                topology=topo.name, op=op, algo=name, engine=engine, ranks=topo.ranks, bytes=float(nbytes),
+                time_s=est.time_s, algbw_Bps=algbw, busbw_Bps=algbw * factor, auto=algo == "auto",
+                steps=schedule.step_count, messages=schedule.message_count, detail=schedule.detail,
+                events=est.events, simulated_ranks=est.simulated_ranks,
+            ))
+    return results

@@ -1,0 +1,432 @@
+"""Cluster topologies: nodes × GPUs, intra-node links, NICs and the switch fabric.
+
+A topology comes from a YAML file (a path, or a preset name under ``topologies/``) or from the name
+grammar ``NxG-<fabric><Gbps>[x<NICs>]`` (see :func:`from_name`). Bandwidths are per direction.
+
+The network seen by a message, as resources with a bandwidth each:
+- inside a node, every GPU has a port to the node's switch (NVLink/NVSwitch or PCIe): ``gtx``/``grx``;
+- between nodes, GPU ``g`` uses NIC ``g mod nics_per_node`` (rail mapping): ``ntx``/``nrx``;
+- in a two-level fat-tree, leaves hold ``nodes_per_leaf`` nodes each and a message between leaves also
+  crosses the source leaf's uplink (``up``) and the destination leaf's downlink (``down``), whose
+  bandwidth is the leaf's total NIC bandwidth divided by the oversubscription ratio.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import yaml
+
+from arcsim.errors import TopologyError, UnitError
+from arcsim.units import format_bits, format_duration, format_rate, parse_duration, parse_rate
+
+FABRICS = ("switch", "fat-tree")
+GRAMMAR = "NxG-<fabric><Gbps>[x<NICs>]  (fabric: ib, roce, eth; e.g. 8x8-ib100, 8x8-ib400x8, 8x1-eth10)"
+_NAME_RE = re.compile(r"^(?P<n>\d+)x(?P<g>\d+)-(?P<fab>ib|roce|eth)(?P<gbps>\d+(?:\.\d+)?)(?:x(?P<nics>\d+))?$")
+
+ResourceKey = tuple  # ("gtx", rank) | ("grx", rank) | ("ntx", node, nic) | ("nrx", node, nic) | ("up"|"down", leaf)
+
+
+@dataclass(frozen=True)
+class IntraLink:
+    """Each GPU's port to the node's switch; bandwidth per direction."""
+
+    kind: str
+    bandwidth: float  # bytes/s
+    latency: float  # s
+
+
+@dataclass(frozen=True)
+class Network:
+    """The inter-node network: NICs per node, their bandwidth, and the fabric joining them."""
+
+    kind: str
+    nics_per_node: int
+    bandwidth_per_nic: float  # bytes/s, per direction
+    latency: float  # s, end to end
+    fabric: str = "switch"
+    nodes_per_leaf: int = 0  # fat-tree only
+    oversubscription: float = 1.0  # fat-tree only: leaf down-bandwidth / up-bandwidth
+
+
+@dataclass(frozen=True)
+class Topology:
+    name: str
+    nodes: int
+    gpus_per_node: int
+    intra: IntraLink
+    network: Network
+    gamma: float = 0.0  # s per byte reduced
+    stragglers: Mapping[int, float] = field(default_factory=dict)  # rank -> compute slowdown (>= 1)
+    jitter: float = 0.0  # mean extra latency per message, as a fraction of the link latency
+    description: str = ""
+    source: str = ""
+
+    def __post_init__(self) -> None:
+        _validate(self)
+
+    @property
+    def ranks(self) -> int:
+        return self.nodes * self.gpus_per_node
+
+    @property
+    def node_bandwidth(self) -> float:
+        return self.network.nics_per_node * self.network.bandwidth_per_nic
+
+    @property
+    def uplink_bandwidth(self) -> float:
+        net = self.network
+        return net.nodes_per_leaf * self.node_bandwidth / net.oversubscription
+
+    @property
+    def is_homogeneous(self) -> bool:
+        """True when every node behaves alike (no stragglers, no jitter)."""
+        return not self.stragglers and self.jitter == 0.0
+
+    def slowdown(self, rank: int) -> float:
+        return float(self.stragglers.get(rank, 1.0))
+
+    def leaf_of_node(self, node: int) -> int:
+        return node // self.network.nodes_per_leaf if self.network.fabric == "fat-tree" else 0
+
+    # -- paths, vectorised for the closed-form engine ------------------------------------------------
+    def link_arrays(self, src: np.ndarray, dst: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """For each message: (same_node flag, latency s, bandwidth of its path when alone on it)."""
+        g = self.gpus_per_node
+        src_node, dst_node = src // g, dst // g
+        same = src_node == dst_node
+        latency = np.where(same, self.intra.latency, self.network.latency)
+        inter_bw = self.network.bandwidth_per_nic
+        if self.network.fabric == "fat-tree":
+            npl = self.network.nodes_per_leaf
+            cross_leaf = (src_node // npl) != (dst_node // npl)
+            inter_bw = np.where(cross_leaf, min(inter_bw, self.uplink_bandwidth), inter_bw)
+        bandwidth = np.where(same, self.intra.bandwidth, inter_bw)
+        return same, latency.astype(float), np.asarray(bandwidth, dtype=float)
+
+    # -- paths as shared resources, for the discrete-event engine -----------------------------------
+    def path(self, src: int, dst: int) -> tuple[tuple[ResourceKey, ...], float]:
+        """Resources a message from ``src`` to ``dst`` crosses, and its latency."""
+        g = self.gpus_per_node
+        src_node, dst_node = src // g, dst // g
+        if src_node == dst_node:
+            return (("gtx", src), ("grx", dst)), self.intra.latency
+        nics = self.network.nics_per_node
+        keys: list[ResourceKey] = [("ntx", src_node, (src % g) % nics)]
+        if self.network.fabric == "fat-tree":
+            src_leaf, dst_leaf = self.leaf_of_node(src_node), self.leaf_of_node(dst_node)
+            if src_leaf != dst_leaf:
+                keys += [("up", src_leaf), ("down", dst_leaf)]
+        keys.append(("nrx", dst_node, (dst % g) % nics))
+        return tuple(keys), self.network.latency
+
+    def capacity(self, key: ResourceKey) -> float:
+        kind = key[0]
+        if kind in ("gtx", "grx"):
+            return self.intra.bandwidth
+        if kind in ("ntx", "nrx"):
+            return self.network.bandwidth_per_nic
+        return self.uplink_bandwidth
+
+    def translation_period(self) -> int:
+        """Smallest node shift that maps this topology onto itself (``nodes`` when none smaller does)."""
+        if not self.is_homogeneous:
+            return self.nodes
+        if self.network.fabric == "fat-tree":
+            npl = self.network.nodes_per_leaf
+            return npl if self.nodes % npl == 0 else self.nodes
+        return 1
+
+    def canonical_key(self, key: ResourceKey, period: int) -> ResourceKey:
+        """The resource ``key`` maps to when nodes are shifted back into the first ``period`` nodes."""
+        kind = key[0]
+        if kind in ("gtx", "grx"):
+            return (kind, key[1] % (period * self.gpus_per_node))
+        if kind in ("ntx", "nrx"):
+            return (kind, key[1] % period, key[2])
+        leaves = max(1, period // max(1, self.network.nodes_per_leaf))
+        return (kind, key[1] % leaves)
+
+    # -- rendering -----------------------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        net = self.network
+        out: dict[str, Any] = {
+            "name": self.name,
+            "description": self.description,
+            "source": self.source,
+            "ranks": self.ranks,
+            "nodes": self.nodes,
+            "gpus_per_node": self.gpus_per_node,
+            "intra": {"kind": self.intra.kind, "bandwidth_Bps": self.intra.bandwidth,
+                      "latency_s": self.intra.latency},
+            "network": {
+                "kind": net.kind,
+                "nics_per_node": net.nics_per_node,
+                "bandwidth_per_nic_Bps": net.bandwidth_per_nic,
+                "bandwidth_per_node_Bps": self.node_bandwidth,
+                "latency_s": net.latency,
+                "fabric": net.fabric,
+            },
+            "gamma_s_per_byte": self.gamma,
+            "stragglers": {str(k): v for k, v in sorted(self.stragglers.items())},
+            "jitter": self.jitter,
+        }
+        if net.fabric == "fat-tree":
+            out["network"]["nodes_per_leaf"] = net.nodes_per_leaf
+            out["network"]["oversubscription"] = net.oversubscription
+            out["network"]["uplink_bandwidth_per_leaf_Bps"] = self.uplink_bandwidth
+        return out
+
+    def summary_rows(self) -> list[tuple[str, str]]:
+        net = self.network
+        rows = [
+            ("ranks", f"{self.ranks} ({self.nodes} nodes × {self.gpus_per_node} GPUs)"),
+            ("intra-node", f"{self.intra.kind}: {format_rate(self.intra.bandwidth)} per GPU per direction, "
+                           f"latency {format_duration(self.intra.latency)}"),
+            ("inter-node", f"{net.kind}: {net.nics_per_node} NIC(s) per node × {format_bits(net.bandwidth_per_nic)}"
+                           f" = {format_bits(self.node_bandwidth)} per node, latency {format_duration(net.latency)}"),
+            ("fabric", net.fabric if net.fabric == "switch" else
+             f"fat-tree, {net.nodes_per_leaf} nodes per leaf, {net.oversubscription:g}:1 oversubscribed "
+             f"(uplink {format_bits(self.uplink_bandwidth)} per leaf)"),
+            ("reduction γ", f"{self.gamma:g} s/byte"),
+            ("stragglers", ", ".join(f"rank {r}: {s:g}×" for r, s in sorted(self.stragglers.items())) or "none"),
+            ("latency jitter", f"{self.jitter:g} × latency (mean, exponential)" if self.jitter else "none"),
+        ]
+        return rows
+
+
+def _validate(t: Topology) -> None:
+    where = f" in topology {t.name!r}" + (f" ({t.source})" if t.source else "")
+
+    def bad(msg: str) -> TopologyError:
+        return TopologyError(msg + where)
+
+    if t.nodes < 1 or t.gpus_per_node < 1:
+        raise bad(f"nodes and gpus_per_node must be ≥ 1 (got {t.nodes} and {t.gpus_per_node})")
+    if t.ranks < 2:
+        raise bad("a cluster needs at least 2 ranks for a collective; raise nodes or gpus_per_node")
+    net = t.network
+    for label, value in (("intra.bandwidth", t.intra.bandwidth), ("network.bandwidth_per_nic", net.bandwidth_per_nic)):
+        if not (value > 0 and math.isfinite(value)):
+            raise bad(f"{label} must be a positive bandwidth such as '100Gbps' (got {value:g} B/s)")
+    for label, value in (("intra.latency", t.intra.latency), ("network.latency", net.latency)):
+        if not (value >= 0 and math.isfinite(value)):
+            raise bad(f"{label} must be a non-negative duration such as '5us'")
+    if net.nics_per_node < 1 or net.nics_per_node > t.gpus_per_node:
+        raise bad(f"network.nics_per_node must be between 1 and gpus_per_node={t.gpus_per_node} "
+                  f"(got {net.nics_per_node})")
+    if net.fabric not in FABRICS:
+        raise bad(f"network.fabric must be one of {', '.join(FABRICS)} (got {net.fabric!r})")
+    if net.fabric == "fat-tree":
+        if net.nodes_per_leaf < 1:
+            raise bad("a fat-tree needs network.nodes_per_leaf ≥ 1")
+        if not net.oversubscription >= 1.0:
+            raise bad(f"network.oversubscription must be ≥ 1 (got {net.oversubscription:g})")
+    if t.gamma < 0 or t.jitter < 0:
+        raise bad("gamma and jitter must be ≥ 0")
+    for rank, slow in t.stragglers.items():
+        if not 0 <= rank < t.ranks:
+            raise bad(f"straggler rank {rank} is outside 0..{t.ranks - 1}")
+        if not slow >= 1.0:
+            raise bad(f"straggler slowdown for rank {rank} must be ≥ 1 (got {slow:g})")
+
+
+# -- presets and lookup ------------------------------------------------------------------------------
+def preset_dirs() -> list[Path]:
+    """Where preset YAML files are looked up: ./topologies, then the checkout's topologies/."""
+    here = Path(__file__).resolve().parent.parent / "topologies"
+    dirs = [Path.cwd() / "topologies", here]
+    return [d for i, d in enumerate(dirs) if d.is_dir() and d.resolve() not in {x.resolve() for x in dirs[:i]}]
+
+
+def preset_names() -> list[str]:
+    names = {p.stem for d in preset_dirs() for p in d.glob("*.yaml")}
+    return sorted(names, key=_preset_sort_key)
+
+
+def _preset_sort_key(name: str) -> tuple:
+    m = re.match(r"^(\d+)x(\d+)", name)
+    return (int(m[1]) * int(m[2]), name) if m else (1 << 30, name)
+
+
+def load_topology(spec: str) -> Topology:
+    """A topology from a YAML path, a preset name, or the name grammar."""
+    path = Path(spec)
+    if spec.endswith((".yaml", ".yml")) or path.is_file():
+        if not path.is_file():
+            raise TopologyError(f"topology file {spec!r} does not exist")
+        return load_yaml(path)
+    for d in preset_dirs():
+        candidate = d / f"{spec}.yaml"
+        if candidate.is_file():
+            return load_yaml(candidate)
+    if _NAME_RE.match(spec):
+        return from_name(spec)
+    raise TopologyError(
+        f"unknown topology {spec!r}; presets: {', '.join(preset_names())}; or a YAML path; or the grammar {GRAMMAR}"
+    )
+
+
+def from_name(name: str) -> Topology:
+    """Build a topology from ``NxG-<fabric><Gbps>[x<NICs>]``.
+
+    ``Gbps`` is the bandwidth of ONE NIC (per direction); ``xNICs`` the NICs per node (default 1).
+    Defaults by fabric: ib 5 µs, roce 7 µs, eth 30 µs end-to-end latency. Inside a node: NVLink for ib
+    and roce (300 GB/s per GPU per direction, or 450 GB/s when NICs are ≥ 400 Gb/s), PCIe 4.0 ×16
+    (25 GB/s) for eth; 3 µs.
+    """
+    m = _NAME_RE.match(name)
+    if not m:
+        raise TopologyError(f"topology name {name!r} does not follow the grammar {GRAMMAR}")
+    nodes, gpus, gbps = int(m["n"]), int(m["g"]), float(m["gbps"])
+    nics = int(m["nics"] or 1)
+    fabric_kind = {"ib": "infiniband", "roce": "roce", "eth": "ethernet"}[m["fab"]]
+    latency = {"ib": 5e-6, "roce": 7e-6, "eth": 30e-6}[m["fab"]]
+    if m["fab"] == "eth":
+        intra = IntraLink("pcie", 25e9, 3e-6)
+    else:
+        intra = IntraLink("nvlink", 450e9 if gbps >= 400 else 300e9, 3e-6)
+    return Topology(
+        name=name,
+        nodes=nodes,
+        gpus_per_node=gpus,
+        intra=intra,
+        network=Network(fabric_kind, nics, gbps * 1e9 / 8, latency),
+        description=f"{nodes} nodes × {gpus} GPUs, {nics} × {gbps:g} Gb/s {fabric_kind} NIC(s) per node "
+                    "(built from the name grammar)",
+        source="name grammar",
+    )
+
+
+def load_yaml(path: Path) -> Topology:
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        at = f" at line {mark.line + 1}" if mark is not None else ""
+        raise TopologyError(f"{path}: malformed YAML{at}; fix the syntax") from exc
+    except OSError as exc:
+        raise TopologyError(f"{path}: cannot read ({exc.strerror})") from exc
+    if not isinstance(raw, dict):
+        raise TopologyError(f"{path}: expected a mapping with nodes, gpus_per_node, intra, network")
+    return from_dict(raw, source=str(path), default_name=path.stem)
+
+
+def from_dict(raw: Mapping[str, Any], source: str = "", default_name: str = "custom") -> Topology:
+    reader = _FieldReader(raw, source)
+    intra_raw = reader.mapping("intra", required=False) or {}
+    net_raw = reader.mapping("network")
+    intra_reader = _FieldReader(intra_raw, source, "intra.")
+    net_reader = _FieldReader(net_raw, source, "network.")
+    gpus = reader.integer("gpus_per_node")
+    if gpus > 1 and not intra_raw:
+        raise TopologyError(f"{source}: field 'intra' is missing (needed when gpus_per_node > 1)")
+    intra = IntraLink(
+        kind=intra_reader.text("kind", default="none"),
+        bandwidth=intra_reader.quantity("bandwidth", parse_rate, default=1e12),
+        latency=intra_reader.quantity("latency", parse_duration, default=0.0),
+    )
+    fabric = net_reader.text("fabric", default="switch")
+    network = Network(
+        kind=net_reader.text("kind"),
+        nics_per_node=net_reader.integer("nics_per_node", default=1),
+        bandwidth_per_nic=net_reader.quantity("bandwidth_per_nic", parse_rate),
+        latency=net_reader.quantity("latency", parse_duration),
+        fabric=fabric,
+        nodes_per_leaf=net_reader.integer("nodes_per_leaf", default=0 if fabric != "fat-tree" else None),
+        oversubscription=net_reader.number("oversubscription", default=1.0),
+    )
+    stragglers_raw = reader.mapping("stragglers", required=False) or {}
+    try:
+        stragglers = {int(k): float(v) for k, v in stragglers_raw.items()}
+    except (TypeError, ValueError) as exc:
+        raise TopologyError(f"{source}: field 'stragglers' must map rank numbers to slowdown factors") from exc
+    reader.reject_unknown({"name", "description", "nodes", "gpus_per_node", "intra", "network", "gamma",
+                           "stragglers", "jitter"})
+    intra_reader.reject_unknown({"kind", "bandwidth", "latency"})
+    net_reader.reject_unknown({"kind", "nics_per_node", "bandwidth_per_nic", "latency", "fabric",
+                               "nodes_per_leaf", "oversubscription"})
+    return Topology(
+        name=reader.text("name", default=default_name),
+        nodes=reader.integer("nodes"),
+        gpus_per_node=gpus,
+        intra=intra,
+        network=network,
+        gamma=reader.number("gamma", default=0.0),
+        stragglers=stragglers,
+        jitter=reader.number("jitter", default=0.0),
+        description=reader.text("description", default=""),
+        source=source,
+    )
+
+
+_MISSING = object()
+
+
+class _FieldReader:
+    """Reads typed fields from a YAML mapping, naming the field and file in every error."""
+
+    def __init__(self, raw: Mapping[str, Any], source: str, prefix: str = "") -> None:
+        if not isinstance(raw, Mapping):
+            raise TopologyError(f"{source}: field '{prefix.rstrip('.')}' must be a mapping")
+        self.raw, self.source, self.prefix = raw, source, prefix
+
+    def _get(self, key: str, default: Any) -> Any:
+        if key in self.raw and self.raw[key] is not None:
+            return self.raw[key]
+        if default is _MISSING or default is None:
+            raise TopologyError(f"{self.source}: field '{self.prefix}{key}' is missing")
+        return default
+
+    def _error(self, key: str, what: str) -> TopologyError:
+        return TopologyError(f"{self.source}: field '{self.prefix}{key}' {what}")
+
+    def text(self, key: str, default: Any = _MISSING) -> str:
+        value = self._get(key, default)
+        if not isinstance(value, str):
+            raise self._error(key, f"must be text (got {value!r})")
+        return value
+
+    def integer(self, key: str, default: Any = _MISSING) -> int:
+        value = self._get(key, default)
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise self._error(key, f"must be a whole number (got {value!r})")
+        return value
+
+    def number(self, key: str, default: Any = _MISSING) -> float:
+        value = self._get(key, default)
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise self._error(key, f"must be a number (got {value!r})")
+        return float(value)
+
+    def quantity(self, key: str, parse: Any, default: Any = _MISSING) -> float:
+        value = self._get(key, default)
+        if isinstance(value, float) and value is default:
+            return value
+        try:
+            return parse(value)
+        except UnitError as exc:
+            raise self._error(key, f"is invalid: {exc}") from exc
+
+    def mapping(self, key: str, required: bool = True) -> Mapping[str, Any] | None:
+        if key not in self.raw or self.raw[key] is None:
+            if required:
+                raise TopologyError(f"{self.source}: field '{self.prefix}{key}' is missing")
+            return None
+        value = self.raw[key]
+        if not isinstance(value, Mapping):
+            raise self._error(key, "must be a mapping")
+        return value
+
+    def reject_unknown(self, known: set[str]) -> None:
+        unknown = sorted(set(self.raw) - known)
+        if unknown:
+            raise TopologyError(
+                f"{self.source}: unknown field '{self.prefix}{unknown[0]}'; known fields: {', '.join(sorted(known))}"
+            )

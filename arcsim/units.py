@@ -1,0 +1,111 @@
+"""Human units at the edges, SI floats inside: bytes, bytes/s, seconds.
+
+SI prefixes are decimal (k = 10³, M = 10⁶, G = 10⁹, T = 10¹²); binary prefixes are binary
+(Ki = 2¹⁰, Mi = 2²⁰, Gi = 2³⁰, Ti = 2⁴⁰). Rates in bits ("100Gbps", "100Gbit", "100Gbit/s") or bytes
+("12.5GB/s", "12.5GBps"). A unit is always required and no space may stand inside a quantity.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+
+from arcsim.errors import UnitError
+
+_PREFIX = {
+    "": 1.0,
+    "k": 1e3, "K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12,
+    "Ki": 2.0**10, "Mi": 2.0**20, "Gi": 2.0**30, "Ti": 2.0**40,
+}
+_NUMBER = r"(?P<num>[0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)"
+_PREFIXES = r"(?P<prefix>Ki|Mi|Gi|Ti|k|K|M|G|T)?"
+_SIZE_RE = re.compile(rf"^{_NUMBER}{_PREFIXES}B$")
+_RATE_RE = re.compile(rf"^{_NUMBER}{_PREFIXES}(?P<unit>bps|bit/s|bit|B/s|Bps)$")
+_TIME_RE = re.compile(rf"^{_NUMBER}(?P<unit>ns|us|µs|ms|s)$")
+_TIME_SCALE = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0}
+
+
+def _check_text(text: object, kind: str, example: str) -> str:
+    if isinstance(text, bool) or not isinstance(text, (str, int, float)):
+        raise UnitError(f"{kind} {text!r} is not a quantity; write it like {example!r}")
+    s = str(text)
+    if s != s.strip() or " " in s or "\t" in s:
+        raise UnitError(f"{kind} {s!r} contains a space; write it without one, like {example!r}")
+    return s
+
+
+def _finite_nonnegative(value: float, kind: str, text: str) -> float:
+    if not math.isfinite(value):
+        raise UnitError(f"{kind} {text!r} is not finite")
+    return value
+
+
+def parse_size(text: object) -> float:
+    """'100MB' → 1e8 bytes; '1MiB' → 1048576; '1e6B' → 1e6."""
+    s = _check_text(text, "size", "100MB")
+    m = _SIZE_RE.match(s)
+    if not m:
+        hint = " (a bare number needs the unit B, e.g. '1e6B')" if _is_number(s) else ""
+        raise UnitError(f"cannot read size {s!r}{hint}; use a number and a unit such as B, kB, MB, GB, KiB, MiB, GiB")
+    return _finite_nonnegative(float(m["num"]) * _PREFIX[m["prefix"] or ""], "size", s)
+
+
+def parse_rate(text: object) -> float:
+    """'100Gbps' → 1.25e10 bytes/s; '12.5GB/s' → 1.25e10 bytes/s."""
+    s = _check_text(text, "bandwidth", "100Gbps")
+    m = _RATE_RE.match(s)
+    if not m:
+        raise UnitError(
+            f"cannot read bandwidth {s!r}; use bits ('100Gbps', '1Gbit') or bytes ('12.5GB/s', '12.5GBps')"
+        )
+    value = float(m["num"]) * _PREFIX[m["prefix"] or ""]
+    if m["unit"] in ("bps", "bit/s", "bit"):
+        value /= 8.0
+    return _finite_nonnegative(value, "bandwidth", s)
+
+
+def parse_duration(text: object) -> float:
+    """'5us' → 5e-6 s; '0.5ms' → 5e-4 s."""
+    s = _check_text(text, "duration", "5us")
+    m = _TIME_RE.match(s)
+    if not m:
+        raise UnitError(f"cannot read duration {s!r}; use a number and one of ns, us, ms, s (e.g. '5us')")
+    return _finite_nonnegative(float(m["num"]) * _TIME_SCALE[m["unit"]], "duration", s)
+
+
+def _is_number(s: str) -> bool:
+    try:
+        float(s)
+    except ValueError:
+        return False
+    return True
+
+
+def format_size(nbytes: float) -> str:
+    """Decimal SI rendering: 1e8 → '100 MB'."""
+    return _format(nbytes, "B")
+
+
+def format_rate(bytes_per_s: float) -> str:
+    """Bytes/s → 'GB/s' style."""
+    return _format(bytes_per_s, "B/s")
+
+
+def format_bits(bytes_per_s: float) -> str:
+    """Bytes/s → 'Gbit/s' style."""
+    return _format(bytes_per_s * 8.0, "bit/s")
+
+
+def format_duration(seconds: float) -> str:
+    """Seconds → the largest unit that keeps the number ≥ 1."""
+    for unit, scale in (("s", 1.0), ("ms", 1e-3), ("us", 1e-6)):
+        if abs(seconds) >= scale:
+            return f"{seconds / scale:.4g} {unit}"
+    return f"{seconds / 1e-9:.4g} ns"
+
+
+def _format(value: float, unit: str) -> str:
+    for prefix, scale in (("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if abs(value) >= scale:
+            return f"{value / scale:.4g} {prefix}{unit}"
+    return f"{value:.4g} {unit}"
