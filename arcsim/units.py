@@ -22,7 +22,7 @@ _PREFIXES = r"(?P<prefix>Ki|Mi|Gi|Ti|k|K|M|G|T)?"
 _SIZE_RE = re.compile(rf"^{_NUMBER}{_PREFIXES}B$")
 _RATE_RE = re.compile(rf"^{_NUMBER}{_PREFIXES}(?P<unit>bps|bit/s|bit|B/s|Bps)$")
 _TIME_RE = re.compile(rf"^{_NUMBER}(?P<unit>ns|us|µs|ms|s)$")
-_TIME_SCALE = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0}
+_TIME_DIVISOR = {"ns": 1e9, "us": 1e6, "µs": 1e6, "ms": 1e3, "s": 1.0}  # divide: 5 / 1e6 is exactly 5e-6
 
 
 def _check_text(text: object, kind: str, example: str) -> str:
@@ -70,7 +70,7 @@ def parse_duration(text: object) -> float:
     m = _TIME_RE.match(s)
     if not m:
         raise UnitError(f"cannot read duration {s!r}; use a number and one of ns, us, ms, s (e.g. '5us')")
-    return _finite_nonnegative(float(m["num"]) * _TIME_SCALE[m["unit"]], "duration", s)
+    return _finite_nonnegative(float(m["num"]) / _TIME_DIVISOR[m["unit"]], "duration", s)
 
 
 def _is_number(s: str) -> bool:

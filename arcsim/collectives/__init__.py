@@ -66,7 +66,7 @@ Built = tuple["list[Step] | tuple[Step, ...]", str]  # the steps, and a note suc
 Builder = Callable[[Topology, float], Built]
 
 
-def _plain(fn: Callable[[Topology, float], "list[Step] | tuple[Step, ...]"]) -> Builder:
+def _plain(fn: Callable[[Topology, float], list[Step] | tuple[Step, ...]]) -> Builder:
     return lambda t, n: (fn(t, n), "")
 
 

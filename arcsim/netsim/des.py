@@ -126,8 +126,7 @@ def simulate(schedule: Schedule, topo: Topology, start_times: np.ndarray | None 
                     wake()
                 events = [launch(k, r, s) for s in visit.sends]
                 events += [message_done((k, s, d)) for s, d in visit.recvs]
-                for ev in events:
-                    yield ev
+                yield from events
                 if visit.reduce_bytes and topo.gamma:
                     yield env.timeout(topo.gamma * visit.reduce_bytes * slowdown)
         finish[r] = env.now

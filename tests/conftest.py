@@ -1,0 +1,28 @@
+"""Shared builders for tests."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from arcsim.topology import IntraLink, Network, Topology
+
+
+def flat(p: int, gbps: float = 10.0, latency: float = 20e-6, gamma: float = 0.0, **kw) -> Topology:
+    """p single-GPU nodes on one switch: every rank owns its NIC (the textbook setting)."""
+    return Topology(name=f"flat{p}", nodes=p, gpus_per_node=1, intra=IntraLink("pcie", 25e9, 3e-6),
+                    network=Network("ethernet", 1, gbps * 1e9 / 8, latency), gamma=gamma, **kw)
+
+
+def multi(nodes: int, gpus: int, nics: int, gbps: float = 100.0, fabric: str = "switch",
+          nodes_per_leaf: int = 0, oversubscription: float = 1.0, **kw) -> Topology:
+    return Topology(name=f"{nodes}x{gpus}x{nics}", nodes=nodes, gpus_per_node=gpus,
+                    intra=IntraLink("nvlink", 300e9, 3e-6),
+                    network=Network("infiniband", nics, gbps * 1e9 / 8, 5e-6, fabric, nodes_per_leaf,
+                                    oversubscription), **kw)
+
+
+def run_cli(*args: str, cwd: str | None = None) -> subprocess.CompletedProcess:
+    """Run the real `arcsim` entry point in a subprocess (exit codes and stderr as a user sees them)."""
+    return subprocess.run([sys.executable, "-m", "arcsim", *args], capture_output=True, text=True, cwd=cwd,
+                          timeout=300)

@@ -1,0 +1,112 @@
+"""`arcsim topo` and `arcsim collective` as a user runs them: JSON shape, and one-line errors with exit 2."""
+
+import json
+from pathlib import Path
+
+import pytest
+from conftest import run_cli
+
+from arcsim.units import parse_size
+
+STRAGGLER = str(Path(__file__).resolve().parents[1] / "examples/topologies/8x1-eth10-straggler.yaml")
+KEYS = {"op", "algo", "engine", "ranks", "bytes", "time_s", "algbw_Bps", "busbw_Bps"}
+
+
+def test_collective_json_single_engine():
+    r = run_cli("collective", "--topology", "8x1-eth10", "--op", "allreduce", "--algo", "ring",
+                "--size", "100MB", "--json")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert set(out) >= KEYS
+    assert out["bytes"] == 1e8 and out["ranks"] == 8 and out["engine"] == "analytic"
+    assert out["algbw_Bps"] == pytest.approx(out["bytes"] / out["time_s"])
+    assert out["busbw_Bps"] == pytest.approx(out["algbw_Bps"] * 2 * 7 / 8)
+
+
+def test_collective_json_both_engines_is_a_list():
+    r = run_cli("collective", "-t", "4x8-roce100", "--op", "allgather", "--algo", "hierarchical",
+                "--size", "64MiB", "--engine", "both", "--json")
+    assert r.returncode == 0, r.stderr
+    rows = json.loads(r.stdout)
+    assert [row["engine"] for row in rows] == ["analytic", "des"]
+    assert all(row["bytes"] == 64 * 2**20 for row in rows)
+    assert rows[0]["time_s"] == pytest.approx(rows[1]["time_s"], rel=0.01)
+    assert rows[1]["busbw_Bps"] == pytest.approx(rows[1]["algbw_Bps"] * 31 / 32)
+
+
+def test_auto_reports_its_choice_and_all_lists_every_algorithm():
+    auto = json.loads(run_cli("collective", "--json").stdout)
+    every = json.loads(run_cli("collective", "--algo", "all", "--json").stdout)
+    assert auto["auto"] is True
+    assert auto["time_s"] == pytest.approx(min(row["time_s"] for row in every))
+    assert {row["algo"] for row in every} == {"ring", "tree", "rhd", "rd", "hierarchical"}
+
+
+def test_every_preset_op_and_algorithm_answers_with_both_engines():
+    listing = json.loads(run_cli("topo", "list", "--json").stdout)
+    names = [t["name"] for t in listing if t["ranks"] <= 128]  # 1,024 ranks are covered in test_engines
+    for name in names:
+        for op in ("allreduce", "allgather", "broadcast", "reducescatter"):
+            r = run_cli("collective", "-t", name, "--op", op, "--algo", "all", "--engine", "both",
+                        "--size", "1MB", "--json")
+            assert r.returncode == 0, (name, op, r.stderr)
+            rows = json.loads(r.stdout)
+            assert all(row["time_s"] > 0 for row in rows)
+
+
+def test_topo_show_json_and_table():
+    r = run_cli("topo", "show", "8x8-ib400x8", "--json")
+    info = json.loads(r.stdout)
+    assert info["ranks"] == 64 and info["network"]["nics_per_node"] == 8
+    assert info["network"]["bandwidth_per_nic_Bps"] == pytest.approx(50e9)
+    table = run_cli("topo", "show", "8x8-ib100")
+    assert table.returncode == 0 and "1 NIC(s) per node" in table.stdout
+
+
+@pytest.mark.parametrize(("args", "fragment"), [
+    (("collective", "-t", "nowhere"), "unknown topology"),
+    (("collective", "--size", "100 MiB"), "space"),
+    (("collective", "--size", "1e6"), "unit"),
+    (("collective", "--size", "12XB"), "cannot read size"),
+    (("collective", "--op", "alltoall"), "unknown collective"),
+    (("collective", "--op", "broadcast", "--algo", "ring"), "does not exist for broadcast"),
+    (("collective", "--algo", "bogus"), "Invalid value"),
+    (("topo", "show", "missing.yaml"), "does not exist"),
+])
+def test_bad_input_is_one_line_and_exit_2(args, fragment):
+    r = run_cli(*args)
+    assert r.returncode == 2
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and fragment in lines[0], r.stderr
+    assert "Traceback" not in r.stderr
+
+
+@pytest.mark.parametrize(("yaml_text", "fragment"), [
+    ("nodes: 1\ngpus_per_node: 1\nnetwork: {kind: eth, bandwidth_per_nic: 1Gbps, latency: 1us}\n", "2 ranks"),
+    ("nodes: 4\ngpus_per_node: 1\nnetwork: {kind: eth, bandwidth_per_nic: 0Gbps, latency: 1us}\n", "positive"),
+    ("nodes: 4\ngpus_per_node: 1\nnetwork: {kind: eth, latency: 1us}\n", "bandwidth_per_nic' is missing"),
+    ("nodes: [4\n", "malformed YAML"),
+])
+def test_bad_topology_files(tmp_path, yaml_text, fragment):
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml_text)
+    r = run_cli("collective", "-t", str(path))
+    assert r.returncode == 2 and fragment in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
+def test_debug_shows_the_traceback():
+    r = run_cli("--debug", "collective", "-t", "nowhere")
+    assert r.returncode == 2 and "Traceback" in r.stderr
+
+
+def test_straggler_example_shows_in_the_des_only():
+    rows = json.loads(run_cli("collective", "-t", STRAGGLER, "--algo", "ring",
+                              "--engine", "both", "--compute", "40ms", "--json").stdout)
+    analytic, des = rows
+    assert des["time_s"] >= analytic["time_s"] + 0.5 * 0.040 * 0.999
+
+
+def test_help_mentions_unit_conventions():
+    r = run_cli("collective", "--help")
+    assert r.returncode == 0 and "MiB = 2^20" in r.stdout and "MB = 10^6" in r.stdout
+    assert parse_size("1MiB") == 2**20

@@ -1,0 +1,135 @@
+"""The step descriptions: textbook costs on a flat cluster, and what every algorithm must move."""
+
+import math
+
+import numpy as np
+import pytest
+from conftest import flat, multi
+
+from arcsim.collectives import ALGORITHMS, build, busbw_factor, make_step, normalize_op
+from arcsim.collectives.tree import double_binary_trees
+from arcsim.errors import CollectiveError
+from arcsim.netsim import analytic
+from arcsim.pricing import cheapest_algorithm
+
+SIZES = [1e3, 1e6, 1e8]
+
+
+def closed(op, algo, topo, n):
+    return analytic.schedule_time(build(op, algo, n, topo), topo)
+
+
+@pytest.mark.parametrize("p", [2, 3, 4, 5, 8, 12, 16, 64])
+@pytest.mark.parametrize("n", SIZES)
+def test_textbook_formulas_hold_exactly_on_a_flat_cluster(p, n):
+    gamma = 1e-10
+    t = flat(p, gbps=10, latency=20e-6, gamma=gamma)
+    a, b = t.network.latency, 1 / t.network.bandwidth_per_nic
+    f = (p - 1) / p
+    lg = math.ceil(math.log2(p))
+    assert closed("allreduce", "ring", t, n) == pytest.approx(2 * (p - 1) * a + 2 * f * n * b + f * n * gamma,
+                                                             rel=1e-12)
+    assert closed("allgather", "ring", t, n) == pytest.approx((p - 1) * a + f * n * b, rel=1e-12)
+    assert closed("allgather", "rd", t, n) == pytest.approx(lg * a + f * n * b, rel=1e-12)
+    assert closed("reducescatter", "ring", t, n) == pytest.approx((p - 1) * a + f * n * b + f * n * gamma,
+                                                                 rel=1e-12)
+    assert closed("broadcast", "tree", t, n) == pytest.approx(lg * (a + n * b), rel=1e-12)
+    chain = build("broadcast", "chain", n, t)
+    s = int(chain.detail.split()[0])
+    assert closed("broadcast", "chain", t, n) == pytest.approx((p - 2 + s) * (a + n * b / s), rel=1e-12)
+    if p & (p - 1) == 0:  # the textbook forms of these two are for powers of two
+        k = int(math.log2(p))
+        assert closed("allreduce", "rhd", t, n) == pytest.approx(2 * k * a + 2 * f * n * b + f * n * gamma,
+                                                                rel=1e-12)
+        assert closed("allreduce", "rd", t, n) == pytest.approx(k * (a + n * b + n * gamma), rel=1e-12)
+
+
+@pytest.mark.parametrize(("nodes", "gpus"), [(2, 2), (4, 8), (8, 4), (3, 8)])
+@pytest.mark.parametrize("n", SIZES)
+def test_two_level_formula_with_a_nic_per_gpu(nodes, gpus, n):
+    t = multi(nodes, gpus, nics=gpus)
+    ai, bi = t.intra.latency, 1 / t.intra.bandwidth
+    ao, bo = t.network.latency, 1 / t.network.bandwidth_per_nic
+    g, m = gpus, nodes
+    expected = 2 * (g - 1) * ai + 2 * (g - 1) / g * n * bi + 2 * (m - 1) * ao + 2 * (m - 1) / m * (n / g) * bo
+    assert closed("allreduce", "hierarchical", t, n) == pytest.approx(expected, rel=1e-12)
+
+
+def test_gpus_sharing_one_nic_slow_the_cross_node_phase_by_their_number():
+    n, g, m = 1e8, 8, 4
+    shared, own = multi(m, g, nics=1), multi(m, g, nics=g)
+    bo = 1 / own.network.bandwidth_per_nic
+    extra = 2 * (m - 1) / m * (n / g) * bo * (g - 1)  # the g rails now queue on one NIC
+    diff = closed("allreduce", "hierarchical", shared, n) - closed("allreduce", "hierarchical", own, n)
+    assert diff == pytest.approx(extra, rel=1e-9)
+
+
+def _received(schedule):
+    return schedule.bytes_received()
+
+
+@pytest.mark.parametrize("topo", [flat(7), flat(8), multi(4, 4, 1), multi(3, 8, 8)], ids=lambda t: t.name)
+def test_what_each_algorithm_moves(topo):
+    p, n = topo.ranks, 1e6
+    for algo in ALGORITHMS["allgather"]:
+        assert np.allclose(_received(build("allgather", algo, n, topo)), (p - 1) / p * n), algo
+    assert np.allclose(_received(build("reducescatter", "ring", n, topo)), (p - 1) / p * n)
+    for algo in ALGORITHMS["broadcast"]:
+        got = _received(build("broadcast", algo, n, topo))
+        assert got[0] == 0 and np.allclose(got[1:], n), algo
+    ring = build("allreduce", "ring", n, topo)
+    assert np.allclose(ring.bytes_sent(), 2 * (p - 1) / p * n)
+    tree = build("allreduce", "tree", n, topo)
+    assert tree.bytes_sent().sum() == pytest.approx(2 * (p - 1) * n)  # each tree: n/2 up and down every edge
+    assert sum((s.reduce * s.repeat).sum() for s in tree.steps) == pytest.approx((p - 1) * n)
+    for algo in ("rhd", "rd"):
+        s = build("allreduce", algo, n, topo)
+        reduced = sum((st.reduce * st.repeat).sum() for st in s.steps)
+        # every contribution beyond one rank's own must be folded in somewhere
+        assert reduced >= (p - 1) / p * n * p - 1e-6, algo
+
+
+def test_double_binary_trees_are_trees_with_complementary_leaves():
+    for p in (2, 5, 8, 33, 64):
+        for parent in double_binary_trees(p):
+            assert (parent < 0).sum() == 1
+            for v in range(p):  # every rank reaches the root
+                seen = 0
+                while parent[v] >= 0 and seen <= p:
+                    v, seen = parent[v], seen + 1
+                assert seen <= p
+        a, b = double_binary_trees(p)
+        inner_a = np.isin(np.arange(p), a[a >= 0])
+        inner_b = np.isin(np.arange(p), b[b >= 0])
+        assert (inner_a & inner_b).sum() <= max(1, p // 8)
+
+
+def test_repeated_steps_are_folded_and_duplicate_pairs_merged():
+    step = make_step([0, 0, 1], [1, 1, 2], [5.0, 7.0, 1.0], [1.0, 2.0, 0.0])
+    assert step.src.tolist() == [0, 1] and step.nbytes.tolist() == [12.0, 1.0] and step.reduce.tolist() == [3, 0]
+    ring = build("allreduce", "ring", 1e6, flat(64))
+    assert len(ring.steps) == 2 and ring.step_count == 126
+
+
+def test_auto_picks_the_cheapest_closed_form():
+    t = multi(8, 8, nics=1)
+    for op in ALGORITHMS:
+        for n in (1e3, 1e8):
+            times = {a: closed(op, a, t, n) for a in ALGORITHMS[op]}
+            assert cheapest_algorithm(t, op, n) == min(times, key=times.get)
+    # small messages favour few steps, large ones bandwidth-optimal algorithms
+    assert cheapest_algorithm(flat(64), "allreduce", 1e3) in ("rd", "rhd", "tree")
+    assert cheapest_algorithm(flat(64), "allreduce", 1e9) in ("ring", "rhd", "hierarchical")
+
+
+def test_bus_bandwidth_factors():
+    assert busbw_factor("allreduce", 8) == pytest.approx(1.75)
+    assert busbw_factor("all-gather", 8) == pytest.approx(0.875)
+    assert busbw_factor("broadcast", 8) == 1.0
+
+
+def test_unknown_op_and_algorithm():
+    with pytest.raises(CollectiveError, match="allreduce"):
+        normalize_op("alltoall")
+    with pytest.raises(CollectiveError, match="ring"):
+        build("allgather", "tree", 1e6, flat(4))
