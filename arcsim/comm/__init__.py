@@ -1,0 +1,42 @@
+"""The Communicator seam: compressors call collectives here and never know where they run.
+
+Shape convention, shared by both implementations: a tensor handed to a collective has a leading
+axis of *local workers* — all P simulated workers in-process, 1 under torch.distributed. What comes
+back is replicated, so it has a leading axis of 1:
+- ``all_reduce(t[W, …])`` → ``[1, …]``, the mean (or sum) over all P workers;
+- ``all_gather(t[W, k])`` → ``[1, P, k]``, every worker's ``t`` in rank order;
+- ``broadcast(t, src)`` → ``[1, …]``, worker ``src``'s value; ``t`` may be ``[W, …]`` or just ``[1, …]``
+  holding src's row where this process holds it (see :meth:`Communicator.local_index`).
+Every call is appended to ``comm.log`` with the caller's ``tag``.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import torch
+
+from arcsim.comm.log import CommLog, CommRecord
+
+
+class Communicator(Protocol):
+    world_size: int
+    local_workers: int  # W: P in-process, 1 in a distributed job
+    log: CommLog
+
+    def all_reduce(self, t: torch.Tensor, op: str = "mean", tag: str = "") -> torch.Tensor: ...
+
+    def all_gather(self, t: torch.Tensor, tag: str = "") -> torch.Tensor: ...
+
+    def broadcast(self, t: torch.Tensor, src: int, tag: str = "") -> torch.Tensor: ...
+
+    def local_index(self, rank: int) -> int | None:
+        """Row of the local-worker axis that holds global ``rank``, or None if another process does."""
+        ...
+
+    def global_ranks(self) -> torch.Tensor:
+        """Global rank of each local worker, shape [W]."""
+        ...
+
+
+__all__ = ["CommLog", "CommRecord", "Communicator"]

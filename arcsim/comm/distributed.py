@@ -1,0 +1,47 @@
+"""One worker per process: collectives call torch.distributed on the current process group."""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from arcsim.comm.log import CommLog
+
+
+class DistributedComm:
+    def __init__(self, group: dist.ProcessGroup | None = None) -> None:
+        if not dist.is_initialized():
+            raise RuntimeError("torch.distributed is not initialised; call init_process_group first")
+        self.group = group
+        self.world_size = dist.get_world_size(group)
+        self.rank = dist.get_rank(group)
+        self.local_workers = 1
+        self.log = CommLog(self.world_size)
+
+    def all_reduce(self, t: torch.Tensor, op: str = "mean", tag: str = "") -> torch.Tensor:
+        self.log.add("allreduce", tag, t, t[0].numel())
+        if op not in ("mean", "sum"):
+            raise ValueError(f"unknown reduction {op!r}")
+        out = t[0:1].clone()
+        dist.all_reduce(out, op=dist.ReduceOp.SUM, group=self.group)
+        if op == "mean":
+            out /= self.world_size
+        return out
+
+    def all_gather(self, t: torch.Tensor, tag: str = "") -> torch.Tensor:
+        self.log.add("allgather", tag, t, t[0].numel())
+        out = torch.empty((self.world_size, *t.shape[1:]), dtype=t.dtype, device=t.device)
+        dist.all_gather_into_tensor(out, t[0].contiguous(), group=self.group)
+        return out.unsqueeze(0)
+
+    def broadcast(self, t: torch.Tensor, src: int, tag: str = "") -> torch.Tensor:
+        self.log.add("broadcast", tag, t, t[0].numel())
+        out = t[0:1].clone()
+        dist.broadcast(out, src=src, group=self.group)
+        return out
+
+    def local_index(self, rank: int) -> int | None:
+        return 0 if rank == self.rank else None
+
+    def global_ranks(self) -> torch.Tensor:
+        return torch.tensor([self.rank])

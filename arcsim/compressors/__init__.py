@@ -1,0 +1,36 @@
+"""The compressor registry: one class per method, looked up by name."""
+
+from __future__ import annotations
+
+from arcsim.compressors.adaptive import Adaptive
+from arcsim.compressors.arctopk import ArcTopK
+from arcsim.compressors.artopk import Star, Var
+from arcsim.compressors.base import Compressed, CompressionError, Compressor
+from arcsim.compressors.dense import Dense, Fp16
+from arcsim.compressors.gaussiank import GaussianK
+from arcsim.compressors.powersgd import PowerSGD
+from arcsim.compressors.randk import RandK
+from arcsim.compressors.topk import TopK
+
+REGISTRY: dict[str, type[Compressor]] = {
+    cls.name: cls for cls in (Dense, Fp16, TopK, RandK, GaussianK, ArcTopK, Star, Var, PowerSGD, Adaptive)
+}
+NAMES = tuple(REGISTRY)
+
+
+def make_compressor(name: str, density: float = 0.01, seed: int = 0, rank: int | None = None,
+                    **options) -> Compressor:
+    """A compressor by name; ``rank`` is PowerSGD's rank or ARC-Top-K's sketch columns r."""
+    if name not in REGISTRY:
+        raise CompressionError(f"unknown compressor {name!r}; choose one of {', '.join(NAMES)}")
+    if rank is not None:
+        if rank < 1:
+            raise CompressionError(f"rank r must be ≥ 1 (got {rank})")
+        target = options.get("inner", "topk") if name == "adaptive" else name
+        if target not in ("powersgd", "arctopk"):
+            raise CompressionError("--rank applies to powersgd (its rank) and arctopk (sketch columns r) only")
+        options["rank"] = rank
+    return REGISTRY[name](density=density, seed=seed, **options)
+
+
+__all__ = ["NAMES", "REGISTRY", "Compressed", "CompressionError", "Compressor", "make_compressor"]

@@ -1,0 +1,200 @@
+"""What every compressor shares: its result, its contribution types, the layer layout, and checks.
+
+A compressor sees ``x`` of shape [W, d] (W local workers, see :mod:`arcsim.comm`) and returns the
+aggregate every worker applies, shape [1, d], which always equals the mean over all P workers of what
+each *contributed*; the contribution is kept per local worker so error feedback can subtract it in
+place (:mod:`arcsim.memory`).
+"""
+
+from __future__ import annotations
+
+import math
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+
+from arcsim.comm import Communicator
+from arcsim.errors import ArcsimError
+
+
+class CompressionError(ArcsimError):
+    """Bad compressor input: density, rank, shapes, non-finite gradients, unknown names."""
+
+
+# -- contributions -----------------------------------------------------------------------------------
+class Contribution(ABC):
+    """What each local worker sent, as a [W, d] quantity that can be added or subtracted in place."""
+
+    @abstractmethod
+    def add_to(self, t: torch.Tensor, alpha: float = 1.0) -> None: ...
+
+    def subtract_from(self, t: torch.Tensor) -> None:
+        self.add_to(t, alpha=-1.0)
+
+    @property
+    @abstractmethod
+    def workers(self) -> int: ...
+
+    @property
+    @abstractmethod
+    def device(self) -> torch.device: ...
+
+    def dense(self, d: int) -> torch.Tensor:
+        """The contribution as a dense [W, d] tensor (tests and analysis only)."""
+        out = torch.zeros(self.workers, d, dtype=torch.float32, device=self.device)
+        self.add_to(out)
+        return out
+
+
+@dataclass
+class DenseContribution(Contribution):
+    values: torch.Tensor  # [W, d]
+
+    def add_to(self, t: torch.Tensor, alpha: float = 1.0) -> None:
+        t.add_(self.values.to(t.dtype), alpha=alpha)
+
+    @property
+    def workers(self) -> int:
+        return self.values.shape[0]
+
+    @property
+    def device(self) -> torch.device:
+        return self.values.device
+
+
+@dataclass
+class SparseContribution(Contribution):
+    indices: torch.Tensor  # [W, k], or [1, k] when every worker used the same indices
+    values: torch.Tensor  # [W, k]
+
+    def add_to(self, t: torch.Tensor, alpha: float = 1.0) -> None:
+        idx = self.indices.long().expand(self.values.shape[0], -1)
+        t.scatter_add_(1, idx, self.values.to(t.dtype) * alpha)
+
+    @property
+    def workers(self) -> int:
+        return self.values.shape[0]
+
+    @property
+    def device(self) -> torch.device:
+        return self.values.device
+
+
+@dataclass
+class Compressed:
+    aggregate: torch.Tensor  # [1, d] float32, identical on every worker
+    contribution: Contribution
+    selected: torch.Tensor  # [W] elements each local worker selected (d for dense methods)
+    index_based: bool  # True when the aggregate is supported on selected indices
+
+
+# -- layout ------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Layer:
+    name: str
+    shape: tuple[int, ...]
+    offset: int
+
+    @property
+    def numel(self) -> int:
+        return math.prod(self.shape)
+
+
+def flat_layout(d: int) -> tuple[Layer, ...]:
+    return (Layer("bucket", (d,), 0),)
+
+
+def layout_of(shapes: list[tuple[int, ...]], names: list[str] | None = None) -> tuple[Layer, ...]:
+    layers, offset = [], 0
+    for i, shape in enumerate(shapes):
+        layers.append(Layer(names[i] if names else f"layer{i}", tuple(shape), offset))
+        offset += math.prod(shape)
+    return tuple(layers)
+
+
+# -- the compressor family ---------------------------------------------------------------------------
+class Compressor(ABC):
+    name: ClassVar[str]
+    all_reduce_compatible: ClassVar[bool]
+    uses_density: ClassVar[bool] = True
+
+    def __init__(self, density: float = 0.01, seed: int = 0) -> None:
+        check_density(density)
+        self.density = float(density)
+        self.seed = int(seed)
+
+    def k_for(self, d: int, density: float | None = None) -> int:
+        """Elements to keep: max(1, ⌊ρ·d⌋)."""
+        return max(1, min(d, int((self.density if density is None else density) * d)))
+
+    @abstractmethod
+    def compress(self, x: torch.Tensor, comm: Communicator, step: int,
+                 layout: tuple[Layer, ...] | None = None, density: float | None = None) -> Compressed:
+        """Compress ``x`` [W, d] for ``step``; ``layout`` describes its layers (default: one flat bucket)."""
+
+    def compress_layers(self, tensors: list[torch.Tensor], comm: Communicator, step: int,
+                        density: float | None = None) -> tuple[list[torch.Tensor], Compressed]:
+        """Compress a list of layer tensors [W, *shape]; returns the aggregate split back into layers."""
+        x, layout = flatten_layers(tensors)
+        out = self.compress(x, comm, step, layout, density)
+        agg = out.aggregate[0]
+        return [agg[layer.offset:layer.offset + layer.numel].view(layer.shape) for layer in layout], out
+
+
+def flatten_layers(tensors: list[torch.Tensor]) -> tuple[torch.Tensor, tuple[Layer, ...]]:
+    if not tensors:
+        raise CompressionError("no tensors to compress")
+    workers = {t.shape[0] for t in tensors}
+    if len(workers) != 1:
+        raise CompressionError(f"layer tensors disagree on the number of workers: {sorted(workers)}")
+    w = workers.pop()
+    layout = layout_of([tuple(t.shape[1:]) for t in tensors])
+    return torch.cat([t.reshape(w, -1) for t in tensors], dim=1), layout
+
+
+def stack_workers(per_worker: list[torch.Tensor]) -> torch.Tensor:
+    """Stack one flat gradient per worker into [P, d], refusing shape mismatches and empty tensors."""
+    if not per_worker:
+        raise CompressionError("no workers given")
+    shapes = {tuple(t.shape) for t in per_worker}
+    if len(shapes) != 1:
+        raise CompressionError(f"workers have different gradient shapes {sorted(shapes)}; every worker must "
+                               "hold the same parameters")
+    return torch.stack([t.reshape(-1) for t in per_worker])
+
+
+def check_density(density: float) -> None:
+    if not (isinstance(density, (int, float)) and 0 < density <= 1):
+        raise CompressionError(f"density must be in (0, 1] (got {density}); e.g. 0.01 keeps 1% of elements")
+
+
+def check_finite(x: torch.Tensor, step: int, first_rank: int = 0) -> None:
+    """Refuse NaN/Inf, naming the step and the first worker that has one."""
+    bad = ~torch.isfinite(x).all(dim=1)
+    if bool(bad.any()):
+        worker = int(torch.nonzero(bad)[0, 0]) + first_rank
+        raise CompressionError(f"gradient of worker {worker} at step {step} contains NaN or Inf; "
+                               "fix the source (e.g. lower the learning rate) or drop that step")
+
+
+def check_input(x: torch.Tensor) -> None:
+    if x.dim() != 2:
+        raise CompressionError(f"expected gradients shaped [workers, elements], got {tuple(x.shape)}")
+    if x.shape[1] == 0:
+        raise CompressionError("gradient has no elements; nothing to compress")
+
+
+def sparse_aggregate(d: int, indices: torch.Tensor, values: torch.Tensor, world: int) -> torch.Tensor:
+    """[1, d]: the mean over ``world`` workers of gathered (indices, values) pairs."""
+    agg = torch.zeros(1, d, dtype=torch.float32, device=values.device)
+    agg.scatter_add_(1, indices.reshape(1, -1).long(), values.reshape(1, -1).float())
+    return agg.div_(world)
+
+
+def shared_aggregate(d: int, indices: torch.Tensor, reduced: torch.Tensor) -> torch.Tensor:
+    """[1, d]: already-reduced values placed at indices every worker shares."""
+    agg = torch.zeros(1, d, dtype=torch.float32, device=reduced.device)
+    agg.index_copy_(1, indices.reshape(-1).long(), reduced.reshape(1, -1).float())
+    return agg

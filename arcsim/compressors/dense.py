@@ -1,0 +1,33 @@
+"""Baselines without selection: fp32 all-reduce, and an fp16 cast (half the bytes, still all-reduce)."""
+
+from __future__ import annotations
+
+import torch
+
+from arcsim.comm import Communicator
+from arcsim.compressors.base import Compressed, Compressor, DenseContribution, Layer
+
+
+class Dense(Compressor):
+    name = "dense"
+    all_reduce_compatible = True
+    uses_density = False
+
+    def compress(self, x: torch.Tensor, comm: Communicator, step: int,
+                 layout: tuple[Layer, ...] | None = None, density: float | None = None) -> Compressed:
+        agg = comm.all_reduce(x.float(), tag="values")
+        full = torch.full((x.shape[0],), x.shape[1], device=x.device)
+        return Compressed(agg, DenseContribution(x), full, index_based=False)
+
+
+class Fp16(Compressor):
+    name = "fp16"
+    all_reduce_compatible = True
+    uses_density = False
+
+    def compress(self, x: torch.Tensor, comm: Communicator, step: int,
+                 layout: tuple[Layer, ...] | None = None, density: float | None = None) -> Compressed:
+        half = x.to(torch.float16)
+        agg = comm.all_reduce(half, tag="values").float()
+        full = torch.full((x.shape[0],), x.shape[1], device=x.device)
+        return Compressed(agg, DenseContribution(half), full, index_based=False)
