@@ -7,6 +7,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from arcsim.collectives import ALGORITHMS, build, busbw_factor, normalize_op
+from arcsim.comm.log import CommRecord
 from arcsim.errors import CollectiveError
 from arcsim.netsim import ENGINES, estimate
 from arcsim.topology import Topology
@@ -78,3 +79,32 @@ def price_collective(topo: Topology, op: str, algo: str, nbytes: float, engines:
                 events=est.events, simulated_ranks=est.simulated_ranks,
             ))
     return results
+
+
+@dataclass(frozen=True)
+class PricedRecord:
+    op: str
+    tag: str
+    algo: str
+    bytes: float  # the collective's size in nccl-tests terms (all-gather: total output on this topology)
+    time_s: float
+
+
+def price_records(records: list[CommRecord], topo: Topology, engine: str = "analytic",
+                  algorithms: dict[str, str] | None = None) -> list[PricedRecord]:
+    """Price each logged collective on ``topo``: the hand-off from a CommLog to the network backends.
+
+    Sizes are per rank, so a log recorded with P simulated workers prices on a topology with any rank
+    count: an all-gather's total output is bytes_per_rank × the topology's ranks. ``algorithms`` maps
+    an op to an algorithm name (default 'auto', the cheapest by the closed form).
+    """
+    chosen = algorithms or {}
+    priced = []
+    for record in records:
+        nbytes = record.bytes_per_rank * (topo.ranks if record.op == "allgather" else 1)
+        algo = chosen.get(record.op, "auto")
+        if algo == "auto":
+            algo = cheapest_algorithm(topo, record.op, nbytes)
+        time_s = estimate(build(record.op, algo, nbytes, topo), topo, engine).time_s
+        priced.append(PricedRecord(record.op, record.tag, algo, nbytes, time_s))
+    return priced

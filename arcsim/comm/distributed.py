@@ -31,7 +31,7 @@ class DistributedComm:
     def all_gather(self, t: torch.Tensor, tag: str = "") -> torch.Tensor:
         self.log.add("allgather", tag, t, t[0].numel())
         out = torch.empty((self.world_size, *t.shape[1:]), dtype=t.dtype, device=t.device)
-        dist.all_gather_into_tensor(out, t[0].contiguous(), group=self.group)
+        dist.all_gather_into_tensor(out, t[0:1].contiguous(), group=self.group)
         return out.unsqueeze(0)
 
     def broadcast(self, t: torch.Tensor, src: int, tag: str = "") -> torch.Tensor:

@@ -49,6 +49,10 @@ class Rows:
         self.start = torch.cat([off + torch.arange(n, dtype=torch.int64) * L for off, n, L in self.segments]).to(device)
         self.length = torch.cat([torch.full((n,), L, dtype=torch.int64) for _, n, L in self.segments]).to(device)
 
+    @property
+    def count(self) -> int:
+        return int(self.start.numel())
+
     def views(self, x: torch.Tensor):
         """(segment view [W, rows, length], length) for each segment."""
         for off, n, L in self.segments:
