@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import multiprocessing as mp
-import resource
 import statistics
 import time
 
@@ -19,6 +18,7 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
+from arcsim.comm.inprocess import InProcessComm
 from arcsim.compressors import make_compressor
 
 NAMES = ("topk", "gaussiank", "arctopk", "randk", "star", "var", "powersgd", "fp16", "dense")
@@ -26,10 +26,13 @@ DENSITY = 0.01
 
 
 class LocalComm:
-    """Collectives without a network: a reduction returns the local row, a gather repeats it P times."""
+    """Collectives without a network: a reduction returns the local row, a gather repeats it P times.
 
-    def __init__(self, world: int, local: int) -> None:
-        self.world_size, self.local_workers = world, local
+    ``leader=True`` makes this process hold every rank (so AR-Top-K's leader work runs here every step).
+    """
+
+    def __init__(self, world: int, local: int, leader: bool = False) -> None:
+        self.world_size, self.local_workers, self.leader = world, local, leader
 
     def all_reduce(self, t, op="mean", tag=""):
         return t[0:1]
@@ -41,6 +44,8 @@ class LocalComm:
         return t[0:1]
 
     def local_index(self, rank):
+        if self.leader:
+            return 0
         return rank if rank < self.local_workers else None
 
     def global_ranks(self):
@@ -77,43 +82,56 @@ def speed_table(device: str, sizes: list[int], repeats: int) -> Table:
         read = timed(lambda x=x: x.abs().amax(), device, repeats)
         table.add_row(f"{d:,}", "torch.topk(|x|)", f"{base_topk * 1e3:.2f}", "1.00", f"{base_topk / read:.2f}")
         table.add_row(f"{d:,}", "read pass |x|.amax()", f"{read * 1e3:.2f}", f"{read / base_topk:.2f}", "1.00")
-        for name in NAMES:
+        cases = [(name, name, comm) for name in NAMES if name != "star"]
+        cases[3:3] = [("star", "star (leader)", LocalComm(8, 1, leader=True)),
+                      ("star", "star (other ranks)", comm)]
+        for name, label, where in cases:
             comp = make_compressor(name, DENSITY, seed=0)
-            step = [0]
+            step = [1]  # steps 1..7 of every 8: rank 0 is not round-robin leader then
 
-            def run(comp=comp, x=x, step=step, comm=comm):
-                comp.compress(x, comm, step[0])
-                step[0] += 1
+            def run(comp=comp, x=x, step=step, where=where):
+                comp.compress(x, where, step[0])
+                step[0] = step[0] % 7 + 1
 
             t = timed(run, device, repeats)
-            table.add_row(f"{d:,}", name, f"{t * 1e3:.2f}", f"{t / base_topk:.2f}", f"{t / read:.2f}")
+            table.add_row(f"{d:,}", label, f"{t * 1e3:.2f}", f"{t / base_topk:.2f}", f"{t / read:.2f}")
         del x
     return table
 
 
+def _high_water_bytes() -> int:
+    with open("/proc/self/status") as fh:
+        for line in fh:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError("no VmHWM in /proc/self/status")
+
+
 def _peak_child(name: str, workers: int, d: int, queue) -> None:
     x = torch.randn(workers, d)
-    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     comp = make_compressor(name, DENSITY, seed=0)
-    comp.compress(x, LocalComm(workers, workers), 0)
-    after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    queue.put((after - before) * 1024)
+    comm = LocalComm(8, 1) if workers == 1 else InProcessComm(workers)
+    with open("/proc/self/clear_refs", "w") as fh:
+        fh.write("5")  # reset the peak-RSS mark (VmHWM) to the current RSS
+    before = _high_water_bytes()
+    comp.compress(x, comm, 0)
+    queue.put(_high_water_bytes() - before)
 
 
 def memory_table(d: int) -> Table:
-    table = Table(title=f"Scratch memory (peak RSS over the input, CPU), d = {d:,}, in units of d × 4 B")
-    for col in ("method", "W = 1", "W = 4 stacked"):
+    table = Table(title=f"Scratch memory: peak RSS during compress() over the input, CPU, d = {d:,} per worker, "
+                        "in units of one worker's bucket (d × 4 B)")
+    for col in ("method", "W = 1 (one rank)", "W = 4 stacked in-process"):
         table.add_column(col, justify="right")
-    ctx = mp.get_context("fork")
+    ctx = mp.get_context("spawn")  # fork after torch starts its thread pool can hang
     for name in NAMES:
         cells = []
         for workers in (1, 4):
             queue = ctx.Queue()
             proc = ctx.Process(target=_peak_child, args=(name, workers, d, queue))
             proc.start()
-            extra = queue.get()
-            proc.join()
-            cells.append(f"{extra / (4 * d):.2f}")
+            proc.join(timeout=600)
+            cells.append(f"{queue.get() / (4 * d):.2f}" if proc.exitcode == 0 else f"failed ({proc.exitcode})")
         table.add_row(name, *cells)
     return table
 
@@ -123,12 +141,14 @@ def main() -> None:
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     ap.add_argument("--sizes", default="25.6e6,110e6")
     ap.add_argument("--repeats", type=int, default=5)
-    ap.add_argument("--memory-elements", type=float, default=4e6)
+    ap.add_argument("--memory-elements", type=float, default=25.6e6)
     ap.add_argument("--no-memory", action="store_true")
+    ap.add_argument("--no-speed", action="store_true")
     args = ap.parse_args()
     torch.manual_seed(0)
-    console = Console(width=120)
-    console.print(speed_table(args.device, [int(float(s)) for s in args.sizes.split(",")], args.repeats))
+    console = Console(width=120, force_terminal=False)
+    if not args.no_speed:
+        console.print(speed_table(args.device, [int(float(s)) for s in args.sizes.split(",")], args.repeats))
     if not args.no_memory:
         console.print(memory_table(int(args.memory_elements)))
 

@@ -21,18 +21,22 @@ class GaussianK(Compressor):
     all_reduce_compatible = False
 
     def thresholds(self, x: torch.Tensor, k: int, density: float) -> torch.Tensor:
-        """Per-worker threshold [W, 1] after the refinement loop."""
+        """Per-worker threshold [W, 1] after the refinement loop (one worker at a time: O(d) scratch)."""
         z = float(torch.special.ndtri(torch.tensor(density / 2, dtype=torch.float64)).abs())
-        mean = x.mean(dim=1, keepdim=True)
-        std = x.std(dim=1, keepdim=True)
-        t = mean.abs() + z * std
-        mag = x.abs()
+        return torch.stack([self._row_threshold(row, k, z) for row in x]).unsqueeze(1)
+
+    @staticmethod
+    def _row_threshold(row: torch.Tensor, k: int, z: float) -> torch.Tensor:
+        t = row.mean().abs() + z * row.std()
+        mag = row.abs()
         for _ in range(REFINEMENTS):
-            count = (mag > t).sum(dim=1, keepdim=True)
-            low, high = count < 2 * k / 3, count > 4 * k / 3
-            if not bool((low | high).any()):
+            count = int((mag > t).sum())
+            if count < 2 * k / 3:
+                t = t / 2
+            elif count > 4 * k / 3:
+                t = t * 1.5
+            else:
                 break
-            t = torch.where(low, t / 2, torch.where(high, t * 1.5, t))
         return t
 
     def compress(self, x: torch.Tensor, comm: Communicator, step: int,

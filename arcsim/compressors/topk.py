@@ -15,7 +15,8 @@ class TopK(Compressor):
     def compress(self, x: torch.Tensor, comm: Communicator, step: int,
                  layout: tuple[Layer, ...] | None = None, density: float | None = None) -> Compressed:
         k = self.k_for(x.shape[1], density)
-        idx = x.abs().topk(k, dim=1, sorted=False).indices
+        # one worker at a time: |x| and topk's own scratch stay O(d), not O(P·d)
+        idx = torch.stack([row.abs().topk(k, sorted=False).indices for row in x])
         vals = x.gather(1, idx).float()
         gathered_vals = comm.all_gather(vals, tag="values")
         gathered_idx = comm.all_gather(idx.to(torch.int32), tag="indices")
