@@ -2,16 +2,16 @@
 
 from __future__ import annotations
 
-import json
 import sys
 import traceback
 
 import click
-from rich.console import Console
 from rich.table import Table
 from tqdm import tqdm
 
 from arcsim import __version__
+from arcsim.cli_common import Count, console, emit_json, note, step_progress
+from arcsim.cli_trace import trace as trace_group
 from arcsim.compressors import NAMES as COMPRESSORS
 from arcsim.compressors import make_compressor
 from arcsim.errors import ArcsimError
@@ -22,16 +22,11 @@ from arcsim.session import compress_steps
 from arcsim.synthetic import KINDS as SYNTHETIC_KINDS
 from arcsim.synthetic import synthetic_steps
 from arcsim.topology import GRAMMAR, load_topology, preset_names
+from arcsim.traces.format import open_trace
+from arcsim.traces.resolve import resolve_trace
 from arcsim.units import format_bits, format_duration, format_rate, format_size, parse_duration, parse_size
 
 DEFAULT_TOPOLOGY = "8x8-ib100"
-
-console = Console(width=None if sys.stdout.isatty() else 130)
-
-
-def _emit_json(obj: object) -> None:
-    click.echo(json.dumps(obj, indent=2, sort_keys=False))
-
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="arcsim")
@@ -54,7 +49,7 @@ def topo_list(as_json: bool) -> None:
     """List preset topologies."""
     topologies = [load_topology(name) for name in preset_names()]
     if as_json:
-        _emit_json([{"name": t.name, "ranks": t.ranks, "nodes": t.nodes, "gpus_per_node": t.gpus_per_node,
+        emit_json([{"name": t.name, "ranks": t.ranks, "nodes": t.nodes, "gpus_per_node": t.gpus_per_node,
                      "node_bandwidth_Bps": t.node_bandwidth, "description": t.description} for t in topologies])
         return
     table = Table(title="Preset topologies", caption=f"Also any YAML path, or the grammar {GRAMMAR}")
@@ -72,7 +67,7 @@ def topo_show(spec: str, as_json: bool) -> None:
     """Show a topology: SPEC is a preset name, a YAML path, or a grammar name such as 8x8-ib100."""
     t = load_topology(spec)
     if as_json:
-        _emit_json(t.to_dict())
+        emit_json(t.to_dict())
         return
     table = Table(title=f"{t.name}", caption=t.description, show_header=False)
     table.add_column("field", style="bold")
@@ -112,7 +107,7 @@ def collective(topology: str, op: str, algo: str, size: str, engine: str, comput
     results = price_collective(topo_obj, op, algo, nbytes, engines, parse_duration(compute), seed)
     if as_json:
         rows = [r.to_dict() for r in results]
-        _emit_json(rows[0] if len(rows) == 1 else rows)
+        emit_json(rows[0] if len(rows) == 1 else rows)
         return
     table = Table(title=f"{results[0].op} of {format_size(nbytes)} on {topo_obj.name} ({topo_obj.ranks} ranks)")
     for col in ("algorithm", "engine", "time", "algbw", "busbw", "steps", "notes"):
@@ -133,21 +128,6 @@ def collective(topology: str, op: str, algo: str, size: str, engine: str, comput
         console.print("[yellow]note:[/] the closed form ignores stragglers and jitter; the DES includes them.")
 
 
-class _Count(click.ParamType):
-    """A whole number that may be written 1e6 or 25600000."""
-
-    name = "count"
-
-    def convert(self, value, param, ctx):
-        try:
-            number = float(value)
-        except (TypeError, ValueError):
-            self.fail(f"{value!r} is not a number (e.g. 1e6)", param, ctx)
-        if number != int(number):
-            self.fail(f"{value!r} is not a whole number", param, ctx)
-        return int(number)
-
-
 @cli.command()
 @click.option("--compressor", "-c", default="arctopk", show_default=True,
               help=f"One of: {', '.join(COMPRESSORS)}.")
@@ -156,40 +136,51 @@ class _Count(click.ParamType):
 @click.option("--memory", "-m", default="none", show_default=True, help=f"One of: {', '.join(MEMORIES)}.")
 @click.option("--seed", default=0, show_default=True, help="Seed for data, projections and random indices.")
 @click.option("--rank", type=int, default=None, help="PowerSGD rank, or ARC-Top-K sketch columns r (default 4).")
-@click.option("--trace", type=click.Path(), default=None, help="A gradient trace (.npz).")
+@click.option("--trace", default=None,
+              help="A gradient trace (.npz), a known model's name (resnet50.npz: captured if missing), "
+                   "or nothing for the shipped default.")
+@click.option("--no-capture", is_flag=True, help="Stop instead of capturing a missing known-model trace.")
 @click.option("--synthetic", type=click.Choice(SYNTHETIC_KINDS), default=None,
               help="Synthetic gradients instead of a trace (see docs/compressors.md).")
-@click.option("--workers", "-w", default=8, show_default=True, type=_Count(), help="Synthetic: workers P.")
-@click.option("--elements", "-n", default="1e6", show_default=True, type=_Count(), help="Synthetic: elements d.")
-@click.option("--steps", "-s", default=5, show_default=True, type=_Count(), help="Synthetic: steps.")
+@click.option("--workers", "-w", default=8, show_default=True, type=Count(), help="Synthetic: workers P.")
+@click.option("--elements", "-n", default="1e6", show_default=True, type=Count(), help="Synthetic: elements d.")
+@click.option("--steps", "-s", default=5, show_default=True, type=Count(), help="Synthetic: steps.")
 @click.option("--shared", default=0.8, show_default=True, help="correlated: share of energy common to workers.")
 @click.option("--spread", default=1.5, show_default=True, help="correlated: log-normal spread of block scales.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
 def compress(compressor: str, density: float, memory: str, seed: int, rank: int | None, trace: str | None,
-             synthetic: str | None, workers: int, elements: int, steps: int, shared: float, spread: float,
-             as_json: bool) -> None:
+             no_capture: bool, synthetic: str | None, workers: int, elements: int, steps: int, shared: float,
+             spread: float, as_json: bool) -> None:
     """Run a compressor with error feedback on real tensors and measure every step."""
     comp = make_compressor(compressor, density, seed=seed, rank=rank)
     mem = make_memory(memory)
-    if trace is not None:
-        raise ArcsimError("--trace is not supported yet (the trace format arrives with the traces work); "
-                          "use --synthetic normal|laplace|t3|correlated for now")
-    if synthetic is None:
-        raise ArcsimError("give a gradient source: --synthetic normal|laplace|t3|correlated (or --trace FILE)")
-    batches = synthetic_steps(synthetic, workers, elements, steps, seed, shared, spread)
+    if trace is not None and synthetic is not None:
+        raise ArcsimError("give either --trace or --synthetic, not both")
+    layout = None
+    if synthetic is not None:
+        batches = synthetic_steps(synthetic, workers, elements, steps, seed, shared, spread)
+        source = f"synthetic:{synthetic}"
+        title_source = f"synthetic {synthetic} ({workers} workers × {elements:,} elements, seed {seed})"
+    else:
+        with step_progress("capture", unit="train step") as progress:
+            path = resolve_trace(trace, allow_capture=not no_capture, announce=note, progress=progress)
+        tr = open_trace(path)
+        steps, workers, elements, layout = tr.steps, tr.workers, tr.elements, tr.layout()
+        batches = tr.steps_iter()
+        source = str(path)
+        title_source = f"{path.name} ({tr.meta['model']}, {workers} workers × {elements:,} elements, {steps} steps)"
     rows = []
     with tqdm(total=steps, desc=f"{compressor}/{memory}", unit="step", disable=None, file=sys.stderr) as bar:
-        for metrics in compress_steps(batches, comp, mem):
+        for metrics in compress_steps(batches, comp, mem, layout):
             rows.append(metrics)
             bar.update()
     dense_bytes = 4 * elements
     if as_json:
-        _emit_json({"compressor": compressor, "memory": memory, "density_requested": density, "seed": seed,
-                    "source": f"synthetic:{synthetic}", "workers": workers, "elements": elements,
+        emit_json({"compressor": compressor, "memory": memory, "density_requested": density, "seed": seed,
+                    "source": source, "workers": workers, "elements": elements,
                     "dense_bytes_per_rank": dense_bytes, "steps": [m.to_dict() for m in rows]})
         return
-    table = Table(title=f"{compressor} + {memory} at density {density:g} on synthetic {synthetic} "
-                        f"({workers} workers × {elements:,} elements, seed {seed})")
+    table = Table(title=f"{compressor} + {memory} at density {density:g} on {title_source}")
     for col in ("step", "density", "agg density", "rel error", "update error", "energy", "top-k overlap",
                 "bytes/rank", "vs dense", "collectives"):
         table.add_column(col, justify="left" if col == "collectives" else "right")
@@ -201,6 +192,9 @@ def compress(compressor: str, density: float, memory: str, seed: int, rank: int 
                       format_size(m.bytes_per_rank), f"{m.bytes_per_rank / dense_bytes:.4f}",
                       ops + (" (dense first step)" if m.dense_step else ""))
     console.print(table)
+
+
+cli.add_command(trace_group)
 
 
 def main() -> None:

@@ -30,6 +30,7 @@ def compress_steps(batches: Iterable[tuple[int, torch.Tensor]], compressor: Comp
         update = memory.step(g, compressor, comm, step, layout, observe)
         nbytes, collectives = records_summary(comm.log.since(mark))
         drift = update_error(update, g)
+        del g, update  # free this step before the source reads the next one
         if seen:
             yield StepMetrics(step=step, bytes_per_rank=nbytes, update_error=drift, collectives=collectives, **seen)
         else:  # the memory sent this step dense (EF21's first step)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -22,7 +23,9 @@ def multi(nodes: int, gpus: int, nics: int, gbps: float = 100.0, fabric: str = "
                                     oversubscription), **kw)
 
 
-def run_cli(*args: str, cwd: str | None = None) -> subprocess.CompletedProcess:
+def run_cli(*args: str, cwd: str | None = None, env: dict[str, str] | None = None,
+            timeout: float = 300) -> subprocess.CompletedProcess:
     """Run the real `arcsim` entry point in a subprocess (exit codes and stderr as a user sees them)."""
+    full_env = None if env is None else {**os.environ, **env}
     return subprocess.run([sys.executable, "-m", "arcsim", *args], capture_output=True, text=True, cwd=cwd,
-                          timeout=300)
+                          env=full_env, timeout=timeout)

@@ -1,0 +1,56 @@
+"""Helpers shared by the command modules: the console, JSON output, option types, progress bars."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+import click
+from rich.console import Console
+from tqdm import tqdm
+
+console = Console(width=None if sys.stdout.isatty() else 130)
+
+
+def emit_json(obj: object) -> None:
+    click.echo(json.dumps(obj, indent=2, sort_keys=False))
+
+
+def note(message: str) -> None:
+    """A status line on stderr (keeps stdout clean for --json)."""
+    click.echo(message, err=True)
+
+
+@contextmanager
+def step_progress(desc: str, unit: str = "step") -> Iterator[Callable[[int, int], None]]:
+    """A tqdm bar on stderr driven by ``progress(done, total)`` callbacks."""
+    bar: tqdm | None = None
+
+    def progress(done: int, total: int) -> None:
+        nonlocal bar
+        if bar is None:
+            bar = tqdm(total=total, desc=desc, unit=unit, disable=None, file=sys.stderr)
+        bar.update(done - bar.n)
+
+    try:
+        yield progress
+    finally:
+        if bar is not None:
+            bar.close()
+
+
+class Count(click.ParamType):
+    """A whole number that may be written 1e6 or 25600000."""
+
+    name = "count"
+
+    def convert(self, value, param, ctx):
+        try:
+            number = float(value)
+        except (TypeError, ValueError):
+            self.fail(f"{value!r} is not a number (e.g. 1e6)", param, ctx)
+        if number != int(number):
+            self.fail(f"{value!r} is not a whole number", param, ctx)
+        return int(number)

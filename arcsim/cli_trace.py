@@ -1,0 +1,146 @@
+"""`arcsim trace capture | profile | info`: make and inspect gradient traces and compute profiles."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import click
+from rich.table import Table
+
+from arcsim.cli_common import Count, console, emit_json, note, step_progress
+from arcsim.datasets import DATASETS
+from arcsim.errors import ArcsimError
+from arcsim.models import MODELS
+from arcsim.traces.capture import CaptureConfig, capture
+from arcsim.traces.format import open_trace
+from arcsim.traces.profile import measure_profile
+from arcsim.traces.resolve import resolve_trace
+from arcsim.traces.stats import trace_info
+from arcsim.units import format_duration, format_size
+
+MODEL_HELP = f"One of: {', '.join(MODELS)}."
+DATASET_HELP = f"One of: {', '.join(DATASETS)} (default: the model's own)."
+
+
+@click.group()
+def trace() -> None:
+    """Gradient traces: capture from live training, profile compute, inspect."""
+
+
+@trace.command("capture")
+@click.option("--model", required=True, help=MODEL_HELP)
+@click.option("--dataset", default=None, help=DATASET_HELP)
+@click.option("--workers", "-w", default="8", show_default=True, type=Count(), help="Data-parallel workers W.")
+@click.option("--steps", "-s", default="3", show_default=True, type=Count(), help="Recorded steps.")
+@click.option("--every", default="1", show_default=True, type=Count(), help="Training steps between recordings.")
+@click.option("--warmup", default="0", show_default=True, type=Count(), help="Training steps before the first.")
+@click.option("--batch", "-b", default=None, type=Count(), help="Batch per worker (default: the model's).")
+@click.option("--device", default="cpu", show_default=True, help="cpu or cuda.")
+@click.option("--dtype", type=click.Choice(["fp16", "fp32"]), default="fp16", show_default=True)
+@click.option("--seed", default=0, show_default=True)
+@click.option("--lr", type=float, default=None, help="SGD learning rate (default: the model's).")
+@click.option("--input-size", type=Count(), default=None, help="Image side or sequence length (synthetic data).")
+@click.option("--out", "-o", required=True, type=click.Path(dir_okay=False), help="Trace file to write (.npz).")
+def trace_capture(model: str, dataset: str | None, workers: int, steps: int, every: int, warmup: int,
+                  batch: int | None, device: str, dtype: str, seed: int, lr: float | None, input_size: int | None,
+                  out: str) -> None:
+    """Capture per-worker gradients and compute timings from live data-parallel training."""
+    cfg = CaptureConfig(model=model, out=Path(out), dataset=dataset, workers=workers, steps=steps, every=every,
+                        warmup=warmup, batch=batch, device=device, dtype=dtype, seed=seed, lr=lr,
+                        input_size=input_size)
+    with step_progress(f"capture {model}", unit="train step") as progress:
+        path = capture(cfg, progress)
+    t = open_trace(path)
+    note(f"wrote {path}: {t.steps} steps × {t.workers} workers × {t.elements:,} elements "
+         f"({t.meta['dtype']}, {format_size(path.stat().st_size)}) in {t.meta['capture_seconds']:.1f} s")
+
+
+@trace.command("profile")
+@click.option("--model", required=True, help=MODEL_HELP)
+@click.option("--dataset", default=None, help=DATASET_HELP)
+@click.option("--batch", "-b", required=True, type=Count(), help="Batch per worker.")
+@click.option("--device", default="cpu", show_default=True, help="cpu or cuda.")
+@click.option("--repeats", default="10", show_default=True, type=Count(), help="Timed iterations (median).")
+@click.option("--warmup", default="3", show_default=True, type=Count(), help="Untimed iterations first.")
+@click.option("--bf16", is_flag=True, help="bf16 autocast instead of fp32.")
+@click.option("--input-size", type=Count(), default=None, help="Image side or sequence length.")
+@click.option("--out", "-o", required=True, type=click.Path(dir_okay=False), help="Profile to write (.json).")
+def trace_profile(model: str, dataset: str | None, batch: int, device: str, repeats: int, warmup: int, bf16: bool,
+                  input_size: int | None, out: str) -> None:
+    """Measure forward and per-layer backward timings on a device, without storing gradients."""
+    if not out.endswith(".json"):
+        raise ArcsimError(f"--out {out}: a compute profile is a .json file")
+    with step_progress(f"profile {model}", unit="iter") as progress:
+        done = [0]
+
+        def tick() -> None:
+            done[0] += 1
+            progress(done[0], warmup + repeats)
+
+        prof = measure_profile(model, batch, device, dataset, input_size, repeats, warmup, bf16, tick)
+    path = Path(out)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.partial-{os.getpid()}")
+    tmp.write_text(json.dumps(prof.to_json(), indent=1) + "\n")
+    os.replace(tmp, path)
+    note(f"wrote {path}: {model} batch {batch} on {prof.device_name}: forward {format_duration(prof.forward_s)}, "
+         f"backward {format_duration(prof.backward_s)}, {len(prof.layers)} layers")
+
+
+@trace.command("info")
+@click.argument("file", required=False)
+@click.option("--no-stats", is_flag=True, help="Skip the per-step gradient statistics (no gradient reads).")
+@click.option("--no-capture", is_flag=True, help="Do not capture a missing known-model trace.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of tables.")
+def trace_info_cmd(file: str | None, no_stats: bool, no_capture: bool, as_json: bool) -> None:
+    """Metadata, layer table, compute timings and gradient statistics of a trace (default: the shipped one)."""
+    with step_progress("capture", unit="train step") as progress:
+        path = resolve_trace(file, allow_capture=not no_capture, announce=note, progress=progress)
+    info = trace_info(open_trace(path), with_stats=not no_stats)
+    if as_json:
+        emit_json(info)
+        return
+    _render_info(info)
+
+
+def _render_info(info: dict) -> None:
+    meta = info["metadata"]
+    head = Table(title=f"{info['path']} ({format_size(info['size_bytes'])})", show_header=False)
+    head.add_column(style="bold")
+    head.add_column()
+    data = f"{meta['dataset']} — {meta.get('dataset_description', '')}"
+    if meta["synthetic_data"]:
+        data += "  [bold yellow](SYNTHETIC data: gradient statistics are not those of real training)[/]"
+    rows = [("model", f"{meta['model']} ({meta['params']:,} parameters)"), ("data", data),
+            ("workers × batch", f"{meta['workers']} × {meta['batch_per_worker']}"),
+            ("recorded steps", f"{meta['steps']} at training steps {meta['recorded_steps']}"),
+            ("gradients", f"{meta['dtype']} [{meta['steps']}, {meta['workers']}, {info['layers']['elements']:,}]"),
+            ("captured on", f"{meta['device']} ({meta.get('device_name', '?')}), torch {meta['torch_version']}, "
+                            f"seed {meta['seed']}, {meta.get('capture_seconds', '?')} s"),
+            ("compute (per worker)", f"forward {format_duration(info['compute']['forward_s'])}, "
+                                     f"backward {format_duration(info['compute']['backward_s'])}"),
+            ("command", meta["command"])]
+    for key, value in rows:
+        head.add_row(key, value)
+    console.print(head)
+    layers = info["layers"]
+    lt = Table(title=f"{layers['count']} layers in backward order (first ready: {layers['first_ready']}, "
+                     f"last: {layers['last_ready']}); largest")
+    for col in ("layer", "shape", "elements", "share"):
+        lt.add_column(col, justify="left" if col == "layer" else "right")
+    for row in layers["largest"]:
+        lt.add_row(row["name"], "×".join(map(str, row["shape"])), f"{row['numel']:,}", f"{row['share']:.1%}")
+    console.print(lt)
+    if "steps" not in info:
+        return
+    st = Table(title="Gradient statistics per recorded step",
+               caption="agreement = ||mean||² / mean ||g_w||² (1: workers agree; 1/W: orthogonal)")
+    for col in ("step", "loss", "||g_w|| mean", "||mean||", "kurtosis", "cos mean", "cos min…max", "agreement"):
+        st.add_column(col, justify="right")
+    for s in info["steps"]:
+        st.add_row(str(s["step"]), f"{s['loss']:.4f}", f"{s['worker_norm']:.4g}", f"{s['mean_norm']:.4g}",
+                   f"{s['kurtosis']:.1f}", f"{s['cosine_mean']:.3f}", f"{s['cosine_min']:.3f}…{s['cosine_max']:.3f}",
+                   f"{s['agreement']:.3f}")
+    console.print(st)

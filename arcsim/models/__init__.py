@@ -1,0 +1,78 @@
+"""The model zoo traces are captured from, defined in the project (torchvision is optional here).
+
+Each entry builds a model for a dataset's DataSpec; ``reference_params`` is the parameter count on the
+model's default dataset (torchvision's and GPT-2's published figures), checked by the tests.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from arcsim.datasets import DatasetError, DataSpec
+from arcsim.models.gpt import GPT
+from arcsim.models.resnet import resnet18, resnet50
+from arcsim.models.small import MLP, SmallCNN
+from arcsim.models.vit import vit_b_16
+
+
+@dataclass(frozen=True)
+class ModelEntry:
+    name: str
+    kinds: tuple[str, ...]              # DataSpec kinds the model accepts
+    default_dataset: str
+    lr: float                           # SGD (momentum 0.9) learning rate used between recorded steps
+    default_batch: int                  # per worker
+    reference_params: int | None
+    build_fn: Callable[[DataSpec], nn.Module]
+    description: str
+
+    def build(self, spec: DataSpec) -> nn.Module:
+        if spec.kind not in self.kinds:
+            raise DatasetError(f"model {self.name} takes {' or '.join(self.kinds)} data, not {spec.kind}; "
+                               f"try --dataset {self.default_dataset}")
+        try:
+            return self.build_fn(spec)
+        except ValueError as exc:
+            raise DatasetError(f"model {self.name} does not fit the data: {exc}") from None
+
+
+def _image(spec: DataSpec) -> tuple[int, int]:
+    return spec.shape[0], spec.shape[1]
+
+
+MODELS: dict[str, ModelEntry] = {e.name: e for e in (
+    ModelEntry("mlp", ("vector", "image"), "mnist1d", 0.05, 32, None,
+               lambda s: MLP(int(torch.tensor(s.shape).prod()), s.classes), "MLP, two hidden layers of 128"),
+    ModelEntry("cnn", ("image",), "digits", 0.05, 32, None,
+               lambda s: SmallCNN(s.shape[0], s.shape[1], s.classes), "small CNN: two 3×3 convs, pool, two fc"),
+    ModelEntry("resnet18", ("image",), "synthetic-images", 0.05, 4, 11_689_512,
+               lambda s: resnet18(s.shape[0], s.classes), "ResNet-18 (torchvision layout)"),
+    ModelEntry("resnet50", ("image",), "synthetic-images", 0.05, 4, 25_557_032,
+               lambda s: resnet50(s.shape[0], s.classes), "ResNet-50 (torchvision layout, v1.5)"),
+    ModelEntry("vit_b_16", ("image",), "synthetic-images", 0.01, 2, 86_567_656,
+               lambda s: vit_b_16(s.shape[1], s.shape[0], s.classes), "ViT-B/16 (torchvision layout)"),
+    ModelEntry("gpt2_small", ("tokens",), "synthetic-tokens", 0.01, 2, 124_439_808,
+               lambda s: GPT(s.classes), "GPT-2-small-shaped decoder, tied embeddings"),
+)}
+
+
+def model_entry(name: str) -> ModelEntry:
+    if name not in MODELS:
+        raise DatasetError(f"unknown model {name!r}; choose one of: {', '.join(MODELS)}")
+    return MODELS[name]
+
+
+def loss_fn(kind: str, logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """Cross-entropy: per example for classification, per position for next-token prediction."""
+    if kind == "tokens":
+        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), target.reshape(-1))
+    return F.cross_entropy(logits, target)
+
+
+def count_params(model: nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())

@@ -1,0 +1,1 @@
+"""Gradient traces: format, capture, compute profiles, statistics."""

@@ -1,0 +1,332 @@
+"""The trace file: an uncompressed .npz written and read one step at a time (docs/trace-format.md).
+
+Members (all plain .npy, no pickles):
+  metadata.npy     uint8 — UTF-8 JSON object (schema_version, model, dataset, workers, …)
+  layers.npy       uint8 — UTF-8 JSON list of {name, shape, numel, offset}, in backward order
+  gradients.npy    [steps, workers, d] float16 | float32 — per-worker gradients, flat in layer order
+  loss.npy         [steps] float64 — training loss (mean over workers) at each recorded step
+  worker_loss.npy  [steps, workers] float64
+  forward_s.npy    [steps] float64 — forward time on the capture device
+  backward_s.npy   [steps] float64 — backward time
+  ready_s.npy      [steps, layers] float64 — when each layer's gradient was ready, from backward start
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+import os
+import zipfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import numpy as np
+import torch
+
+from arcsim.compressors.base import Layer
+from arcsim.errors import ArcsimError
+
+SCHEMA_VERSION = 1
+DTYPES = {"fp16": np.float16, "fp32": np.float32}
+REQUIRED_META = ("schema_version", "model", "dataset", "synthetic_data", "params", "batch_per_worker", "workers",
+                 "steps", "recorded_steps", "dtype", "device", "torch_version", "seed", "command")
+SMALL_MEMBERS = {"loss": 1, "worker_loss": 2, "forward_s": 1, "backward_s": 1, "ready_s": 2}
+
+
+class TraceError(ArcsimError):
+    """A trace file that is missing, corrupt or inconsistent."""
+
+
+def _json_member(obj: Any) -> np.ndarray:
+    return np.frombuffer(json.dumps(obj, indent=1).encode(), dtype=np.uint8)
+
+
+def _npy_bytes(array: np.ndarray) -> bytes:
+    buf = io.BytesIO()
+    np.save(buf, array, allow_pickle=False)
+    return buf.getvalue()
+
+
+class TraceWriter:
+    """Stream a trace to disk: ``with TraceWriter(...) as w: w.write_step(...)``.
+
+    Everything goes to a hidden temporary file beside the target, renamed into place only when all
+    steps were written; an exception or Ctrl-C removes it, so no half-written trace is ever left.
+    """
+
+    def __init__(self, path: Path, meta: dict[str, Any], layers: tuple[Layer, ...], dtype: str) -> None:
+        self.path, self.meta, self.layers = Path(path), dict(meta), layers
+        self.dtype = np.dtype(DTYPES[dtype])
+        self.steps, self.workers = int(meta["steps"]), int(meta["workers"])
+        self.elements = sum(layer.numel for layer in layers)
+        self.tmp = self.path.with_name(f".{self.path.name}.partial-{os.getpid()}")
+        self.written = 0
+        self.small: dict[str, list[Any]] = {name: [] for name in SMALL_MEMBERS}
+
+    def __enter__(self) -> TraceWriter:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.zip = zipfile.ZipFile(self.tmp, "w", compression=zipfile.ZIP_STORED, allowZip64=True)
+        self.member = self.zip.open("gradients.npy", "w", force_zip64=True)
+        header = {"descr": np.lib.format.dtype_to_descr(self.dtype), "fortran_order": False,
+                  "shape": (self.steps, self.workers, self.elements)}
+        np.lib.format.write_array_header_1_0(self.member, header)
+        return self
+
+    def write_step(self, grads: torch.Tensor, worker_loss: list[float], forward_s: float, backward_s: float,
+                   ready_s: list[float]) -> None:
+        """Append one recorded step: grads [workers, d] in layer order (any float dtype, any device)."""
+        if self.written >= self.steps:
+            raise TraceError(f"trace declared {self.steps} steps; cannot write another")
+        if tuple(grads.shape) != (self.workers, self.elements):
+            raise TraceError(f"step gradients are {tuple(grads.shape)}, expected ({self.workers}, {self.elements})")
+        out = grads.detach().to("cpu", torch.float16 if self.dtype == np.float16 else torch.float32)
+        if not bool(torch.isfinite(out).all()):
+            worker = int(torch.nonzero(~torch.isfinite(out).all(dim=1))[0, 0])
+            hint = " (too large for fp16: capture with --dtype fp32)" if bool(torch.isfinite(grads).all()) else ""
+            raise TraceError(f"gradient of worker {worker} at recorded step {self.written} is not finite{hint}; "
+                             "lower --lr or check the model")
+        self.member.write(out.numpy().tobytes())
+        self.small["worker_loss"].append(worker_loss)
+        self.small["loss"].append(float(np.mean(worker_loss)))
+        self.small["forward_s"].append(forward_s)
+        self.small["backward_s"].append(backward_s)
+        self.small["ready_s"].append(ready_s)
+        self.written += 1
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        try:
+            if exc_type is None and self.written != self.steps:
+                raise TraceError(f"only {self.written} of {self.steps} steps were written")
+            self.member.close()
+            if exc_type is None:
+                for name in SMALL_MEMBERS:
+                    self.zip.writestr(f"{name}.npy", _npy_bytes(np.asarray(self.small[name], dtype=np.float64)))
+                layers = [{"name": la.name, "shape": list(la.shape), "numel": la.numel, "offset": la.offset}
+                          for la in self.layers]
+                self.zip.writestr("layers.npy", _npy_bytes(_json_member(layers)))
+                self.zip.writestr("metadata.npy", _npy_bytes(_json_member(self.meta)))
+            self.zip.close()
+            if exc_type is None:
+                os.replace(self.tmp, self.path)
+        finally:
+            if self.tmp.exists():
+                self.tmp.unlink()
+
+
+@dataclass
+class Trace:
+    """An opened, validated trace. Gradients stay on disk; ``steps_iter()`` reads one step at a time."""
+
+    path: Path
+    meta: dict[str, Any]
+    layers: tuple[Layer, ...]
+    dtype: np.dtype
+    loss: np.ndarray
+    worker_loss: np.ndarray
+    forward_s: np.ndarray
+    backward_s: np.ndarray
+    ready_s: np.ndarray
+    _data_offset: int | None  # where gradient bytes start in the file (stored members), else None
+
+    @property
+    def steps(self) -> int:
+        return int(self.meta["steps"])
+
+    @property
+    def workers(self) -> int:
+        return int(self.meta["workers"])
+
+    @property
+    def elements(self) -> int:
+        return sum(layer.numel for layer in self.layers)
+
+    @property
+    def recorded_steps(self) -> list[int]:
+        return [int(s) for s in self.meta["recorded_steps"]]
+
+    def _step_bytes(self) -> int:
+        return self.workers * self.elements * self.dtype.itemsize
+
+    def _read_into(self, fh: Any, out: torch.Tensor) -> None:
+        view = memoryview(out.numpy()).cast("B")
+        got = fh.readinto(view)
+        while got < len(view):  # zip streams may return short reads
+            more = fh.readinto(view[got:])
+            if not more:
+                raise TraceError(f"{self.path} ends inside the gradients (truncated); capture it again")
+            got += more
+
+    def _raw_steps(self, start: int, stop: int) -> Iterator[torch.Tensor]:
+        """Steps as stored (fp16/fp32), each read straight into a fresh tensor: no intermediate copies."""
+        dtype = torch.float16 if self.dtype == np.float16 else torch.float32
+        if self._data_offset is not None:
+            with open(self.path, "rb", buffering=0) as fh:
+                fh.seek(self._data_offset + start * self._step_bytes())
+                for _ in range(start, stop):
+                    out = torch.empty(self.workers, self.elements, dtype=dtype)
+                    self._read_into(fh, out)
+                    yield out
+            return
+        with zipfile.ZipFile(self.path) as zf, zf.open("gradients.npy") as fh:  # compressed member: sequential
+            _read_npy_header(fh)
+            for i in range(stop):
+                out = torch.empty(self.workers, self.elements, dtype=dtype)
+                self._read_into(fh, out)
+                if i >= start:
+                    yield out
+
+    def steps_iter(self, start: int = 0, stop: int | None = None,
+                   device: str | torch.device = "cpu") -> Iterator[tuple[int, torch.Tensor]]:
+        """Yield (training step, gradients [workers, d] float32), refusing NaN/Inf with the step and worker."""
+        stop = self.steps if stop is None else min(stop, self.steps)
+        for i, raw in enumerate(self._raw_steps(start, stop), start=start):
+            g = raw.to(device=device, dtype=torch.float32)
+            del raw
+            self._check_finite(g, i)
+            yield self.recorded_steps[i], g
+
+    def step_chunks(self, index: int, chunk: int = 1 << 20) -> Iterator[torch.Tensor]:
+        """Step ``index`` as float32 column chunks [workers, ≤ chunk]: memory O(workers × chunk)."""
+        if self._data_offset is None:  # compressed member: no random access, take the whole step
+            _, g = next(self.steps_iter(index, index + 1))
+            yield from g.split(chunk, dim=1)
+            return
+        dtype = torch.float16 if self.dtype == np.float16 else torch.float32
+        size = self.dtype.itemsize
+        base = self._data_offset + index * self._step_bytes()
+        with open(self.path, "rb", buffering=0) as fh:
+            for lo in range(0, self.elements, chunk):
+                width = min(chunk, self.elements - lo)
+                out = torch.empty(self.workers, width, dtype=dtype)
+                for w in range(self.workers):
+                    fh.seek(base + (w * self.elements + lo) * size)
+                    self._read_into(fh, out[w])
+                g = out.float()
+                self._check_finite(g, index)
+                yield g
+
+    def _check_finite(self, g: torch.Tensor, index: int) -> None:
+        bad = ~torch.isfinite(g).all(dim=1)
+        if bool(bad.any()):
+            worker = int(torch.nonzero(bad)[0, 0])
+            raise TraceError(f"{self.path}: gradient of worker {worker} at recorded step {index} "
+                             f"(training step {self.recorded_steps[index]}) contains NaN or Inf")
+
+    def layout(self) -> tuple[Layer, ...]:
+        return self.layers
+
+
+def _read_npy_header(fh: Any) -> tuple[tuple[int, ...], bool, np.dtype]:
+    version = np.lib.format.read_magic(fh)
+    if version == (1, 0):
+        return np.lib.format.read_array_header_1_0(fh)
+    if version == (2, 0):
+        return np.lib.format.read_array_header_2_0(fh)
+    raise ValueError(f"unsupported .npy version {version}")
+
+
+def _read_small(zf: zipfile.ZipFile, name: str, path: Path) -> np.ndarray:
+    try:
+        with zf.open(f"{name}.npy") as fh:
+            return np.load(io.BytesIO(fh.read()), allow_pickle=False)
+    except KeyError:
+        raise TraceError(f"{path} has no {name} member; it is not an arcsim trace (see docs/trace-format.md)") from None
+    except (ValueError, OSError, zipfile.BadZipFile, EOFError) as exc:
+        raise TraceError(f"{path}: member {name} is unreadable ({exc}); capture the trace again") from None
+
+
+def _read_json(zf: zipfile.ZipFile, name: str, path: Path) -> Any:
+    raw = _read_small(zf, name, path)
+    try:
+        return json.loads(raw.astype(np.uint8).tobytes().decode())
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise TraceError(f"{path}: {name} is not valid JSON ({exc})") from None
+
+
+def _stored_data_offset(path: Path, info: zipfile.ZipInfo, header_end: int) -> int | None:
+    """Absolute file offset of the array bytes of a stored (uncompressed) member, else None."""
+    if info.compress_type != zipfile.ZIP_STORED:
+        return None
+    with open(path, "rb") as fh:
+        fh.seek(info.header_offset)
+        local = fh.read(30)
+        if local[:4] != b"PK\x03\x04":
+            raise TraceError(f"{path}: bad local header for gradients; the file is corrupt")
+        name_len, extra_len = int.from_bytes(local[26:28], "little"), int.from_bytes(local[28:30], "little")
+    return info.header_offset + 30 + name_len + extra_len + header_end
+
+
+def _layers_from_json(rows: Any, path: Path) -> tuple[Layer, ...]:
+    layers, offset = [], 0
+    try:
+        for row in rows:
+            shape = tuple(int(s) for s in row["shape"])
+            if int(row["numel"]) != math.prod(shape) or int(row["offset"]) != offset:
+                raise TraceError(f"{path}: layer {row['name']!r} has numel {row['numel']} and offset "
+                                 f"{row['offset']}, but its shape {shape} at offset {offset} says otherwise")
+            layers.append(Layer(str(row["name"]), shape, offset))
+            offset += int(row["numel"])
+    except (KeyError, TypeError, ValueError) as exc:
+        raise TraceError(f"{path}: the layer table is malformed ({exc!r})") from None
+    if not layers:
+        raise TraceError(f"{path}: the layer table is empty")
+    return tuple(layers)
+
+
+def open_trace(path: str | Path) -> Trace:
+    """Open and validate a trace; every inconsistency is a TraceError naming the file and the fix."""
+    path = Path(path)
+    if not path.exists():
+        raise TraceError(f"no such trace file: {path}")
+    if path.suffix != ".npz":
+        raise TraceError(f"{path} is not a trace: traces are .npz files (see docs/trace-format.md)")
+    try:
+        zf = zipfile.ZipFile(path)
+    except (zipfile.BadZipFile, OSError) as exc:
+        raise TraceError(f"{path} is not a readable .npz ({exc}); it may be truncated — capture it again") from None
+    with zf:
+        meta = _read_json(zf, "metadata", path)
+        if not isinstance(meta, dict):
+            raise TraceError(f"{path}: metadata is not a JSON object")
+        version = meta.get("schema_version")
+        if version != SCHEMA_VERSION:
+            raise TraceError(f"{path} has trace schema version {version!r}; this arcsim reads version "
+                             f"{SCHEMA_VERSION} — recapture it with this version")
+        missing = [k for k in REQUIRED_META if k not in meta]
+        if missing:
+            raise TraceError(f"{path}: metadata lacks {', '.join(missing)}")
+        layers = _layers_from_json(_read_json(zf, "layers", path), path)
+        try:
+            info = zf.getinfo("gradients.npy")
+            with zf.open(info) as fh:
+                shape, fortran, dtype = _read_npy_header(fh)
+                header_end = fh.tell()
+        except KeyError:
+            raise TraceError(f"{path} has no gradients member; it is not an arcsim trace") from None
+        except (ValueError, OSError, zipfile.BadZipFile, EOFError) as exc:
+            raise TraceError(f"{path}: the gradients header is unreadable ({exc})") from None
+        small = {name: _read_small(zf, name, path) for name in SMALL_MEMBERS}
+    steps, workers, d = int(meta["steps"]), int(meta["workers"]), sum(la.numel for la in layers)
+    if dtype not in (np.float16, np.float32) or fortran:
+        raise TraceError(f"{path}: gradients must be C-ordered float16 or float32, found {dtype}")
+    if tuple(shape) != (steps, workers, d):
+        raise TraceError(f"{path}: gradients are shaped {tuple(shape)} but metadata and the layer table say "
+                         f"({steps}, {workers}, {d})")
+    if len(meta["recorded_steps"]) != steps:
+        raise TraceError(f"{path}: {len(meta['recorded_steps'])} recorded step numbers for {steps} steps")
+    expected = {"loss": (steps,), "worker_loss": (steps, workers), "forward_s": (steps,),
+                "backward_s": (steps,), "ready_s": (steps, len(layers))}
+    for name, want in expected.items():
+        if small[name].shape != want:
+            raise TraceError(f"{path}: {name} is shaped {small[name].shape}, expected {want}")
+    if info.file_size != header_end + steps * workers * d * np.dtype(dtype).itemsize:
+        raise TraceError(f"{path}: the gradients member holds {info.file_size} bytes, not what its shape "
+                         f"{tuple(shape)} needs; the file is truncated or corrupt")
+    offset = _stored_data_offset(path, info, header_end)
+    return Trace(path, meta, layers, np.dtype(dtype), small["loss"], small["worker_loss"], small["forward_s"],
+                 small["backward_s"], small["ready_s"], offset)

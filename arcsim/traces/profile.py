@@ -1,0 +1,126 @@
+"""Compute profiles: forward time and per-layer gradient-ready times of a model on a device (no gradients kept).
+
+A profile is a small JSON file (traces/profiles/*.json). ``arcsim run --compute-profile`` combines one with
+the gradients of a trace captured elsewhere (e.g. H100 timings with CPU-captured gradients).
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import statistics
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from arcsim.datasets import make_dataset
+from arcsim.errors import ArcsimError
+from arcsim.models import count_params, loss_fn, model_entry
+from arcsim.traces.timing import ComputeTimer
+
+PROFILE_SCHEMA = 1
+
+
+@dataclass
+class LayerTiming:
+    name: str
+    numel: int
+    ready_s: float
+
+
+@dataclass
+class ComputeProfile:
+    """Forward and backward of one worker's batch; ``layers`` in backward (gradient-ready) order."""
+
+    model: str
+    batch: int
+    device: str
+    device_name: str
+    forward_s: float
+    backward_s: float
+    layers: list[LayerTiming]
+    source: str                     # "profile" or "trace"
+    repeats: int = 1
+    torch_version: str = torch.__version__
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"schema_version": PROFILE_SCHEMA, **asdict(self)}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any], where: str) -> ComputeProfile:
+        if data.get("schema_version") != PROFILE_SCHEMA:
+            raise ArcsimError(f"{where}: compute profile schema {data.get('schema_version')!r} is not "
+                              f"{PROFILE_SCHEMA}; re-run arcsim trace profile")
+        try:
+            fields = {k: v for k, v in data.items() if k != "schema_version"}
+            fields["layers"] = [LayerTiming(**row) for row in fields["layers"]]
+            return cls(**fields)
+        except (KeyError, TypeError) as exc:
+            raise ArcsimError(f"{where} is not a compute profile ({exc})") from None
+
+
+def load_profile(path: str | Path) -> ComputeProfile:
+    path = Path(path)
+    if not path.exists():
+        raise ArcsimError(f"no such compute profile: {path} (make one with arcsim trace profile)")
+    try:
+        data = json.loads(path.read_text())
+    except ValueError as exc:
+        raise ArcsimError(f"{path} is not valid JSON ({exc})") from None
+    return ComputeProfile.from_json(data, str(path))
+
+
+def device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return platform.processor() or platform.machine()
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "cuda" and not torch.cuda.is_available():
+        raise ArcsimError("--device cuda asked for, but this torch sees no CUDA device; use --device cpu")
+    if name not in ("cpu", "cuda"):
+        raise ArcsimError(f"unknown device {name!r}; use cpu or cuda")
+    return torch.device(name)
+
+
+def measure_profile(model_name: str, batch: int, device: str = "cpu", dataset: str | None = None,
+                    input_size: int | None = None, repeats: int = 10, warmup: int = 3, bf16: bool = False,
+                    progress: Callable[[], None] | None = None) -> ComputeProfile:
+    """Median forward/backward/per-layer-ready times over ``repeats`` timed iterations after ``warmup``."""
+    if batch < 1 or repeats < 1 or warmup < 0:
+        raise ArcsimError("--batch and --repeats must be ≥ 1 and --warmup ≥ 0")
+    entry = model_entry(model_name)
+    ds = make_dataset(dataset or entry.default_dataset, input_size)
+    dev = resolve_device(device)
+    torch.manual_seed(0)
+    model = entry.build(ds.spec).to(dev).train()
+    gen = torch.Generator().manual_seed(0)
+    x, y = (t.to(dev) for t in ds.draw(batch, gen))
+    timer = ComputeTimer(model, dev)
+
+    def forward() -> torch.Tensor:
+        with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=bf16):
+            return loss_fn(ds.spec.kind, model(x), y)
+
+    runs = []
+    for i in range(warmup + repeats):
+        model.zero_grad(set_to_none=True)
+        _, timing = timer.run(forward)
+        if i >= warmup:
+            runs.append(timing)
+        if progress:
+            progress()
+    timer.close()
+    order = runs[0].order
+    layers = [LayerTiming(name, dict(model.named_parameters())[name].numel(),
+                          statistics.median(r.ready_s[name] for r in runs)) for name in order]
+    return ComputeProfile(model_name, batch, dev.type, device_name(dev),
+                          statistics.median(r.forward_s for r in runs), statistics.median(r.backward_s for r in runs),
+                          layers, "profile", repeats,
+                          extra={"dataset": ds.name, "input_shape": list(ds.spec.shape), "params": count_params(model),
+                                 "precision": "bf16-autocast" if bf16 else "fp32"})
