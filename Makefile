@@ -12,7 +12,7 @@ $(BIN)/arcsim: pyproject.toml requirements-ci.txt
 	touch $@
 
 demo: $(BIN)/arcsim
-	$(BIN)/arcsim collective --algo all --engine both
+	$(BIN)/arcsim run
 
 test: $(BIN)/arcsim
 	$(BIN)/ruff check .

@@ -10,20 +10,14 @@ from rich.table import Table
 from tqdm import tqdm
 
 from arcsim import __version__
+from arcsim.catalog import COMPRESSORS, MEMORIES, SYNTHETIC_KINDS
 from arcsim.cli_common import Count, console, emit_json, note, step_progress
+from arcsim.cli_run import run as run_command
 from arcsim.cli_trace import trace as trace_group
-from arcsim.compressors import NAMES as COMPRESSORS
-from arcsim.compressors import make_compressor
 from arcsim.errors import ArcsimError
-from arcsim.memory import MEMORIES, make_memory
 from arcsim.netsim import ENGINES
 from arcsim.pricing import ALGO_CHOICES, price_collective
-from arcsim.session import compress_steps
-from arcsim.synthetic import KINDS as SYNTHETIC_KINDS
-from arcsim.synthetic import synthetic_steps
 from arcsim.topology import GRAMMAR, load_topology, preset_names
-from arcsim.traces.format import open_trace
-from arcsim.traces.resolve import resolve_trace
 from arcsim.units import format_bits, format_duration, format_rate, format_size, parse_duration, parse_size
 
 DEFAULT_TOPOLOGY = "8x8-ib100"
@@ -152,6 +146,13 @@ def compress(compressor: str, density: float, memory: str, seed: int, rank: int 
              no_capture: bool, synthetic: str | None, workers: int, elements: int, steps: int, shared: float,
              spread: float, as_json: bool) -> None:
     """Run a compressor with error feedback on real tensors and measure every step."""
+    from arcsim.compressors import make_compressor  # torch: imported only by the commands that need it
+    from arcsim.memory import make_memory
+    from arcsim.session import compress_steps
+    from arcsim.synthetic import synthetic_steps
+    from arcsim.traces.format import open_trace
+    from arcsim.traces.resolve import resolve_trace
+
     comp = make_compressor(compressor, density, seed=seed, rank=rank)
     mem = make_memory(memory)
     if trace is not None and synthetic is not None:
@@ -195,6 +196,7 @@ def compress(compressor: str, density: float, memory: str, seed: int, rank: int 
 
 
 cli.add_command(trace_group)
+cli.add_command(run_command)
 
 
 def main() -> None:

@@ -9,15 +9,9 @@ from pathlib import Path
 import click
 from rich.table import Table
 
+from arcsim.catalog import DATASETS, MODELS
 from arcsim.cli_common import Count, console, emit_json, note, step_progress
-from arcsim.datasets import DATASETS
 from arcsim.errors import ArcsimError
-from arcsim.models import MODELS
-from arcsim.traces.capture import CaptureConfig, capture
-from arcsim.traces.format import open_trace
-from arcsim.traces.profile import measure_profile
-from arcsim.traces.resolve import resolve_trace
-from arcsim.traces.stats import trace_info
 from arcsim.units import format_duration, format_size
 
 MODEL_HELP = f"One of: {', '.join(MODELS)}."
@@ -47,6 +41,9 @@ def trace_capture(model: str, dataset: str | None, workers: int, steps: int, eve
                   batch: int | None, device: str, dtype: str, seed: int, lr: float | None, input_size: int | None,
                   out: str) -> None:
     """Capture per-worker gradients and compute timings from live data-parallel training."""
+    from arcsim.traces.capture import CaptureConfig, capture
+    from arcsim.traces.format import open_trace
+
     cfg = CaptureConfig(model=model, out=Path(out), dataset=dataset, workers=workers, steps=steps, every=every,
                         warmup=warmup, batch=batch, device=device, dtype=dtype, seed=seed, lr=lr,
                         input_size=input_size)
@@ -70,6 +67,8 @@ def trace_capture(model: str, dataset: str | None, workers: int, steps: int, eve
 def trace_profile(model: str, dataset: str | None, batch: int, device: str, repeats: int, warmup: int, bf16: bool,
                   input_size: int | None, out: str) -> None:
     """Measure forward and per-layer backward timings on a device, without storing gradients."""
+    from arcsim.traces.profile import measure_profile
+
     if not out.endswith(".json"):
         raise ArcsimError(f"--out {out}: a compute profile is a .json file")
     with step_progress(f"profile {model}", unit="iter") as progress:
@@ -96,6 +95,10 @@ def trace_profile(model: str, dataset: str | None, batch: int, device: str, repe
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of tables.")
 def trace_info_cmd(file: str | None, no_stats: bool, no_capture: bool, as_json: bool) -> None:
     """Metadata, layer table, compute timings and gradient statistics of a trace (default: the shipped one)."""
+    from arcsim.traces.format import open_trace
+    from arcsim.traces.resolve import resolve_trace
+    from arcsim.traces.stats import trace_info
+
     with step_progress("capture", unit="train step") as progress:
         path = resolve_trace(file, allow_capture=not no_capture, announce=note, progress=progress)
     info = trace_info(open_trace(path), with_stats=not no_stats)

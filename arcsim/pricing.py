@@ -90,6 +90,29 @@ class PricedRecord:
     time_s: float
 
 
+class Pricer:
+    """Prices collectives by (op, algorithm, bytes per rank) on one topology and engine, with a cache."""
+
+    def __init__(self, topo: Topology, engine: str = "analytic") -> None:
+        self.topo, self.engine = topo, engine
+        self._cache: dict[tuple[str, str, float], PricedRecord] = {}
+
+    def price(self, op: str, bytes_per_rank: float, algo: str = "auto", tag: str = "") -> PricedRecord:
+        """The collective's size is per rank; an all-gather's total output is that × the topology's ranks."""
+        key = (op, algo, bytes_per_rank)
+        if key not in self._cache:
+            nbytes = bytes_per_rank * (self.topo.ranks if op == "allgather" else 1)
+            chosen = cheapest_algorithm(self.topo, op, nbytes) if algo == "auto" else algo
+            time_s = estimate(build(op, chosen, nbytes, self.topo), self.topo, self.engine).time_s
+            self._cache[key] = PricedRecord(op, "", chosen, nbytes, time_s)
+        hit = self._cache[key]
+        return PricedRecord(op, tag, hit.algo, hit.bytes, hit.time_s)
+
+    def records(self, records: list[CommRecord], algorithms: dict[str, str] | None = None) -> list[PricedRecord]:
+        chosen = algorithms or {}
+        return [self.price(r.op, r.bytes_per_rank, chosen.get(r.op, "auto"), r.tag) for r in records]
+
+
 def price_records(records: list[CommRecord], topo: Topology, engine: str = "analytic",
                   algorithms: dict[str, str] | None = None) -> list[PricedRecord]:
     """Price each logged collective on ``topo``: the hand-off from a CommLog to the network backends.
@@ -98,13 +121,4 @@ def price_records(records: list[CommRecord], topo: Topology, engine: str = "anal
     count: an all-gather's total output is bytes_per_rank × the topology's ranks. ``algorithms`` maps
     an op to an algorithm name (default 'auto', the cheapest by the closed form).
     """
-    chosen = algorithms or {}
-    priced = []
-    for record in records:
-        nbytes = record.bytes_per_rank * (topo.ranks if record.op == "allgather" else 1)
-        algo = chosen.get(record.op, "auto")
-        if algo == "auto":
-            algo = cheapest_algorithm(topo, record.op, nbytes)
-        time_s = estimate(build(record.op, algo, nbytes, topo), topo, engine).time_s
-        priced.append(PricedRecord(record.op, record.tag, algo, nbytes, time_s))
-    return priced
+    return Pricer(topo, engine).records(records, algorithms)

@@ -199,3 +199,11 @@ def test_bad_gradients():
     with pytest.raises(CompressionError, match="unknown memory"):
         make_memory("ef99")
     assert set(MEMORIES) == {"none", "ef14", "ef21", "ef21m"}
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_contribution_norms_match_the_dense_contribution(name):
+    x = grads(seed=13)[0]
+    out, _ = run(name, x, density=0.05)
+    expected = out.contribution.dense(D).norm(dim=1)
+    torch.testing.assert_close(out.contribution.norms(D), expected, rtol=1e-4, atol=1e-6)

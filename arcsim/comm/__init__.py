@@ -12,9 +12,10 @@ Every call is appended to ``comm.log`` with the caller's ``tag``.
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
 from arcsim.comm.log import CommLog, CommRecord
 

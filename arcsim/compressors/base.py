@@ -47,6 +47,10 @@ class Contribution(ABC):
         self.add_to(out)
         return out
 
+    def norms(self, d: int) -> torch.Tensor:
+        """||C(u_w)|| per worker [W] (subclasses answer without building the dense tensor)."""
+        return self.dense(d).norm(dim=1)
+
 
 @dataclass
 class DenseContribution(Contribution):
@@ -54,6 +58,9 @@ class DenseContribution(Contribution):
 
     def add_to(self, t: torch.Tensor, alpha: float = 1.0) -> None:
         t.add_(self.values.to(t.dtype), alpha=alpha)
+
+    def norms(self, d: int) -> torch.Tensor:
+        return self.values.float().norm(dim=1)
 
     @property
     def workers(self) -> int:
@@ -72,6 +79,9 @@ class SparseContribution(Contribution):
     def add_to(self, t: torch.Tensor, alpha: float = 1.0) -> None:
         idx = self.indices.long().expand(self.values.shape[0], -1)
         t.scatter_add_(1, idx, self.values.to(t.dtype) * alpha)
+
+    def norms(self, d: int) -> torch.Tensor:
+        return self.values.float().norm(dim=1)  # indices are distinct within a worker (padding carries 0)
 
     @property
     def workers(self) -> int:

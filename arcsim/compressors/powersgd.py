@@ -52,6 +52,13 @@ class LowRankContribution(Contribution):
             t[:, off:off + length].add_(self.plain_values[:, at:at + length], alpha=alpha)
             at += length
 
+    def norms(self, d: int) -> torch.Tensor:
+        # P̂ has orthonormal columns, so ||P̂ Cᵀ||_F = ||C||_F
+        sq = self.plain_values.float().pow(2).sum(dim=1)
+        for coord in self.coords:
+            sq = sq + coord.float().pow(2).sum(dim=(1, 2))
+        return sq.sqrt()
+
     @property
     def workers(self) -> int:
         return self.plain_values.shape[0]

@@ -180,12 +180,13 @@ class Trace:
                 if i >= start:
                     yield out
 
-    def steps_iter(self, start: int = 0, stop: int | None = None,
-                   device: str | torch.device = "cpu") -> Iterator[tuple[int, torch.Tensor]]:
-        """Yield (training step, gradients [workers, d] float32), refusing NaN/Inf with the step and worker."""
+    def steps_iter(self, start: int = 0, stop: int | None = None, device: str | torch.device = "cpu",
+                   stored_dtype: bool = False) -> Iterator[tuple[int, torch.Tensor]]:
+        """Yield (training step, gradients [workers, d]) — float32, or as stored with ``stored_dtype`` —
+        refusing NaN/Inf with the step and worker."""
         stop = self.steps if stop is None else min(stop, self.steps)
         for i, raw in enumerate(self._raw_steps(start, stop), start=start):
-            g = raw.to(device=device, dtype=torch.float32)
+            g = raw.to(device=device, dtype=raw.dtype if stored_dtype else torch.float32)
             del raw
             self._check_finite(g, i)
             yield self.recorded_steps[i], g

@@ -1,0 +1,96 @@
+"""`arcsim run`: which compressor, collective and ratio train fastest for this trace on this cluster."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import click
+from tqdm import tqdm
+
+from arcsim.catalog import COMPRESSORS, DEFAULT_RATIOS, MEMORIES, POLICIES
+from arcsim.cli_common import console, note, step_progress
+from arcsim.errors import ArcsimError
+from arcsim.netsim import ENGINES
+
+DEFAULT_TOPOLOGY = "8x8-ib100"
+
+
+def _floats(text: str, what: str) -> tuple[float, ...]:
+    try:
+        values = tuple(float(v) for v in text.split(",") if v.strip())
+    except ValueError:
+        raise ArcsimError(f"{what} takes comma-separated numbers, e.g. 1e-3,1e-2,0.1; got {text!r}") from None
+    if not values:
+        raise ArcsimError(f"{what} is empty")
+    return values
+
+
+@click.command("run")
+@click.option("--topology", "-t", default=DEFAULT_TOPOLOGY, show_default=True,
+              help="Preset, YAML file or NxG-<fabric><Gbps>[xNICs].")
+@click.option("--trace", default=None,
+              help="Gradient trace (.npz); a known model's name (resnet50.npz) is captured if missing. "
+                   "Default: the shipped traces/cnn-digits-small.npz.")
+@click.option("--no-capture", is_flag=True, help="Stop instead of capturing a missing known-model trace.")
+@click.option("--compressors", "-c", default=",".join(COMPRESSORS), show_default=True,
+              help="Comma-separated compressors to compare.")
+@click.option("--density", "-d", default=0.01, show_default=True, type=float, help="k/d for the candidate table.")
+@click.option("--memory", "-m", default=None, help=f"Error feedback for every compressor: {', '.join(MEMORIES)} "
+                                                   "(default: ef14; none for dense and fp16).")
+@click.option("--engine", type=click.Choice(ENGINES), default="analytic", show_default=True)
+@click.option("--bucket-mb", default=25.0, show_default=True, type=float, help="DDP bucket cap (MiB of fp32).")
+@click.option("--policy", default="auto", show_default=True, help=f"One of: {', '.join(POLICIES)}.")
+@click.option("--slack", default=0.25, show_default=True, type=float,
+              help="Policy: error allowed above Top-K's, relative.")
+@click.option("--ratios", default=",".join(f"{r:g}" for r in DEFAULT_RATIOS), show_default=True,
+              help="Density grid for the speed/fidelity trade-off.")
+@click.option("--weights", default=None, help="Pick from the front by ASF with weights TIME,ERROR instead of the knee.")
+@click.option("--compute-profile", type=click.Path(), default=None,
+              help="Compute timings from this profile (arcsim trace profile) instead of the trace's own.")
+@click.option("--seed", default=0, show_default=True)
+@click.option("--grid-steps", type=int, default=None,
+              help="Trace steps for the ratio grid (default: all; the first only for large traces).")
+@click.option("--all-collectives", is_flag=True, help="Show every (compressor, collective) pair, not the best.")
+@click.option("--json", "json_out", type=click.Path(dir_okay=False), default=None, help="Write the result as JSON.")
+@click.option("--csv", "csv_out", type=click.Path(dir_okay=False), default=None, help="Write every point as CSV.")
+@click.option("--plot", "plot_dir", type=click.Path(file_okay=False), default=None, help="Write PNG charts here.")
+def run(topology: str, trace: str | None, no_capture: bool, compressors: str, density: float, memory: str | None,
+        engine: str, bucket_mb: float, policy: str, slack: float, ratios: str, weights: str | None,
+        compute_profile: str | None, seed: int, grid_steps: int | None, all_collectives: bool, json_out: str | None,
+        csv_out: str | None, plot_dir: str | None) -> None:
+    """Predict the iteration time of every compressor and collective for a trace on a topology."""
+    from arcsim.run import report
+    from arcsim.run.analysis import Analysis, RunConfig
+
+    w = _floats(weights, "--weights") if weights else None
+    cfg = RunConfig(topology=topology, trace=trace, compressors=tuple(c.strip() for c in compressors.split(",")
+                                                                       if c.strip()),
+                    density=density, memory=memory, engine=engine, bucket_mb=bucket_mb, policy=policy,
+                    ratios=tuple(sorted(set(_floats(ratios, "--ratios")))), weights=w,  # type: ignore[arg-type]
+                    compute_profile=compute_profile, slack=slack, seed=seed, allow_capture=not no_capture,
+                    grid_steps=grid_steps)
+    cfg.check()
+    with step_progress("capture", unit="train step") as capture_progress:
+        analysis = Analysis(cfg, announce=note, capture_progress=capture_progress)
+    with tqdm(total=analysis.planned_measurements(), desc="measuring compressors on the trace", unit="run",
+              disable=None, file=sys.stderr) as bar:
+        def progress(label: str) -> None:
+            bar.set_postfix_str(label)
+            bar.update()
+
+        analysis.progress = progress
+        result = analysis.run()
+    report.render(result, console, every_collective=all_collectives)
+    if json_out:
+        report.write_json(result, Path(json_out))
+        note(f"wrote {json_out}")
+    if csv_out:
+        report.write_csv(result, Path(csv_out))
+        note(f"wrote {csv_out}")
+    if plot_dir:
+        from arcsim.run.plots import write_plots
+
+        for path in write_plots(result, Path(plot_dir)):
+            note(f"wrote {path}")
+

@@ -1,0 +1,49 @@
+"""Where the compute times come from: the trace's own timings, or a compute profile measured elsewhere."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from arcsim.errors import ArcsimError
+from arcsim.traces.format import Trace
+from arcsim.traces.profile import load_profile
+
+
+@dataclass(frozen=True)
+class ComputeTimes:
+    forward_s: float
+    backward_s: float
+    ready_s: np.ndarray     # per trace layer (backward order), from the start of backward
+    device: str             # "cpu", "cuda"
+    source: str             # for the output: where these numbers were measured
+
+
+def from_trace(trace: Trace) -> ComputeTimes:
+    """Median over the recorded steps of the timings captured with the trace."""
+    return ComputeTimes(float(np.median(trace.forward_s)), float(np.median(trace.backward_s)),
+                        np.median(trace.ready_s, axis=0), trace.meta["device"],
+                        f"trace capture on {trace.meta['device']} ({trace.meta.get('device_name', '?')}), "
+                        f"batch {trace.meta['batch_per_worker']} per worker")
+
+
+def from_profile(path: str | Path, trace: Trace) -> ComputeTimes:
+    """A compute profile's timings mapped onto the trace's layer table (names and sizes must agree)."""
+    prof = load_profile(path)
+    timed = {la.name: la for la in prof.layers}
+    for layer in trace.layers:
+        row = timed.get(layer.name)
+        if row is None or row.numel != layer.numel:
+            found = "missing" if row is None else f"{row.numel:,} elements"
+            raise ArcsimError(f"compute profile {path} does not match trace {trace.path.name}: layer {layer.name} "
+                              f"({layer.numel:,} elements) is {found} in the profile; profile the same model "
+                              f"({trace.meta['model']})")
+    if len(timed) != len(trace.layers):
+        raise ArcsimError(f"compute profile {path} has {len(timed)} layers, trace {trace.path.name} has "
+                          f"{len(trace.layers)}; profile the same model ({trace.meta['model']})")
+    ready = np.array([timed[la.name].ready_s for la in trace.layers])
+    return ComputeTimes(prof.forward_s, prof.backward_s, ready, prof.device,
+                        f"profile {Path(path).name}: {prof.device_name}, batch {prof.batch} "
+                        f"({prof.extra.get('precision', 'fp32')})")

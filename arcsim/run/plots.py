@@ -1,0 +1,151 @@
+"""PNG charts of an `arcsim run` result: iteration breakdown, Pareto front, AG/AR crossover."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from matplotlib import colormaps
+from matplotlib.axes import Axes
+from matplotlib.figure import Figure
+from matplotlib.ticker import FuncFormatter
+
+from arcsim.run.analysis import RunResult
+from arcsim.run.report import best_per_compressor
+
+
+def _save(fig: Figure, path: Path) -> Path:
+    tmp = path.with_name(f".{path.stem}.partial-{os.getpid()}.png")
+    fig.savefig(tmp, dpi=130, bbox_inches="tight")
+    os.replace(tmp, path)
+    return path
+
+
+def _plain_log_ticks(ax: Axes, axes: str = "xy") -> None:
+    """Log axes labelled 2, 5, 10 rather than 2×10⁰."""
+    fmt = FuncFormatter(lambda v, _: f"{v:g}")
+    for name in axes:
+        axis = ax.xaxis if name == "x" else ax.yaxis
+        axis.set_major_formatter(fmt)
+        axis.set_minor_formatter(fmt)
+
+
+def _subtitle(result: RunResult) -> str:
+    t, topo = result.ctx.trace, result.ctx.topo
+    return f"{t.meta['model']} (trace {t.path.name}) on {topo.name}, {topo.ranks} ranks"
+
+
+def breakdown(result: RunResult, path: Path) -> Path:
+    rows = [result.dense, *best_per_compressor(result)]
+    labels = ["dense fp32\nring (baseline)"] + [f"{c.compressor}\n{c.op} {c.collective}" for c in rows[1:]]
+    if result.policy:
+        rows.append(None)
+        labels.append("policy (auto)\nper bucket")
+    fig = Figure(figsize=(9, 0.45 * len(rows) + 1.6))
+    ax = fig.subplots()
+    y = range(len(rows))
+    parts = (("compute (forward + backward)", "compute_s", "#4c72b0"),
+             ("compression on the compute stream", "compress_s", "#dd8452"),
+             ("exposed communication", "exposed_comm_s", "#c44e52"))
+    left = [0.0] * len(rows)
+    for label, attr, colour in parts:
+        widths = []
+        for c in rows:
+            if c is None:
+                pol = result.policy
+                compute = result.dense.compute_s
+                widths.append({"compute_s": compute, "exposed_comm_s": pol["exposed_comm_s"],
+                               "compress_s": pol["iteration_s"] - compute - pol["exposed_comm_s"]}[attr] * 1e3)
+            else:
+                widths.append(getattr(c, attr) * 1e3)
+        ax.barh(list(y), widths, left=left, color=colour, label=label)
+        left = [a + b for a, b in zip(left, widths, strict=True)]
+    for i, total in enumerate(left):
+        ax.text(total, i, f" {total:.3g} ms", va="center", fontsize=8)
+    ax.set_yticks(list(y), labels, fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xlabel("time per training iteration (ms)")
+    ax.set_xlim(0, max(left) * 1.18)
+    ax.set_title(f"Where one iteration's time goes, density {result.config.density:g}\n{_subtitle(result)}",
+                 fontsize=10)
+    ax.legend(loc="lower right", fontsize=8)
+    return _save(fig, path)
+
+
+def pareto(result: RunResult, path: Path) -> Path:
+    par = result.pareto
+    fig = Figure(figsize=(8, 5.5), layout="constrained")
+    ax = fig.subplots()
+    names = sorted({p["compressor"] for p in par["evaluated"]})
+    cmap = colormaps["tab10"]
+    for i, name in enumerate(names):
+        pts = [p for p in par["evaluated"] if p["compressor"] == name]
+        ax.scatter([p["iteration_s"] * 1e3 for p in pts], [p["rel_error"] for p in pts], s=14, alpha=0.55,
+                   color=cmap(i % 10), label=name)
+    front = par["points"]
+    ax.plot([p["iteration_s"] * 1e3 for p in front], [p["rel_error"] for p in front], "k-", lw=1.2,
+            label="Pareto front", zorder=3)
+    ch = par["chosen"]
+    ax.scatter([ch["iteration_s"] * 1e3], [ch["rel_error"]], marker="*", s=260, color="gold", edgecolor="k",
+               zorder=4, label=f"chosen: {ch['compressor']}/{ch['collective']}"
+                               + ("" if ch["density"] is None else f" at density {ch['density']:g}"))
+    ax.set_xscale("log")
+    _plain_log_ticks(ax, "x")
+    ax.set_xlabel("predicted iteration time (ms, log scale)")
+    ax.set_ylabel("relative aggregate error after error feedback ‖agg − ū‖² / ‖ū‖²")
+    ax.set_title(f"Speed vs gradient fidelity over ratios {min(par['ratios']):g} … {max(par['ratios']):g}\n"
+                 f"{_subtitle(result)}; {par['rule'].split(':')[0]}", fontsize=10)
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=7, ncol=2, loc="upper right")
+    return _save(fig, path)
+
+
+def crossover(result: RunResult, path: Path) -> Path:
+    cx = result.crossover
+    fig = Figure(figsize=(12, 4.8), layout="constrained")
+    axes = fig.subplots(1, 2)
+    if "bandwidth" not in cx:
+        for ax in axes:
+            ax.text(0.5, 0.5, cx["note"], ha="center", va="center", wrap=True, fontsize=9)
+            ax.set_axis_off()
+        return _save(fig, path)
+    ax = axes[0]
+    bw = [r["nic_gbps"] for r in cx["bandwidth"]]
+    ax.plot(bw, [r["allgather_s"] * 1e3 for r in cx["bandwidth"]], "o-", ms=3, label="best all-gather top-k")
+    ax.plot(bw, [r["allreduce_s"] * 1e3 for r in cx["bandwidth"]], "s-", ms=3, label="best all-reduce top-k")
+    ax.plot(bw, [r["dense_s"] * 1e3 for r in cx["bandwidth"]], ":", color="grey", label="dense fp32 ring")
+    ax.axvline(cx["nic_gbps"], color="k", lw=0.8, ls="--", label=f"this cluster ({cx['nic_gbps']:g} Gb/s)")
+    for f in cx["bandwidth_flips_gbps"]:
+        ax.axvline(f["nic_gbps"], color="red", lw=1, label=f"crossover {f['nic_gbps']:.3g} Gb/s")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    _plain_log_ticks(ax, "y")
+    ax.set_xlabel("inter-node bandwidth per NIC (Gb/s, log)")
+    ax.set_ylabel("predicted iteration time (ms, log)")
+    ax.set_title(f"AG vs AR top-k as bandwidth varies (density {cx['density']:g})", fontsize=10)
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=7)
+    ax = axes[1]
+    if cx["ratio"]:
+        dens = [r["density"] for r in cx["ratio"]]
+        ax.plot(dens, [r["allgather_s"] * 1e3 for r in cx["ratio"]], "o-", ms=3, label="best all-gather top-k")
+        ax.plot(dens, [r["allreduce_s"] * 1e3 for r in cx["ratio"]], "s-", ms=3, label="best all-reduce top-k")
+        ax.axhline(result.dense.iteration_s * 1e3, color="grey", ls=":", label="dense fp32 ring")
+        for f in cx["ratio_flips"]:
+            ax.axvline(f["density"], color="red", lw=1, label=f"crossover at density {f['density']:.3g}")
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        _plain_log_ticks(ax, "y")
+        ax.legend(fontsize=7)
+    ax.set_xlabel("density k/d (log)")
+    ax.set_ylabel("predicted iteration time (ms, log)")
+    ax.set_title(f"AG vs AR top-k as the ratio varies (on {result.ctx.topo.name})", fontsize=10)
+    ax.grid(alpha=0.3, which="both")
+    fig.suptitle(_subtitle(result), fontsize=10)
+    return _save(fig, path)
+
+
+def write_plots(result: RunResult, directory: Path) -> list[Path]:
+    directory.mkdir(parents=True, exist_ok=True)
+    return [breakdown(result, directory / "breakdown.png"), pareto(result, directory / "pareto.png"),
+            crossover(result, directory / "crossover.png")]

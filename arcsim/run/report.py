@@ -1,0 +1,182 @@
+"""Render an `arcsim run` result: terminal tables, JSON, CSV and plots."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from arcsim.run.analysis import Candidate, RunResult
+from arcsim.units import format_size
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1e3:.3f}" if seconds < 0.01 else f"{seconds * 1e3:.1f}"
+
+
+def best_per_compressor(result: RunResult) -> list[Candidate]:
+    """Each compressor with its fastest collective, fastest first."""
+    best: dict[str, Candidate] = {}
+    for c in result.candidates:
+        if c.compressor not in best or c.iteration_s < best[c.compressor].iteration_s:
+            best[c.compressor] = c
+    return sorted(best.values(), key=lambda c: c.iteration_s)
+
+
+def to_json(result: RunResult) -> dict[str, Any]:
+    t, cfg = result.ctx.trace, result.config
+    return {
+        "topology": {"name": result.ctx.topo.name, "ranks": result.ctx.topo.ranks},
+        "trace": {"path": str(t.path), "model": t.meta["model"], "workers": t.workers, "steps": t.steps,
+                  "elements": t.elements, "synthetic_data": t.meta["synthetic_data"]},
+        "config": {"density": cfg.density, "engine": cfg.engine, "bucket_mb": cfg.bucket_mb, "policy": cfg.policy,
+                   "memory": cfg.memory or "default (ef14; none for dense, fp16)", "ratios": list(cfg.ratios),
+                   "compute_profile": cfg.compute_profile, "seed": cfg.seed},
+        "assumptions": result.assumptions,
+        "buckets": [{"index": b.index, "elements": b.numel, "layers": len(b.layers), "ready_s": b.ready_s}
+                    for b in result.ctx.buckets],
+        "dense": result.dense.to_dict(),
+        "candidates": [c.to_dict() for c in result.candidates],
+        "policy": result.policy,
+        "pareto": result.pareto,
+        "crossover": result.crossover,
+        "timings_s": result.timings,
+    }
+
+
+def _atomic_write(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.partial-{os.getpid()}")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def write_json(result: RunResult, path: Path) -> None:
+    _atomic_write(path, json.dumps(to_json(result), indent=1) + "\n")
+
+
+CSV_FIELDS = ("compressor", "collective", "op", "density", "memory", "iteration_s", "compute_s", "compress_s",
+              "comm_s", "exposed_comm_s", "speedup_vs_dense", "rel_error", "update_error", "compression_gain",
+              "density_achieved", "bytes_per_rank")
+
+
+def write_csv(result: RunResult, path: Path) -> None:
+    """One row per evaluated (compressor, collective, density), marking the front and the chosen point."""
+    front = {(p["compressor"], p["collective"], p["density"]) for p in result.pareto["points"]}
+    chosen = result.pareto["chosen"]
+    rows = {(c.compressor, c.collective, c.density): c for c in result.candidates}
+    for p in result.pareto["evaluated"]:
+        rows.setdefault((p["compressor"], p["collective"], p["density"]), p)
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=[*CSV_FIELDS, "at_density", "on_front", "chosen"])
+    writer.writeheader()
+    at = {(c.compressor, c.collective, c.density) for c in result.candidates}
+    for key, row in rows.items():
+        data = row.to_dict() if isinstance(row, Candidate) else dict(row)
+        writer.writerow({**{f: data.get(f, "") for f in CSV_FIELDS}, "at_density": key in at,
+                         "on_front": key in front,
+                         "chosen": key == (chosen["compressor"], chosen["collective"], chosen["density"])})
+    _atomic_write(path, buf.getvalue())
+
+
+def render(result: RunResult, console: Console, every_collective: bool = False) -> None:
+    t, topo = result.ctx.trace, result.ctx.topo
+    console.print(f"[bold]arcsim run[/]: {t.meta['model']} ({t.elements:,} parameters, trace {t.path.name}, "
+                  f"{t.workers} workers × {t.steps} steps) on {topo.name} ({topo.ranks} ranks), "
+                  f"density {result.config.density:g}, {result.config.engine} engine")
+    for note in result.assumptions:
+        console.print(f"  [dim]• {note}[/]")
+    rows = result.candidates if every_collective else best_per_compressor(result)
+    rows = sorted(rows, key=lambda c: c.iteration_s)
+    table = Table(title="Iteration time per compressor" + ("" if every_collective else " (its fastest collective)"),
+                  caption="times in ms per iteration; speed-up against dense fp32 ring all-reduce; error = "
+                          "‖agg − ū‖²/‖ū‖² after error feedback; gain = ‖C(u)‖/‖u‖")
+    for col in ("compressor", "collective", "iteration", "compute", "compress", "comm", "exposed", "speed-up",
+                "error", "gain", "bytes/rank"):
+        table.add_column(col, justify="left" if col in ("compressor", "collective") else "right")
+    d = result.dense
+    table.add_row("dense (baseline)", f"{d.op} ring", _ms(d.iteration_s), _ms(d.compute_s), _ms(d.compress_s),
+                  _ms(d.comm_s), _ms(d.exposed_comm_s), "1.00×", "0", "1", format_size(d.bytes_per_rank),
+                  style="dim")
+    for c in rows:
+        table.add_row(c.compressor, f"{c.op} {c.collective}", _ms(c.iteration_s), _ms(c.compute_s),
+                      _ms(c.compress_s), _ms(c.comm_s), _ms(c.exposed_comm_s), f"{c.speedup_vs_dense:.2f}×",
+                      f"{c.rel_error:.3f}", f"{c.compression_gain:.3f}", format_size(c.bytes_per_rank))
+    console.print(table)
+    if result.policy:
+        _render_policy(result, console)
+    _render_crossover(result, console)
+    _render_pareto(result, console)
+    _render_timings(result, console)
+
+
+def _render_timings(result: RunResult, console: Console) -> None:
+    measuring = {k.removeprefix("measure "): v for k, v in result.timings.items() if k.startswith("measure ")}
+    rest = result.timings.get("pricing, policy, front and crossover", 0.0)
+    slowest = sorted(measuring.items(), key=lambda kv: -kv[1])[:3]
+    console.print(f"[dim]analysis took {sum(measuring.values()) + rest:.1f} s: running compressors on the trace "
+                  f"{sum(measuring.values()):.1f} s ({len(measuring)} runs; slowest "
+                  + ", ".join(f"{k} {v:.1f} s" for k, v in slowest) + f"), pricing and the rest {rest:.1f} s[/]")
+
+
+def _render_policy(result: RunResult, console: Console) -> None:
+    pol = result.policy
+    assert pol is not None
+    table = Table(title=f"Switching policy (auto): {_ms(pol['iteration_s'])} ms per iteration, "
+                        f"{result.dense.iteration_s / pol['iteration_s']:.2f}× dense, error {pol['rel_error']:.3f}",
+                  caption=pol["rule"])
+    for col in ("bucket", "elements", "choice", "time ms", "runners-up (ms)"):
+        table.add_column(col, justify="left" if col in ("choice", "runners-up (ms)") else "right")
+    for ch in pol["choices"][:16]:
+        runners = ", ".join(f"{r['compressor']}/{r['collective']} {_ms(r['time_s'])}" for r in ch["runners_up"])
+        table.add_row(str(ch["bucket"]), f"{ch['elements']:,}", f"{ch['compressor']} ({ch['op']} {ch['collective']})",
+                      _ms(ch["time_s"]), runners)
+    if len(pol["choices"]) > 16:
+        table.add_row("…", f"{len(pol['choices']) - 16} more", "", "", "")
+    console.print(table)
+
+
+def _render_crossover(result: RunResult, console: Console) -> None:
+    cx = result.crossover
+    if "bandwidth" not in cx:
+        console.print(f"[yellow]AG/AR crossover:[/] {cx['note']}")
+        return
+    rows = cx["bandwidth"]
+    here = min(rows, key=lambda r: abs(r["nic_gbps"] - cx["nic_gbps"]))
+    faster = "all-reduce" if here["allreduce_s"] < here["allgather_s"] else "all-gather"
+    console.print(f"[bold]AG/AR crossover[/] at density {cx['density']:g}: on this cluster ({cx['nic_gbps']:g} Gb/s "
+                  f"per NIC) {faster} top-k is faster ({here['allreduce_best']} {_ms(here['allreduce_s'])} ms vs "
+                  f"{here['allgather_best']} {_ms(here['allgather_s'])} ms).")
+    lo, hi = rows[0]["nic_gbps"], rows[-1]["nic_gbps"]
+    if cx["bandwidth_flips_gbps"]:
+        for f in cx["bandwidth_flips_gbps"]:
+            console.print(f"  bandwidth: {f['below']} wins below {f['nic_gbps']:.3g} Gb/s per NIC, "
+                          f"{f['above']} above")
+    else:
+        console.print(f"  bandwidth: no flip between {lo:.3g} and {hi:.3g} Gb/s per NIC")
+    if cx["ratio_flips"]:
+        for f in cx["ratio_flips"]:
+            console.print(f"  ratio: {f['below']} wins below density {f['density']:.3g}, {f['above']} above")
+    elif cx["ratio"]:
+        console.print(f"  ratio: no flip over densities {cx['ratio'][0]['density']:g} … {cx['ratio'][-1]['density']:g}")
+
+
+def _render_pareto(result: RunResult, console: Console) -> None:
+    par = result.pareto
+    chosen = par["chosen"]
+    table = Table(title=f"Pareto front: iteration time vs error over {len(par['evaluated'])} evaluated "
+                        f"(compressor, collective, ratio) points", caption=f"chosen by {par['rule']}")
+    for col in ("", "compressor", "collective", "density", "iteration ms", "speed-up", "error", "gain"):
+        table.add_column(col, justify="left" if col in ("", "compressor", "collective") else "right")
+    for p in par["points"]:
+        mark = "★" if p == chosen else ""
+        table.add_row(mark, p["compressor"], p["collective"], "-" if p["density"] is None else f"{p['density']:g}",
+                      _ms(p["iteration_s"]), f"{p['speedup_vs_dense']:.2f}×", f"{p['rel_error']:.3f}",
+                      f"{p['compression_gain']:.3f}", style="bold" if mark else None)
+    console.print(table)

@@ -1,0 +1,27 @@
+"""The torch-free name lists the command line offers agree with the real registries."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from arcsim import catalog
+from arcsim.compressors import NAMES
+from arcsim.datasets import DATASETS
+from arcsim.memory import MEMORIES
+from arcsim.models import MODELS
+from arcsim.synthetic import KINDS
+
+
+def test_catalog_matches_registries():
+    assert catalog.COMPRESSORS == NAMES
+    assert catalog.MEMORIES == tuple(MEMORIES)
+    assert catalog.SYNTHETIC_KINDS == KINDS
+    assert catalog.MODELS == tuple(MODELS)
+    assert catalog.DATASETS == tuple(DATASETS)
+
+
+def test_network_commands_do_not_import_torch():
+    code = ("import sys; from arcsim.cli import cli; "
+            "cli.main(['collective', '--json'], standalone_mode=False); assert 'torch' not in sys.modules")
+    subprocess.run([sys.executable, "-c", code], check=True, capture_output=True)

@@ -1,0 +1,227 @@
+"""`arcsim run`: buckets, the iteration timeline, the Pareto front, and the command's outputs."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+
+import numpy as np
+import pytest
+from conftest import run_cli
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from arcsim.compressors.base import Layer
+from arcsim.run.buckets import make_buckets
+from arcsim.run.pareto import choose, pareto_front
+from arcsim.run.timeline import iteration
+
+FAST = ("-c", "dense,fp16,topk,arctopk,star,randk", "--ratios", "0.003,0.01,0.1")
+
+
+def layers_of(sizes):
+    out, off = [], 0
+    for i, n in enumerate(sizes):
+        out.append(Layer(f"l{i}", (n,), off))
+        off += n
+    return tuple(out)
+
+
+def test_buckets_pack_in_order_under_the_cap():
+    layers = layers_of([100, 200, 50, 1000, 10, 10])
+    ready = [0.1, 0.2, 0.3, 0.4, 0.5, 0.45]
+    buckets = make_buckets(layers, ready, cap_bytes=1200)  # 300 elements of fp32
+    assert [[la.name for la in b.layers] for b in buckets] == [["l0", "l1"], ["l2"], ["l3"], ["l4", "l5"]]
+    assert [(b.lo, b.hi) for b in buckets] == [(0, 300), (300, 350), (350, 1350), (1350, 1370)]
+    assert [b.ready_s for b in buckets] == [0.2, 0.3, 0.4, 0.5]  # the latest layer of each
+    assert buckets[3].layout()[1].offset == 10
+
+
+def test_timeline_by_hand():
+    # forward 1; buckets ready at 1 and 2 into backward (3 long); compress 0.5 each; comm 2 and 1
+    t = iteration(1.0, 3.0, [1.0, 2.0], [0.5, 0.5], [2.0, 1.0])
+    assert t.comm_start == (2.5, 4.5) and t.comm_end == (4.5, 5.5)
+    assert t.compute_s == 4.0 and t.compress_s == 1.0
+    assert t.iteration_s == 5.5 and t.exposed_comm_s == pytest.approx(0.5)  # compute stream ends at 5
+    hidden = iteration(1.0, 3.0, [1.0, 2.0], [0.0, 0.0], [0.1, 0.1])
+    assert hidden.iteration_s == 4.0 and hidden.exposed_comm_s == 0.0
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.floats(0.1, 10), st.floats(0, 1)), min_size=1, max_size=40))
+def test_pareto_front_is_exactly_the_non_dominated_set(points):
+    obj = np.array(points)
+    front = pareto_front(obj)
+    for i in range(len(obj)):
+        dominated = any((obj[j] <= obj[i]).all() and (obj[j] < obj[i]).any() for j in range(len(obj)))
+        on = i in front or any((obj[j] == obj[i]).all() for j in front)  # duplicates kept once
+        assert on == (not dominated)
+    pick, _ = choose(obj[front])
+    assert 0 <= pick < len(front)
+
+
+def test_knee_and_asf_choices():
+    front = np.array([[1.0, 0.9], [1.05, 0.1], [2.0, 0.0]])
+    assert choose(front)[0] == 1
+    assert choose(front, (1.0, 0.0))[0] == 0  # time only: the fastest
+    assert choose(front, (0.0, 1.0))[0] == 2  # error only: the most faithful
+
+
+@pytest.fixture(scope="module")
+def default_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("run")
+    r = run_cli("run", *FAST, "--json", str(out / "r.json"), "--csv", str(out / "r.csv"), "--plot", str(out / "png"))
+    assert r.returncode == 0, r.stderr
+    return r, json.loads((out / "r.json").read_text()), out
+
+
+def test_run_prints_a_table_and_the_assumptions(default_run):
+    r, _, _ = default_run
+    assert "Iteration time per compressor" in r.stdout and "dense (baseline)" in r.stdout
+    assert "Switching policy" in r.stdout and "Pareto front" in r.stdout and "AG/AR crossover" in r.stdout
+    assert "the topology has 64 ranks, the trace 8 workers" in r.stdout
+
+
+def test_json_structure_and_consistency(default_run):
+    _, res, _ = default_run
+    assert res["topology"]["name"] == "8x8-ib100" and res["trace"]["model"] == "cnn"
+    keys = {"compressor", "collective", "density", "iteration_s", "compute_s", "compress_s", "comm_s",
+            "exposed_comm_s", "speedup_vs_dense", "rel_error"}
+    for c in res["candidates"]:
+        assert keys <= set(c)
+        assert c["iteration_s"] >= c["compute_s"] + c["compress_s"] - 1e-12
+        assert c["exposed_comm_s"] == pytest.approx(c["iteration_s"] - c["compute_s"] - c["compress_s"], abs=1e-9)
+        assert c["speedup_vs_dense"] == pytest.approx(res["dense"]["iteration_s"] / c["iteration_s"])
+    assert res["dense"]["speedup_vs_dense"] == 1.0 and res["dense"]["collective"] == "ring"
+    dense_ring = next(c for c in res["candidates"] if c["compressor"] == "dense" and c["collective"] == "ring")
+    assert dense_ring["speedup_vs_dense"] == pytest.approx(1.0)
+    assert {c["compressor"] for c in res["candidates"]} == {"dense", "fp16", "topk", "arctopk", "star", "randk"}
+    assert {c["op"] for c in res["candidates"] if c["compressor"] == "topk"} == {"allgather"}
+    assert {c["op"] for c in res["candidates"] if c["compressor"] == "arctopk"} == {"allreduce"}
+
+
+def test_chosen_point_lies_on_the_front_and_the_front_is_non_dominated(default_run):
+    _, res, _ = default_run
+    par = res["pareto"]
+    assert par["chosen"] in par["points"]
+    for p in par["points"]:
+        for q in par["evaluated"]:
+            better_or_equal = q["iteration_s"] <= p["iteration_s"] and q["rel_error"] <= p["rel_error"]
+            strictly = q["iteration_s"] < p["iteration_s"] or q["rel_error"] < p["rel_error"]
+            assert not (better_or_equal and strictly), (p, q)
+    densities = {p["density"] for p in par["evaluated"] if p["density"] is not None}
+    assert densities == {0.003, 0.01, 0.1}
+
+
+def test_fewer_bytes_never_priced_slower_on_the_same_collective(default_run):
+    _, res, _ = default_run
+    # dense, fp16 and randk issue one all-reduce each: they differ only in bytes
+    single = [c for c in res["candidates"] if c["compressor"] in ("dense", "fp16", "randk")]
+    for a in single:
+        for b in single:
+            if a["collective"] == b["collective"] and a["bytes_per_rank"] < b["bytes_per_rank"]:
+                assert a["comm_s"] <= b["comm_s"] + 1e-12, (a, b)
+    # the same compressor and collective at a lower density sends fewer bytes and is never slower to move
+    points = res["pareto"]["evaluated"]
+    compared = 0
+    for p in points:
+        for q in points:
+            if (p["compressor"], p["collective"]) == (q["compressor"], q["collective"]) \
+                    and p["bytes_per_rank"] < q["bytes_per_rank"]:
+                assert p["comm_s"] <= q["comm_s"] + 1e-12, (p, q)
+                compared += 1
+    assert compared > 20
+
+
+def test_policy_choices_are_eligible_and_fastest(default_run):
+    _, res, _ = default_run
+    pol = res["policy"]
+    assert len(pol["choices"]) == len(res["buckets"])
+    for ch in pol["choices"]:
+        assert ch["compressor"] in pol["eligible"]
+        assert all(ch["time_s"] <= r["time_s"] + 1e-15 for r in ch["runners_up"])
+    errors = {c["compressor"]: c["rel_error"] for c in res["candidates"]}
+    for name in pol["eligible"]:
+        assert name in ("dense", "fp16") or errors[name] <= pol["error_limit"]
+
+
+def test_csv_and_plots(default_run):
+    _, res, out = default_run
+    with open(out / "r.csv") as fh:
+        rows = list(csv.DictReader(fh))
+    assert len(rows) == len({(p["compressor"], p["collective"], p["density"]) for p in res["pareto"]["evaluated"]})
+    assert sum(r["chosen"] == "True" for r in rows) == 1
+    assert sum(r["on_front"] == "True" for r in rows) == len(res["pareto"]["points"])
+    for name in ("breakdown", "pareto", "crossover"):
+        data = (out / "png" / f"{name}.png").read_bytes()
+        assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 20_000
+
+
+def test_des_engine_agrees_with_the_closed_form_for_dense(tmp_path):
+    results = {}
+    for engine in ("analytic", "des"):
+        out = tmp_path / f"{engine}.json"
+        r = run_cli("run", "-c", "dense", "--ratios", "0.01", "--engine", engine, "--json", str(out),
+                    "--policy", "none")
+        assert r.returncode == 0, r.stderr
+        results[engine] = json.loads(out.read_text())
+    a = {c["collective"]: c["comm_s"] for c in results["analytic"]["candidates"]}
+    d = {c["collective"]: c["comm_s"] for c in results["des"]["candidates"]}
+    for algo in ("ring", "rhd", "hierarchical"):
+        assert d[algo] == pytest.approx(a[algo], rel=0.03), algo
+
+
+def test_matching_ranks_drop_the_extrapolation_note_and_profile_replaces_compute(tmp_path):
+    prof = tmp_path / "p.json"
+    r = run_cli("trace", "profile", "--model", "cnn", "--batch", "16", "--repeats", "2", "--out", str(prof))
+    assert r.returncode == 0, r.stderr
+    out = tmp_path / "r.json"
+    r = run_cli("run", "-t", "8x1-eth10", "-c", "dense,topk", "--ratios", "0.01", "--compute-profile", str(prof),
+                "--json", str(out))
+    assert r.returncode == 0, r.stderr
+    res = json.loads(out.read_text())
+    assert not any("the topology has" in a for a in res["assumptions"])
+    p = json.loads(prof.read_text())
+    for c in res["candidates"]:
+        assert math.isclose(c["compute_s"], p["forward_s"] + p["backward_s"], rel_tol=1e-9)
+
+
+@pytest.mark.parametrize(("args", "fragment"), [
+    (("-c", "topk,zipk"), "unknown compressor zipk; choose from dense"),
+    (("--policy", "greedy"), "unknown policy 'greedy'; choose one of auto, none"),
+    (("--ratios", "0,0.1"), "must lie in (0, 1]"),
+    (("--ratios", "0.1,1.5"), "must lie in (0, 1]"),
+    (("--density", "2"), "must lie in (0, 1]"),
+    (("--weights", "1"), "--weights takes two non-negative numbers"),
+    (("--ratios", "a,b"), "comma-separated numbers"),
+    (("--trace", "nope.npz"), "no such trace file"),
+    (("-t", "9x9-foo1"), "fabric"),
+])
+def test_bad_input_is_one_line_and_exit_2(args, fragment):
+    r = run_cli("run", *args)
+    assert r.returncode == 2, r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and fragment in lines[0], r.stderr
+
+
+def test_profile_of_another_model_is_refused(tmp_path):
+    prof = tmp_path / "mlp.json"
+    assert run_cli("trace", "profile", "--model", "mlp", "--batch", "4", "--repeats", "1", "--out",
+                   str(prof)).returncode == 0
+    r = run_cli("run", "-c", "dense", "--compute-profile", str(prof))
+    assert r.returncode == 2 and "does not match trace cnn-digits-small.npz" in r.stderr
+
+
+def test_grid_steps_only_shrinks_the_grid(tmp_path):
+    out = tmp_path / "r.json"
+    r = run_cli("run", "-c", "dense,topk", "--ratios", "0.01,0.1", "--grid-steps", "2", "--policy", "none",
+                "--json", str(out))
+    assert r.returncode == 0, r.stderr
+    res = json.loads(out.read_text())
+    keys = res["timings_s"]
+    assert "measure topk @ 0.01 (16 steps)" in keys and "measure topk @ 0.1 (2 steps)" in keys
+    assert "measure dense @ 1 (16 steps)" in keys
+    assert any("first 2 of the trace's 16 steps" in a for a in res["assumptions"])
+    topk = next(c for c in res["candidates"] if c["compressor"] == "topk")
+    assert len(topk["density_by_step"]) == 16
