@@ -15,10 +15,10 @@ from arcsim.synthetic import KINDS
 
 def test_catalog_matches_registries():
     assert catalog.COMPRESSORS == NAMES
-    assert catalog.MEMORIES == tuple(MEMORIES)
+    assert tuple(MEMORIES) == catalog.MEMORIES
     assert catalog.SYNTHETIC_KINDS == KINDS
-    assert catalog.MODELS == tuple(MODELS)
-    assert catalog.DATASETS == tuple(DATASETS)
+    assert tuple(MODELS) == catalog.MODELS
+    assert tuple(DATASETS) == catalog.DATASETS
 
 
 def test_network_commands_do_not_import_torch():
