@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
+from pathlib import Path
 
 from arcsim.topology import IntraLink, Network, Topology
 
@@ -29,3 +31,19 @@ def run_cli(*args: str, cwd: str | None = None, env: dict[str, str] | None = Non
     full_env = None if env is None else {**os.environ, **env}
     return subprocess.run([sys.executable, "-m", "arcsim", *args], capture_output=True, text=True, cwd=cwd,
                           env=full_env, timeout=timeout)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def spawn_ranks(script: Path, world: int, out_dir: Path, timeout: float = 600) -> None:
+    """Run ``script RANK WORLD PORT OUT_DIR`` as ``world`` gloo processes on loopback; fail with their output."""
+    port = free_port()
+    procs = [subprocess.Popen([sys.executable, str(script), str(r), str(world), str(port), str(out_dir)],
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for r in range(world)]
+    for p in procs:
+        out, _ = p.communicate(timeout=timeout)
+        assert p.returncode == 0, out[-3000:]

@@ -1,13 +1,11 @@
 """The Communicator seam: in-process semantics, the CommLog, the hand-off to pricing, and the real thing."""
 
 import json
-import socket
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
+from conftest import spawn_ranks
 
 from arcsim.comm.inprocess import InProcessComm
 from arcsim.compressors import make_compressor
@@ -48,21 +46,9 @@ def test_a_commlog_prices_on_any_topology():
     assert all(a.time_s <= p.time_s * (1 + 1e-12) for a, p in zip(auto, (dense, values, indices), strict=True))
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.parametrize("world", [2, 4])
 def test_torch_distributed_matches_in_process_for_every_compressor_and_memory(world, tmp_path):
-    port = _free_port()
-    procs = [subprocess.Popen([sys.executable, str(HERE / "_dist_check.py"), str(r), str(world), str(port),
-                               str(tmp_path)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-             for r in range(world)]
-    for p in procs:
-        out, _ = p.communicate(timeout=600)
-        assert p.returncode == 0, out[-3000:]
+    spawn_ranks(HERE / "_dist_check.py", world, tmp_path)
     for r in range(world):
         report = json.loads((tmp_path / f"rank{r}.json").read_text())
         assert len(report) == 40

@@ -1,0 +1,79 @@
+"""Run in spawned gloo processes: arcsim's DDP comm hook vs the in-process simulation, and real training."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from arcsim.comm.inprocess import InProcessComm
+from arcsim.compressors import make_compressor
+from arcsim.compressors.base import Layer
+from arcsim.datasets import make_dataset
+from arcsim.ddp_train import train
+from arcsim.hooks import CompressionState, compression_hook
+from arcsim.memory import make_memory
+from arcsim.models import loss_fn, model_entry
+
+COMPRESSORS = ("dense", "topk", "arctopk", "star", "randk", "powersgd", "gaussiank")
+
+
+def hook_equals_in_process(name: str, rank: int, world: int) -> float:
+    """Worst relative difference between the hook's output and the in-process result, over two steps."""
+    ds = make_dataset("digits")
+    torch.manual_seed(0)
+    net = model_entry("mlp").build(ds.spec)
+    ddp = DDP(net, bucket_cap_mb=0.02)  # several buckets
+    memory = "none" if name == "dense" else "ef14"
+    state = CompressionState(name, density=0.05, memory=memory, seed=3)
+    seen = []
+
+    def recording_hook(st, bucket):
+        step, inp = st.step, bucket.buffer().clone()
+        fut = compression_hook(st, bucket)
+        seen.append((step, bucket.index(), [tuple(p.shape) for p in bucket.parameters()], inp, fut.value().clone()))
+        return fut
+
+    ddp.register_comm_hook(state, recording_hook)
+    gen = torch.Generator().manual_seed(1)
+    for _ in range(2):
+        x, y = ds.draw(world * 16, gen)
+        loss_fn("image", ddp(x.chunk(world)[rank]), y.chunk(world)[rank]).backward()
+        ddp.zero_grad()
+    everyone = [None] * world
+    dist.all_gather_object(everyone, seen)
+    worst, state_of = 0.0, {}
+    for i, (step, index, shapes, _, out) in enumerate(seen):
+        stacked = torch.stack([everyone[r][i][3] for r in range(world)])
+        key = (index, stacked.shape[1])
+        if key not in state_of:
+            state_of[key] = (make_compressor(name, 0.05, seed=3 + index), make_memory(memory))
+        layers, offset = [], 0
+        for j, shape in enumerate(shapes):
+            layers.append(Layer(f"p{j}", shape, offset))
+            offset += math.prod(shape)
+        comp, mem = state_of[key]
+        ref = mem.step(stacked, comp, InProcessComm(world), step, tuple(layers))
+        worst = max(worst, float((out - ref[0]).norm() / ref.norm().clamp_min(1e-30)))
+    return worst
+
+
+def main(rank: int, world: int, port: int, out_dir: str) -> None:
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    report = {"equality": {name: hook_equals_in_process(name, rank, world) for name in COMPRESSORS}}
+    for name in ("none", "topk"):
+        res = train("mlp", "digits", name, density=0.05, steps=120, batch=32, lr=0.1, seed=0)
+        report[f"train/{name}"] = {"first": sum(res.losses[:10]) / 10, "last": sum(res.losses[-10:]) / 10,
+                                   "accuracy": res.accuracy, "bytes": res.bytes_per_rank_per_step}
+    with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as fh:
+        json.dump(report, fh)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main(int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4])
