@@ -1,0 +1,41 @@
+"""`arcsim cluster up | down | status`: an emulated cluster of network namespaces on this machine."""
+
+from __future__ import annotations
+
+import click
+
+from arcsim.cli_common import Count, note
+from arcsim.cluster import PREFIX, EmulatedCluster, namespaces, teardown
+
+
+@click.group()
+def cluster() -> None:
+    """An emulated cluster: one network namespace per rank, a bridge, tbf shaping both ways."""
+
+
+@cluster.command("up")
+@click.option("--ranks", "-p", required=True, type=Count(), help="Ranks (2 … 64).")
+@click.option("--bandwidth", "-b", required=True, help="Per-rank link rate, e.g. 1Gbit, 100Mbit.")
+@click.option("--delay", default="0s", show_default=True, help="One-way delay (needs the forwarder; refused).")
+@click.option("--prefix", default=PREFIX, show_default=True, help="Namespace name prefix.")
+def cluster_up(ranks: int, bandwidth: str, delay: str, prefix: str) -> None:
+    """Build it and leave it up (tear down with `arcsim cluster down`)."""
+    c = EmulatedCluster(ranks, bandwidth, delay, prefix).up()
+    note(f"up: {ranks} ranks in namespaces {c.ns(0)} … {c.ns(ranks - 1)} ({c.address(0)} …), bridge in "
+         f"{c.bridge_ns}, {bandwidth} each way per rank; run a rank with: ip netns exec {c.ns(0)} CMD")
+
+
+@cluster.command("down")
+@click.option("--prefix", default=PREFIX, show_default=True)
+def cluster_down(prefix: str) -> None:
+    """Kill every process in the cluster's namespaces and remove them."""
+    removed = teardown(prefix)
+    note(f"removed {len(removed)} namespaces" + (f": {', '.join(removed)}" if removed else ""))
+
+
+@cluster.command("status")
+@click.option("--prefix", default=PREFIX, show_default=True)
+def cluster_status(prefix: str) -> None:
+    """List the cluster's namespaces."""
+    names = namespaces(prefix)
+    click.echo("\n".join(names) if names else f"no emulated cluster with prefix {prefix!r} is up")

@@ -1,0 +1,14 @@
+"""Builds an emulated cluster, starts a process in a rank, says 'up', then waits to be interrupted or killed."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+from arcsim.cluster import EmulatedCluster
+
+with EmulatedCluster(2, "100Mbit", prefix=sys.argv[1]) as c:
+    subprocess.Popen(c.command(1, ["sleep", "300"]))
+    print("up", flush=True)
+    time.sleep(300)
