@@ -11,6 +11,7 @@ from tqdm import tqdm
 
 from arcsim import __version__
 from arcsim.catalog import COMPRESSORS, MEMORIES, SYNTHETIC_KINDS
+from arcsim.cli_calibrate import calibrate as calibrate_command
 from arcsim.cli_cluster import cluster as cluster_group
 from arcsim.cli_common import Count, console, emit_json, note, step_progress
 from arcsim.cli_run import run as run_command
@@ -199,6 +200,7 @@ def compress(compressor: str, density: float, memory: str, seed: int, rank: int 
 cli.add_command(trace_group)
 cli.add_command(run_command)
 cli.add_command(cluster_group)
+cli.add_command(calibrate_command)
 
 
 def main() -> None:

@@ -91,7 +91,11 @@ class PricedRecord:
 
 
 class Pricer:
-    """Prices collectives by (op, algorithm, bytes per rank) on one topology and engine, with a cache."""
+    """Prices collectives by (op, algorithm, bytes per rank) on one topology and engine, with a cache.
+
+    Ops the topology has measured (``calibration``, from arcsim calibrate) are priced by their fitted line
+    and reported with the algorithm "measured"; the others by the engine on the step description.
+    """
 
     def __init__(self, topo: Topology, engine: str = "analytic") -> None:
         self.topo, self.engine = topo, engine
@@ -101,12 +105,18 @@ class Pricer:
         """The collective's size is per rank; an all-gather's total output is that × the topology's ranks."""
         key = (op, algo, bytes_per_rank)
         if key not in self._cache:
-            nbytes = bytes_per_rank * (self.topo.ranks if op == "allgather" else 1)
-            chosen = cheapest_algorithm(self.topo, op, nbytes) if algo == "auto" else algo
-            time_s = estimate(build(op, chosen, nbytes, self.topo), self.topo, self.engine).time_s
-            self._cache[key] = PricedRecord(op, "", chosen, nbytes, time_s)
+            self._cache[key] = self._price(op, algo, bytes_per_rank)
         hit = self._cache[key]
         return PricedRecord(op, tag, hit.algo, hit.bytes, hit.time_s)
+
+    def _price(self, op: str, algo: str, bytes_per_rank: float) -> PricedRecord:
+        nbytes = bytes_per_rank * (self.topo.ranks if op == "allgather" else 1)
+        fit = self.topo.calibration.get(normalize_op(op))
+        if fit is not None:  # a measured collective overrides the step model, whatever the algorithm
+            return PricedRecord(op, "", "measured", nbytes, fit.time(nbytes))
+        chosen = cheapest_algorithm(self.topo, op, nbytes) if algo == "auto" else algo
+        time_s = estimate(build(op, chosen, nbytes, self.topo), self.topo, self.engine).time_s
+        return PricedRecord(op, "", chosen, nbytes, time_s)
 
     def records(self, records: list[CommRecord], algorithms: dict[str, str] | None = None) -> list[PricedRecord]:
         chosen = algorithms or {}

@@ -56,6 +56,19 @@ class Network:
 
 
 @dataclass(frozen=True)
+class Calibrated:
+    """A measured collective: time = latency + size / bandwidth (size as nccl-tests count it)."""
+
+    latency: float      # s
+    bandwidth: float    # bytes/s
+    r2: float = 1.0     # fit quality
+    ranks: int = 0      # rank count it was measured at
+
+    def time(self, nbytes: float) -> float:
+        return self.latency + nbytes / self.bandwidth
+
+
+@dataclass(frozen=True)
 class Topology:
     name: str
     nodes: int
@@ -67,6 +80,7 @@ class Topology:
     jitter: float = 0.0  # mean extra latency per message, as a fraction of the link latency
     description: str = ""
     source: str = ""
+    calibration: Mapping[str, Calibrated] = field(default_factory=dict)  # op → measured fit (arcsim calibrate)
 
     def __post_init__(self) -> None:
         _validate(self)
@@ -177,6 +191,9 @@ class Topology:
             "stragglers": {str(k): v for k, v in sorted(self.stragglers.items())},
             "jitter": self.jitter,
         }
+        if self.calibration:
+            out["calibration"] = {op: {"latency_s": c.latency, "bandwidth_Bps": c.bandwidth, "r2": c.r2,
+                                       "ranks": c.ranks} for op, c in self.calibration.items()}
         if net.fabric == "fat-tree":
             out["network"]["nodes_per_leaf"] = net.nodes_per_leaf
             out["network"]["oversubscription"] = net.oversubscription
@@ -198,6 +215,9 @@ class Topology:
             ("stragglers", ", ".join(f"rank {r}: {s:g}×" for r, s in sorted(self.stragglers.items())) or "none"),
             ("latency jitter", f"{self.jitter:g} × latency (mean, exponential)" if self.jitter else "none"),
         ]
+        for op, c in self.calibration.items():
+            rows.append((f"measured {op}", f"{format_duration(c.latency)} + size / {format_rate(c.bandwidth)} "
+                                           f"(R² {c.r2:.4f}, {c.ranks} ranks)"))
         return rows
 
 
@@ -347,8 +367,9 @@ def from_dict(raw: Mapping[str, Any], source: str = "", default_name: str = "cus
         stragglers = {int(k): float(v) for k, v in stragglers_raw.items()}
     except (TypeError, ValueError) as exc:
         raise TopologyError(f"{source}: field 'stragglers' must map rank numbers to slowdown factors") from exc
+    calibration = _calibration(reader.mapping("calibration", required=False) or {}, source)
     reader.reject_unknown({"name", "description", "nodes", "gpus_per_node", "intra", "network", "gamma",
-                           "stragglers", "jitter"})
+                           "stragglers", "jitter", "calibration"})
     intra_reader.reject_unknown({"kind", "bandwidth", "latency"})
     net_reader.reject_unknown({"kind", "nics_per_node", "bandwidth_per_nic", "latency", "fabric",
                                "nodes_per_leaf", "oversubscription"})
@@ -363,7 +384,23 @@ def from_dict(raw: Mapping[str, Any], source: str = "", default_name: str = "cus
         jitter=reader.number("jitter", default=0.0),
         description=reader.text("description", default=""),
         source=source,
+        calibration=calibration,
     )
+
+
+CALIBRATED_OPS = ("allreduce", "allgather", "broadcast")
+
+
+def _calibration(raw: Mapping[str, Any], source: str) -> dict[str, Calibrated]:
+    out = {}
+    for op, fields in raw.items():
+        if op not in CALIBRATED_OPS:
+            raise TopologyError(f"{source}: calibration for {op!r}; measured ops are {', '.join(CALIBRATED_OPS)}")
+        r = _FieldReader(fields, source, f"calibration.{op}.")
+        out[op] = Calibrated(r.quantity("latency", parse_duration), r.quantity("bandwidth", parse_rate),
+                             r.number("r2", default=1.0), r.integer("ranks", default=0))
+        r.reject_unknown({"latency", "bandwidth", "r2", "ranks"})
+    return out
 
 
 _MISSING = object()

@@ -157,7 +157,10 @@ def evaluate(meas: Measurement, collective: str, ctx: Context, pricer: Pricer) -
 
 
 def candidates_for(meas: Measurement, ctx: Context, pricer: Pricer) -> list[Candidate]:
-    return [evaluate(meas, algo, ctx, pricer) for algo in algorithms_for(main_op(meas))]
+    """One candidate per algorithm of the main collective — one only ("measured") when it was calibrated."""
+    op = main_op(meas)
+    algos = ("measured",) if op in ctx.topo.calibration else algorithms_for(op)
+    return [evaluate(meas, algo, ctx, pricer) for algo in algos]
 
 
 @dataclass
@@ -247,7 +250,7 @@ class Analysis:
 
     def _run(self) -> RunResult:
         cfg = self.cfg
-        dense = evaluate(self.measurement("dense", 1.0), "ring", self.ctx, self.pricer)
+        dense = evaluate(self.measurement("dense", 1.0), self._dense_algo(), self.ctx, self.pricer)
         cands = [c for name in cfg.compressors
                  for c in candidates_for(self.measurement(name, cfg.density), self.ctx, self.pricer)]
         for c in cands:
@@ -338,8 +341,10 @@ class Analysis:
         base = self.topo.network.bandwidth_per_nic
         rows = []
         for s in BANDWIDTH_SCALES:
-            topo = dataclasses.replace(self.topo, network=dataclasses.replace(self.topo.network,
-                                                                              bandwidth_per_nic=base * s))
+            topo = dataclasses.replace(
+                self.topo, network=dataclasses.replace(self.topo.network, bandwidth_per_nic=base * s),
+                calibration={op: dataclasses.replace(c, bandwidth=c.bandwidth * s)
+                             for op, c in self.topo.calibration.items()})
             ctx = dataclasses.replace(self.ctx, topo=topo, engine="analytic")
             pricer = Pricer(topo, "analytic")
             best = {}
@@ -347,7 +352,7 @@ class Analysis:
                 options = [c for n in names for c in candidates_for(self.measurement(n, self.cfg.density), ctx,
                                                                         pricer)]
                 if family == "dense":
-                    options = [evaluate(self.measurement("dense", 1.0), "ring", ctx, pricer)]
+                    options = [evaluate(self.measurement("dense", 1.0), self._dense_algo(), ctx, pricer)]
                 fastest = min(options, key=lambda c: c.iteration_s)
                 best[family] = (fastest.iteration_s, f"{fastest.compressor}/{fastest.collective}")
             rows.append({"nic_gbps": base * s * 8 / 1e9, "allgather_s": best["allgather"][0],
@@ -369,6 +374,9 @@ class Analysis:
                 "note": "best all-gather top-k (topk, gaussiank) vs best all-reduce top-k (arctopk, star, var), "
                         "any collective; bandwidth curve by the closed form, inter-node NIC bandwidth scaled"}
 
+    def _dense_algo(self) -> str:
+        return "measured" if "allreduce" in self.topo.calibration else "ring"
+
     def _assumptions(self) -> list[str]:
         t, topo, ctx = self.trace, self.topo, self.ctx
         notes = [f"compute: {ctx.compute.source}",
@@ -376,7 +384,9 @@ class Analysis:
                  + (" on this CPU, per rank (stacked workers' time ÷ W)" if ctx.compress_source == "measured"
                     else " for the GPU from per-element pass counts (arcsim/run/compress_cost.py)"),
                  f"{len(ctx.buckets)} bucket(s) of ≤ {self.cfg.bucket_mb:g} MiB fp32; collectives priced by the "
-                 f"{self.cfg.engine} engine, one at a time in bucket order"]
+                 f"{self.cfg.engine} engine, one at a time in bucket order"
+                 + (f"; measured fits for {', '.join(topo.calibration)} (arcsim calibrate) replace the step model"
+                    if topo.calibration else "")]
         if topo.ranks != t.workers:
             notes.append(f"the topology has {topo.ranks} ranks, the trace {t.workers} workers: bytes are per rank "
                          f"(all-gather outputs scale with {topo.ranks} ranks), and fidelity is measured over the "

@@ -1,0 +1,173 @@
+"""`arcsim calibrate`: measure collectives where training will run, fit α + size/B per collective, write a topology.
+
+gloo's collectives differ a lot on the same bytes (its all-gather is CPU-copy bound), so each collective
+gets its own fit rather than one β for all. The fit minimises relative residuals — sizes span orders of
+magnitude — and reports R² and the worst relative residual. The written topology carries the fits
+(``calibration:``, used by ``arcsim run`` for those collectives) and network parameters derived from the
+all-reduce fit through the ring formula (2(p−1) latencies, 2(p−1)/p · n / B), so other algorithms and
+operations still price sensibly.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from arcsim.errors import ArcsimError
+from arcsim.topology import Calibrated, load_topology
+from arcsim.units import format_bits, format_duration
+
+DEFAULT_SIZES = tuple(4**i * 1024 for i in range(0, 7))   # 1 KiB … 4 MiB per rank
+SIZE_FACTOR = {"allreduce": lambda p: 1, "allgather": lambda p: p, "broadcast": lambda p: 1}
+
+
+@dataclass(frozen=True)
+class Fit:
+    op: str
+    latency: float
+    bandwidth: float
+    r2: float
+    worst_rel_residual: float
+    points: list[tuple[float, float]]   # (collective size in bytes, median seconds)
+
+    def calibrated(self, ranks: int) -> Calibrated:
+        return Calibrated(self.latency, self.bandwidth, self.r2, ranks)
+
+
+def fit_line(points: list[tuple[float, float]], op: str) -> Fit:
+    """t ≈ α + n/B, minimising Σ((α + n/B − t)/t)²; α is kept ≥ 0."""
+    n = np.array([p[0] for p in points], dtype=float)
+    t = np.array([p[1] for p in points], dtype=float)
+    if len(n) < 2 or np.ptp(n) == 0:
+        raise ArcsimError(f"{op}: need at least two different sizes to fit latency and bandwidth")
+    (alpha, beta), *_ = np.linalg.lstsq(np.column_stack([1 / t, n / t]), np.ones_like(t), rcond=None)
+    if alpha < 0:  # refit through the origin
+        alpha, beta = 0.0, float(np.sum(n / t) / np.sum((n / t) ** 2))
+    if beta <= 0:
+        raise ArcsimError(f"{op}: measured times do not grow with size; measure larger sizes (--sizes)")
+    pred = alpha + beta * n
+    r2 = 1 - float(np.sum((t - pred) ** 2) / np.sum((t - t.mean()) ** 2)) if np.ptp(t) > 0 else 1.0
+    return Fit(op, float(alpha), float(1 / beta), r2, float(np.max(np.abs(pred - t) / t)), list(zip(n, t, strict=True)))
+
+
+def fits_from(measured: dict, world: int) -> dict[str, Fit]:
+    """Per-collective fits from a microbenchmark result (median seconds by per-rank bytes)."""
+    return {op: fit_line([(float(size) * SIZE_FACTOR[op](world), t) for size, t in by.items()], op)
+            for op, by in measured["median_s"].items()}
+
+
+def topology_text(name: str, world: int, fits: dict[str, Fit], how: str) -> str:
+    """A topology YAML: flat `world` ranks, network from the all-reduce fit, plus every collective's fit."""
+    ar = fits["allreduce"]
+    latency = ar.latency / (2 * (world - 1))
+    bandwidth = 2 * (world - 1) / world * ar.bandwidth
+    lines = [f"name: {name}",
+             "description: >-",
+             f"  Calibrated by arcsim calibrate ({how}): {world} ranks, one per node. The network parameters come",
+             "  from the all-reduce fit through the ring formula; the calibration section holds each",
+             "  collective's measured fit (time = latency + size / bandwidth), which arcsim run uses directly.",
+             f"nodes: {world}",
+             "gpus_per_node: 1",
+             "intra:",
+             "  kind: none",
+             "  bandwidth: 1TB/s",
+             "  latency: 0us",
+             "network:",
+             "  kind: ethernet",
+             "  nics_per_node: 1",
+             f"  bandwidth_per_nic: {bandwidth:.6g}B/s",
+             f"  latency: {latency * 1e6:.6g}us",
+             "  fabric: switch",
+             "calibration:"]
+    for op, f in fits.items():
+        lines += [f"  {op}:", f"    latency: {f.latency * 1e6:.6g}us", f"    bandwidth: {f.bandwidth:.6g}B/s",
+                  f"    r2: {f.r2:.6f}", f"    ranks: {world}"]
+    return "\n".join(lines) + "\n"
+
+
+def run_microbench(ranks: int, where: str, bandwidth: str | None, sizes: tuple[int, ...], repeats: int,
+                   timeout: float = 1800) -> dict:
+    """Spawn one process per rank on loopback or in an emulated cluster; returns rank 0's medians."""
+    from arcsim.cluster import EmulatedCluster, wait_for
+
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "bench.json"
+        argv = [sys.executable, "-m", "arcsim.microbench", str(out), ",".join(map(str, sizes)), str(repeats)]
+        port = _free_port()
+        if where == "loopback":
+            procs = [subprocess.Popen(argv, env={**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+                                                 "RANK": str(r), "WORLD_SIZE": str(ranks)},
+                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT) for r in range(ranks)]
+            _collect(procs, timeout, wait_for)
+        else:
+            if bandwidth is None:
+                raise ArcsimError("--cluster emulated needs --bandwidth (e.g. 1Gbit)")
+            with EmulatedCluster(ranks, bandwidth) as cluster:
+                procs = [cluster.spawn(r, argv, port=port, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+                         for r in range(ranks)]
+                _collect(procs, timeout, wait_for)
+        return json.loads(out.read_text())
+
+
+def measure_in_job(sizes: tuple[int, ...], repeats: int) -> dict | None:
+    """Under torchrun (RANK, WORLD_SIZE, MASTER_* set): measure here; rank 0 gets the medians, others None."""
+    import statistics
+
+    import torch.distributed as dist
+
+    from arcsim.microbench import measure
+
+    dist.init_process_group("gloo")
+    try:
+        result = measure(list(sizes), repeats)
+        world, rank = dist.get_world_size(), dist.get_rank()
+    finally:
+        dist.destroy_process_group()
+    if rank != 0:
+        return None
+    return {"world": world, "median_s": {op: {size: statistics.median(ts) for size, ts in by.items()}
+                                         for op, by in result.items()}}
+
+
+def _collect(procs: list[subprocess.Popen], timeout: float, wait_for) -> None:
+    try:
+        for p in procs:
+            if wait_for(p, timeout) != 0:
+                raise ArcsimError(f"a microbenchmark rank failed: {p.stdout.read().decode()[-500:]}")
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def write_topology(path: Path, text: str) -> None:
+    """Write atomically, then check the file loads as a topology."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.stem}.partial-{os.getpid()}.yaml")
+    tmp.write_text(text)
+    try:
+        load_topology(str(tmp))
+    except Exception:
+        tmp.unlink()
+        raise
+    os.replace(tmp, path)
+
+
+def describe(fit: Fit) -> str:
+    return (f"{fit.op}: {format_duration(fit.latency)} + size / {format_bits(fit.bandwidth)}, "
+            f"R² {fit.r2:.4f}, worst residual {fit.worst_rel_residual:.1%}")

@@ -1,0 +1,62 @@
+"""`arcsim calibrate`: microbenchmark the collectives, fit them, write a topology file."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import click
+
+from arcsim.cli_common import Count, note
+from arcsim.errors import ArcsimError
+from arcsim.units import parse_size
+
+
+@click.command("calibrate")
+@click.option("--cluster", type=click.Choice(["emulated"]), default=None,
+              help="Build an emulated cluster (root) and measure inside it.")
+@click.option("--loopback", is_flag=True, help="Measure ranks on this machine's loopback.")
+@click.option("--ranks", "-p", type=Count(), default=None, help="Ranks to launch (not under torchrun).")
+@click.option("--bandwidth", "-b", default=None, help="Emulated cluster link rate, e.g. 1Gbit.")
+@click.option("--sizes", default=None, help="Per-rank sizes, e.g. 4KB,64KB,1MB (default 1 KiB … 4 MiB, ×4).")
+@click.option("--repeats", default="5", show_default=True, type=Count(), help="Timed repeats per size (median).")
+@click.option("--out", "-o", required=True, type=click.Path(dir_okay=False), help="Topology YAML to write.")
+def calibrate(cluster: str | None, loopback: bool, ranks: int | None, bandwidth: str | None, sizes: str | None,
+              repeats: int, out: str) -> None:
+    """Measure all_reduce, all_gather and broadcast over sizes; fit α and bandwidth per collective."""
+    from arcsim.calibrate import (
+        DEFAULT_SIZES,
+        describe,
+        fits_from,
+        measure_in_job,
+        run_microbench,
+        topology_text,
+        write_topology,
+    )
+
+    path = Path(out)
+    if path.suffix not in (".yaml", ".yml"):
+        raise ArcsimError(f"--out {out}: a topology file ends in .yaml")
+    size_list = DEFAULT_SIZES if sizes is None else tuple(int(parse_size(s)) for s in sizes.split(","))
+    if len(set(size_list)) < 2:
+        raise ArcsimError("--sizes needs at least two different sizes")
+    in_job = "RANK" in os.environ and "WORLD_SIZE" in os.environ and cluster is None and not loopback
+    if in_job:
+        how = "under torchrun"
+        measured = measure_in_job(size_list, repeats)
+        if measured is None:
+            return  # not rank 0
+    else:
+        if bool(cluster) == loopback:
+            raise ArcsimError("say where to measure: --loopback, --cluster emulated, or run under torchrun")
+        if ranks is None or ranks < 2:
+            raise ArcsimError("--ranks must be at least 2")
+        where = "loopback" if loopback else "emulated"
+        how = f"{where}, {ranks} ranks" + (f", {bandwidth} per rank" if bandwidth else "")
+        note(f"measuring all_reduce, all_gather and broadcast on {how} over {len(size_list)} sizes …")
+        measured = run_microbench(ranks, where, bandwidth, size_list, repeats)
+    fits = fits_from(measured, measured["world"])
+    for fit in fits.values():
+        note(describe(fit))
+    write_topology(path, topology_text(path.stem, measured["world"], fits, how))
+    note(f"wrote {path}")

@@ -1,0 +1,68 @@
+"""One rank of the collective microbenchmark (run by `arcsim calibrate`, one process per rank).
+
+    python -m arcsim.microbench OUT.json SIZES REPEATS    # env: RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT
+
+For every collective and size (bytes each rank contributes): a barrier, then the collective timed on
+every rank; the slowest rank's time (an all-reduce MAX) is the collective's. Rank 0 writes the medians.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+
+OPS = ("allreduce", "allgather", "broadcast")
+WARMUP = 2
+
+
+def _run(op: str, t: torch.Tensor, out: torch.Tensor) -> None:
+    if op == "allreduce":
+        dist.all_reduce(t)
+    elif op == "allgather":
+        dist.all_gather_into_tensor(out, t)
+    else:
+        dist.broadcast(t, src=0)
+
+
+def measure(sizes: list[int], repeats: int) -> dict[str, dict[str, list[float]]]:
+    world = dist.get_world_size()
+    result: dict[str, dict[str, list[float]]] = {}
+    for op in OPS:
+        result[op] = {}
+        for size in sizes:
+            t = torch.ones(max(1, size // 4))
+            out = torch.empty(t.numel() * world)
+            times = []
+            for i in range(WARMUP + repeats):
+                dist.barrier()
+                started = time.perf_counter()
+                _run(op, t, out)
+                took = torch.tensor([time.perf_counter() - started], dtype=torch.float64)
+                dist.all_reduce(took, op=dist.ReduceOp.MAX)
+                if i >= WARMUP:
+                    times.append(float(took))
+            result[op][str(t.numel() * 4)] = times
+    return result
+
+
+def main() -> None:
+    out, sizes, repeats = sys.argv[1], [int(s) for s in sys.argv[2].split(",")], int(sys.argv[3])
+    dist.init_process_group("gloo")
+    try:
+        result = measure(sizes, repeats)
+        if dist.get_rank() == 0:
+            with open(out, "w") as fh:
+                json.dump({"world": dist.get_world_size(), "median_s": {
+                    op: {size: statistics.median(ts) for size, ts in by.items()} for op, by in result.items()},
+                    "samples_s": result}, fh)
+    finally:
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,72 @@
+"""Calibration: the fit, the topology it writes, pricing with measured collectives, and the command."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from conftest import run_cli
+
+from arcsim.calibrate import Fit, fit_line, fits_from, topology_text
+from arcsim.errors import ArcsimError
+from arcsim.pricing import Pricer
+from arcsim.topology import load_topology
+
+
+def test_fit_recovers_a_known_line():
+    alpha, bandwidth = 250e-6, 12.5e6
+    points = [(n, alpha + n / bandwidth) for n in (4e3, 6.4e4, 1e6, 4e6)]
+    fit = fit_line(points, "allreduce")
+    assert fit.latency == pytest.approx(alpha, rel=1e-9) and fit.bandwidth == pytest.approx(bandwidth, rel=1e-9)
+    assert fit.r2 == pytest.approx(1.0) and fit.worst_rel_residual < 1e-9
+
+
+def test_fit_keeps_latency_non_negative_and_refuses_one_size():
+    fit = fit_line([(1e3, 1e-5), (1e6, 2e-2), (4e6, 7.9e-2)], "allgather")  # the free fit's α would be < 0
+    assert fit.latency == 0.0 and fit.bandwidth > 0
+    with pytest.raises(ArcsimError, match="two different sizes"):
+        fit_line([(1e3, 1e-3), (1e3, 2e-3)], "broadcast")
+
+
+def test_written_topology_loads_and_measured_collectives_price_by_their_fit(tmp_path):
+    measured = {"median_s": {"allreduce": {"1000": 1e-3 + 1e3 / 1e7, "100000": 1e-3 + 1e5 / 1e7},
+                             "allgather": {"1000": 2e-3 + 4e3 / 5e6, "100000": 2e-3 + 4e5 / 5e6},
+                             "broadcast": {"1000": 5e-4 + 1e3 / 2e7, "100000": 5e-4 + 1e5 / 2e7}}}
+    fits = fits_from(measured, 4)
+    assert isinstance(fits["allgather"], Fit) and fits["allgather"].bandwidth == pytest.approx(5e6)
+    path = tmp_path / "cal4.yaml"
+    path.write_text(topology_text("cal4", 4, fits, "test"))
+    topo = load_topology(str(path))
+    assert topo.ranks == 4 and set(topo.calibration) == {"allreduce", "allgather", "broadcast"}
+    assert topo.network.bandwidth_per_nic == pytest.approx(2 * 3 / 4 * 1e7, rel=1e-5)  # ring: 2(p−1)/p · n / B
+    priced = Pricer(topo).price("allgather", 1e5, "ring")
+    assert priced.algo == "measured" and priced.time_s == pytest.approx(2e-3 + 4e5 / 5e6, rel=1e-5)
+
+
+def test_loopback_calibration_feeds_arcsim_run(tmp_path):
+    out = tmp_path / "loop.yaml"
+    r = run_cli("calibrate", "--loopback", "--ranks", "2", "--sizes", "64KB,2MB,16MB", "--repeats", "3",
+                "--out", str(out))
+    assert r.returncode == 0, r.stderr
+    assert "allreduce:" in r.stderr and "R²" in r.stderr
+    topo = load_topology(str(out))
+    assert topo.ranks == 2 and all(c.bandwidth > 0 and c.ranks == 2 for c in topo.calibration.values())
+    res_path = tmp_path / "run.json"
+    r = run_cli("run", "-t", str(out), "-c", "dense,topk,arctopk", "--ratios", "0.01", "--json", str(res_path))
+    assert r.returncode == 0, r.stderr
+    res = json.loads(res_path.read_text())
+    assert {c["collective"] for c in res["candidates"]} == {"measured"}
+    assert res["dense"]["collective"] == "measured"
+
+
+@pytest.mark.parametrize(("args", "fragment"), [
+    (("--ranks", "2", "--out", "x.yaml"), "say where to measure"),
+    (("--loopback", "--ranks", "2", "--out", "x.txt"), "ends in .yaml"),
+    (("--loopback", "--ranks", "1", "--out", "x.yaml"), "--ranks must be at least 2"),
+    (("--loopback", "--ranks", "2", "--sizes", "4KB", "--out", "x.yaml"), "at least two different sizes"),
+    (("--cluster", "emulated", "--ranks", "2", "--out", "x.yaml"), "needs --bandwidth"),
+])
+def test_bad_calibration_requests(tmp_path, args, fragment):
+    r = run_cli("calibrate", *args, cwd=str(tmp_path))
+    assert r.returncode == 2 and fragment in r.stderr, r.stderr
+    assert not list(tmp_path.iterdir())
