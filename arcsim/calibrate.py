@@ -2,7 +2,8 @@
 
 gloo's collectives differ a lot on the same bytes (its all-gather is CPU-copy bound), so each collective
 gets its own fit rather than one β for all. The fit minimises relative residuals — sizes span orders of
-magnitude — and reports R² and the worst relative residual. The written topology carries the fits
+magnitude — weighted by 1/√t with non-negative latency and slope, and reports R² and the worst
+relative residual. The written topology carries the fits
 (``calibration:``, used by ``arcsim run`` for those collectives) and network parameters derived from the
 all-reduce fit through the ring formula (2(p−1) latencies, 2(p−1)/p · n / B), so other algorithms and
 operations still price sensibly.
@@ -19,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+from scipy.optimize import nnls
 
 from arcsim.errors import ArcsimError
 from arcsim.topology import Calibrated, load_topology
@@ -42,14 +44,14 @@ class Fit:
 
 
 def fit_line(points: list[tuple[float, float]], op: str) -> Fit:
-    """t ≈ α + n/B, minimising Σ((α + n/B − t)/t)²; α is kept ≥ 0."""
+    """t ≈ α + n/B with α, 1/B ≥ 0, residuals weighted by 1/√t: large sizes set the bandwidth, small ones
+    still pin the latency (a pure relative fit lets many small, burst-sized messages distort B)."""
     n = np.array([p[0] for p in points], dtype=float)
     t = np.array([p[1] for p in points], dtype=float)
     if len(n) < 2 or np.ptp(n) == 0:
         raise ArcsimError(f"{op}: need at least two different sizes to fit latency and bandwidth")
-    (alpha, beta), *_ = np.linalg.lstsq(np.column_stack([1 / t, n / t]), np.ones_like(t), rcond=None)
-    if alpha < 0:  # refit through the origin
-        alpha, beta = 0.0, float(np.sum(n / t) / np.sum((n / t) ** 2))
+    w = 1 / np.sqrt(t)
+    (alpha, beta), _ = nnls(np.column_stack([w, n * w]), t * w)
     if beta <= 0:
         raise ArcsimError(f"{op}: measured times do not grow with size; measure larger sizes (--sizes)")
     pred = alpha + beta * n
@@ -94,25 +96,33 @@ def topology_text(name: str, world: int, fits: dict[str, Fit], how: str) -> str:
 
 def run_microbench(ranks: int, where: str, bandwidth: str | None, sizes: tuple[int, ...], repeats: int,
                    timeout: float = 1800) -> dict:
-    """Spawn one process per rank on loopback or in an emulated cluster; returns rank 0's medians."""
-    from arcsim.cluster import EmulatedCluster, wait_for
+    """Spawn one process per rank on loopback or in a new emulated cluster; returns rank 0's medians."""
+    from arcsim.cluster import EmulatedCluster
+
+    if where == "loopback":
+        return microbench(None, ranks, sizes, repeats, timeout)
+    if bandwidth is None:
+        raise ArcsimError("--cluster emulated needs --bandwidth (e.g. 1Gbit)")
+    with EmulatedCluster(ranks, bandwidth) as cluster:
+        return microbench(cluster, ranks, sizes, repeats, timeout)
+
+
+def microbench(cluster, ranks: int, sizes: tuple[int, ...], repeats: int, timeout: float = 1800) -> dict:
+    """Run the microbenchmark with one process per rank: in ``cluster`` (an EmulatedCluster) or on loopback."""
+    from arcsim.cluster import wait_for
 
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "bench.json"
         argv = [sys.executable, "-m", "arcsim.microbench", str(out), ",".join(map(str, sizes)), str(repeats)]
-        port = _free_port()
-        if where == "loopback":
+        port = free_port()
+        if cluster is None:
             procs = [subprocess.Popen(argv, env={**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
-                                                 "RANK": str(r), "WORLD_SIZE": str(ranks)},
+                                                 "RANK": str(r), "WORLD_SIZE": str(ranks), "OMP_NUM_THREADS": "1"},
                                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT) for r in range(ranks)]
-            _collect(procs, timeout, wait_for)
         else:
-            if bandwidth is None:
-                raise ArcsimError("--cluster emulated needs --bandwidth (e.g. 1Gbit)")
-            with EmulatedCluster(ranks, bandwidth) as cluster:
-                procs = [cluster.spawn(r, argv, port=port, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-                         for r in range(ranks)]
-                _collect(procs, timeout, wait_for)
+            procs = [cluster.spawn(r, argv, port=port, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+                     for r in range(ranks)]
+        collect(procs, timeout, wait_for)
         return json.loads(out.read_text())
 
 
@@ -136,18 +146,19 @@ def measure_in_job(sizes: tuple[int, ...], repeats: int) -> dict | None:
                                          for op, by in result.items()}}
 
 
-def _collect(procs: list[subprocess.Popen], timeout: float, wait_for) -> None:
+def collect(procs: list[subprocess.Popen], timeout: float, wait_for) -> None:
+    """Wait for every rank; a failing rank is an error with its last output; stragglers are killed."""
     try:
         for p in procs:
             if wait_for(p, timeout) != 0:
-                raise ArcsimError(f"a microbenchmark rank failed: {p.stdout.read().decode()[-500:]}")
+                raise ArcsimError(f"a rank failed: {p.stdout.read().decode()[-800:]}")
     finally:
         for p in procs:
             if p.poll() is None:
                 p.kill()
 
 
-def _free_port() -> int:
+def free_port() -> int:
     import socket
 
     with socket.socket() as s:

@@ -16,6 +16,7 @@ from arcsim.cli_cluster import cluster as cluster_group
 from arcsim.cli_common import Count, console, emit_json, note, step_progress
 from arcsim.cli_run import run as run_command
 from arcsim.cli_trace import trace as trace_group
+from arcsim.cli_validate import validate as validate_command
 from arcsim.errors import ArcsimError
 from arcsim.netsim import ENGINES
 from arcsim.pricing import ALGO_CHOICES, price_collective
@@ -201,6 +202,7 @@ cli.add_command(trace_group)
 cli.add_command(run_command)
 cli.add_command(cluster_group)
 cli.add_command(calibrate_command)
+cli.add_command(validate_command)
 
 
 def main() -> None:

@@ -154,7 +154,8 @@ class EmulatedCluster:
     def env(self, rank: int, port: int = 29500) -> dict[str, str]:
         """torch.distributed environment for rank ``rank`` (rank 0 is the rendezvous)."""
         return {"MASTER_ADDR": self.address(0), "MASTER_PORT": str(port), "RANK": str(rank),
-                "WORLD_SIZE": str(self.ranks), "LOCAL_RANK": "0", "GLOO_SOCKET_IFNAME": "eth0"}
+                "WORLD_SIZE": str(self.ranks), "LOCAL_RANK": "0", "GLOO_SOCKET_IFNAME": "eth0",
+                "OMP_NUM_THREADS": "1"}  # as torchrun sets it: ranks sharing cores must not spin on each other
 
     def command(self, rank: int, argv: Sequence[str]) -> list[str]:
         prefix = ["ip", "netns", "exec", self.ns(rank)]

@@ -19,37 +19,11 @@ from rich.console import Console
 from rich.table import Table
 
 from arcsim.comm.inprocess import InProcessComm
+from arcsim.comm.solo import SoloComm
 from arcsim.compressors import make_compressor
 
 NAMES = ("topk", "gaussiank", "arctopk", "randk", "star", "var", "powersgd", "fp16", "dense")
 DENSITY = 0.01
-
-
-class LocalComm:
-    """Collectives without a network: a reduction returns the local row, a gather repeats it P times.
-
-    ``leader=True`` makes this process hold every rank (so AR-Top-K's leader work runs here every step).
-    """
-
-    def __init__(self, world: int, local: int, leader: bool = False) -> None:
-        self.world_size, self.local_workers, self.leader = world, local, leader
-
-    def all_reduce(self, t, op="mean", tag=""):
-        return t[0:1]
-
-    def all_gather(self, t, tag=""):
-        return t[0:1].unsqueeze(1).expand(1, self.world_size, *t.shape[1:])
-
-    def broadcast(self, t, src, tag=""):
-        return t[0:1]
-
-    def local_index(self, rank):
-        if self.leader:
-            return 0
-        return rank if rank < self.local_workers else None
-
-    def global_ranks(self):
-        return torch.arange(self.local_workers)
 
 
 def sync(device: str) -> None:
@@ -76,14 +50,14 @@ def speed_table(device: str, sizes: list[int], repeats: int) -> Table:
         table.add_column(col, justify="right")
     for d in sizes:
         x = torch.randn(1, d, device=device)
-        comm = LocalComm(8, 1)
+        comm = SoloComm(8)
         base_topk = timed(lambda x=x, d=d: x.abs().topk(max(1, int(DENSITY * d)), dim=1, sorted=False), device,
                           repeats)
         read = timed(lambda x=x: x.abs().amax(), device, repeats)
         table.add_row(f"{d:,}", "torch.topk(|x|)", f"{base_topk * 1e3:.2f}", "1.00", f"{base_topk / read:.2f}")
         table.add_row(f"{d:,}", "read pass |x|.amax()", f"{read * 1e3:.2f}", f"{read / base_topk:.2f}", "1.00")
         cases = [(name, name, comm) for name in NAMES if name != "star"]
-        cases[3:3] = [("star", "star (leader)", LocalComm(8, 1, leader=True)),
+        cases[3:3] = [("star", "star (leader)", SoloComm(8, leader=True)),
                       ("star", "star (other ranks)", comm)]
         for name, label, where in cases:
             comp = make_compressor(name, DENSITY, seed=0)
@@ -110,7 +84,7 @@ def _high_water_bytes() -> int:
 def _peak_child(name: str, workers: int, d: int, queue) -> None:
     x = torch.randn(workers, d)
     comp = make_compressor(name, DENSITY, seed=0)
-    comm = LocalComm(8, 1) if workers == 1 else InProcessComm(workers)
+    comm = SoloComm(8) if workers == 1 else InProcessComm(workers)
     with open("/proc/self/clear_refs", "w") as fh:
         fh.write("5")  # reset the peak-RSS mark (VmHWM) to the current RSS
     before = _high_water_bytes()

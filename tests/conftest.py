@@ -47,3 +47,14 @@ def spawn_ranks(script: Path, world: int, out_dir: Path, timeout: float = 600) -
     for p in procs:
         out, _ = p.communicate(timeout=timeout)
         assert p.returncode == 0, out[-3000:]
+
+
+def netns_available() -> bool:
+    """Whether this machine can build the emulated cluster (root, iproute2, network namespaces)."""
+    from arcsim.cluster import ClusterError, check_available
+
+    try:
+        check_available()
+    except ClusterError:
+        return False
+    return True

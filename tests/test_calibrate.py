@@ -70,3 +70,19 @@ def test_bad_calibration_requests(tmp_path, args, fragment):
     r = run_cli("calibrate", *args, cwd=str(tmp_path))
     assert r.returncode == 2 and fragment in r.stderr, r.stderr
     assert not list(tmp_path.iterdir())
+
+
+def test_validation_summary_mape_and_ag_ar_agreement():
+    from arcsim.validate import summary
+
+    def row(name, coll, measured, predicted):
+        return {"ranks": 2, "bandwidth": "1Gbit", "compressor": name, "collective": coll, "measured_s": measured,
+                "predicted_s": predicted, "error": predicted / measured - 1}
+
+    rows = [row("dense", "allreduce", 1.0, 1.1), row("topk", "allgather", 0.5, 0.45),
+            row("arctopk", "allreduce", 0.8, 0.9)]
+    s = summary(rows)
+    assert s["mape"] == pytest.approx((0.1 + 0.1 + 0.125) / 3)
+    (check,) = s["ag_ar"]
+    assert check["measured_faster"] == "allgather" and check["predicted_faster"] == "allgather"
+    assert check["agrees"] and check["counts"] and check["measured_gap"] == pytest.approx(0.375)

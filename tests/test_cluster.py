@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import free_port, run_cli
+from conftest import free_port, netns_available, run_cli
 
 from arcsim import cluster as cl
 from arcsim.cluster import ClusterError, EmulatedCluster, namespaces
@@ -18,15 +18,7 @@ from arcsim.cluster import ClusterError, EmulatedCluster, namespaces
 HERE = Path(__file__).parent
 
 
-def _available() -> bool:
-    try:
-        cl.check_available()
-    except ClusterError:
-        return False
-    return True
-
-
-needs_netns = pytest.mark.skipif(not _available(), reason="needs root and network namespaces")
+needs_netns = pytest.mark.skipif(not netns_available(), reason="needs root and network namespaces")
 
 
 def _leftovers(prefix: str) -> list[str]:

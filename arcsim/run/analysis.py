@@ -381,7 +381,8 @@ class Analysis:
         t, topo, ctx = self.trace, self.topo, self.ctx
         notes = [f"compute: {ctx.compute.source}",
                  f"compression time: {ctx.compress_source}"
-                 + (" on this CPU, per rank (stacked workers' time ÷ W)" if ctx.compress_source == "measured"
+                 + (" on this CPU: one rank's slice through the real compressor and memory"
+                    if ctx.compress_source == "measured"
                     else " for the GPU from per-element pass counts (arcsim/run/compress_cost.py)"),
                  f"{len(ctx.buckets)} bucket(s) of ≤ {self.cfg.bucket_mb:g} MiB fp32; collectives priced by the "
                  f"{self.cfg.engine} engine, one at a time in bucket order"

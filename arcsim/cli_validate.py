@@ -1,0 +1,66 @@
+"""`arcsim validate`: arcsim's predictions against measured DDP runs on the emulated cluster."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+from rich.table import Table
+
+from arcsim.catalog import COMPRESSORS
+from arcsim.cli_common import Count, console, note
+from arcsim.errors import ArcsimError
+
+
+def _list(text: str) -> tuple[str, ...]:
+    return tuple(v.strip() for v in text.split(",") if v.strip())
+
+
+@click.command("validate")
+@click.option("--ranks", default="2,4", show_default=True, help="Rank counts, comma-separated.")
+@click.option("--bandwidth", default="1Gbit,100Mbit", show_default=True, help="Link rates, comma-separated.")
+@click.option("--compressors", "-c", default="dense,topk,arctopk,star,powersgd", show_default=True)
+@click.option("--model", default="mlp", show_default=True)
+@click.option("--dataset", default="digits", show_default=True)
+@click.option("--density", default=0.01, show_default=True, type=float)
+@click.option("--steps", default="30", show_default=True, type=Count(), help="Timed DDP steps per compressor.")
+@click.option("--batch", default="32", show_default=True, type=Count(), help="Batch per rank.")
+@click.option("--out", default="reports", show_default=True, type=click.Path(file_okay=False))
+def validate(ranks: str, bandwidth: str, compressors: str, model: str, dataset: str, density: float, steps: int,
+             batch: int, out: str) -> None:
+    """Measure DDP iterations on the emulated cluster and compare them with arcsim run's predictions."""
+    from arcsim.catalog import MODELS
+    from arcsim.validate import ValidateConfig, run_validation, summary, write_outputs
+
+    try:
+        rank_list = tuple(int(r) for r in _list(ranks))
+    except ValueError:
+        raise ArcsimError(f"--ranks takes whole numbers, e.g. 2,4; got {ranks!r}") from None
+    comps = _list(compressors)
+    unknown = [c for c in comps if c not in COMPRESSORS]
+    if unknown:
+        raise ArcsimError(f"unknown compressor {', '.join(unknown)}; choose from {', '.join(COMPRESSORS)}")
+    if model not in MODELS:
+        raise ArcsimError(f"unknown model {model!r}; choose one of: {', '.join(MODELS)}")
+    if not 0 < density <= 1:
+        raise ArcsimError(f"--density must lie in (0, 1], got {density}")
+    cfg = ValidateConfig(ranks=rank_list, bandwidths=_list(bandwidth), compressors=comps, model=model,
+                         dataset=dataset, density=density, steps=steps, batch=batch, out_dir=Path(out))
+    rows = run_validation(cfg, note)
+    csv, png = write_outputs(rows, cfg.out_dir)
+    table = Table(title=f"Validation: {model} on the emulated cluster (gloo), density {density:g}")
+    for col in ("ranks", "bandwidth", "compressor", "measured ms (p10–p90)", "predicted ms", "error"):
+        table.add_column(col, justify="left" if col in ("bandwidth", "compressor") else "right")
+    for r in rows:
+        table.add_row(str(r["ranks"]), r["bandwidth"], r["compressor"],
+                      f"{r['measured_s'] * 1e3:.2f} ({r['measured_p10_s'] * 1e3:.2f}–{r['measured_p90_s'] * 1e3:.2f})",
+                      f"{r['predicted_s'] * 1e3:.2f}", f"{r['error']:+.1%}")
+    console.print(table)
+    s = summary(rows)
+    console.print(f"MAPE {s['mape']:.1%} over {s['cases']} cases (goal ≤ 10%, stretch ≤ 5%)")
+    for c in s["ag_ar"]:
+        verdict = "agrees" if c["agrees"] else "DISAGREES"
+        scope = "" if c["counts"] else " (gap ≤ 10%: not counted)"
+        console.print(f"  {c['ranks']} ranks, {c['bandwidth']}: measured faster {c['measured_faster']} by "
+                      f"{c['measured_gap']:.0%}, predicted {c['predicted_faster']}: {verdict}{scope}")
+    note(f"wrote {csv} and {png}")

@@ -1,0 +1,185 @@
+"""`arcsim validate`: measured torchrun-style DDP runs on the emulated cluster against arcsim's prediction.
+
+For every (ranks, bandwidth): build the emulated cluster; calibrate its collectives; run the validation
+worker in every rank (compute as run with all ranks competing for the cores, then real DDP steps with
+each compressor's comm hook); tear the cluster down; capture a trace of the same model with that many
+workers (once per rank count); predict each compressor's iteration with `arcsim run` on the calibrated
+topology with the measured compute profile. The case's row pairs the median measured iteration (with
+its 10th–90th percentile spread) with the prediction.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from arcsim.errors import ArcsimError
+
+AG_COMPRESSORS = ("topk", "gaussiank")
+
+
+@dataclass
+class ValidateConfig:
+    ranks: tuple[int, ...] = (2, 4)
+    bandwidths: tuple[str, ...] = ("1Gbit", "100Mbit")
+    compressors: tuple[str, ...] = ("dense", "topk", "arctopk", "star", "powersgd")
+    model: str = "mlp"
+    dataset: str | None = "digits"
+    density: float = 0.01
+    memory: str = "ef14"
+    steps: int = 30
+    warmup: int = 5
+    batch: int = 32
+    bucket_mb: float = 25.0
+    seed: int = 0
+    out_dir: Path = Path("reports")
+    calib_sizes: tuple[int, ...] = tuple(256 * 4**i for i in range(8))  # 256 B … 4 MiB: latency and bandwidth
+    calib_repeats: int = 9
+
+
+def _case(cfg: ValidateConfig, ranks: int, bandwidth: str, work: Path,
+          note: Callable[[str], None]) -> tuple[Path, Path, dict[str, list[float]]]:
+    """Calibrate and measure one (ranks, bandwidth) case; returns (topology, compute profile, times)."""
+    from arcsim.calibrate import collect, fits_from, free_port, microbench, topology_text, write_topology
+    from arcsim.cluster import EmulatedCluster, wait_for
+
+    tag = f"{ranks}r-{bandwidth}"
+    worker_cfg = {"model": cfg.model, "dataset": cfg.dataset, "batch": cfg.batch, "seed": cfg.seed,
+                  "steps": cfg.steps, "warmup": cfg.warmup, "bucket_mb": cfg.bucket_mb, "density": cfg.density,
+                  "memory": cfg.memory, "compressors": list(cfg.compressors)}
+    (work / f"{tag}.json").write_text(json.dumps(worker_cfg))
+    with EmulatedCluster(ranks, bandwidth) as cluster:
+        note(f"[{tag}] calibrating collectives …")
+        measured = microbench(cluster, ranks, cfg.calib_sizes, cfg.calib_repeats)
+        note(f"[{tag}] training {cfg.model} with {', '.join(cfg.compressors)} ({cfg.steps} steps each) …")
+        argv = [sys.executable, "-m", "arcsim.validate_worker", str(work / f"{tag}.json"), str(work / f"{tag}-")]
+        port = free_port()
+        procs = [cluster.spawn(r, argv, port=port, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+                 for r in range(ranks)]
+        collect(procs, 1800, wait_for)
+    topo = cfg.out_dir / "validation" / f"topo-{tag}.yaml"
+    write_topology(topo, topology_text(topo.stem, ranks, fits_from(measured, ranks),
+                                       f"emulated cluster, {ranks} ranks, {bandwidth}"))
+    times = json.loads((work / f"{tag}-times.json").read_text())
+    profile = cfg.out_dir / "validation" / f"compute-{tag}.json"
+    profile.write_text((work / f"{tag}-profile.json").read_text())
+    return topo, profile, times
+
+
+def _trace(cfg: ValidateConfig, ranks: int) -> Path:
+    from arcsim.traces.capture import CaptureConfig, capture
+
+    path = cfg.out_dir / "validation" / f"trace-{cfg.model}-{ranks}w.npz"
+    capture(CaptureConfig(model=cfg.model, dataset=cfg.dataset, workers=ranks, steps=3, every=1, warmup=5,
+                          batch=cfg.batch, dtype="fp32", seed=cfg.seed, out=path))
+    return path
+
+
+def _predict(cfg: ValidateConfig, topo: Path, trace: Path, profile: Path) -> dict[str, dict[str, float]]:
+    import torch
+
+    from arcsim.run.analysis import Analysis, RunConfig
+
+    run = RunConfig(topology=str(topo), trace=str(trace), compressors=tuple(cfg.compressors),
+                    density=cfg.density, memory=cfg.memory, bucket_mb=cfg.bucket_mb, policy="none",
+                    ratios=(cfg.density,), compute_profile=str(profile), seed=cfg.seed, allow_capture=False)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # time compression as a rank runs it (one thread, as torchrun sets)
+    try:
+        result = Analysis(run, announce=lambda _: None).run()
+    finally:
+        torch.set_num_threads(threads)
+    return {c.compressor: {"iteration_s": c.iteration_s, "compute_s": c.compute_s, "compress_s": c.compress_s,
+                           "comm_s": c.comm_s} for c in result.candidates}
+
+
+def run_validation(cfg: ValidateConfig, note: Callable[[str], None] = print) -> list[dict[str, Any]]:
+    from arcsim.cluster import check_available
+
+    check_available()
+    (cfg.out_dir / "validation").mkdir(parents=True, exist_ok=True)
+    rows: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for ranks in cfg.ranks:
+            note(f"capturing a {cfg.model} trace with {ranks} workers …")
+            trace = _trace(cfg, ranks)
+            for bandwidth in cfg.bandwidths:
+                topo, profile, times = _case(cfg, ranks, bandwidth, Path(tmp), note)
+                predicted = _predict(cfg, topo, trace, profile)
+                for name in cfg.compressors:
+                    t = np.asarray(times[name]["iteration_s"])
+                    p = predicted[name]
+                    rows.append({"ranks": ranks, "bandwidth": bandwidth, "model": cfg.model,
+                                 "compressor": name, "density": cfg.density if name not in ("dense", "fp16") else 1.0,
+                                 "collective": "allgather" if name in AG_COMPRESSORS else "allreduce",
+                                 "measured_s": float(np.median(t)), "measured_p10_s": float(np.percentile(t, 10)),
+                                 "measured_p90_s": float(np.percentile(t, 90)), "predicted_s": p["iteration_s"],
+                                 "error": p["iteration_s"] / float(np.median(t)) - 1,
+                                 "predicted_compute_s": p["compute_s"], "predicted_compress_s": p["compress_s"],
+                                 "predicted_comm_s": p["comm_s"], "steps": len(t),
+                                 "measured_hook_s": float(np.median(times[name]["hook_s"]))})
+    return rows
+
+
+def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """MAPE, and whether the predicted faster of all-gather and all-reduce matches the measured one."""
+    mape = float(np.mean([abs(r["error"]) for r in rows])) if rows else float("nan")
+    checks = []
+    for key in sorted({(r["ranks"], r["bandwidth"]) for r in rows}):
+        case = [r for r in rows if (r["ranks"], r["bandwidth"]) == key]
+        ag = [r for r in case if r["collective"] == "allgather"]
+        ar = [r for r in case if r["collective"] == "allreduce" and r["compressor"] not in ("dense", "fp16")]
+        if not ag or not ar:
+            continue
+        best_ag = min(ag, key=lambda r: r["measured_s"])
+        best_ar = min(ar, key=lambda r: r["measured_s"])
+        gap = abs(best_ag["measured_s"] / best_ar["measured_s"] - 1)
+        measured_ag = best_ag["measured_s"] < best_ar["measured_s"]
+        predicted_ag = min(r["predicted_s"] for r in ag) < min(r["predicted_s"] for r in ar)
+        checks.append({"ranks": key[0], "bandwidth": key[1], "measured_gap": gap,
+                       "measured_faster": "allgather" if measured_ag else "allreduce",
+                       "predicted_faster": "allgather" if predicted_ag else "allreduce",
+                       "counts": gap > 0.10, "agrees": measured_ag == predicted_ag})
+    return {"mape": mape, "cases": len(rows), "ag_ar": checks}
+
+
+def write_outputs(rows: list[dict[str, Any]], out_dir: Path) -> tuple[Path, Path]:
+    import pandas as pd
+    from matplotlib.figure import Figure
+
+    if not rows:
+        raise ArcsimError("no validation cases ran")
+    csv = out_dir / "validation.csv"
+    pd.DataFrame(rows).to_csv(csv, index=False)
+    fig = Figure(figsize=(6.5, 6), layout="constrained")
+    ax = fig.subplots()
+    for name in sorted({r["compressor"] for r in rows}):
+        pts = [r for r in rows if r["compressor"] == name]
+        ax.errorbar([r["measured_s"] * 1e3 for r in pts], [r["predicted_s"] * 1e3 for r in pts],
+                    xerr=[[(r["measured_s"] - r["measured_p10_s"]) * 1e3 for r in pts],
+                          [(r["measured_p90_s"] - r["measured_s"]) * 1e3 for r in pts]],
+                    fmt="o", ms=5, capsize=2, label=name)
+    lo = min(min(r["measured_s"], r["predicted_s"]) for r in rows) * 1e3 * 0.8
+    hi = max(max(r["measured_s"], r["predicted_s"]) for r in rows) * 1e3 * 1.2
+    ax.plot([lo, hi], [lo, hi], "k-", lw=1, label="prediction = measurement")
+    ax.fill_between([lo, hi], [lo * 0.9, hi * 0.9], [lo * 1.1, hi * 1.1], color="grey", alpha=0.15, label="±10%")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("measured iteration time (ms; median, bars 10th–90th percentile)")
+    ax.set_ylabel("arcsim's predicted iteration time (ms)")
+    s = summary(rows)
+    ax.set_title(f"Validation on the emulated cluster: {rows[0]['model']}, "
+                 f"{len({(r['ranks'], r['bandwidth']) for r in rows})} cluster settings\nMAPE {s['mape']:.1%} "
+                 f"over {s['cases']} cases", fontsize=10)
+    ax.legend(fontsize=8)
+    png = out_dir / "validation.png"
+    fig.savefig(png, dpi=130)
+    return csv, png

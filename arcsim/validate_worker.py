@@ -1,0 +1,137 @@
+"""One rank of a validation case (run by `arcsim validate` inside the emulated cluster).
+
+    python -m arcsim.validate_worker CONFIG.json OUT_PREFIX       # env: RANK, WORLD_SIZE, MASTER_ADDR, …
+
+1. Compute as run: forward + backward + optimizer step with DDP's gradient sync switched off
+   (``no_sync``), all ranks at once — on 2 cores the ranks compete, so a solo profile would be wrong.
+   Rank 0 writes it as a compute profile (the optimizer step is folded into ``forward_s``).
+2. For each compressor: real DDP training steps with arcsim's comm hook (``none``: DDP's all-reduce);
+   every rank times each iteration; rank 0 writes the per-iteration maxima over ranks.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from arcsim.datasets import make_dataset
+from arcsim.hooks import CompressionState, compression_hook
+from arcsim.models import loss_fn, model_entry
+from arcsim.traces.profile import ComputeProfile, LayerTiming, device_name
+from arcsim.traces.timing import ComputeTimer
+
+
+def _setup(cfg: dict):
+    entry = model_entry(cfg["model"])
+    ds = make_dataset(cfg["dataset"] or entry.default_dataset, cfg.get("input_size"))
+    torch.manual_seed(cfg["seed"])
+    net = entry.build(ds.spec)
+    return entry, ds, net
+
+
+def _batches(ds, cfg: dict, rank: int, world: int):
+    gen = torch.Generator().manual_seed(cfg["seed"] + 1)
+    while True:
+        x, y = ds.draw(world * cfg["batch"], gen)
+        yield x.chunk(world)[rank], y.chunk(world)[rank]
+
+
+def _max_over_ranks(values: list[float]) -> list[float]:
+    t = torch.tensor(values, dtype=torch.float64)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return t.tolist()
+
+
+def compute_profile(cfg: dict, rank: int, world: int) -> ComputeProfile:
+    entry, ds, net = _setup(cfg)
+    ddp = DDP(net, bucket_cap_mb=cfg["bucket_mb"])
+    opt = torch.optim.SGD(ddp.parameters(), lr=entry.lr, momentum=0.9)
+    timer = ComputeTimer(net, torch.device("cpu"))
+    batches = _batches(ds, cfg, rank, world)
+    order = [n for n, _ in net.named_parameters()]
+    rows = []  # per step: forward, backward, optimizer step, then each parameter's ready time
+    for i in range(cfg["warmup"] + cfg["steps"]):
+        x, y = next(batches)
+        opt.zero_grad(set_to_none=True)
+        dist.barrier()
+        with ddp.no_sync():
+            _, timing = timer.run(lambda x=x, y=y: loss_fn(ds.spec.kind, ddp(x), y))
+        started = time.perf_counter()
+        opt.step()
+        if i >= cfg["warmup"]:
+            rows.append([timing.forward_s, timing.backward_s, time.perf_counter() - started,
+                         *(timing.ready_s.get(n, timing.backward_s) for n in order)])
+    # the slowest rank sets the pace of a synchronous step: ranks sharing cores wait for each other
+    table = torch.tensor(rows, dtype=torch.float64)
+    dist.all_reduce(table, op=dist.ReduceOp.MAX)
+    med = table.median(dim=0).values.tolist()
+    timer.close()
+    params = dict(net.named_parameters())
+    return ComputeProfile(cfg["model"], cfg["batch"], "cpu", device_name(torch.device("cpu")),
+                          med[0] + med[2], med[1],
+                          [LayerTiming(n, params[n].numel(), med[3 + j]) for j, n in enumerate(order)], "profile",
+                          cfg["steps"], extra={"note": "measured in the emulated cluster with all ranks running, "
+                                                         "slowest rank per step; forward_s includes the optimizer "
+                                                         "step", "ranks": world})
+
+
+def train_times(cfg: dict, compressor: str, rank: int, world: int) -> tuple[list[float], list[float]]:
+    """Per-iteration times (slowest rank) and, for diagnosis, the time spent inside the hook (this rank)."""
+    entry, ds, net = _setup(cfg)
+    ddp = DDP(net, bucket_cap_mb=cfg["bucket_mb"])
+    in_hook = [0.0]
+    if compressor != "none":
+        memory = "none" if compressor in ("dense", "fp16") else cfg["memory"]
+
+        def timed_hook(state, bucket):  # unannotated: DDP checks annotations, and this module defers them
+            started = time.perf_counter()
+            fut = compression_hook(state, bucket)
+            in_hook[0] += time.perf_counter() - started
+            return fut
+
+        ddp.register_comm_hook(CompressionState(compressor, cfg["density"], memory, seed=cfg["seed"]), timed_hook)
+    opt = torch.optim.SGD(ddp.parameters(), lr=entry.lr, momentum=0.9)
+    batches = _batches(ds, cfg, rank, world)
+    times, hooks = [], []
+    for i in range(cfg["warmup"] + cfg["steps"]):
+        x, y = next(batches)
+        dist.barrier()
+        in_hook[0] = 0.0
+        started = time.perf_counter()
+        opt.zero_grad(set_to_none=True)
+        loss_fn(ds.spec.kind, ddp(x), y).backward()
+        opt.step()
+        if i >= cfg["warmup"]:
+            times.append(time.perf_counter() - started)
+            hooks.append(in_hook[0])
+    return _max_over_ranks(times), hooks
+
+
+def main() -> None:
+    cfg = json.loads(Path(sys.argv[1]).read_text())
+    prefix = sys.argv[2]
+    dist.init_process_group("gloo")
+    try:
+        rank, world = dist.get_rank(), dist.get_world_size()
+        profile = compute_profile(cfg, rank, world)
+        results = {}
+        for c in cfg["compressors"]:
+            times, hooks = train_times(cfg, c, rank, world)
+            results[c] = {"iteration_s": times, "hook_s": hooks}
+        if rank == 0:
+            with open(prefix + "profile.json", "w") as fh:
+                json.dump(profile.to_json(), fh)
+            with open(prefix + "times.json", "w") as fh:
+                json.dump(results, fh)
+    finally:
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
