@@ -26,11 +26,19 @@ def _list(text: str) -> tuple[str, ...]:
 @click.option("--steps", default="30", show_default=True, type=Count(), help="Timed DDP steps per compressor.")
 @click.option("--batch", default="32", show_default=True, type=Count(), help="Batch per rank.")
 @click.option("--out", default="reports", show_default=True, type=click.Path(file_okay=False))
+@click.option("--write-config", type=click.Path(file_okay=False), default=None,
+              help="Real cluster: write DIR/config.json for the torchrun worker and print the commands.")
+@click.option("--measured", type=click.Path(file_okay=False), default=None,
+              help="Real cluster: compare the worker's results in DIR (with --topology) instead of emulating.")
+@click.option("--topology", "-t", type=click.Path(dir_okay=False), default=None,
+              help="With --measured: the topology calibrated on that cluster (arcsim calibrate under torchrun).")
 def validate(ranks: str, bandwidth: str, compressors: str, model: str, dataset: str, density: float, steps: int,
-             batch: int, out: str) -> None:
-    """Measure DDP iterations on the emulated cluster and compare them with arcsim run's predictions."""
+             batch: int, out: str, write_config: str | None, measured: str | None, topology: str | None) -> None:
+    """Measure DDP iterations on the emulated cluster (or a real one) and compare with arcsim run's predictions."""
+    import json
+
     from arcsim.catalog import MODELS
-    from arcsim.validate import ValidateConfig, run_validation, summary, write_outputs
+    from arcsim.validate import ValidateConfig, run_validation, summary, validate_measured, worker_config, write_outputs
 
     try:
         rank_list = tuple(int(r) for r in _list(ranks))
@@ -46,7 +54,21 @@ def validate(ranks: str, bandwidth: str, compressors: str, model: str, dataset: 
         raise ArcsimError(f"--density must lie in (0, 1], got {density}")
     cfg = ValidateConfig(ranks=rank_list, bandwidths=_list(bandwidth), compressors=comps, model=model,
                          dataset=dataset, density=density, steps=steps, batch=batch, out_dir=Path(out))
-    rows = run_validation(cfg, note)
+    if write_config:
+        directory = Path(write_config)
+        directory.mkdir(parents=True, exist_ok=True)
+        (directory / "config.json").write_text(json.dumps(worker_config(cfg), indent=1))
+        note(f"wrote {directory / 'config.json'}; on the cluster run, with your torchrun rendezvous options:\n"
+             f"  torchrun ... -m arcsim calibrate --out {directory}/cluster.yaml\n"
+             f"  torchrun ... -m arcsim.validate_worker {directory}/config.json {directory}/real-\n"
+             f"then here: arcsim validate --measured {directory} --topology {directory}/cluster.yaml")
+        return
+    if measured:
+        if not topology:
+            raise ArcsimError("--measured needs --topology (the file arcsim calibrate wrote on that cluster)")
+        rows = validate_measured(cfg, Path(measured), Path(topology), note)
+    else:
+        rows = run_validation(cfg, note)
     csv, png = write_outputs(rows, cfg.out_dir)
     table = Table(title=f"Validation: {model} on the emulated cluster (gloo), density {density:g}")
     for col in ("ranks", "bandwidth", "compressor", "measured ms (p10–p90)", "predicted ms", "error"):

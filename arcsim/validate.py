@@ -52,10 +52,7 @@ def _case(cfg: ValidateConfig, ranks: int, bandwidth: str, work: Path,
     from arcsim.cluster import EmulatedCluster, wait_for
 
     tag = f"{ranks}r-{bandwidth}"
-    worker_cfg = {"model": cfg.model, "dataset": cfg.dataset, "batch": cfg.batch, "seed": cfg.seed,
-                  "steps": cfg.steps, "warmup": cfg.warmup, "bucket_mb": cfg.bucket_mb, "density": cfg.density,
-                  "memory": cfg.memory, "compressors": list(cfg.compressors)}
-    (work / f"{tag}.json").write_text(json.dumps(worker_cfg))
+    (work / f"{tag}.json").write_text(json.dumps(worker_config(cfg)))
     with EmulatedCluster(ranks, bandwidth) as cluster:
         note(f"[{tag}] calibrating collectives …")
         measured = microbench(cluster, ranks, cfg.calib_sizes, cfg.calib_repeats)
@@ -101,7 +98,34 @@ def _predict(cfg: ValidateConfig, topo: Path, trace: Path, profile: Path) -> dic
                            "comm_s": c.comm_s} for c in result.candidates}
 
 
+def compare(cfg: ValidateConfig, ranks: int, label: str, topo: Path, trace: Path, profile: Path,
+            times: dict[str, Any]) -> list[dict[str, Any]]:
+    """Predict every compressor of one measured case and pair it with the measurement."""
+    predicted = _predict(cfg, topo, trace, profile)
+    rows = []
+    for name in cfg.compressors:
+        t = np.asarray(times[name]["iteration_s"])
+        p = predicted[name]
+        rows.append({"ranks": ranks, "bandwidth": label, "model": cfg.model, "compressor": name,
+                     "density": cfg.density if name not in ("dense", "fp16") else 1.0,
+                     "collective": "allgather" if name in AG_COMPRESSORS else "allreduce",
+                     "measured_s": float(np.median(t)), "measured_p10_s": float(np.percentile(t, 10)),
+                     "measured_p90_s": float(np.percentile(t, 90)), "predicted_s": p["iteration_s"],
+                     "error": p["iteration_s"] / float(np.median(t)) - 1, "predicted_compute_s": p["compute_s"],
+                     "predicted_compress_s": p["compress_s"], "predicted_comm_s": p["comm_s"], "steps": len(t),
+                     "measured_hook_s": float(np.median(times[name]["hook_s"]))})
+    return rows
+
+
+def worker_config(cfg: ValidateConfig) -> dict[str, Any]:
+    """What every rank of the validation worker needs (written as JSON for torchrun on a real cluster)."""
+    return {"model": cfg.model, "dataset": cfg.dataset, "batch": cfg.batch, "seed": cfg.seed, "steps": cfg.steps,
+            "warmup": cfg.warmup, "bucket_mb": cfg.bucket_mb, "density": cfg.density, "memory": cfg.memory,
+            "compressors": list(cfg.compressors)}
+
+
 def run_validation(cfg: ValidateConfig, note: Callable[[str], None] = print) -> list[dict[str, Any]]:
+    """Every (ranks, bandwidth) case on the emulated cluster."""
     from arcsim.cluster import check_available
 
     check_available()
@@ -113,20 +137,28 @@ def run_validation(cfg: ValidateConfig, note: Callable[[str], None] = print) -> 
             trace = _trace(cfg, ranks)
             for bandwidth in cfg.bandwidths:
                 topo, profile, times = _case(cfg, ranks, bandwidth, Path(tmp), note)
-                predicted = _predict(cfg, topo, trace, profile)
-                for name in cfg.compressors:
-                    t = np.asarray(times[name]["iteration_s"])
-                    p = predicted[name]
-                    rows.append({"ranks": ranks, "bandwidth": bandwidth, "model": cfg.model,
-                                 "compressor": name, "density": cfg.density if name not in ("dense", "fp16") else 1.0,
-                                 "collective": "allgather" if name in AG_COMPRESSORS else "allreduce",
-                                 "measured_s": float(np.median(t)), "measured_p10_s": float(np.percentile(t, 10)),
-                                 "measured_p90_s": float(np.percentile(t, 90)), "predicted_s": p["iteration_s"],
-                                 "error": p["iteration_s"] / float(np.median(t)) - 1,
-                                 "predicted_compute_s": p["compute_s"], "predicted_compress_s": p["compress_s"],
-                                 "predicted_comm_s": p["comm_s"], "steps": len(t),
-                                 "measured_hook_s": float(np.median(times[name]["hook_s"]))})
+                rows += compare(cfg, ranks, bandwidth, topo, trace, profile, times)
     return rows
+
+
+def validate_measured(cfg: ValidateConfig, measured: Path, topology: Path,
+                      note: Callable[[str], None] = print) -> list[dict[str, Any]]:
+    """A case measured on a real cluster under torchrun (``measured/real-times.json``, ``real-profile.json``)."""
+    times_path, profile = measured / "real-times.json", measured / "real-profile.json"
+    for path in (times_path, profile, topology):
+        if not path.exists():
+            raise ArcsimError(f"{path} is missing; run the validation worker under torchrun first "
+                              "(see docs/validation.md)")
+    config = json.loads((measured / "config.json").read_text()) if (measured / "config.json").exists() else {}
+    for key in ("model", "dataset", "batch", "density", "memory", "seed", "bucket_mb"):
+        if key in config:
+            setattr(cfg, key, config[key])
+    times = json.loads(times_path.read_text())
+    cfg.compressors = tuple(times)
+    ranks = int(json.loads(profile.read_text())["extra"]["ranks"])
+    (cfg.out_dir / "validation").mkdir(parents=True, exist_ok=True)
+    note(f"capturing a {cfg.model} trace with {ranks} workers …")
+    return compare(cfg, ranks, topology.stem, topology, _trace(cfg, ranks), profile, times)
 
 
 def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import pandas as pd
 import pytest
-from conftest import netns_available, run_cli
+from conftest import free_port, netns_available, run_cli
 
 from arcsim.cluster import namespaces
 
@@ -35,3 +39,26 @@ def test_validate_writes_a_consistent_report(tmp_path):
 def test_bad_validate_requests(args, fragment):
     r = run_cli("validate", *args)
     assert r.returncode == 2 and fragment in r.stderr, r.stderr
+
+
+def test_real_cluster_path_under_torchrun_on_loopback(tmp_path):
+    """write-config → torchrun calibrate and worker → --measured: the no-emulation path, loopback standing in."""
+    d = tmp_path / "real"
+    assert run_cli("validate", "--write-config", str(d), "-c", "dense,topk", "--steps", "5").returncode == 0
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    for args in (["-m", "arcsim", "calibrate", "--sizes", "16KB,1MB,8MB", "--out", str(d / "cluster.yaml")],
+                 ["-m", "arcsim.validate_worker", str(d / "config.json"), str(d / "real-")]):
+        r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+                            "--master_port", str(free_port()), *args], capture_output=True, text=True, env=env,
+                           timeout=300)
+        assert r.returncode == 0, r.stderr[-2000:]
+    r = run_cli("validate", "--measured", str(d), "--topology", str(d / "cluster.yaml"), "--out", str(tmp_path / "o"))
+    assert r.returncode == 0, r.stderr[-2000:]
+    rows = pd.read_csv(tmp_path / "o" / "validation.csv")
+    assert list(rows["compressor"]) == ["dense", "topk"] and (rows["ranks"] == 2).all()
+    assert (rows["bandwidth"] == "cluster").all() and (rows["predicted_s"] > 0).all()
+
+
+def test_measured_needs_a_topology(tmp_path):
+    r = run_cli("validate", "--measured", str(tmp_path))
+    assert r.returncode == 2 and "--measured needs --topology" in r.stderr
