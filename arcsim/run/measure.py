@@ -129,13 +129,16 @@ def measure(steps: Iterable[tuple[int, torch.Tensor]], buckets: list[Bucket], co
 def _one_rank_seconds(x: torch.Tensor, compressor: str, density: float, memory: str, seed: int, rank: int | None,
                       layout) -> float:
     """One rank's compression work on its own slice: a fresh compressor and memory over a SoloComm
-    (collectives become copies), warmed up once, then timed at step 1 — so fixed per-call costs count in
+    (collectives become copies), warmed up once, then the faster of steps 1 and 2 — so fixed per-call costs count in
     full instead of being shared by the W workers stacked in-process."""
     comp = make_compressor(compressor, density, seed=seed, rank=rank)
     mem = make_memory(memory)
     comm = SoloComm(x.shape[0], leader=True)  # a leader's work (AR-Top-K) is on every rank's critical path
     mine = x[0:1].clone()
     mem.step(mine.clone(), comp, comm, 0, layout)
-    started = time.perf_counter()
-    mem.step(mine, comp, comm, 1, layout)
-    return time.perf_counter() - started
+    best = float("inf")
+    for step in (1, 2):  # the faster of two timed calls: robust to a scheduler hiccup on a busy machine
+        started = time.perf_counter()
+        mem.step(mine.clone(), comp, comm, step, layout)
+        best = min(best, time.perf_counter() - started)
+    return best
