@@ -95,7 +95,7 @@ def topology_text(name: str, world: int, fits: dict[str, Fit], how: str) -> str:
 
 
 def run_microbench(ranks: int, where: str, bandwidth: str | None, sizes: tuple[int, ...], repeats: int,
-                   timeout: float = 1800) -> dict:
+                   timeout: float = 1800, delay: str = "0s") -> dict:
     """Spawn one process per rank on loopback or in a new emulated cluster; returns rank 0's medians."""
     from arcsim.cluster import EmulatedCluster
 
@@ -103,7 +103,7 @@ def run_microbench(ranks: int, where: str, bandwidth: str | None, sizes: tuple[i
         return microbench(None, ranks, sizes, repeats, timeout)
     if bandwidth is None:
         raise ArcsimError("--cluster emulated needs --bandwidth (e.g. 1Gbit)")
-    with EmulatedCluster(ranks, bandwidth) as cluster:
+    with EmulatedCluster(ranks, bandwidth, delay) as cluster:
         return microbench(cluster, ranks, sizes, repeats, timeout)
 
 

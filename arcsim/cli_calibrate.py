@@ -18,10 +18,12 @@ from arcsim.units import parse_size
 @click.option("--loopback", is_flag=True, help="Measure ranks on this machine's loopback.")
 @click.option("--ranks", "-p", type=Count(), default=None, help="Ranks to launch (not under torchrun).")
 @click.option("--bandwidth", "-b", default=None, help="Emulated cluster link rate, e.g. 1Gbit.")
+@click.option("--delay", default="0s", show_default=True, help="Emulated cluster one-way delay, e.g. 0.5ms.")
 @click.option("--sizes", default=None, help="Per-rank sizes, e.g. 4KB,64KB,1MB (default 1 KiB … 4 MiB, ×4).")
 @click.option("--repeats", default="5", show_default=True, type=Count(), help="Timed repeats per size (median).")
 @click.option("--out", "-o", required=True, type=click.Path(dir_okay=False), help="Topology YAML to write.")
-def calibrate(cluster: str | None, loopback: bool, ranks: int | None, bandwidth: str | None, sizes: str | None,
+def calibrate(cluster: str | None, loopback: bool, ranks: int | None, bandwidth: str | None, delay: str,
+              sizes: str | None,
               repeats: int, out: str) -> None:
     """Measure all_reduce, all_gather and broadcast over sizes; fit α and bandwidth per collective."""
     from arcsim.calibrate import (
@@ -52,9 +54,10 @@ def calibrate(cluster: str | None, loopback: bool, ranks: int | None, bandwidth:
         if ranks is None or ranks < 2:
             raise ArcsimError("--ranks must be at least 2")
         where = "loopback" if loopback else "emulated"
-        how = f"{where}, {ranks} ranks" + (f", {bandwidth} per rank" if bandwidth else "")
+        how = (f"{where}, {ranks} ranks" + (f", {bandwidth} per rank" if bandwidth else "")
+               + (f", {delay} one way" if delay not in ("0", "0s") else ""))
         note(f"measuring all_reduce, all_gather and broadcast on {how} over {len(size_list)} sizes …")
-        measured = run_microbench(ranks, where, bandwidth, size_list, repeats)
+        measured = run_microbench(ranks, where, bandwidth, size_list, repeats, delay=delay)
     fits = fits_from(measured, measured["world"])
     for fit in fits.values():
         note(describe(fit))

@@ -10,19 +10,21 @@ from arcsim.cluster import PREFIX, EmulatedCluster, namespaces, teardown
 
 @click.group()
 def cluster() -> None:
-    """An emulated cluster: one network namespace per rank, a bridge, tbf shaping both ways."""
+    """An emulated cluster: one network namespace per rank, tbf shaping both ways, optional one-way delay."""
 
 
 @cluster.command("up")
 @click.option("--ranks", "-p", required=True, type=Count(), help="Ranks (2 … 64).")
 @click.option("--bandwidth", "-b", required=True, help="Per-rank link rate, e.g. 1Gbit, 100Mbit.")
-@click.option("--delay", default="0s", show_default=True, help="One-way delay (needs the forwarder; refused).")
+@click.option("--delay", default="0s", show_default=True,
+              help="One-way delay added by a user-space TUN forwarder, e.g. 0.5ms (0: a plain bridge).")
 @click.option("--prefix", default=PREFIX, show_default=True, help="Namespace name prefix.")
 def cluster_up(ranks: int, bandwidth: str, delay: str, prefix: str) -> None:
     """Build it and leave it up (tear down with `arcsim cluster down`)."""
     c = EmulatedCluster(ranks, bandwidth, delay, prefix).up()
-    note(f"up: {ranks} ranks in namespaces {c.ns(0)} … {c.ns(ranks - 1)} ({c.address(0)} …), bridge in "
-         f"{c.bridge_ns}, {bandwidth} each way per rank; run a rank with: ip netns exec {c.ns(0)} CMD")
+    link = f"{bandwidth} each way per rank" + (f", {delay} one way" if c.delay else "")
+    note(f"up: {ranks} ranks in namespaces {c.ns(0)} … {c.ns(ranks - 1)} ({c.address(0)} …), hub in "
+         f"{c.bridge_ns}, {link}; run a rank with: ip netns exec {c.ns(0)} CMD")
 
 
 @cluster.command("down")

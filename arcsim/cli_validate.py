@@ -19,6 +19,7 @@ def _list(text: str) -> tuple[str, ...]:
 @click.command("validate")
 @click.option("--ranks", default="2,4", show_default=True, help="Rank counts, comma-separated.")
 @click.option("--bandwidth", default="1Gbit,100Mbit", show_default=True, help="Link rates, comma-separated.")
+@click.option("--delay", default="0s", show_default=True, help="One-way delay added to every link, e.g. 0.5ms.")
 @click.option("--compressors", "-c", default="dense,topk,arctopk,star,powersgd", show_default=True)
 @click.option("--model", default="mlp", show_default=True)
 @click.option("--dataset", default="digits", show_default=True)
@@ -32,8 +33,9 @@ def _list(text: str) -> tuple[str, ...]:
               help="Real cluster: compare the worker's results in DIR (with --topology) instead of emulating.")
 @click.option("--topology", "-t", type=click.Path(dir_okay=False), default=None,
               help="With --measured: the topology calibrated on that cluster (arcsim calibrate under torchrun).")
-def validate(ranks: str, bandwidth: str, compressors: str, model: str, dataset: str, density: float, steps: int,
-             batch: int, out: str, write_config: str | None, measured: str | None, topology: str | None) -> None:
+def validate(ranks: str, bandwidth: str, delay: str, compressors: str, model: str, dataset: str, density: float,
+             steps: int, batch: int, out: str, write_config: str | None, measured: str | None,
+             topology: str | None) -> None:
     """Measure DDP iterations on the emulated cluster (or a real one) and compare with arcsim run's predictions."""
     import json
 
@@ -52,7 +54,7 @@ def validate(ranks: str, bandwidth: str, compressors: str, model: str, dataset: 
         raise ArcsimError(f"unknown model {model!r}; choose one of: {', '.join(MODELS)}")
     if not 0 < density <= 1:
         raise ArcsimError(f"--density must lie in (0, 1], got {density}")
-    cfg = ValidateConfig(ranks=rank_list, bandwidths=_list(bandwidth), compressors=comps, model=model,
+    cfg = ValidateConfig(ranks=rank_list, bandwidths=_list(bandwidth), delay=delay, compressors=comps, model=model,
                          dataset=dataset, density=density, steps=steps, batch=batch, out_dir=Path(out))
     if write_config:
         directory = Path(write_config)

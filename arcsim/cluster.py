@@ -11,8 +11,12 @@ default scheduler adds milliseconds of jitter to small collectives.
 
 Tear-down removes every namespace with the prefix (which deletes the veths and bridge) after killing
 every process inside — on success, on exceptions, on Ctrl-C or SIGTERM, and from ``arcsim cluster down``
-after a crash. Added one-way delay needs netem, which this kernel lacks; ``delay`` is refused until the
-user-space forwarder exists.
+after a crash.
+
+With a one-way ``delay`` (netem is missing from this kernel) the bridge is replaced by a user-space link:
+the hub namespace runs ``arcsim.delay_forwarder``, which owns one TUN device per rank, moved into the
+rank's namespace as ``eth0`` (MTU 65000 so that the forwarder keeps up). The rank's tbf shapes what it
+sends; the forwarder holds each packet for the delay and serialises it at the receiver's rate.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Sequence
 from types import TracebackType
@@ -33,6 +38,7 @@ from arcsim.units import parse_duration, parse_rate
 PREFIX = "arcsim"
 SUBNET = "10.77.0"
 MTU = 1500
+TUN_MTU = 65000  # the forwarder handles one packet per 65 kB instead of per 1.5 kB
 
 
 class ClusterError(ArcsimError):
@@ -106,12 +112,14 @@ class EmulatedCluster:
         self.rate = parse_rate(bandwidth) if isinstance(bandwidth, str) else float(bandwidth)  # bytes/s
         if self.rate <= 0:
             raise ClusterError("--bandwidth must be positive, e.g. 1Gbit or 100Mbit")
-        if (parse_duration(delay) if isinstance(delay, str) else float(delay)) > 0:
-            raise ClusterError("--delay needs netem, which this kernel lacks, or the user-space forwarder, which "
-                               "arcsim does not have yet; shape bandwidth only")
+        self.delay = parse_duration(delay) if isinstance(delay, str) else float(delay)  # seconds, one way
+        if not 0 <= self.delay <= 1:
+            raise ClusterError(f"--delay must be 0 … 1 s one way, e.g. 0.5ms, got {delay}")
         self.ranks, self.prefix, self.realtime = ranks, prefix, realtime
-        self.bridge_ns = f"{prefix}-br"
+        self.bridge_ns = f"{prefix}-br"  # the bridge, or with a delay the forwarder
+        self.mtu = TUN_MTU if self.delay > 0 else MTU
         self._previous: dict[int, object] = {}
+        self._forwarder: subprocess.Popen | None = None
 
     def ns(self, rank: int) -> str:
         return f"{self.prefix}-r{rank}"
@@ -143,22 +151,52 @@ class EmulatedCluster:
 
     def _build(self) -> None:
         _ip("netns", "add", self.bridge_ns)
-        _ip("link", "add", "br0", "type", "bridge", ns=self.bridge_ns)
-        _ip("link", "set", "br0", "up", ns=self.bridge_ns)
-        burst = max(2 * MTU, int(self.rate / 1000))  # ≥ MTU, and ≥ one kernel tick of tokens at this rate
-        rate_bits = f"{int(self.rate * 8)}bit"
         for r in range(self.ranks):
-            ns, port = self.ns(r), f"vb{r}"
-            _ip("netns", "add", ns)
-            _ip("link", "add", "eth0", "netns", ns, "type", "veth", "peer", "name", port, "netns", self.bridge_ns)
-            _ip("link", "set", port, "master", "br0", ns=self.bridge_ns)
-            _ip("link", "set", port, "up", ns=self.bridge_ns)
+            _ip("netns", "add", self.ns(r))
+        if self.delay > 0:
+            self._build_forwarded()
+        else:
+            self._build_bridged()
+        for r in range(self.ranks):
+            ns = self.ns(r)
+            _ip("link", "set", "eth0", "mtu", str(self.mtu), ns=ns)
             _ip("addr", "add", f"{self.address(r)}/24", "dev", "eth0", ns=ns)
             _ip("link", "set", "eth0", "up", ns=ns)
             _ip("link", "set", "lo", "up", ns=ns)
-            for where, dev in ((ns, "eth0"), (self.bridge_ns, port)):
-                _tc(where, "qdisc", "add", "dev", dev, "root", "tbf", "rate", rate_bits, "burst", str(burst),
-                    "latency", "100ms")
+            self._shape(ns, "eth0")
+
+    def _shape(self, ns: str, dev: str) -> None:
+        burst = max(2 * self.mtu, int(self.rate / 1000))  # ≥ MTU, and ≥ one kernel tick of tokens at this rate
+        _tc(ns, "qdisc", "add", "dev", dev, "root", "tbf", "rate", f"{int(self.rate * 8)}bit", "burst", str(burst),
+            "latency", "100ms")
+
+    def _build_bridged(self) -> None:
+        _ip("link", "add", "br0", "type", "bridge", ns=self.bridge_ns)
+        _ip("link", "set", "br0", "up", ns=self.bridge_ns)
+        for r in range(self.ranks):
+            port = f"vb{r}"
+            _ip("link", "add", "eth0", "netns", self.ns(r), "type", "veth", "peer", "name", port,
+                "netns", self.bridge_ns)
+            _ip("link", "set", port, "master", "br0", ns=self.bridge_ns)
+            _ip("link", "set", port, "up", ns=self.bridge_ns)
+            self._shape(self.bridge_ns, port)  # what rank r receives
+
+    def _build_forwarded(self) -> None:
+        argv = [sys.executable, "-m", "arcsim.delay_forwarder", "--ranks", str(self.ranks), "--delay",
+                repr(self.delay), "--rate", repr(self.rate), "--subnet", SUBNET]
+        # above the ranks' real-time priority: a starved forwarder would add its own delay
+        prio = ["chrt", "-f", "2"] if self.realtime and realtime_allowed() else []
+        self._forwarder = subprocess.Popen(["ip", "netns", "exec", self.bridge_ns, *prio, *argv],
+                                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                           start_new_session=True)  # outlives `arcsim cluster up`
+        line = self._forwarder.stdout.readline().strip() if self._forwarder.stdout else ""
+        if line != "ready":
+            self._forwarder.kill()
+            err = self._forwarder.communicate(timeout=10)[1].strip().splitlines()
+            raise ClusterError(f"the delay forwarder did not start: {err[-1] if err else 'no output'}")
+        for r in range(self.ranks):
+            _ip("link", "set", f"tun{r}", "netns", self.ns(r), ns=self.bridge_ns)
+            _ip("link", "set", f"tun{r}", "name", "eth0", ns=self.ns(r))
 
     def env(self, rank: int, port: int = 29500) -> dict[str, str]:
         """torch.distributed environment for rank ``rank`` (rank 0 is the rendezvous)."""
@@ -180,7 +218,8 @@ class EmulatedCluster:
         """`tc qdisc show` of every shaped interface (for checks and reports)."""
         lines = []
         for r in range(self.ranks):
-            for where, dev in ((self.ns(r), "eth0"), (self.bridge_ns, f"vb{r}")):
+            shaped = [(self.ns(r), "eth0")] + ([] if self.delay > 0 else [(self.bridge_ns, f"vb{r}")])
+            for where, dev in shaped:
                 out = subprocess.run(["ip", "netns", "exec", where, "tc", "qdisc", "show", "dev", dev],
                                      capture_output=True, text=True).stdout.strip()
                 lines.append(f"{where}/{dev}: {out}")
@@ -189,6 +228,9 @@ class EmulatedCluster:
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
         teardown(self.prefix)
+        if self._forwarder is not None:  # killed by the tear-down; reap it
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self._forwarder.communicate(timeout=10)
         self._restore_signals()
 
     def _restore_signals(self) -> None:

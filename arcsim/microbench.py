@@ -16,6 +16,8 @@ import time
 import torch
 import torch.distributed as dist
 
+from arcsim.comm.distributed import gather_into
+
 OPS = ("allreduce", "allgather", "broadcast")
 WARMUP = 2
 
@@ -24,7 +26,7 @@ def _run(op: str, t: torch.Tensor, out: torch.Tensor) -> None:
     if op == "allreduce":
         dist.all_reduce(t)
     elif op == "allgather":
-        dist.all_gather_into_tensor(out, t)
+        gather_into(out, t)
     else:
         dist.broadcast(t, src=0)
 

@@ -30,6 +30,7 @@ AG_COMPRESSORS = ("topk", "gaussiank")
 class ValidateConfig:
     ranks: tuple[int, ...] = (2, 4)
     bandwidths: tuple[str, ...] = ("1Gbit", "100Mbit")
+    delay: str = "0s"  # one-way, added by the emulated cluster's forwarder
     compressors: tuple[str, ...] = ("dense", "topk", "arctopk", "star", "powersgd")
     model: str = "mlp"
     dataset: str | None = "digits"
@@ -53,7 +54,7 @@ def _case(cfg: ValidateConfig, ranks: int, bandwidth: str, work: Path,
 
     tag = f"{ranks}r-{bandwidth}"
     (work / f"{tag}.json").write_text(json.dumps(worker_config(cfg)))
-    with EmulatedCluster(ranks, bandwidth) as cluster:
+    with EmulatedCluster(ranks, bandwidth, cfg.delay) as cluster:
         note(f"[{tag}] calibrating collectives …")
         measured = microbench(cluster, ranks, cfg.calib_sizes, cfg.calib_repeats)
         note(f"[{tag}] training {cfg.model} with {', '.join(cfg.compressors)} ({cfg.steps} steps each) …")
@@ -64,7 +65,7 @@ def _case(cfg: ValidateConfig, ranks: int, bandwidth: str, work: Path,
         collect(procs, 1800, wait_for)
     topo = cfg.out_dir / "validation" / f"topo-{tag}.yaml"
     write_topology(topo, topology_text(topo.stem, ranks, fits_from(measured, ranks),
-                                       f"emulated cluster, {ranks} ranks, {bandwidth}"))
+                                       f"emulated cluster, {ranks} ranks, {link_label(cfg, bandwidth)}"))
     times = json.loads((work / f"{tag}-times.json").read_text())
     profile = cfg.out_dir / "validation" / f"compute-{tag}.json"
     profile.write_text((work / f"{tag}-profile.json").read_text())
@@ -137,8 +138,15 @@ def run_validation(cfg: ValidateConfig, note: Callable[[str], None] = print) -> 
             trace = _trace(cfg, ranks)
             for bandwidth in cfg.bandwidths:
                 topo, profile, times = _case(cfg, ranks, bandwidth, Path(tmp), note)
-                rows += compare(cfg, ranks, bandwidth, topo, trace, profile, times)
+                rows += compare(cfg, ranks, link_label(cfg, bandwidth), topo, trace, profile, times)
     return rows
+
+
+def link_label(cfg: ValidateConfig, bandwidth: str) -> str:
+    """How a case's link is named in the table: the rate, plus the one-way delay when one was added."""
+    from arcsim.units import parse_duration
+
+    return bandwidth if parse_duration(cfg.delay) == 0 else f"{bandwidth}+{cfg.delay}"
 
 
 def validate_measured(cfg: ValidateConfig, measured: Path, topology: Path,

@@ -6,7 +6,7 @@ import subprocess
 import sys
 
 from arcsim import catalog
-from arcsim.compressors import NAMES
+from arcsim.compressors import NAMES, REGISTRY
 from arcsim.datasets import DATASETS
 from arcsim.memory import MEMORIES
 from arcsim.models import MODELS
@@ -15,6 +15,7 @@ from arcsim.synthetic import KINDS
 
 def test_catalog_matches_registries():
     assert catalog.COMPRESSORS == NAMES
+    assert catalog.DENSITY_FREE == tuple(n for n in NAMES if not REGISTRY[n].uses_density)
     assert tuple(MEMORIES) == catalog.MEMORIES
     assert catalog.SYNTHETIC_KINDS == KINDS
     assert tuple(MODELS) == catalog.MODELS

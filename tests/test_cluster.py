@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -14,6 +15,7 @@ from conftest import free_port, netns_available, run_cli
 
 from arcsim import cluster as cl
 from arcsim.cluster import ClusterError, EmulatedCluster, namespaces
+from arcsim.delay_forwarder import Link, destination
 
 HERE = Path(__file__).parent
 
@@ -52,11 +54,12 @@ def test_exception_and_leftover_processes_are_cleaned_up():
 
 
 @needs_netns
-@pytest.mark.parametrize("how", [signal.SIGINT, signal.SIGTERM, signal.SIGKILL])
-def test_interrupted_or_killed_owner_leaves_nothing_after_down(how):
-    prefix = f"arcsimt3{how.value}"
-    proc = subprocess.Popen([sys.executable, str(HERE / "_cluster_victim.py"), prefix], stdout=subprocess.PIPE,
-                            text=True)
+@pytest.mark.parametrize(("how", "delay"), [(signal.SIGINT, "0s"), (signal.SIGTERM, "0s"), (signal.SIGKILL, "0s"),
+                                            (signal.SIGTERM, "1ms"), (signal.SIGKILL, "1ms")])
+def test_interrupted_or_killed_owner_leaves_nothing_after_down(how, delay):
+    prefix = f"arcsimt3{how.value}{'d' if delay != '0s' else ''}"
+    proc = subprocess.Popen([sys.executable, str(HERE / "_cluster_victim.py"), prefix, delay],
+                            stdout=subprocess.PIPE, text=True)
     assert proc.stdout.readline().strip() == "up"
     assert len(_leftovers(prefix)) == 3
     os.kill(proc.pid, how)
@@ -67,7 +70,8 @@ def test_interrupted_or_killed_owner_leaves_nothing_after_down(how):
         assert r.returncode == 0 and "removed 3 namespaces" in r.stderr
     assert _leftovers(prefix) == []
     time.sleep(0.2)
-    stray = subprocess.run(["pgrep", "-f", "sleep 300"], capture_output=True, text=True).stdout.split()
+    stray = subprocess.run(["pgrep", "-f", "sleep 300|arcsim.delay_forwarder"], capture_output=True,
+                           text=True).stdout.split()
     assert not [p for p in stray if Path(f"/proc/{p}/ns/net").exists() and
                 os.readlink(f"/proc/{p}/ns/net") != os.readlink("/proc/self/ns/net")]
 
@@ -90,7 +94,8 @@ def test_cli_up_down_and_refusals():
 @pytest.mark.parametrize(("args", "fragment"), [
     (("--ranks", "1", "--bandwidth", "1Gbit"), "--ranks must be 2"),
     (("--ranks", "2", "--bandwidth", "fast"), "cannot read bandwidth"),
-    (("--ranks", "2", "--bandwidth", "1Gbit", "--delay", "1ms"), "needs netem"),
+    (("--ranks", "2", "--bandwidth", "1Gbit", "--delay", "2s"), "--delay must be 0 … 1 s"),
+    (("--ranks", "2", "--bandwidth", "1Gbit", "--delay", "soon"), "cannot read"),
 ])
 def test_bad_cluster_requests(args, fragment):
     r = run_cli("cluster", "up", *args, "--prefix", "arcsimt5")
@@ -102,3 +107,66 @@ def test_refuses_without_root(monkeypatch):
     monkeypatch.setattr(os, "geteuid", lambda: 1000)
     with pytest.raises(ClusterError, match="needs root"):
         cl.check_available()
+
+
+def _probe(c: EmulatedCluster, nbytes: int) -> dict:
+    server = c.spawn(1, [sys.executable, str(HERE / "_cluster_probe.py"), "server", c.address(1)])
+    try:
+        out = subprocess.run(c.command(0, [sys.executable, str(HERE / "_cluster_probe.py"), "client", c.address(1),
+                                           str(nbytes)]), capture_output=True, text=True, timeout=120)
+        assert out.returncode == 0, out.stderr
+        return json.loads(out.stdout)
+    finally:
+        server.kill()
+
+
+@needs_netns
+def test_one_way_delay_through_the_forwarder_with_shaping():
+    prefix, delay, rate = "arcsimt6", 0.004, 100e6 / 8
+    with EmulatedCluster(2, "100Mbit", "4ms", prefix=prefix) as c:
+        assert c.qdiscs().count("rate 100Mbit") == 2  # the send side; the forwarder shapes the receive side
+        got = _probe(c, 3_000_000)
+        pids = subprocess.run(["ip", "netns", "pids", f"{prefix}-br"], capture_output=True, text=True).stdout.split()
+        assert len(pids) == 1  # the forwarder, in the hub namespace
+    assert _leftovers(prefix) == []
+    assert got["rtt_min"] >= 2 * delay  # every packet is held one delay each way
+    assert got["rtt"] < 2 * delay + 0.010  # and not much more (the forwarder keeps up)
+    assert got["bulk_s"] >= 0.9 * 3_000_000 / rate  # the rate is enforced
+    assert got["bulk_s"] < 3 * 3_000_000 / rate + 0.5
+
+
+@needs_netns
+def test_gloo_across_the_delayed_cluster(tmp_path):
+    with EmulatedCluster(2, "1Gbit", "0.5ms", prefix="arcsimt7") as c:
+        port = free_port()
+        procs = [c.spawn(r, [sys.executable, str(HERE / "_cluster_allreduce.py"), str(tmp_path / "out")], port=port,
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT) for r in range(2)]
+        for p in procs:
+            assert cl.wait_for(p, 120) == 0, p.stdout.read()
+    assert {float((tmp_path / f"out.{r}").read_text()) for r in range(2)} == {3.0}
+
+
+def test_link_holds_each_packet_one_delay_then_serialises_per_receiver():
+    link = Link(ranks=3, delay=0.010, rate=1000.0)  # 1000 bytes/s: a 100-byte packet takes 0.1 s
+    link.push(0.0, 1, b"a" * 100)
+    link.push(0.0, 1, b"b" * 100)  # same receiver: queued behind the first
+    link.push(0.0, 2, b"c" * 100)  # other receiver: in parallel
+    assert link.pop_due(0.109) == []
+    assert link.pop_due(0.111) == [(1, b"a" * 100), (2, b"c" * 100)]
+    assert link.wait(0.111) == pytest.approx(0.099)
+    assert link.pop_due(0.2105) == [(1, b"b" * 100)]
+    assert link.wait(0.3) is None
+    unshaped = Link(ranks=2, delay=0.5, rate=0.0)
+    unshaped.push(1.0, 0, b"x")
+    assert unshaped.pop_due(1.4999) == [] and unshaped.pop_due(1.5) == [(0, b"x")]
+
+
+def test_forwarder_routes_only_ipv4_to_ranks_on_the_subnet():
+    def packet(version: int, dst: tuple[int, ...]) -> bytes:
+        return bytes([version << 4 | 5]) + bytes(15) + bytes(dst) + bytes(8)
+    subnet = bytes([10, 77, 0])
+    assert destination(packet(4, (10, 77, 0, 3)), subnet, 4) == 2
+    assert destination(packet(4, (10, 77, 0, 9)), subnet, 4) is None  # no such rank
+    assert destination(packet(4, (10, 77, 1, 1)), subnet, 4) is None  # outside the subnet
+    assert destination(packet(6, (10, 77, 0, 1)), subnet, 4) is None  # IPv6 (router solicitations)
+    assert destination(b"\x45", subnet, 4) is None  # truncated

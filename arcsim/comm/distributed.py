@@ -7,6 +7,9 @@ import torch.distributed as dist
 
 from arcsim.comm.log import CommLog
 
+# torch 2.13 renamed all_gather_into_tensor (the old name warns); older releases have only the old name
+gather_into = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+
 
 class DistributedComm:
     def __init__(self, group: dist.ProcessGroup | None = None) -> None:
@@ -31,7 +34,7 @@ class DistributedComm:
     def all_gather(self, t: torch.Tensor, tag: str = "") -> torch.Tensor:
         self.log.add("allgather", tag, t, t[0].numel())
         out = torch.empty((self.world_size, *t.shape[1:]), dtype=t.dtype, device=t.device)
-        dist.all_gather_into_tensor(out, t[0:1].contiguous(), group=self.group)
+        gather_into(out, t[0:1].contiguous(), group=self.group)
         return out.unsqueeze(0)
 
     def broadcast(self, t: torch.Tensor, src: int, tag: str = "") -> torch.Tensor:

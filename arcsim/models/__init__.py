@@ -48,6 +48,9 @@ def _image(spec: DataSpec) -> tuple[int, int]:
 MODELS: dict[str, ModelEntry] = {e.name: e for e in (
     ModelEntry("mlp", ("vector", "image"), "mnist1d", 0.05, 32, None,
                lambda s: MLP(int(torch.tensor(s.shape).prod()), s.classes), "MLP, two hidden layers of 128"),
+    ModelEntry("mlp_wide", ("vector", "image"), "digits", 0.05, 32, None,
+               lambda s: MLP(int(torch.tensor(s.shape).prod()), s.classes, hidden=1024),
+               "MLP, two hidden layers of 1024 (≈1.1 M parameters on digits: a network-bound validation case)"),
     ModelEntry("cnn", ("image",), "digits", 0.05, 32, None,
                lambda s: SmallCNN(s.shape[0], s.shape[1], s.classes), "small CNN: two 3×3 convs, pool, two fc"),
     ModelEntry("resnet18", ("image",), "synthetic-images", 0.05, 4, 11_689_512,

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import math
-
 from torch import Tensor, nn
 
 
@@ -31,6 +29,3 @@ class SmallCNN(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         return self.classifier(self.features(x))
 
-
-def mlp(shape: tuple[int, ...], classes: int) -> MLP:
-    return MLP(math.prod(shape), classes)

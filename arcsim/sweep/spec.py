@@ -1,0 +1,228 @@
+"""What a sweep covers: axes (from the command line or a YAML file), brace expansion, and the point list.
+
+A sweep is the product of its axes. Every axis takes a list; every string in it may hold brace groups
+(``8x8-ib{25,100,400}`` is three topologies, ``{8,16}x8-ib{100,400}`` four). Points carry plain values
+only, so they travel to worker processes or a Dask cluster as they are, and each has a stable id that
+the results table is keyed by (resume skips ids already there).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from arcsim.catalog import COMPRESSORS, MEMORIES
+from arcsim.errors import ArcsimError
+from arcsim.units import parse_duration, parse_rate
+
+DEFAULT_TOPOLOGY = "8x8-ib100"
+ENGINES = ("analytic", "des")
+
+# axis name → what it is (for errors and `arcsim sweep --help`)
+AXES: dict[str, str] = {
+    "topology": "preset, YAML file or name grammar, e.g. 8x8-ib{25,100,400}",
+    "bandwidth": "per-NIC bandwidth override, e.g. 10Gbit, 100Gbit",
+    "latency": "network latency override, e.g. 2us, 50us",
+    "ranks": "rank count: nodes = ranks / GPUs per node of the topology",
+    "trace": "gradient trace (.npz); a known model's name (resnet18.npz) is captured if missing",
+    "compressor": f"one of {', '.join(COMPRESSORS)}",
+    "density": "k/d in (0, 1] (ignored by dense, fp16 and powersgd's rank)",
+    "bucket_mb": "DDP bucket cap, MiB of fp32",
+    "engine": "analytic or des",
+}
+SETTINGS: dict[str, str] = {  # single values, not swept
+    "memory": f"error feedback for every compressor: {', '.join(MEMORIES)} (default ef14)",
+    "seed": "seed for randomized compressors",
+    "compute_profile": "compute timings from this profile instead of the trace's own",
+    "out": "results directory",
+}
+
+
+class SweepError(ArcsimError):
+    """A sweep spec that cannot be run."""
+
+
+def split_top_level(text: str) -> list[str]:
+    """Split on commas outside braces: ``a{1,2},b`` → ``['a{1,2}', 'b']``."""
+    parts, depth, start = [], 0, 0
+    for i, ch in enumerate(text):
+        if ch == "{":
+            depth += 1
+        elif ch == "}":
+            depth -= 1
+            if depth < 0:
+                raise SweepError(f"unbalanced '}}' in {text!r}")
+        elif ch == "," and depth == 0:
+            parts.append(text[start:i])
+            start = i + 1
+    if depth:
+        raise SweepError(f"unbalanced '{{' in {text!r}")
+    parts.append(text[start:])
+    return [p.strip() for p in parts if p.strip()]
+
+
+_BRACE = re.compile(r"\{([^{}]*)\}")
+
+
+def expand_braces(text: str) -> list[str]:
+    """Every string a brace pattern stands for, in order: ``x{1,2}y{a,b}`` → x1ya, x1yb, x2ya, x2yb."""
+    m = _BRACE.search(text)
+    if m is None:
+        if "{" in text or "}" in text:
+            raise SweepError(f"unbalanced braces in {text!r}")
+        return [text]
+    options = [o.strip() for o in m.group(1).split(",")]
+    if not all(options):
+        raise SweepError(f"empty choice in {{{m.group(1)}}} of {text!r}")
+    return [s for o in options for s in expand_braces(text[:m.start()] + o + text[m.end():])]
+
+
+def axis_values(raw: Any) -> list[Any]:
+    """An axis from YAML or the command line: a scalar, a comma list, or a list; strings brace-expanded."""
+    items = raw if isinstance(raw, list | tuple) else split_top_level(raw) if isinstance(raw, str) else [raw]
+    out: list[Any] = []
+    for item in items:
+        if isinstance(item, str):
+            for part in split_top_level(item):
+                out += expand_braces(part)
+        else:
+            out.append(item)
+    return out
+
+
+@dataclass
+class SweepSpec:
+    axes: dict[str, list[Any]]
+    memory: str = "ef14"
+    seed: int = 0
+    compute_profile: str | None = None
+    out: str | None = None
+    source: str = "command line"
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def points(self) -> list[dict[str, Any]]:
+        """The product of the axes, each point with its id, in a stable order."""
+        names = list(AXES)
+        values = [self.axes[n] for n in names]
+        pts = []
+        for combo in itertools.product(*values):
+            p = dict(zip(names, combo, strict=True))
+            p.update(memory=self.memory, seed=self.seed, compute_profile=self.compute_profile)
+            p["point_id"] = point_id(p)
+            pts.append(p)
+        return pts
+
+    def describe(self) -> str:
+        """What was swept, for titles: the axes with more than one value."""
+        varied = [f"{n} ({len(v)})" for n, v in self.axes.items() if len(v) > 1]
+        return " × ".join(varied) if varied else "a single point"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**self.axes, "memory": self.memory, "seed": self.seed, "compute_profile": self.compute_profile}
+
+
+def point_id(point: Mapping[str, Any]) -> str:
+    """A short stable hash of a point's parameters."""
+    body = json.dumps({k: point[k] for k in sorted(point) if k != "point_id"}, sort_keys=True, default=str)
+    return hashlib.sha1(body.encode()).hexdigest()[:12]
+
+
+def load_yaml_spec(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        raise SweepError(f"sweep file {path} does not exist")
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        raise SweepError(f"{path} is not valid YAML: {str(exc).splitlines()[0]}") from None
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, dict):
+        raise SweepError(f"{path}: a sweep file is a mapping of axis: values, e.g. `compressor: [topk, arctopk]`")
+    return raw
+
+
+def build_spec(raw: Mapping[str, Any], source: str = "command line") -> SweepSpec:
+    """Check and normalise a spec: known keys, parsable values, no empty axis."""
+    unknown = sorted(set(raw) - set(AXES) - set(SETTINGS))
+    if unknown:
+        raise SweepError(f"{source}: unknown key {', '.join(map(repr, unknown))}; sweep axes are "
+                         f"{', '.join(AXES)} and settings {', '.join(SETTINGS)}")
+    axes: dict[str, list[Any]] = {}
+    defaults: dict[str, Any] = {"topology": DEFAULT_TOPOLOGY, "bandwidth": None, "latency": None, "ranks": None,
+                                "trace": None, "compressor": ["dense", "topk", "randk", "arctopk", "star", "powersgd"],
+                                "density": 0.01, "bucket_mb": 25.0, "engine": "analytic"}
+    for name in AXES:
+        given = raw.get(name, defaults[name])
+        values = [None] if given is None else axis_values(given)
+        if not values:
+            raise SweepError(f"{source}: axis {name!r} is empty, so the sweep has no points; give it a value "
+                             "or leave it out for the default")
+        axes[name] = [_normalise(name, v, source) for v in values]
+        if len(set(map(str, axes[name]))) != len(axes[name]):
+            raise SweepError(f"{source}: axis {name!r} repeats a value: {axes[name]}")
+    memory = str(raw.get("memory", "ef14"))
+    if memory not in MEMORIES:
+        raise SweepError(f"{source}: unknown memory {memory!r}; choose one of {', '.join(MEMORIES)}")
+    try:
+        seed = int(raw.get("seed", 0))
+    except (TypeError, ValueError):
+        raise SweepError(f"{source}: seed must be a whole number") from None
+    profile = raw.get("compute_profile")
+    return SweepSpec(axes, memory=memory, seed=seed, compute_profile=str(profile) if profile else None,
+                     out=str(raw["out"]) if raw.get("out") else None, source=source)
+
+
+def _normalise(name: str, value: Any, source: str) -> Any:
+    """One axis value in canonical form (numbers as numbers, names checked)."""
+    if value is None:
+        return None
+    where = f"{source}: {name}"
+    try:
+        if name == "bandwidth":
+            rate = parse_rate(value)
+            if rate <= 0:
+                raise ValueError
+            return rate  # bytes/s
+        if name == "latency":
+            lat = parse_duration(value)
+            if lat < 0:
+                raise ValueError
+            return lat
+        if name == "ranks":
+            ranks = int(value)
+            if ranks < 2 or ranks != float(value):
+                raise ValueError
+            return ranks
+        if name in ("density", "bucket_mb"):
+            x = float(value)
+            if not (0 < x <= 1 if name == "density" else x > 0):
+                raise ValueError
+            return x
+    except (TypeError, ValueError, ArcsimError):
+        hint = {"bandwidth": "e.g. 100Gbit", "latency": "e.g. 5us", "ranks": "a whole number ≥ 2",
+                "density": "a number in (0, 1]", "bucket_mb": "a positive number"}[name]
+        raise SweepError(f"{where}: cannot use {value!r} ({hint})") from None
+    if name == "compressor" and value not in COMPRESSORS:
+        raise SweepError(f"{where}: unknown compressor {value!r}; choose from {', '.join(COMPRESSORS)}")
+    if name == "engine" and value not in ENGINES:
+        raise SweepError(f"{where}: unknown engine {value!r}; choose analytic or des")
+    return str(value)
+
+
+def merge(yaml_raw: Mapping[str, Any], cli: Mapping[str, Any]) -> dict[str, Any]:
+    """Command-line values override the file's, key by key."""
+    return {**yaml_raw, **{k: v for k, v in cli.items() if v is not None}}
+
+
+def changed_axes(points: Iterable[Mapping[str, Any]]) -> list[str]:
+    """Axes whose value differs between points."""
+    pts = list(points)
+    return [a for a in AXES if len({str(p[a]) for p in pts}) > 1]
