@@ -15,6 +15,8 @@ from arcsim.cli_calibrate import calibrate as calibrate_command
 from arcsim.cli_cluster import cluster as cluster_group
 from arcsim.cli_common import Count, console, emit_json, note, step_progress
 from arcsim.cli_run import run as run_command
+from arcsim.cli_sweep import plot as plot_command
+from arcsim.cli_sweep import sweep as sweep_command
 from arcsim.cli_trace import trace as trace_group
 from arcsim.cli_validate import validate as validate_command
 from arcsim.errors import ArcsimError
@@ -203,6 +205,8 @@ cli.add_command(run_command)
 cli.add_command(cluster_group)
 cli.add_command(calibrate_command)
 cli.add_command(validate_command)
+cli.add_command(sweep_command)
+cli.add_command(plot_command)
 
 
 def main() -> None:

@@ -2,32 +2,14 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 from matplotlib import colormaps
-from matplotlib.axes import Axes
 from matplotlib.figure import Figure
-from matplotlib.ticker import FuncFormatter
 
+from arcsim.plotting import plain_log_ticks, save_png
 from arcsim.run.analysis import RunResult
 from arcsim.run.report import best_per_compressor
-
-
-def _save(fig: Figure, path: Path) -> Path:
-    tmp = path.with_name(f".{path.stem}.partial-{os.getpid()}.png")
-    fig.savefig(tmp, dpi=130, bbox_inches="tight")
-    os.replace(tmp, path)
-    return path
-
-
-def _plain_log_ticks(ax: Axes, axes: str = "xy") -> None:
-    """Log axes labelled 2, 5, 10 rather than 2×10⁰."""
-    fmt = FuncFormatter(lambda v, _: f"{v:g}")
-    for name in axes:
-        axis = ax.xaxis if name == "x" else ax.yaxis
-        axis.set_major_formatter(fmt)
-        axis.set_minor_formatter(fmt)
 
 
 def _subtitle(result: RunResult) -> str:
@@ -69,7 +51,7 @@ def breakdown(result: RunResult, path: Path) -> Path:
     ax.set_title(f"Where one iteration's time goes, density {result.config.density:g}\n{_subtitle(result)}",
                  fontsize=10)
     ax.legend(loc="lower right", fontsize=8)
-    return _save(fig, path)
+    return save_png(fig, path)
 
 
 def pareto(result: RunResult, path: Path) -> Path:
@@ -90,14 +72,14 @@ def pareto(result: RunResult, path: Path) -> Path:
                zorder=4, label=f"chosen: {ch['compressor']}/{ch['collective']}"
                                + ("" if ch["density"] is None else f" at density {ch['density']:g}"))
     ax.set_xscale("log")
-    _plain_log_ticks(ax, "x")
+    plain_log_ticks(ax, "x")
     ax.set_xlabel("predicted iteration time (ms, log scale)")
     ax.set_ylabel("relative aggregate error after error feedback ‖agg − ū‖² / ‖ū‖²")
     ax.set_title(f"Speed vs gradient fidelity over ratios {min(par['ratios']):g} … {max(par['ratios']):g}\n"
                  f"{_subtitle(result)}; {par['rule'].split(':')[0]}", fontsize=10)
     ax.grid(alpha=0.3, which="both")
     ax.legend(fontsize=7, ncol=2, loc="upper right")
-    return _save(fig, path)
+    return save_png(fig, path)
 
 
 def crossover(result: RunResult, path: Path) -> Path:
@@ -108,7 +90,7 @@ def crossover(result: RunResult, path: Path) -> Path:
         for ax in axes:
             ax.text(0.5, 0.5, cx["note"], ha="center", va="center", wrap=True, fontsize=9)
             ax.set_axis_off()
-        return _save(fig, path)
+        return save_png(fig, path)
     ax = axes[0]
     bw = [r["nic_gbps"] for r in cx["bandwidth"]]
     ax.plot(bw, [r["allgather_s"] * 1e3 for r in cx["bandwidth"]], "o-", ms=3, label="best all-gather top-k")
@@ -119,7 +101,7 @@ def crossover(result: RunResult, path: Path) -> Path:
         ax.axvline(f["nic_gbps"], color="red", lw=1, label=f"crossover {f['nic_gbps']:.3g} Gb/s")
     ax.set_xscale("log")
     ax.set_yscale("log")
-    _plain_log_ticks(ax, "y")
+    plain_log_ticks(ax, "y")
     ax.set_xlabel("inter-node bandwidth per NIC (Gb/s, log)")
     ax.set_ylabel("predicted iteration time (ms, log)")
     ax.set_title(f"AG vs AR top-k as bandwidth varies (density {cx['density']:g})", fontsize=10)
@@ -135,14 +117,14 @@ def crossover(result: RunResult, path: Path) -> Path:
             ax.axvline(f["density"], color="red", lw=1, label=f"crossover at density {f['density']:.3g}")
         ax.set_xscale("log")
         ax.set_yscale("log")
-        _plain_log_ticks(ax, "y")
+        plain_log_ticks(ax, "y")
         ax.legend(fontsize=7)
     ax.set_xlabel("density k/d (log)")
     ax.set_ylabel("predicted iteration time (ms, log)")
     ax.set_title(f"AG vs AR top-k as the ratio varies (on {result.ctx.topo.name})", fontsize=10)
     ax.grid(alpha=0.3, which="both")
     fig.suptitle(_subtitle(result), fontsize=10)
-    return _save(fig, path)
+    return save_png(fig, path)
 
 
 def write_plots(result: RunResult, directory: Path) -> list[Path]:

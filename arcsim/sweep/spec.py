@@ -19,7 +19,7 @@ from typing import Any
 
 import yaml
 
-from arcsim.catalog import COMPRESSORS, MEMORIES
+from arcsim.catalog import COMPRESSORS, DENSITY_FREE, MEMORIES
 from arcsim.errors import ArcsimError
 from arcsim.units import parse_duration, parse_rate
 
@@ -109,15 +109,19 @@ class SweepSpec:
     extra: dict[str, Any] = field(default_factory=dict)
 
     def points(self) -> list[dict[str, Any]]:
-        """The product of the axes, each point with its id, in a stable order."""
+        """The product of the axes, each point with its id, in a stable order. Dense and fp16 ignore the
+        density and error feedback, so they appear once per combination of the other axes."""
         names = list(AXES)
-        values = [self.axes[n] for n in names]
-        pts = []
-        for combo in itertools.product(*values):
+        pts, seen = [], set()
+        for combo in itertools.product(*(self.axes[n] for n in names)):
             p = dict(zip(names, combo, strict=True))
-            p.update(memory=self.memory, seed=self.seed, compute_profile=self.compute_profile)
+            free = p["compressor"] in DENSITY_FREE
+            p.update(density=1.0 if free else p["density"], memory=self.memory, seed=self.seed,
+                     compute_profile=self.compute_profile)
             p["point_id"] = point_id(p)
-            pts.append(p)
+            if p["point_id"] not in seen:
+                seen.add(p["point_id"])
+                pts.append(p)
         return pts
 
     def describe(self) -> str:

@@ -1,0 +1,108 @@
+"""`arcsim sweep` (what-if grids over clusters, traces, compressors and ratios) and `arcsim plot`."""
+
+from __future__ import annotations
+
+import datetime
+import time
+from pathlib import Path
+
+import click
+
+from arcsim.cli_common import note
+from arcsim.errors import ArcsimError
+
+SWEEP_OPTIONS = {  # option → spec key; every value is a comma list, strings may hold {a,b} groups
+    "topology": "topology", "bandwidth": "bandwidth", "latency": "latency", "ranks": "ranks", "trace": "trace",
+    "compressors": "compressor", "density": "density", "bucket_mb": "bucket_mb", "engine": "engine",
+}
+
+
+@click.command("sweep")
+@click.argument("spec_file", required=False, type=click.Path(dir_okay=False))
+@click.option("--topology", "-t", default=None, help="Topologies, e.g. 8x8-ib{25,100,400} or a,b (default 8x8-ib100).")
+@click.option("--bandwidth", "-b", default=None, help="Per-NIC bandwidth overrides, e.g. 10Gbit,100Gbit.")
+@click.option("--latency", default=None, help="Network latency overrides, e.g. 2us,20us.")
+@click.option("--ranks", default=None, help="Rank counts (whole nodes of the topology), e.g. 16,64,256.")
+@click.option("--trace", default=None, help="Traces (.npz), e.g. traces/cnn-digits-small.npz,resnet18.npz.")
+@click.option("--compressors", "-c", default=None, help="Compressors (default dense,topk,randk,arctopk,star,powersgd).")
+@click.option("--density", "-d", default=None, help="Densities k/d, e.g. 1e-3,1e-2,0.1 (default 0.01).")
+@click.option("--bucket-mb", default=None, help="DDP bucket caps in MiB (default 25).")
+@click.option("--engine", default=None, help="analytic, des, or both (default analytic).")
+@click.option("--memory", "-m", default=None, help="Error feedback for every compressor (default ef14).")
+@click.option("--seed", default=None, type=int)
+@click.option("--out", "-o", default=None, type=click.Path(file_okay=False),
+              help="Results directory (default reports/sweeps/<date-time>); an existing one resumes.")
+@click.option("--scheduler", default=None, help="Run on this Dask scheduler (tcp://host:8786) instead of here.")
+@click.option("--workers", "-j", default=None, type=click.IntRange(1, 256),
+              help="Local worker processes (default: one per core).")
+@click.option("--no-plots", is_flag=True, help="Do not draw the charts at the end.")
+@click.option("--dry-run", is_flag=True, help="Print how many points the sweep has and stop.")
+def sweep(spec_file: str | None, out: str | None, scheduler: str | None, workers: int | None, no_plots: bool,
+          dry_run: bool, memory: str | None, seed: int | None, **axes: str | None) -> None:
+    """Evaluate every combination of the given axes; rows stream to OUT/results.csv, charts beside it.
+
+    A sweep can be a YAML file (see examples/sweep.yaml); options given here override its keys."""
+    from arcsim.sweep.plots import plot_all
+    from arcsim.sweep.runner import run_sweep
+    from arcsim.sweep.spec import build_spec, load_yaml_spec, merge
+
+    raw = load_yaml_spec(Path(spec_file)) if spec_file else {}
+    cli_values = {SWEEP_OPTIONS[k]: v for k, v in axes.items()}
+    cli_values.update(memory=memory, seed=seed)
+    spec = build_spec(merge(raw, cli_values), source=spec_file or "command line")
+    points = spec.points()
+    if dry_run:
+        click.echo(f"{_points(len(points))}: {spec.describe()}")
+        return
+    directory = Path(out or spec.out or f"reports/sweeps/{datetime.datetime.now():%Y%m%d-%H%M%S}")
+    note(f"sweep of {_points(len(points))} ({spec.describe()}) → {directory}")
+    started = time.perf_counter()
+    outcome = run_sweep(spec, directory, scheduler=scheduler, workers=workers, announce=note)
+    took = time.perf_counter() - started
+    if outcome.interrupted:
+        note(f"interrupted: {outcome.already_done + outcome.computed} of {outcome.total} points are kept in "
+             f"{directory}/results.csv; run the same command again to finish the rest")
+        raise SystemExit(130)
+    rate = f" ({outcome.computed / took:.2f} points/s)" if outcome.computed else ""
+    note(f"{outcome.computed} points computed in {took:.1f} s{rate}; {outcome.total} in {directory}/results.csv")
+    if not no_plots:
+        _plots(directory, plot_all)
+
+
+def _points(n: int) -> str:
+    return f"{n} point{'s' if n != 1 else ''}"
+
+
+def _plots(directory: Path, plot_all) -> None:
+    from arcsim.sweep.store import load_results
+
+    written, skipped = plot_all(load_results(directory), directory)
+    for path in written:
+        note(f"wrote {path}")
+    for reason in skipped:
+        note(f"no chart: {reason}")
+
+
+@click.command("plot")
+@click.argument("results", type=click.Path())
+@click.option("--kind", "-k", "kinds", multiple=True, default=("all",), show_default=True,
+              type=click.Choice(["all", "heatmap", "speedup", "crossover", "breakdown"]),
+              help="Which chart; repeat for several.")
+@click.option("--out", "-o", default=None, type=click.Path(file_okay=False),
+              help="Where the PNGs go (default: beside the results).")
+def plot(results: str, kinds: tuple[str, ...], out: str | None) -> None:
+    """Draw charts from a sweep's results (its directory or results.csv)."""
+    from arcsim.sweep.plots import KINDS, plot_all
+    from arcsim.sweep.store import load_results
+
+    df = load_results(Path(results))
+    path = Path(results)
+    target = Path(out) if out else (path if path.is_dir() else path.parent)
+    wanted = tuple(KINDS) if "all" in kinds else kinds
+    written, skipped = plot_all(df, target, wanted)
+    for p in written:
+        note(f"wrote {p}")
+    if skipped and "all" not in kinds:
+        raise ArcsimError(f"cannot draw it: {'; '.join(skipped)}")
+    for reason in skipped:
+        note(f"no chart: {reason}")

@@ -1,0 +1,109 @@
+"""One sweep point: the compressor measured on the trace (cached per process), priced on the point's cluster.
+
+Measuring a compressor on a trace is the expensive part and does not depend on the cluster, so each
+process keeps the measurements it made: a chunk of points that share (trace, bucket, compressor,
+density) measures once and prices many topologies. ``evaluate_chunk`` is what local worker processes and
+Dask workers run; it takes and returns plain data.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections import OrderedDict
+from collections.abc import Mapping
+from typing import Any
+
+from arcsim.sweep.spec import SweepError
+from arcsim.topology import Topology, load_topology
+
+ANALYSES_KEPT = 2  # traces held in memory per process (each caches its steps)
+
+# the results table's columns, in order: the point, then what arcsim predicts for it
+POINT_COLUMNS = ("point_id", "topology", "bandwidth", "latency", "ranks", "trace", "compressor", "density",
+                 "bucket_mb", "engine", "memory", "seed")
+RESULT_COLUMNS = ("topology_name", "nodes", "gpus_per_node", "world", "nic_gbps", "latency_us", "model", "params",
+                  "trace_workers", "collective", "op", "iteration_s", "compute_s", "compress_s", "comm_s",
+                  "exposed_comm_s", "dense_iteration_s", "speedup_vs_dense", "rel_error", "compression_gain",
+                  "density_achieved", "bytes_per_rank")
+COLUMNS = POINT_COLUMNS + RESULT_COLUMNS
+
+_analyses: OrderedDict[tuple, Any] = OrderedDict()
+
+
+def point_topology(point: Mapping[str, Any]) -> Topology:
+    """The point's topology with its overrides: per-NIC bandwidth, latency, and ranks (whole nodes)."""
+    topo = load_topology(point["topology"])
+    net, calib = topo.network, dict(topo.calibration)
+    if point.get("bandwidth") is not None:
+        scale = point["bandwidth"] / net.bandwidth_per_nic
+        net = dataclasses.replace(net, bandwidth_per_nic=point["bandwidth"])
+        calib = {op: dataclasses.replace(c, bandwidth=c.bandwidth * scale) for op, c in calib.items()}
+    if point.get("latency") is not None:
+        scale = point["latency"] / net.latency if net.latency > 0 else 1.0
+        net = dataclasses.replace(net, latency=point["latency"])
+        calib = {op: dataclasses.replace(c, latency=c.latency * scale) for op, c in calib.items()}
+    nodes = topo.nodes
+    ranks = point.get("ranks")
+    if ranks is not None:
+        g = topo.gpus_per_node
+        if ranks % g:
+            raise SweepError(f"ranks {ranks} is not a whole number of {topo.name}'s nodes ({g} GPUs each); "
+                             f"use a multiple of {g}")
+        nodes = ranks // g
+        if topo.network.kind == "fat-tree" and topo.network.nodes_per_leaf and nodes % topo.network.nodes_per_leaf:
+            raise SweepError(f"ranks {ranks}: {topo.name} is a fat tree of {topo.network.nodes_per_leaf} nodes per "
+                             "leaf; use a multiple of that many nodes")
+    return dataclasses.replace(topo, nodes=nodes, network=net, calibration=calib)
+
+
+def _analysis(point: Mapping[str, Any]):
+    from arcsim.run.analysis import Analysis, RunConfig
+
+    key = (point["trace"], point["bucket_mb"], point["memory"], point["seed"], point.get("compute_profile"))
+    if key in _analyses:
+        _analyses.move_to_end(key)
+        return _analyses[key]
+    cfg = RunConfig(trace=point["trace"], compressors=("dense",), memory=point["memory"],
+                    bucket_mb=point["bucket_mb"], policy="none",
+                    ratios=(1.0,), compute_profile=point.get("compute_profile"), seed=point["seed"],
+                    allow_capture=False)
+    analysis = Analysis(cfg, announce=lambda _: None)
+    _analyses[key] = analysis
+    while len(_analyses) > ANALYSES_KEPT:
+        _analyses.popitem(last=False)
+    return analysis
+
+
+def evaluate_point(point: Mapping[str, Any]) -> dict[str, Any]:
+    """One row of the results table."""
+    from arcsim.pricing import Pricer
+    from arcsim.run.analysis import candidates_for
+
+    analysis = _analysis(point)
+    topo = point_topology(point)
+    ctx = dataclasses.replace(analysis.ctx, topo=topo, engine=point["engine"])
+    pricer = Pricer(topo, point["engine"])
+    best = min(candidates_for(analysis.measurement(point["compressor"], point["density"]), ctx, pricer),
+               key=lambda c: c.iteration_s)
+    dense = min(candidates_for(analysis.measurement("dense", 1.0), ctx, pricer), key=lambda c: c.iteration_s)
+    meta = analysis.trace.meta
+    row = {k: point.get(k) for k in POINT_COLUMNS}
+    row["memory"] = best.memory
+    row.update(topology_name=topo.name, nodes=topo.nodes, gpus_per_node=topo.gpus_per_node, world=topo.ranks,
+               nic_gbps=topo.network.bandwidth_per_nic * 8 / 1e9, latency_us=topo.network.latency * 1e6,
+               model=meta.get("model"), params=analysis.trace.elements, trace_workers=analysis.trace.workers,
+               collective=best.collective, op=best.op, iteration_s=best.iteration_s, compute_s=best.compute_s,
+               compress_s=best.compress_s, comm_s=best.comm_s, exposed_comm_s=best.exposed_comm_s,
+               dense_iteration_s=dense.iteration_s, speedup_vs_dense=dense.iteration_s / best.iteration_s,
+               rel_error=best.rel_error, compression_gain=best.compression_gain,
+               density_achieved=best.density_achieved, bytes_per_rank=best.bytes_per_rank)
+    return {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in row.items()}
+
+
+def evaluate_chunk(points: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Rows for a chunk of points (run in a worker process or on a Dask worker)."""
+    import torch
+
+    torch.set_num_threads(1)  # several workers share the machine's cores
+    return [evaluate_point(p) for p in points]

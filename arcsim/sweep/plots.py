@@ -1,0 +1,222 @@
+"""Charts of a sweep's results table (torch-free).
+
+Each kind needs some axes to vary; the other varied axes are held at their first value, and the chart's
+subtitle says which. ``plot_all`` draws every kind the table supports and says why it skipped the rest.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from pathlib import Path
+
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
+from matplotlib.colors import ListedColormap, TwoSlopeNorm
+from matplotlib.ticker import NullFormatter
+
+from arcsim.catalog import DENSITY_FREE
+from arcsim.plotting import save_png
+from arcsim.sweep.spec import SweepError
+
+AG_FAMILY = ("topk", "gaussiank")            # index-based, moved by all-gather
+AR_TOPK_FAMILY = ("arctopk", "star", "var")  # all-reduce-compatible top-k
+# result columns that identify a point's setting (the swept axes as they came out)
+DIMENSIONS = ("topology_name", "nic_gbps", "latency_us", "world", "model", "trace", "density", "bucket_mb", "engine")
+LABELS = {"topology_name": "topology", "nic_gbps": "NIC Gb/s", "latency_us": "latency µs", "world": "ranks",
+          "model": "model", "trace": "trace", "density": "density", "bucket_mb": "bucket MiB", "engine": "engine"}
+PALETTE = plt.get_cmap("tab10").colors
+
+
+class PlotUnsupported(SweepError):
+    """The table does not vary what this kind of chart needs."""
+
+
+def _varied(df: pd.DataFrame, col: str) -> bool:
+    return df[col].nunique(dropna=False) > 1
+
+
+def hold_others(df: pd.DataFrame, keep: tuple[str, ...]) -> tuple[pd.DataFrame, str]:
+    """Fix every varied dimension that ``keep`` does not determine at its first value; say which."""
+    held = []
+    for col in DIMENSIONS:
+        if col in keep or not _varied(df, col):
+            continue
+        groups = df.groupby(list(keep), dropna=False)[col].nunique(dropna=False) if keep else None
+        if groups is not None and groups.max() <= 1:
+            continue  # determined by the kept axes (e.g. the topology name when the topologies differ in bandwidth)
+        values = df.loc[~df["compressor"].isin(DENSITY_FREE), col] if col == "density" else df[col]
+        first = sorted(values.dropna().unique(), key=lambda v: (str(type(v)), v))[0]
+        keep_free = df["compressor"].isin(DENSITY_FREE) if col == "density" else False  # dense has no density
+        df = df[(df[col] == first) | keep_free]
+        held.append(f"{LABELS[col]} {_fmt(first)}")
+    return df, (f"held at {', '.join(held)}" if held else "")
+
+
+def _fmt(v: object) -> str:
+    return f"{v:g}" if isinstance(v, float | np.floating) else str(v)
+
+
+def _title(ax: plt.Axes, main: str, df: pd.DataFrame, held: str) -> None:
+    model = ", ".join(sorted(map(str, df["model"].unique())))
+    worlds = sorted(df["world"].unique())
+    ranks = f", {worlds[0]} ranks" if len(worlds) == 1 and "ranks " not in held else ""
+    sub = " · ".join(s for s in (f"{model}{ranks}", held) if s)
+    ax.set_title(f"{main}\n{sub}", fontsize=10)
+
+
+def _log_ticks_at(ax: plt.Axes, values: list, base: float = 10) -> None:
+    """A log x axis labelled only at the swept values."""
+    ax.set_xscale("log", base=base)
+    ax.set_xticks(values, [f"{v:g}" for v in values])
+    ax.xaxis.set_minor_formatter(NullFormatter())
+
+
+def _colour_of(names: list[str]) -> dict[str, tuple]:
+    return {n: PALETTE[i % len(PALETTE)] for i, n in enumerate(sorted(names))}
+
+
+def heatmap(df: pd.DataFrame, path: Path) -> Path:
+    """The fastest compressor in each (bandwidth, density) cell, with its speed-up over dense."""
+    if not (_varied(df, "nic_gbps") and df.loc[~df["compressor"].isin(DENSITY_FREE), "density"].nunique() > 1):
+        raise PlotUnsupported("heatmap needs at least two bandwidths and two densities")
+    df, held = hold_others(df, ("nic_gbps", "density"))
+    sparse = df[~df["compressor"].isin(DENSITY_FREE)]
+    bws, dens = sorted(df["nic_gbps"].unique()), sorted(sparse["density"].unique())
+    winners = np.empty((len(bws), len(dens)), dtype=object)
+    speedup = np.zeros((len(bws), len(dens)))
+    for i, bw in enumerate(bws):
+        at_bw = df[df["nic_gbps"] == bw]
+        for j, d in enumerate(dens):
+            cell = at_bw[(at_bw["density"] == d) | at_bw["compressor"].isin(DENSITY_FREE)]
+            best = cell.loc[cell["iteration_s"].idxmin()]
+            winners[i, j], speedup[i, j] = best["compressor"], best["dense_iteration_s"] / best["iteration_s"]
+    names = sorted(set(winners.ravel()))
+    colours = _colour_of(names)
+    index = np.vectorize(names.index)(winners)
+    fig, ax = plt.subplots(figsize=(1.1 * len(dens) + 3, 0.55 * len(bws) + 2.2))
+    ax.imshow(index, cmap=ListedColormap([colours[n] for n in names]), vmin=-0.5, vmax=len(names) - 0.5,
+              aspect="auto", origin="lower")
+    for i in range(len(bws)):
+        for j in range(len(dens)):
+            ax.text(j, i, f"{winners[i, j]}\n{speedup[i, j]:.2f}×", ha="center", va="center", fontsize=7,
+                    color="white")
+    ax.set_xticks(range(len(dens)), [f"{d:g}" for d in dens])
+    ax.set_yticks(range(len(bws)), [f"{b:g}" for b in bws])
+    ax.set_xlabel("density k/d (fraction of gradient entries sent)")
+    ax.set_ylabel("per-NIC bandwidth (Gb/s)")
+    _title(ax, "Fastest compressor by bandwidth and density (label: speed-up over dense)", df, held)
+    handles = [plt.Rectangle((0, 0), 1, 1, color=colours[n]) for n in names]
+    ax.legend(handles, names, title="fastest", bbox_to_anchor=(1.02, 1), loc="upper left", fontsize=8)
+    return _finish(fig, path)
+
+
+def speedup_vs_ranks(df: pd.DataFrame, path: Path) -> Path:
+    """Speed-up over dense against the rank count, one line per compressor."""
+    if not _varied(df, "world"):
+        raise PlotUnsupported("speedup needs at least two rank counts (sweep `ranks` or topologies of different "
+                              "sizes)")
+    df, held = hold_others(df, ("world",))
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    colours = _colour_of(list(df["compressor"].unique()))
+    for name, rows in df.groupby("compressor"):
+        rows = rows.sort_values("world")
+        ax.plot(rows["world"], rows["speedup_vs_dense"], marker="o", color=colours[name], label=name)
+    ax.axhline(1.0, color="grey", lw=0.8, ls=":")
+    _log_ticks_at(ax, sorted(df["world"].unique()), base=2)
+    ax.set_xlabel("ranks (GPUs)")
+    ax.set_ylabel("speed-up over dense all-reduce (×)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, title="compressor (best collective)")
+    _title(ax, "Iteration speed-up over dense as the cluster grows", df, held)
+    return _finish(fig, path)
+
+
+def crossover(df: pd.DataFrame, path: Path) -> Path:
+    """Best All-Gather top-k over best All-Reduce top-k, across bandwidth (× model size when several models)."""
+    have = set(df["compressor"])
+    if not (have & set(AG_FAMILY) and have & set(AR_TOPK_FAMILY)):
+        raise PlotUnsupported("crossover needs an all-gather top-k (topk, gaussiank) and an all-reduce top-k "
+                              "(arctopk, star, var) among the compressors")
+    if not _varied(df, "nic_gbps"):
+        raise PlotUnsupported("crossover needs at least two bandwidths")
+    df, held = hold_others(df, ("nic_gbps", "model"))
+    ratio = (df[df["compressor"].isin(AG_FAMILY)].groupby(["model", "nic_gbps"])["iteration_s"].min()
+             / df[df["compressor"].isin(AR_TOPK_FAMILY)].groupby(["model", "nic_gbps"])["iteration_s"].min())
+    params = df.groupby("model")["params"].first().sort_values()
+    bws = sorted(df["nic_gbps"].unique())
+    fig, ax = plt.subplots(figsize=(max(6, 0.8 * len(bws) + 3), 0.6 * len(params) + 3))
+    if len(params) == 1:
+        model = params.index[0]
+        ys = [ratio.get((model, b), np.nan) for b in bws]
+        ax.plot(bws, ys, marker="o", color="C0")
+        ax.axhline(1.0, color="grey", lw=0.8, ls=":")
+        _log_ticks_at(ax, bws)
+        ax.set_xlabel("per-NIC bandwidth (Gb/s)")
+        ax.set_ylabel("best all-gather ÷ best all-reduce top-k time")
+        ax.grid(alpha=0.3)
+        ax.text(0.02, 0.96, "above 1: all-reduce top-k is faster", transform=ax.transAxes, va="top", fontsize=8)
+    else:
+        grid = np.array([[ratio.get((m, b), np.nan) for b in bws] for m in params.index], dtype=float)
+        logs = np.log2(grid)
+        span = max(1e-3, float(np.nanmax(np.abs(logs))))
+        im = ax.imshow(logs, cmap="RdBu_r", norm=TwoSlopeNorm(0.0, -span, span), aspect="auto", origin="lower")
+        for i in range(grid.shape[0]):
+            for j in range(grid.shape[1]):
+                if not math.isnan(grid[i, j]):
+                    ax.text(j, i, f"{grid[i, j]:.2g}", ha="center", va="center", fontsize=7)
+        ax.set_xticks(range(len(bws)), [f"{b:g}" for b in bws])
+        ax.set_yticks(range(len(params)), [f"{m}\n{p / 1e6:.3g} M" for m, p in params.items()])
+        ax.set_xlabel("per-NIC bandwidth (Gb/s)")
+        ax.set_ylabel("model (parameters)")
+        bar = fig.colorbar(im, ax=ax)
+        bar.set_label("log₂(all-gather ÷ all-reduce top-k time); red: all-reduce wins")
+    _title(ax, "All-Gather vs All-Reduce top-k: where they trade places", df, held)
+    return _finish(fig, path)
+
+
+def breakdown(df: pd.DataFrame, path: Path) -> Path:
+    """Where each compressor's iteration goes: compute, compression, exposed communication."""
+    df, held = hold_others(df, ())
+    rows = df.sort_values("iteration_s")
+    dense = rows["dense_iteration_s"].iloc[0]
+    labels = [f"{c}\n{op} {coll}" for c, op, coll in zip(rows["compressor"], rows["op"], rows["collective"],
+                                                             strict=True)]
+    fig, ax = plt.subplots(figsize=(max(6, 1.0 * len(rows) + 2), 4.5))
+    x = np.arange(len(rows))
+    bottom = np.zeros(len(rows))
+    for col, name, colour in (("compute_s", "compute", "C7"), ("compress_s", "compression", "C1"),
+                              ("exposed_comm_s", "exposed communication", "C0")):
+        values = rows[col].to_numpy() * 1e3
+        ax.bar(x, values, bottom=bottom, color=colour, label=name)
+        bottom += values
+    ax.axhline(dense * 1e3, color="black", lw=0.8, ls="--", label="dense iteration")
+    ax.set_xticks(x, labels, fontsize=7)
+    ax.set_ylabel("time per iteration (ms)")
+    ax.legend(fontsize=8)
+    _title(ax, "Iteration time breakdown per compressor", df, held)
+    return _finish(fig, path)
+
+
+def _finish(fig: plt.Figure, path: Path) -> Path:
+    try:
+        return save_png(fig, path)
+    finally:
+        plt.close(fig)
+
+
+KINDS: dict[str, Callable[[pd.DataFrame, Path], Path]] = {
+    "heatmap": heatmap, "speedup": speedup_vs_ranks, "crossover": crossover, "breakdown": breakdown}
+
+
+def plot_all(df: pd.DataFrame, out_dir: Path, kinds: tuple[str, ...] = tuple(KINDS)) -> tuple[list[Path], list[str]]:
+    """Every requested kind the table supports; returns (written files, reasons for the skipped ones)."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    written, skipped = [], []
+    for kind in kinds:
+        try:
+            written.append(KINDS[kind](df, out_dir / f"{kind}.png"))
+        except PlotUnsupported as exc:
+            skipped.append(str(exc))
+    return written, skipped

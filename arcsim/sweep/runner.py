@@ -1,0 +1,148 @@
+"""Run a sweep: check every point first, then evaluate chunks on local processes or a Dask cluster,
+appending rows as chunks finish (resumable), with a progress bar."""
+
+from __future__ import annotations
+
+import math
+import multiprocessing
+import os
+import signal
+import sys
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tqdm import tqdm
+
+from arcsim.sweep.evaluate import evaluate_chunk, point_topology
+from arcsim.sweep.spec import SweepError, SweepSpec
+from arcsim.sweep.store import ResultStore
+
+CHUNKS_PER_WORKER = 4  # enough chunks to balance the load; few enough that measurements are rarely repeated
+
+
+@dataclass
+class SweepOutcome:
+    total: int
+    already_done: int
+    computed: int
+    interrupted: bool = False
+
+
+def check_points(spec: SweepSpec, announce: Callable[[str], None]) -> list[dict[str, Any]]:
+    """Every point, checked before anything runs: topologies build, traces exist (known models are
+    captured now, once), profiles exist."""
+    from arcsim.traces.resolve import resolve_trace
+
+    points = spec.points()
+    if not points:
+        raise SweepError("the sweep has no points")
+    for combo in {(p["topology"], p["bandwidth"], p["latency"], p["ranks"]) for p in points}:
+        point_topology(dict(zip(("topology", "bandwidth", "latency", "ranks"), combo, strict=True)))
+    for trace in spec.axes["trace"]:
+        resolve_trace(trace, allow_capture=True, announce=announce)
+    profile = spec.compute_profile
+    if profile and not Path(profile).is_file():
+        raise SweepError(f"compute_profile {profile} does not exist; write one with `arcsim trace profile`")
+    return points
+
+
+def chunk_points(points: list[dict[str, Any]], workers: int) -> list[list[dict[str, Any]]]:
+    """Chunks of points that share a measurement (trace, bucket, compressor, density), split for balance."""
+    def key(p: dict[str, Any]) -> tuple:
+        return str(p["trace"]), p["bucket_mb"], p["compressor"], p["density"]
+
+    size = max(1, math.ceil(len(points) / (workers * CHUNKS_PER_WORKER)))
+    groups: dict[tuple, list[dict[str, Any]]] = {}
+    for p in sorted(points, key=key):
+        groups.setdefault(key(p), []).append(p)
+    return [g[i:i + size] for g in groups.values() for i in range(0, len(g), size)]
+
+
+def _local(chunks: list[list[dict[str, Any]]], workers: int) -> Iterator[list[dict[str, Any]]]:
+    if workers == 1:
+        for c in chunks:
+            yield evaluate_chunk(c)
+        return
+    pool = multiprocessing.get_context("spawn").Pool(workers, initializer=_ignore_sigint)
+    try:
+        yield from pool.imap_unordered(evaluate_chunk, chunks)
+        pool.close()
+    finally:
+        pool.terminate()
+        pool.join()
+
+
+def _ignore_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides; it terminates the pool
+
+
+def connect(address: str):
+    """A Dask client for ``address``, or one clear error."""
+    try:
+        from distributed import Client
+    except ImportError:
+        raise SweepError("--scheduler needs dask.distributed; install arcsim with the 'dask' extra") from None
+    try:
+        return Client(address, timeout="5s")
+    except (OSError, TimeoutError, ValueError) as exc:
+        raise SweepError(f"cannot reach the Dask scheduler at {address} ({exc.__class__.__name__}); start one "
+                         "with `dask scheduler` (and workers), or drop --scheduler to run here") from None
+
+
+def _dask(chunks: list[list[dict[str, Any]]], client) -> Iterator[list[dict[str, Any]]]:
+    from distributed import as_completed
+
+    try:
+        futures = client.map(evaluate_chunk, chunks, pure=False)
+        try:
+            for fut in as_completed(futures):
+                yield fut.result()
+        finally:
+            client.cancel(futures)
+    finally:
+        client.close()
+
+
+def run_sweep(spec: SweepSpec, out: Path, scheduler: str | None = None, workers: int | None = None,
+              announce: Callable[[str], None] = print) -> SweepOutcome:
+    """Evaluate every point not yet in ``out``; rows land in ``out/results.csv`` as chunks finish."""
+    points = check_points(spec, announce)
+    client = connect(scheduler) if scheduler else None  # before anything is written
+    store = ResultStore(out)
+    done = store.open(spec)
+    todo = [p for p in points if p["point_id"] not in done]
+    outcome = SweepOutcome(total=len(points), already_done=len(points) - len(todo), computed=0)
+    if outcome.already_done:
+        announce(f"resuming: {outcome.already_done} of {len(points)} points are already in {store.results}")
+    if not todo:
+        if client is not None:
+            client.close()
+        return outcome
+    if client is not None:
+        workers = sum(w.get("nthreads", 1) for w in client.scheduler_info()["workers"].values())
+    workers = max(1, min(workers or os.cpu_count() or 1, len(todo)))
+    chunks = chunk_points(todo, workers)
+    source = _dask(chunks, client) if client is not None else _local(chunks, workers)
+    previous = signal.signal(signal.SIGTERM, _interrupt)
+    bar = tqdm(total=len(points), initial=outcome.already_done, desc="sweep", unit="point", disable=None,
+               file=sys.stderr, smoothing=0.1)
+    try:
+        for rows in source:
+            store.append(rows)
+            outcome.computed += len(rows)
+            bar.update(len(rows))
+    except KeyboardInterrupt:
+        outcome.interrupted = True
+    finally:
+        bar.close()
+        signal.signal(signal.SIGTERM, previous)
+        if hasattr(source, "close"):
+            source.close()  # terminates the pool or cancels the Dask futures
+    return outcome
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+

@@ -1,0 +1,88 @@
+"""The sweep's results directory: ``sweep.yaml`` (what was asked) and ``results.csv`` (one row per finished point).
+
+Rows are appended and flushed as each chunk of points finishes, so an interrupted sweep keeps everything
+it finished. Resuming reads the ids already present and skips them. A row cut off by a kill mid-write is
+dropped on resume (it is recomputed).
+"""
+
+from __future__ import annotations
+
+import csv
+import os
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import yaml
+
+from arcsim.sweep.evaluate import COLUMNS
+from arcsim.sweep.spec import SweepError, SweepSpec
+
+RESULTS = "results.csv"
+SPEC = "sweep.yaml"
+
+
+class ResultStore:
+    def __init__(self, directory: Path) -> None:
+        self.dir = Path(directory)
+        self.results = self.dir / RESULTS
+        self.spec_path = self.dir / SPEC
+
+    def open(self, spec: SweepSpec) -> set[str]:
+        """Create the directory for this spec, or check that it holds the same sweep; returns the finished ids."""
+        wanted = spec.to_dict()
+        if self.spec_path.exists():
+            held = yaml.safe_load(self.spec_path.read_text())
+            if held != wanted:
+                raise SweepError(f"{self.dir} holds a different sweep ({self.spec_path}); give a new --out, or "
+                                 "delete that directory to start over")
+        elif self.dir.exists() and any(self.dir.iterdir()):
+            raise SweepError(f"{self.dir} exists and is not a sweep directory; give a new --out")
+        self.dir.mkdir(parents=True, exist_ok=True)
+        if not self.spec_path.exists():
+            tmp = self.spec_path.with_suffix(".tmp")
+            tmp.write_text(yaml.safe_dump(wanted, sort_keys=False))
+            os.replace(tmp, self.spec_path)
+        return self._finished_ids()
+
+    def _finished_ids(self) -> set[str]:
+        if not self.results.exists():
+            return set()
+        self._drop_partial_row()
+        return set(self.load()["point_id"].astype(str))
+
+    def _drop_partial_row(self) -> None:
+        data = self.results.read_bytes()
+        if data and not data.endswith(b"\n"):
+            with self.results.open("r+b") as fh:
+                fh.truncate(data.rfind(b"\n") + 1)
+
+    def append(self, rows: list[dict[str, Any]]) -> None:
+        new = not self.results.exists() or self.results.stat().st_size == 0
+        with self.results.open("a", newline="") as fh:
+            writer = csv.DictWriter(fh, fieldnames=COLUMNS, extrasaction="ignore")
+            if new:
+                writer.writeheader()
+            writer.writerows(rows)
+            fh.flush()
+            os.fsync(fh.fileno())
+
+    def load(self) -> pd.DataFrame:
+        return load_results(self.results)
+
+
+def load_results(path: Path) -> pd.DataFrame:
+    """A results table (the sweep directory or its results.csv)."""
+    path = Path(path)
+    if path.is_dir():
+        path = path / RESULTS
+    if not path.is_file():
+        raise SweepError(f"no sweep results at {path}; run `arcsim sweep --out DIR` first")
+    try:
+        df = pd.read_csv(path, dtype={"point_id": str})
+    except (pd.errors.ParserError, pd.errors.EmptyDataError) as exc:
+        raise SweepError(f"{path} is not a sweep results table: {exc}") from None
+    missing = [c for c in ("point_id", "compressor", "iteration_s") if c not in df.columns]
+    if missing:
+        raise SweepError(f"{path} lacks the columns {', '.join(missing)}; is it an arcsim sweep table?")
+    return df

@@ -1,0 +1,229 @@
+"""`arcsim sweep` and `arcsim plot`: spec grammar, points priced as `arcsim run` prices them, resume, Dask."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from conftest import free_port, run_cli
+
+from arcsim.run.analysis import Analysis, RunConfig, candidates_for
+from arcsim.sweep import runner as runner_mod
+from arcsim.sweep.evaluate import COLUMNS, evaluate_point, point_topology
+from arcsim.sweep.plots import hold_others
+from arcsim.sweep.runner import run_sweep
+from arcsim.sweep.spec import SweepError, build_spec, expand_braces, split_top_level
+from arcsim.sweep.store import ResultStore, load_results
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+# -- the spec -------------------------------------------------------------------------------------------
+def test_brace_groups_expand_in_order_and_commas_inside_braces_do_not_split():
+    assert split_top_level("8x8-ib{25,100},4x8-eth{10, 40}") == ["8x8-ib{25,100}", "4x8-eth{10, 40}"]
+    assert expand_braces("{8,16}x8-ib{100,400}") == ["8x8-ib100", "8x8-ib400", "16x8-ib100", "16x8-ib400"]
+    spec = build_spec({"topology": "8x8-ib{25,100,400}", "compressor": "topk"})
+    assert spec.axes["topology"] == ["8x8-ib25", "8x8-ib100", "8x8-ib400"]
+    for bad in ("8x8-ib{25,100", "8x8-ib25}", "8x8-ib{25,,100}"):
+        with pytest.raises(SweepError):
+            build_spec({"topology": bad})
+
+
+@pytest.mark.parametrize(("raw", "fragment"), [
+    ({"compresor": "topk"}, "unknown key 'compresor'"),
+    ({"compressor": []}, "axis 'compressor' is empty"),
+    ({"compressor": "zip"}, "unknown compressor 'zip'"),
+    ({"density": "0,0.1"}, "density: cannot use '0'"),
+    ({"bandwidth": "fast"}, "bandwidth: cannot use 'fast'"),
+    ({"ranks": "1.5"}, "ranks: cannot use '1.5'"),
+    ({"engine": "quantum"}, "unknown engine"),
+    ({"memory": "ef99"}, "unknown memory"),
+    ({"density": "0.1,0.1"}, "repeats a value"),
+])
+def test_bad_specs_are_refused_with_the_reason(raw, fragment):
+    with pytest.raises(SweepError, match=fragment):
+        build_spec(raw)
+
+
+def test_points_are_the_product_with_density_free_compressors_once():
+    spec = build_spec({"compressor": "dense,fp16,topk,randk", "density": "0.001,0.01,0.1", "bandwidth": "10Gbit,1Tbit"})
+    points = spec.points()
+    assert len(points) == 2 * (2 + 2 * 3)  # dense and fp16 once per bandwidth, the others per density
+    assert len({p["point_id"] for p in points}) == len(points)
+    assert build_spec({"compressor": "dense,fp16,topk,randk", "density": "0.001,0.01,0.1",
+                       "bandwidth": "10Gbit,1Tbit"}).points() == points  # ids are stable
+
+
+def test_ranks_bandwidth_and_latency_override_the_topology():
+    base = {"topology": "8x8-ib100", "bandwidth": None, "latency": None, "ranks": None}
+    topo = point_topology({**base, "ranks": 256, "bandwidth": 400e9 / 8, "latency": 2e-6})
+    assert (topo.nodes, topo.ranks, topo.network.bandwidth_per_nic, topo.network.latency) == (32, 256, 50e9, 2e-6)
+    with pytest.raises(SweepError, match="not a whole number of 8x8-ib100's nodes"):
+        point_topology({**base, "ranks": 12})
+
+
+# -- points against `arcsim run` ------------------------------------------------------------------------
+def test_a_point_is_priced_exactly_as_arcsim_run_prices_it():
+    spec = build_spec({"compressor": "topk,arctopk", "bandwidth": "25Gbit", "density": 0.01})
+    rows = {r["compressor"]: r for r in map(evaluate_point, spec.points())}
+    analysis = Analysis(RunConfig(topology="8x8-ib25", compressors=("topk", "arctopk"), policy="none",
+                                  ratios=(0.01,)), announce=lambda _: None)
+    for name in ("topk", "arctopk"):
+        best = min(candidates_for(analysis.measurement(name, 0.01), analysis.ctx, analysis.pricer),
+                   key=lambda c: c.comm_s + c.compress_s)
+        row = rows[name]
+        assert row["collective"] == best.collective
+        assert row["comm_s"] == pytest.approx(best.comm_s, rel=1e-9)  # pricing is deterministic
+        assert row["rel_error"] == pytest.approx(best.rel_error, rel=1e-9)  # so is the seeded compressor
+        assert row["bytes_per_rank"] == best.bytes_per_rank
+    assert rows["topk"]["op"] == "allgather" and rows["arctopk"]["op"] == "allreduce"
+
+
+def test_more_bandwidth_never_slows_the_network_down():
+    spec = build_spec({"compressor": "dense,topk", "bandwidth": "1Gbit,10Gbit,100Gbit", "ranks": 64})
+    df = pd.DataFrame(map(evaluate_point, spec.points()))
+    for _, rows in df.groupby("compressor"):
+        comm = rows.sort_values("nic_gbps")["comm_s"].to_numpy()
+        assert (comm[:-1] > comm[1:]).all()
+
+
+# -- running, interrupting and resuming ----------------------------------------------------------------
+def test_interrupted_sweep_keeps_finished_rows_and_resumes_without_recomputing(tmp_path, monkeypatch):
+    spec = build_spec({"compressor": "dense,topk,randk", "density": "0.01,0.1", "bandwidth": "10Gbit,100Gbit"})
+    calls = []
+    real = runner_mod.evaluate_chunk
+
+    def flaky(chunk):
+        calls.append(len(chunk))
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        return real(chunk)
+
+    monkeypatch.setattr(runner_mod, "evaluate_chunk", flaky)
+    first = run_sweep(spec, tmp_path / "s", workers=1, announce=lambda _: None)
+    assert first.interrupted and first.computed == sum(calls[:2]) > 0
+    kept = load_results(tmp_path / "s")
+    assert len(kept) == first.computed
+    with (tmp_path / "s" / "results.csv").open("a") as fh:
+        fh.write("deadbeef0000,8x8-ib1")  # a row cut off mid-write by a kill
+    monkeypatch.setattr(runner_mod, "evaluate_chunk", real)
+    second = run_sweep(spec, tmp_path / "s", workers=1, announce=lambda _: None)
+    assert not second.interrupted and second.already_done == first.computed
+    assert second.computed == len(spec.points()) - first.computed
+    final = load_results(tmp_path / "s")
+    assert sorted(final["point_id"]) == sorted(p["point_id"] for p in spec.points())
+    pd.testing.assert_frame_equal(final.head(len(kept)), kept)  # the first rows were not recomputed
+    assert list(final.columns) == list(COLUMNS)
+
+
+def test_a_directory_holding_another_sweep_is_refused(tmp_path):
+    ResultStore(tmp_path / "s").open(build_spec({"compressor": "topk"}))
+    with pytest.raises(SweepError, match="holds a different sweep"):
+        ResultStore(tmp_path / "s").open(build_spec({"compressor": "randk"}))
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "notes.txt").write_text("mine")
+    with pytest.raises(SweepError, match="not a sweep directory"):
+        ResultStore(tmp_path / "other").open(build_spec({"compressor": "topk"}))
+
+
+def test_cli_sweep_signal_then_resume_with_local_processes(tmp_path):
+    out = tmp_path / "s"
+    args = [sys.executable, "-m", "arcsim", "sweep", "-c", "dense,topk,randk,arctopk,star", "-d", "0.001,0.01,0.1",
+            "-b", "1Gbit,10Gbit,100Gbit", "--ranks", "8,16,32", "--engine", "analytic,des",
+            "-j", "2", "--no-plots", "-o", str(out)]
+    proc = subprocess.Popen(args, cwd=tmp_path, stderr=subprocess.PIPE, text=True)
+    results = out / "results.csv"
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline and proc.poll() is None:
+        if results.exists() and results.read_text().count("\n") >= 2:
+            break
+        time.sleep(0.05)
+    assert proc.poll() is None, proc.stderr.read()  # still running: there is something to interrupt
+    proc.send_signal(signal.SIGINT)
+    err = proc.communicate(timeout=120)[1]
+    assert proc.returncode == 130 and "run the same command again" in err, err
+    kept = load_results(out)
+    total = 2 * 3 * 3 * (1 + 4 * 3)
+    assert 0 < len(kept) < total
+    again = subprocess.run(args, cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert again.returncode == 0, again.stderr
+    assert f"resuming: {len(kept)} of {total} points" in again.stderr
+    final = load_results(out)
+    assert len(final) == total and final["point_id"].is_unique
+
+
+# -- Dask ------------------------------------------------------------------------------------------------
+def test_sweep_on_a_dask_cluster_matches_the_local_run(tmp_path):
+    distributed = pytest.importorskip("distributed")
+    spec_args = ["-c", "dense,topk,arctopk", "-d", "0.01,0.1", "-b", "10Gbit,100Gbit", "--no-plots"]
+    local = run_cli("sweep", *spec_args, "-j", "1", "-o", str(tmp_path / "local"), timeout=300)
+    assert local.returncode == 0, local.stderr
+    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None,
+                                  worker_dashboard_address=None) as cluster:
+        remote = run_cli("sweep", *spec_args, "--scheduler", cluster.scheduler_address, "-o",
+                         str(tmp_path / "dask"), timeout=300)
+    assert remote.returncode == 0, remote.stderr
+    a = load_results(tmp_path / "local").sort_values("point_id").reset_index(drop=True)
+    b = load_results(tmp_path / "dask").sort_values("point_id").reset_index(drop=True)
+    assert list(a["point_id"]) == list(b["point_id"])
+    for col in ("comm_s", "rel_error", "bytes_per_rank"):  # not the times that include measured compression
+        pd.testing.assert_series_equal(a[col], b[col], check_exact=False, rtol=1e-9)
+    assert (a["collective"] == b["collective"]).all()
+
+
+def test_unreachable_scheduler_is_one_clear_line_and_writes_nothing(tmp_path):
+    out = tmp_path / "s"
+    r = run_cli("sweep", "-c", "topk", "--scheduler", f"tcp://127.0.0.1:{free_port()}", "-o", str(out), timeout=120)
+    assert r.returncode == 2 and "cannot reach the Dask scheduler" in r.stderr, r.stderr
+    assert r.stderr.strip().splitlines()[-1].startswith("error: cannot reach") and not out.exists()
+
+
+# -- the command line and charts ---------------------------------------------------------------------------
+def test_yaml_example_and_bad_files(tmp_path):
+    r = run_cli("sweep", str(ROOT / "examples" / "sweep.yaml"), "--dry-run")
+    assert r.returncode == 0 and r.stdout.startswith("156 points"), r.stderr
+    narrowed = run_cli("sweep", str(ROOT / "examples" / "sweep.yaml"), "--ranks", "64", "--dry-run")
+    assert narrowed.stdout.startswith("52 points")  # the command line overrides the file's key
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("compressors: [topk]\n")
+    r = run_cli("sweep", str(bad))
+    assert r.returncode == 2 and "unknown key 'compressors'" in r.stderr
+    r = run_cli("sweep", str(tmp_path / "missing.yaml"))
+    assert r.returncode == 2 and "does not exist" in r.stderr
+
+
+def test_sweep_writes_table_and_every_supported_chart(tmp_path):
+    out = tmp_path / "s"
+    r = run_cli("sweep", "-c", "dense,topk,arctopk,randk", "-d", "0.001,0.01", "-b", "1Gbit,100Gbit",
+                "--ranks", "16,64", "-j", "1", "-o", str(out), timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert "points/s" in r.stderr
+    for kind in ("heatmap", "speedup", "crossover", "breakdown"):
+        png = out / f"{kind}.png"
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
+    df = load_results(out)
+    assert len(df) == 2 * 2 * (1 + 3 * 2)
+    fast = df[df["nic_gbps"] == 1.0]
+    assert (fast["world"].isin([16, 64])).all()
+    only_one_bw = run_cli("sweep", "-c", "dense,topk", "-o", str(tmp_path / "t"), "-j", "1", timeout=300)
+    assert only_one_bw.returncode == 0 and "no chart: heatmap needs" in only_one_bw.stderr
+    r = run_cli("plot", str(tmp_path / "t"), "--kind", "heatmap")
+    assert r.returncode == 2 and "heatmap needs at least two bandwidths" in r.stderr
+    r = run_cli("plot", str(tmp_path / "nowhere"))
+    assert r.returncode == 2 and "no sweep results" in r.stderr
+
+
+def test_charts_hold_other_axes_at_their_first_value_and_keep_dense():
+    df = pd.DataFrame({
+        "compressor": ["dense", "topk", "topk", "dense", "topk", "topk"],
+        "density": [1.0, 0.01, 0.1, 1.0, 0.01, 0.1], "world": [16, 16, 16, 64, 64, 64],
+        "nic_gbps": [10.0] * 6, "topology_name": ["t"] * 6, "latency_us": [5.0] * 6, "model": ["m"] * 6,
+        "trace": ["x"] * 6, "bucket_mb": [25.0] * 6, "engine": ["analytic"] * 6})
+    held, text = hold_others(df, ("world",))
+    assert list(held["compressor"]) == ["dense", "topk", "dense", "topk"]  # density held at 0.01, dense kept
+    assert text == "held at density 0.01"
