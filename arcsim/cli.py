@@ -18,6 +18,7 @@ from arcsim.cli_run import run as run_command
 from arcsim.cli_sweep import plot as plot_command
 from arcsim.cli_sweep import sweep as sweep_command
 from arcsim.cli_trace import trace as trace_group
+from arcsim.cli_train import train as train_command
 from arcsim.cli_validate import validate as validate_command
 from arcsim.errors import ArcsimError
 from arcsim.netsim import ENGINES
@@ -207,6 +208,7 @@ cli.add_command(calibrate_command)
 cli.add_command(validate_command)
 cli.add_command(sweep_command)
 cli.add_command(plot_command)
+cli.add_command(train_command)
 
 
 def main() -> None:

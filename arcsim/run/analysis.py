@@ -112,7 +112,7 @@ class Candidate:
 class Context:
     """What every candidate is priced against."""
 
-    trace: Trace
+    trace: Trace | None        # None when the gradients come from live training (arcsim train)
     topo: Topology
     compute: ComputeTimes
     buckets: list[Bucket]
@@ -130,11 +130,12 @@ def main_op(meas: Measurement) -> str:
     return max(sizes, key=sizes.__getitem__)
 
 
-def evaluate(meas: Measurement, collective: str, ctx: Context, pricer: Pricer) -> Candidate:
-    """Price one measured compressor with one collective algorithm for its main op, step by step."""
-    op = main_op(meas)
-    algos = {op: collective}
+def step_timelines(meas: Measurement, collective: str, ctx: Context, pricer: Pricer) -> tuple[list, np.ndarray]:
+    """Each step's iteration timeline with ``collective`` for the main op, and the per-bucket sums of
+    compression + communication over the steps."""
+    algos = {main_op(meas): collective}
     timelines, per_bucket = [], np.zeros(len(ctx.buckets))
+    ready = [b.ready_s for b in ctx.buckets]
     for s, step_records in enumerate(meas.records):
         comm = [sum(p.time_s for p in pricer.records(recs, algos)) for recs in step_records]
         if ctx.compress_source == "measured":
@@ -142,9 +143,15 @@ def evaluate(meas: Measurement, collective: str, ctx: Context, pricer: Pricer) -
         else:
             comp = [compress_cost.modelled(meas.compressor, b.numel, len(recs), ctx.compute.device)
                     for b, recs in zip(ctx.buckets, step_records, strict=True)]
-        ready = [b.ready_s for b in ctx.buckets]
         timelines.append(iteration(ctx.compute.forward_s, ctx.compute.backward_s, ready, comp, comm))
         per_bucket += np.asarray(comp) + np.asarray(comm)
+    return timelines, per_bucket
+
+
+def evaluate(meas: Measurement, collective: str, ctx: Context, pricer: Pricer) -> Candidate:
+    """Price one measured compressor with one collective algorithm for its main op, step by step."""
+    op = main_op(meas)
+    timelines, per_bucket = step_timelines(meas, collective, ctx, pricer)
     mean = {f: float(np.mean([getattr(t, f) for t in timelines]))
             for f in ("iteration_s", "compute_s", "compress_s", "comm_s", "exposed_comm_s")}
     uses_density = REGISTRY[meas.compressor].uses_density

@@ -74,27 +74,39 @@ class Measurement:
         """Elements selected per worker over the trace's elements, step by step (adaptive k varies)."""
         return [float(sum(row)) / self.elements for row in self.selected]
 
+    def add(self, row: dict[str, list]) -> None:
+        """Append one step's row (from BucketedCompression.step)."""
+        for key, values in row.items():
+            getattr(self, key).append(values)
+
     def bytes_per_rank(self) -> float:
         """Mean over steps of the bytes each rank contributes per iteration."""
         return float(np.mean([sum(r.bytes_per_rank for recs in step for r in recs) for step in self.records]))
 
 
-def measure(steps: Iterable[tuple[int, torch.Tensor]], buckets: list[Bucket], compressor: str, density: float,
-            memory: str | None = None, seed: int = 0, rank: int | None = None) -> Measurement:
-    """Compress every bucket of every trace step; ``steps`` yields (training step, [W, d] float32)."""
-    memory = memory or default_memory(compressor)
-    out = Measurement(compressor, density, memory, sum(b.numel for b in buckets))
-    comps = [make_compressor(compressor, density, seed=seed + b.index, rank=rank) for b in buckets]
-    mems = [make_memory(memory) for _ in buckets]
-    layouts = [b.layout() for b in buckets]
-    comm: InProcessComm | None = None
-    one_rank: dict[int, float] = {}  # per-rank compression seconds per bucket, timed on the first step
-    for step, g in steps:
-        if comm is None:
-            comm = InProcessComm(g.shape[0])
+class BucketedCompression:
+    """Per-bucket compressors and memories over W in-process workers, as DDP comm hooks keep them; each
+    ``step`` returns the aggregated update and what pricing and fidelity need for that step."""
+
+    def __init__(self, buckets: list[Bucket], compressor: str, density: float, memory: str | None = None,
+                 seed: int = 0, rank: int | None = None) -> None:
+        self.buckets, self.compressor, self.density, self.seed, self.rank = buckets, compressor, density, seed, rank
+        self.memory = memory or default_memory(compressor)
+        self.comps = [make_compressor(compressor, density, seed=seed + b.index, rank=rank) for b in buckets]
+        self.mems = [make_memory(self.memory) for _ in buckets]
+        self.layouts = [b.layout() for b in buckets]
+        self.comm: InProcessComm | None = None
+        self.one_rank: dict[int, float] = {}  # per-rank compression seconds per bucket, timed on the first step
+
+    def step(self, step: int, g: torch.Tensor) -> tuple[torch.Tensor, dict[str, list]]:
+        """Compress [W, d] gradients bucket by bucket; returns the [1, d] update and the step's row."""
+        if self.comm is None:
+            self.comm = InProcessComm(g.shape[0])
+        comm = self.comm
         row: dict[str, list] = {k: [] for k in ("records", "err2", "ref2", "upd2", "raw2", "gain", "selected",
                                                 "compress_s")}
-        for b in buckets:
+        update = torch.empty(1, g.shape[1], dtype=g.dtype)
+        for b in self.buckets:
             x = g[:, b.lo:b.hi]
             seen: dict[str, float] = {}
 
@@ -107,21 +119,31 @@ def measure(steps: Iterable[tuple[int, torch.Tensor]], buckets: list[Bucket], co
                 seen["selected"] = float(res.selected.float().mean())
 
             mark = comm.log.mark()
-            update = mems[b.index].step(x, comps[b.index], comm, step, layouts[b.index], observe)
+            out = self.mems[b.index].step(x, self.comps[b.index], comm, step, self.layouts[b.index], observe)
+            update[:, b.lo:b.hi] = out
             mean_g = x.mean(dim=0, keepdim=True)
             if not seen:  # sent dense this step (EF21's first step): exact
                 seen = {"err2": 0.0, "ref2": float(mean_g.pow(2).sum()), "gain": 1.0, "selected": float(b.numel)}
             row["records"].append(comm.log.since(mark))
-            row["upd2"].append(float((update.float() - mean_g).pow(2).sum()))
+            row["upd2"].append(float((out.float() - mean_g).pow(2).sum()))
             row["raw2"].append(float(mean_g.pow(2).sum()))
-            if b.index not in one_rank:
-                one_rank[b.index] = _one_rank_seconds(x, compressor, density, memory, seed + b.index, rank,
-                                                      layouts[b.index])
-            row["compress_s"].append(one_rank[b.index])
+            if b.index not in self.one_rank:
+                self.one_rank[b.index] = _one_rank_seconds(x, self.compressor, self.density, self.memory,
+                                                           self.seed + b.index, self.rank, self.layouts[b.index])
+            row["compress_s"].append(self.one_rank[b.index])
             for key in ("err2", "ref2", "gain", "selected"):
                 row[key].append(seen[key])
-        for key, values in row.items():
-            getattr(out, key).append(values)
+        return update, row
+
+
+def measure(steps: Iterable[tuple[int, torch.Tensor]], buckets: list[Bucket], compressor: str, density: float,
+            memory: str | None = None, seed: int = 0, rank: int | None = None) -> Measurement:
+    """Compress every bucket of every trace step; ``steps`` yields (training step, [W, d] float32)."""
+    bc = BucketedCompression(buckets, compressor, density, memory, seed, rank)
+    out = Measurement(compressor, density, bc.memory, sum(b.numel for b in buckets))
+    for step, g in steps:
+        _, row = bc.step(step, g)
+        out.add(row)
         del g
     return out
 

@@ -1,0 +1,127 @@
+"""An `arcsim train` experiment: every (compressor, seed) run, priced, appended to a resumable history.
+
+The output directory holds ``config.json`` (what the runs depend on), ``history.csv`` (one row per step
+of every finished run, appended as each run finishes), ``summary.csv`` and the charts. Re-running with
+the same settings skips the runs already in the history; more compressors or seeds add runs.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import json
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from arcsim.errors import ArcsimError
+from arcsim.topology import Topology, load_topology
+from arcsim.train.loop import TrainConfig, prepare, train
+from arcsim.train.outcome import history_rows, price
+
+HISTORY_COLUMNS = ("compressor", "seed", "memory", "step", "loss", "accuracy", "time_s", "collective", "diverged")
+# settings the runs depend on; compressors and seeds may grow between invocations
+RUN_KEYS = ("model", "dataset", "workers", "density", "memory", "steps", "batch", "lr", "momentum", "eval_every",
+            "bucket_mb", "compute_profile")
+
+
+def run_key(cfg: TrainConfig, topology: str | None, engine: str) -> dict[str, Any]:
+    raw = dataclasses.asdict(cfg)
+    return {**{k: raw[k] for k in RUN_KEYS}, "topology": topology, "engine": engine}
+
+
+def open_dir(out: Path, key: dict[str, Any], steps: int) -> set[tuple[str, int]]:
+    """Create or reopen the experiment directory; returns the (compressor, seed) runs already finished."""
+    config = out / "config.json"
+    if config.exists():
+        held = json.loads(config.read_text())
+        if held != key:
+            changed = sorted(k for k in set(held) | set(key) if held.get(k) != key.get(k))
+            raise ArcsimError(f"{out} holds runs with other settings ({', '.join(changed)} differ); give a new "
+                              "--out, or delete that directory to start over")
+    elif out.exists() and any(out.iterdir()):
+        raise ArcsimError(f"{out} exists and is not an arcsim train directory; give a new --out")
+    out.mkdir(parents=True, exist_ok=True)
+    if not config.exists():
+        tmp = config.with_suffix(".tmp")
+        tmp.write_text(json.dumps(key, indent=1))
+        os.replace(tmp, config)
+    history = load_history(out)
+    complete = _complete(history, steps)
+    if not complete.all():  # a run cut off mid-write by a kill: drop its rows, it is redone whole
+        tmp = out / "history.tmp"
+        history[complete].to_csv(tmp, index=False, columns=list(HISTORY_COLUMNS))
+        os.replace(tmp, out / "history.csv")
+        history = history[complete]
+    return {(c, int(s)) for c, s in history[["compressor", "seed"]].itertuples(index=False)}
+
+
+def _complete(history: pd.DataFrame, steps: int) -> pd.Series:
+    """Rows that belong to runs that finished (all steps, or stopped by divergence)."""
+    runs = history.groupby(["compressor", "seed"])
+    return (runs["step"].transform("max") == steps) | runs["diverged"].transform("any").astype(bool)
+
+
+def load_history(out: Path) -> pd.DataFrame:
+    path = out / "history.csv" if out.is_dir() else out
+    if not path.exists():
+        return pd.DataFrame({c: pd.Series(dtype=object) for c in HISTORY_COLUMNS})
+    data = path.read_bytes()
+    if data and not data.endswith(b"\n"):  # a row cut off by a kill
+        with path.open("r+b") as fh:
+            fh.truncate(data.rfind(b"\n") + 1)
+    try:
+        return pd.read_csv(path)
+    except (pd.errors.ParserError, pd.errors.EmptyDataError) as exc:
+        raise ArcsimError(f"{path} is not an arcsim train history: {exc}") from None
+
+
+def append_history(out: Path, rows: list[dict[str, Any]]) -> None:
+    path = out / "history.csv"
+    new = not path.exists() or path.stat().st_size == 0
+    with path.open("a", newline="") as fh:
+        writer = csv.DictWriter(fh, fieldnames=HISTORY_COLUMNS)
+        if new:
+            writer.writeheader()
+        writer.writerows(rows)
+        fh.flush()
+        os.fsync(fh.fileno())
+
+
+def run_experiment(cfg: TrainConfig, out: Path, topology: str | None = None, engine: str = "analytic",
+                   announce: Callable[[str], None] = print,
+                   progress: Callable[[int, int], None] | None = None) -> pd.DataFrame:
+    """Train every (compressor, seed) not yet in ``out``; returns the whole history."""
+    cfg.check()
+    topo: Topology | None = load_topology(topology) if topology else None
+    setup = prepare(cfg)  # every check before the directory is touched
+    done = open_dir(out, run_key(cfg, topology, engine), cfg.steps)
+    todo = [(c, s) for s in cfg.seeds for c in cfg.compressors if (c, s) not in done]
+    if len(todo) < len(cfg.seeds) * len(cfg.compressors):
+        announce(f"resuming: {len(cfg.seeds) * len(cfg.compressors) - len(todo)} runs are already in "
+                 f"{out / 'history.csv'}")
+    if todo:
+        announce(f"{cfg.model} on {cfg.dataset}: {setup.layers[-1].offset + setup.layers[-1].numel:,} parameters in "
+                 f"{len(setup.buckets)} bucket(s), {cfg.workers} workers × batch {cfg.batch}; compute "
+                 f"{(setup.profile.forward_s + setup.profile.backward_s) * 1e3:.2f} ms per step "
+                 f"({setup.profile.device_name})")
+        total, done_steps = len(todo) * cfg.steps, [0]
+
+        def tick(n: int) -> None:
+            done_steps[0] += n
+            if progress:
+                progress(done_steps[0], total)
+
+        for i, (compressor, seed) in enumerate(todo):
+            hist = train(cfg, setup, compressor, seed, tick)
+            collective, step_s = price(hist, setup, topo, engine) if topo is not None else (None, None)
+            append_history(out, history_rows(hist, step_s, collective))
+            done_steps[0] = (i + 1) * cfg.steps  # a diverged run ends early
+            tick(0)
+    history = load_history(out)
+    wanted = {(c, s) for c in cfg.compressors for s in cfg.seeds}
+    keep = [(c, int(s)) in wanted for c, s in history[["compressor", "seed"]].itertuples(index=False)]
+    return history[keep]

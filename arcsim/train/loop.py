@@ -1,0 +1,173 @@
+"""Real data-parallel training of W simulated workers in one process, through a compressor.
+
+Every step each worker computes the gradient of its own shard of the global batch (real forward and
+backward on the shared parameters, as synchronous data parallelism keeps them equal); the [W, d]
+gradients go bucket by bucket through the compressor and its error feedback over the in-process
+Communicator (``BucketedCompression``, the code `arcsim run` measures with); the aggregated update is
+the gradient SGD applies. Loss is recorded every step, held-out accuracy every ``eval_every`` steps, and
+the step's CommLog records are kept so the run can be priced on a topology afterwards.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from arcsim.compressors.base import Layer
+from arcsim.datasets import Dataset, make_dataset
+from arcsim.errors import ArcsimError
+from arcsim.models import loss_fn, model_entry
+from arcsim.run.buckets import Bucket, make_buckets
+from arcsim.run.measure import BucketedCompression, Measurement
+from arcsim.traces.profile import ComputeProfile, load_profile, measure_profile
+
+
+@dataclass
+class TrainConfig:
+    model: str = "cnn"
+    dataset: str = "digits"
+    workers: int = 8
+    compressors: tuple[str, ...] = ("dense", "topk", "arctopk", "star", "randk")
+    density: float = 0.1
+    memory: str = "ef14"
+    steps: int = 300
+    batch: int = 16               # per worker
+    lr: float | None = None       # None: the model's default
+    momentum: float = 0.9
+    eval_every: int = 10
+    seeds: tuple[int, ...] = (0,)
+    bucket_mb: float = 25.0
+    compute_profile: str | None = None  # compute timings for pricing (default: measured here, on the CPU)
+
+    def check(self) -> None:
+        from arcsim.compressors import REGISTRY
+        from arcsim.memory import MEMORIES
+
+        model_entry(self.model)
+        unknown = [c for c in self.compressors if c not in REGISTRY]
+        if unknown or not self.compressors:
+            raise ArcsimError(f"unknown compressor {', '.join(unknown) or '(none given)'}; choose from "
+                              f"{', '.join(REGISTRY)}")
+        if self.memory not in MEMORIES:
+            raise ArcsimError(f"unknown memory {self.memory!r}; choose one of {', '.join(MEMORIES)}")
+        if not 0 < self.density <= 1:
+            raise ArcsimError(f"--density must lie in (0, 1], got {self.density}")
+        for name, value in (("--workers", self.workers), ("--steps", self.steps), ("--batch", self.batch),
+                            ("--eval-every", self.eval_every)):
+            if value < 1:
+                raise ArcsimError(f"{name} must be at least 1, got {value}")
+        if self.lr is not None and not self.lr > 0:
+            raise ArcsimError(f"--lr must be positive, got {self.lr}")
+        if not self.seeds:
+            raise ArcsimError("--seeds is empty; give at least one, e.g. 0,1,2")
+
+
+@dataclass
+class History:
+    """One (compressor, seed) training run."""
+
+    compressor: str
+    seed: int
+    memory: str
+    loss: list[float] = field(default_factory=list)                   # mean worker loss per step
+    eval_steps: list[int] = field(default_factory=list)               # steps after which accuracy was measured
+    accuracy: list[float] = field(default_factory=list)
+    measurement: Measurement | None = None                              # per-step records for pricing
+    diverged_at: int | None = None
+
+
+@dataclass
+class Setup:
+    """What every run of a config shares: data, layer layout, buckets and the compute profile."""
+
+    data: Dataset
+    layers: tuple[Layer, ...]
+    buckets: list[Bucket]
+    profile: ComputeProfile
+
+
+def prepare(cfg: TrainConfig) -> Setup:
+    cfg.check()
+    entry = model_entry(cfg.model)
+    data = make_dataset(cfg.dataset)
+    if data.held_out() is None:
+        raise ArcsimError(f"dataset {cfg.dataset} has no held-out split to measure accuracy on; use digits or "
+                          "mnist1d")
+    entry.build(data.spec)  # fails early, with the reason, when the model does not fit the data
+    if hasattr(data, "x") and cfg.workers * cfg.batch > len(data.x):
+        raise ArcsimError(f"{cfg.workers} workers × batch {cfg.batch} exceeds the {len(data.x)} training examples of "
+                          f"{cfg.dataset}; use fewer workers or a smaller --batch")
+    torch.manual_seed(0)
+    params = dict(entry.build(data.spec).named_parameters())
+    if cfg.compute_profile:
+        profile = load_profile(cfg.compute_profile)
+        have = {la.name: la.numel for la in profile.layers}
+        if have != {n: p.numel() for n, p in params.items()}:
+            raise ArcsimError(f"compute profile {cfg.compute_profile} is not of {cfg.model} on {cfg.dataset}; "
+                              f"write one with `arcsim trace profile --model {cfg.model} --dataset {cfg.dataset}`")
+    else:
+        profile = measure_profile(cfg.model, cfg.batch, "cpu", dataset=cfg.dataset, repeats=10, warmup=3)
+    order = [la.name for la in profile.layers] + [n for n in params if n not in {la.name for la in profile.layers}]
+    layers, offset = [], 0
+    for name in order:  # backward order, contiguous in the flat gradient vector
+        layers.append(Layer(name, tuple(params[name].shape), offset))
+        offset += params[name].numel()
+    ready = {la.name: la.ready_s for la in profile.layers}
+    buckets = make_buckets(layers, [ready.get(la.name, profile.backward_s) for la in layers], cfg.bucket_mb * 2**20)
+    return Setup(data, tuple(layers), buckets, profile)
+
+
+def accuracy(model: torch.nn.Module, data: Dataset) -> float:
+    x, y = data.held_out()  # type: ignore[misc]
+    model.eval()
+    with torch.no_grad():
+        correct = (model(x).argmax(dim=1) == y).float().mean()
+    model.train()
+    return float(correct)
+
+
+def train(cfg: TrainConfig, setup: Setup, compressor: str, seed: int,
+          progress: Callable[[int], None] | None = None) -> History:
+    """Train from the same initial weights and batches for every compressor of a seed."""
+    entry = model_entry(cfg.model)
+    torch.manual_seed(seed)
+    model = entry.build(setup.data.spec)
+    params = dict(model.named_parameters())
+    opt = torch.optim.SGD(model.parameters(), lr=cfg.lr or entry.lr, momentum=cfg.momentum)
+    bc = BucketedCompression(setup.buckets, compressor, cfg.density, cfg.memory, seed=seed)
+    hist = History(compressor, seed, bc.memory,
+                   measurement=Measurement(compressor, cfg.density, bc.memory, sum(b.numel for b in setup.buckets)))
+    gen = torch.Generator().manual_seed(seed)
+    d = setup.layers[-1].offset + setup.layers[-1].numel
+    grads = torch.empty(cfg.workers, d)
+    for step in range(cfg.steps):
+        x, y = setup.data.draw(cfg.workers * cfg.batch, gen)
+        losses = []
+        for w, (xw, yw) in enumerate(zip(x.chunk(cfg.workers), y.chunk(cfg.workers), strict=True)):
+            model.zero_grad(set_to_none=True)
+            loss = loss_fn(setup.data.spec.kind, model(xw), yw)
+            loss.backward()
+            losses.append(loss.item())
+            for la in setup.layers:
+                p = params[la.name]
+                grads[w, la.offset:la.offset + la.numel] = 0.0 if p.grad is None else p.grad.reshape(-1)
+        hist.loss.append(float(np.mean(losses)))
+        if not np.isfinite(hist.loss[-1]):  # the last update broke the model: record what it now predicts
+            hist.diverged_at = step
+            hist.eval_steps.append(step + 1)
+            hist.accuracy.append(accuracy(model, setup.data))
+            break
+        update, row = bc.step(step, grads)
+        hist.measurement.add(row)  # type: ignore[union-attr]
+        for la in setup.layers:
+            params[la.name].grad = update[0, la.offset:la.offset + la.numel].reshape(la.shape).clone()
+        opt.step()
+        if (step + 1) % cfg.eval_every == 0 or step + 1 == cfg.steps:
+            hist.eval_steps.append(step + 1)
+            hist.accuracy.append(accuracy(model, setup.data))
+        if progress:
+            progress(1)
+    return hist
