@@ -91,23 +91,26 @@ def train(model: str, dataset: str, workers: int, compressors: str, density: flo
 
 
 def _table(summary, target: float | None, topology: str | None) -> None:
-    table = Table(title="Time to accuracy" if target else "Final accuracy")
-    cols = ["compressor", "seeds", "final accuracy"]
+    seeds = int(summary["seeds"].max())
+    title = f"Time to {target:.0%} held-out accuracy" if target is not None else "Final held-out accuracy"
+    table = Table(title=f"{title}, {seeds} seed{'s' if seeds != 1 else ''} (mean ± sd"
+                        + ("; steps: mean over the runs that reached it)" if target is not None else ")"))
+    cols = ["compressor", "final acc"]
     if topology:
-        cols += ["collective", "ms / step"]
+        cols += ["collective", "ms/step"]
     if target is not None:
-        cols += ["reached", "steps to target"] + (["time to target", "vs topk", "vs dense"] if topology else [])
+        cols += ["reached", "steps"] + (["time to target", "vs topk", "vs dense"] if topology else [])
     for c in cols:
-        table.add_column(c, justify="left" if c in ("compressor", "collective") else "right")
+        table.add_column(c, justify="left" if c in ("compressor", "collective") else "right", no_wrap=True)
 
     def num(v: float, fmt: str) -> str:
         return "not reached" if v is None or (isinstance(v, float) and math.isnan(v)) else format(v, fmt)
 
     for _, r in summary.iterrows():
-        acc = f"{r['final_acc_mean']:.4f}" + (f" ± {r['final_acc_std']:.4f}" if r["seeds"] > 1 else "")
+        acc = f"{r['final_acc_mean']:.3f}" + (f"±{r['final_acc_std']:.3f}" if r["seeds"] > 1 else "")
         if r["diverged_runs"]:
-            acc += f" ({r['diverged_runs']} diverged)"
-        row = [r["compressor"], str(r["seeds"]), acc]
+            acc += f" ({r['diverged_runs']} div.)"
+        row = [r["compressor"], acc]
         if topology:
             row += [r["collective"], f"{r['step_s'] * 1e3:.3f}"]
         if target is not None:
@@ -115,8 +118,8 @@ def _table(summary, target: float | None, topology: str | None) -> None:
             if topology:
                 t = r["time_to_target_s"]
                 row += [num(t * 1e3 if not math.isnan(t) else t, ".1f") + (" ms" if not math.isnan(t) else ""),
-                        num(r.get("saving_vs_topk", math.nan), "+.1%"), num(r.get("saving_vs_dense", math.nan),
-                                                                            "+.1%")]
+                        *(f"{v:+.1%}" if not math.isnan(v) else "–" for v in (r.get("saving_vs_topk", math.nan),
+                                                                              r.get("saving_vs_dense", math.nan)))]
         table.add_row(*row)
     console.print(table)
     if target is not None and topology:

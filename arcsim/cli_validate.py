@@ -21,7 +21,7 @@ def _list(text: str) -> tuple[str, ...]:
 @click.option("--bandwidth", default="1Gbit,100Mbit", show_default=True, help="Link rates, comma-separated.")
 @click.option("--delay", default="0s", show_default=True, help="One-way delay added to every link, e.g. 0.5ms.")
 @click.option("--compressors", "-c", default="dense,topk,arctopk,star,powersgd", show_default=True)
-@click.option("--model", default="mlp", show_default=True)
+@click.option("--model", default="mlp_wide", show_default=True)
 @click.option("--dataset", default="digits", show_default=True)
 @click.option("--density", default=0.01, show_default=True, type=float)
 @click.option("--steps", default="30", show_default=True, type=Count(), help="Timed DDP steps per compressor.")

@@ -32,7 +32,7 @@ class ValidateConfig:
     bandwidths: tuple[str, ...] = ("1Gbit", "100Mbit")
     delay: str = "0s"  # one-way, added by the emulated cluster's forwarder
     compressors: tuple[str, ...] = ("dense", "topk", "arctopk", "star", "powersgd")
-    model: str = "mlp"
+    model: str = "mlp_wide"
     dataset: str | None = "digits"
     density: float = 0.01
     memory: str = "ef14"
@@ -201,12 +201,18 @@ def write_outputs(rows: list[dict[str, Any]], out_dir: Path) -> tuple[Path, Path
     pd.DataFrame(rows).to_csv(csv, index=False)
     fig = Figure(figsize=(6.5, 6), layout="constrained")
     ax = fig.subplots()
-    for name in sorted({r["compressor"] for r in rows}):
-        pts = [r for r in rows if r["compressor"] == name]
-        ax.errorbar([r["measured_s"] * 1e3 for r in pts], [r["predicted_s"] * 1e3 for r in pts],
-                    xerr=[[(r["measured_s"] - r["measured_p10_s"]) * 1e3 for r in pts],
-                          [(r["measured_p90_s"] - r["measured_s"]) * 1e3 for r in pts]],
-                    fmt="o", ms=5, capsize=2, label=name)
+    names, rank_counts = sorted({r["compressor"] for r in rows}), sorted({r["ranks"] for r in rows})
+    markers = "osD^vP*X"
+    for i, name in enumerate(names):
+        for j, ranks in enumerate(rank_counts):
+            pts = [r for r in rows if r["compressor"] == name and r["ranks"] == ranks]
+            if not pts:
+                continue
+            ax.errorbar([r["measured_s"] * 1e3 for r in pts], [r["predicted_s"] * 1e3 for r in pts],
+                        xerr=[[(r["measured_s"] - r["measured_p10_s"]) * 1e3 for r in pts],
+                              [(r["measured_p90_s"] - r["measured_s"]) * 1e3 for r in pts]],
+                        fmt=markers[j % len(markers)], ms=5, capsize=2, color=f"C{i}",
+                        label=f"{name}, {ranks} ranks" if len(rank_counts) > 1 else name)
     lo = min(min(r["measured_s"], r["predicted_s"]) for r in rows) * 1e3 * 0.8
     hi = max(max(r["measured_s"], r["predicted_s"]) for r in rows) * 1e3 * 1.2
     ax.plot([lo, hi], [lo, hi], "k-", lw=1, label="prediction = measurement")

@@ -55,20 +55,38 @@ def test_topk_keeps_exactly_each_workers_largest_entries():
         assert torch.equal(got, expect)
 
 
+@pytest.mark.parametrize("scope", ["tensor", "bucket"])
 @pytest.mark.parametrize("layout", [None, "layers"])
 @pytest.mark.parametrize("density", [0.01, 0.1, 0.5])
-def test_oracle_arctopk_is_contractive(layout, density):
+def test_oracle_arctopk_is_contractive(layout, density, scope):
     x = grads(seed=5)[0]
     lay = layout_of([(40, 100), (1000,), (10, 100)]) if layout else None
-    comp = ArcTopK(density, seed=2, selector="oracle")
+    comp = ArcTopK(density, seed=2, selector="oracle", scope=scope)
     out = comp.compress(x, InProcessComm(P), 0, lay)
     mean = x.mean(0, keepdim=True)
     rows = comp.rows_for(lay or layout_of([(D,)]), x.device)
-    kept_rows = int((out.aggregate.view(-1)[rows.start] != 0).sum())
-    m = rows.count
-    err = float((mean - out.aggregate).pow(2).sum())
-    assert err <= (1 - kept_rows / m) * float(mean.pow(2).sum()) * (1 + 1e-6)
-    assert kept_rows >= 1
+    kept = out.aggregate.view(-1)[rows.start] != 0
+    groups = rows.layer_rows if scope == "tensor" else [(0, rows.count)]  # where the best rows are chosen
+    for first, n in groups:
+        part = slice(int(rows.start[first]), int(rows.start[first + n - 1] + rows.length[first + n - 1]))
+        err = float((mean[0, part] - out.aggregate[0, part]).pow(2).sum())
+        kept_rows = int(kept[first:first + n].sum())
+        assert err <= (1 - kept_rows / n) * float(mean[0, part].pow(2).sum()) * (1 + 1e-6)
+        assert kept_rows >= 1 or scope == "bucket"
+    assert int(kept.sum()) >= 1
+
+
+def test_tensor_scope_moves_every_layer_where_bucket_scope_starves_small_ones():
+    x = grads(seed=5)[0]
+    x[:, :4000] *= 100  # one loud layer: [40, 100]
+    lay = layout_of([(40, 100), (1000,), (10, 100)])
+    moved = {}
+    for scope in ("tensor", "bucket"):
+        out = ArcTopK(0.01, seed=2, scope=scope).compress(x, InProcessComm(P), 0, lay)
+        agg = out.aggregate.view(-1)
+        moved[scope] = [bool(agg[lo:hi].ne(0).any()) for lo, hi in ((0, 4000), (4000, 5000), (5000, 6000))]
+    assert moved["tensor"] == [True, True, True]
+    assert moved["bucket"] == [True, False, False]
 
 
 def test_sketch_arctopk_finds_the_energetic_rows_and_beats_randk():
@@ -180,6 +198,7 @@ def test_works_on_a_list_of_layer_tensors(name):
     ({"name": "topk", "density": 1.5}, "density must be in"),
     ({"name": "powersgd", "rank": 0}, "rank r must be"),
     ({"name": "arctopk", "rank": 0}, "rank r must be"),
+    ({"name": "arctopk", "scope": "layer"}, "unknown scope"),
     ({"name": "topk", "rank": 2}, "applies to powersgd"),
     ({"name": "zipk"}, "unknown compressor"),
 ])

@@ -15,12 +15,13 @@ from arcsim.cluster import namespaces
 
 @pytest.mark.skipif(not netns_available(), reason="needs root and network namespaces")
 def test_validate_writes_a_consistent_report(tmp_path):
-    r = run_cli("validate", "--ranks", "2", "--bandwidth", "200Mbit", "-c", "dense,topk,arctopk", "--steps", "6",
-                "--out", str(tmp_path), timeout=600)
+    r = run_cli("validate", "--ranks", "2", "--bandwidth", "200Mbit", "--delay", "0.5ms", "-c", "dense,topk,arctopk",
+                "--model", "mlp", "--steps", "6", "--out", str(tmp_path), timeout=600)
     assert r.returncode == 0, r.stderr[-2000:]
     assert "MAPE" in r.stdout
     rows = pd.read_csv(tmp_path / "validation.csv")
     assert list(rows["compressor"]) == ["dense", "topk", "arctopk"]
+    assert set(rows["bandwidth"]) == {"200Mbit+0.5ms"}  # the delayed link (TUN forwarder) was used
     assert {"measured_s", "predicted_s", "ranks", "bandwidth", "measured_p10_s", "measured_p90_s"} <= set(rows)
     assert (rows["measured_s"] > 0).all() and (rows["predicted_s"] > 0).all()
     assert (rows["measured_p10_s"] <= rows["measured_s"]).all() and (rows["measured_s"] <= rows["measured_p90_s"]).all()

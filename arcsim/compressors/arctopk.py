@@ -4,8 +4,11 @@ The vector is viewed as rows: the rows of each ≥2-D layer (flattened past its 
 of ``block`` elements for 1-D layers and flat buckets (the last block may be shorter). With a Gaussian
 matrix V (L × r, from a seed all workers share, fresh each step, one per row length L), every worker
 sketches its rows, x_i V; the sketch is all-reduced (mean: by linearity x̄ V), each row is scored by
-‖S_j‖²/r, an unbiased estimate of ‖x̄_j‖², and the best rows are kept until ρ·d elements are used
-(at least one row; with equal rows that is K = ⌊ρ m⌋). Then only those rows' values are all-reduced.
+‖S_j‖²/r, an unbiased estimate of ‖x̄_j‖², and the best rows are kept. ``scope="tensor"`` (the
+default, as the authors' code) keeps K = max(1, ⌊ρ m⌋) rows of every layer, so every layer moves every
+step; ``scope="bucket"`` ranks all rows of the bucket together and keeps the best until ρ·d elements are
+used (at least one row) — at low density on a small model that can leave layers (the output layer
+among them) without any update for many steps. Then only the kept rows' values are all-reduced.
 No index list travels. ``selector="oracle"`` scores rows by the exact ‖x̄_j‖² instead (it needs a dense
 all-reduce, logged with the tag "oracle"): an analysis baseline with ‖x̄ − C(x̄)‖² ≤ (1 − K/m)‖x̄‖².
 """
@@ -26,6 +29,7 @@ from arcsim.compressors.base import (
 )
 
 SELECTORS = ("sketch", "oracle")
+SCOPES = ("tensor", "bucket")
 
 
 class Rows:
@@ -46,6 +50,12 @@ class Rows:
                     self.segments.append((layer.offset, full, block))
                 if tail:
                     self.segments.append((layer.offset + full * block, 1, tail))
+        self.layer_rows: list[tuple[int, int]] = []  # (first row, rows) of each layer
+        first = 0
+        for layer in layout:
+            n = layer.shape[0] if len(layer.shape) >= 2 and layer.shape[0] > 0 else -(-layer.numel // block)
+            self.layer_rows.append((first, n))
+            first += n
         self.start = torch.cat([off + torch.arange(n, dtype=torch.int64) * L for off, n, L in self.segments]).to(device)
         self.length = torch.cat([torch.full((n,), L, dtype=torch.int64) for _, n, L in self.segments]).to(device)
 
@@ -70,7 +80,7 @@ class ArcTopK(Compressor):
     all_reduce_compatible = True
 
     def __init__(self, density: float = 0.01, seed: int = 0, rank: int = 4, block: int = 64,
-                 selector: str = "sketch") -> None:
+                 selector: str = "sketch", scope: str = "tensor") -> None:
         super().__init__(density, seed)
         if rank < 1:
             raise CompressionError(f"sketch rank r must be ≥ 1 (got {rank})")
@@ -78,7 +88,9 @@ class ArcTopK(Compressor):
             raise CompressionError(f"block length must be ≥ 1 (got {block})")
         if selector not in SELECTORS:
             raise CompressionError(f"unknown selector {selector!r}; choose one of {', '.join(SELECTORS)}")
-        self.rank, self.block, self.selector = rank, block, selector
+        if scope not in SCOPES:
+            raise CompressionError(f"unknown scope {scope!r}; choose one of {', '.join(SCOPES)}")
+        self.rank, self.block, self.selector, self.scope = rank, block, selector, scope
         self._rows: dict[tuple, Rows] = {}
 
     def rows_for(self, layout: tuple[Layer, ...], device: torch.device) -> Rows:
@@ -109,10 +121,15 @@ class ArcTopK(Compressor):
                  layout: tuple[Layer, ...] | None = None, density: float | None = None) -> Compressed:
         d = x.shape[1]
         rows = self.rows_for(layout or flat_layout(d), x.device)
-        ranked = torch.argsort(self.scores(x, rows, comm, step), descending=True)
-        budget = (self.density if density is None else density) * d
-        within = torch.cumsum(rows.length[ranked], 0) <= budget
-        keep = ranked[: max(1, int(within.sum()))]
+        scores = self.scores(x, rows, comm, step)
+        rho = self.density if density is None else density
+        if self.scope == "tensor":
+            keep = torch.cat([first + torch.topk(scores[first:first + n], max(1, int(rho * n))).indices
+                              for first, n in rows.layer_rows])
+        else:
+            ranked = torch.argsort(scores, descending=True)
+            within = torch.cumsum(rows.length[ranked], 0) <= rho * d
+            keep = ranked[: max(1, int(within.sum()))]
         idx = rows.elements(torch.sort(keep).values)
         vals = x.index_select(1, idx).float()
         reduced = comm.all_reduce(vals, tag="values")

@@ -128,7 +128,7 @@ def speedup_vs_ranks(df: pd.DataFrame, path: Path) -> Path:
     ax.set_xlabel("ranks (GPUs)")
     ax.set_ylabel("speed-up over dense all-reduce (×)")
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8, title="compressor (best collective)")
+    ax.legend(fontsize=8, title="compressor", loc="best")
     _title(ax, "Iteration speed-up over dense as the cluster grows", df, held)
     return _finish(fig, path)
 
