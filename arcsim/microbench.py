@@ -16,7 +16,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from arcsim.comm.distributed import gather_into
+from arcsim.comm.distributed import gather_into, leave_cleanly
 
 OPS = ("allreduce", "allgather", "broadcast")
 WARMUP = 2
@@ -62,8 +62,10 @@ def main() -> None:
                 json.dump({"world": dist.get_world_size(), "median_s": {
                     op: {size: statistics.median(ts) for size, ts in by.items()} for op, by in result.items()},
                     "samples_s": result}, fh)
-    finally:
+    except BaseException:
         dist.destroy_process_group()
+        raise
+    leave_cleanly()
 
 
 if __name__ == "__main__":

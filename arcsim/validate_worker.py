@@ -26,6 +26,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from arcsim.comm.distributed import leave_cleanly
 from arcsim.datasets import make_dataset
 from arcsim.hooks import CompressionState, compression_hook
 from arcsim.models import loss_fn, model_entry
@@ -153,8 +154,10 @@ def main() -> None:
                 json.dump(profile.to_json(), fh)
             with open(prefix + "times.json", "w") as fh:
                 json.dump(results, fh)
-    finally:
+    except BaseException:
         dist.destroy_process_group()
+        raise
+    leave_cleanly()
 
 
 if __name__ == "__main__":

@@ -165,7 +165,9 @@ def crossover(df: pd.DataFrame, path: Path) -> Path:
         for i in range(grid.shape[0]):
             for j in range(grid.shape[1]):
                 if not math.isnan(grid[i, j]):
-                    ax.text(j, i, f"{grid[i, j]:.2g}", ha="center", va="center", fontsize=7)
+                    dark = abs(logs[i, j]) > 0.6 * span
+                    ax.text(j, i, f"{grid[i, j]:.2g}", ha="center", va="center", fontsize=8,
+                            color="white" if dark else "black")
         ax.set_xticks(range(len(bws)), [f"{b:g}" for b in bws])
         ax.set_yticks(range(len(params)), [f"{m}\n{p / 1e6:.3g} M" for m, p in params.items()])
         ax.set_xlabel("per-NIC bandwidth (Gb/s)")
