@@ -11,6 +11,7 @@ its 10th–90th percentile spread) with the prediction.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -81,14 +82,22 @@ def _trace(cfg: ValidateConfig, ranks: int) -> Path:
     return path
 
 
-def _predict(cfg: ValidateConfig, topo: Path, trace: Path, profile: Path) -> dict[str, dict[str, float]]:
+def core_sharing(ranks: int) -> float:
+    """How much slower one rank's compression runs when all ranks of an emulated cluster compress at once
+    on this machine's cores (1 where every rank has a core; a real cluster is 1)."""
+    return max(1.0, ranks / (os.cpu_count() or 1))
+
+
+def _predict(cfg: ValidateConfig, topo: Path, trace: Path, profile: Path,
+             compress_scale: float = 1.0) -> dict[str, dict[str, float]]:
     import torch
 
     from arcsim.run.analysis import Analysis, RunConfig
 
     run = RunConfig(topology=str(topo), trace=str(trace), compressors=tuple(cfg.compressors),
                     density=cfg.density, memory=cfg.memory, bucket_mb=cfg.bucket_mb, policy="none",
-                    ratios=(cfg.density,), compute_profile=str(profile), seed=cfg.seed, allow_capture=False)
+                    ratios=(cfg.density,), compute_profile=str(profile), seed=cfg.seed, allow_capture=False,
+                    compress_scale=compress_scale)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # time compression as a rank runs it (one thread, as torchrun sets)
     try:
@@ -100,9 +109,9 @@ def _predict(cfg: ValidateConfig, topo: Path, trace: Path, profile: Path) -> dic
 
 
 def compare(cfg: ValidateConfig, ranks: int, label: str, topo: Path, trace: Path, profile: Path,
-            times: dict[str, Any]) -> list[dict[str, Any]]:
+            times: dict[str, Any], compress_scale: float = 1.0) -> list[dict[str, Any]]:
     """Predict every compressor of one measured case and pair it with the measurement."""
-    predicted = _predict(cfg, topo, trace, profile)
+    predicted = _predict(cfg, topo, trace, profile, compress_scale)
     rows = []
     for name in cfg.compressors:
         t = np.asarray(times[name]["iteration_s"])
@@ -114,7 +123,7 @@ def compare(cfg: ValidateConfig, ranks: int, label: str, topo: Path, trace: Path
                      "measured_p90_s": float(np.percentile(t, 90)), "predicted_s": p["iteration_s"],
                      "error": p["iteration_s"] / float(np.median(t)) - 1, "predicted_compute_s": p["compute_s"],
                      "predicted_compress_s": p["compress_s"], "predicted_comm_s": p["comm_s"], "steps": len(t),
-                     "measured_hook_s": float(np.median(times[name]["hook_s"]))})
+                     "measured_hook_s": float(np.median(times[name]["hook_s"])), "compress_scale": compress_scale})
     return rows
 
 
@@ -138,7 +147,8 @@ def run_validation(cfg: ValidateConfig, note: Callable[[str], None] = print) -> 
             trace = _trace(cfg, ranks)
             for bandwidth in cfg.bandwidths:
                 topo, profile, times = _case(cfg, ranks, bandwidth, Path(tmp), note)
-                rows += compare(cfg, ranks, link_label(cfg, bandwidth), topo, trace, profile, times)
+                rows += compare(cfg, ranks, link_label(cfg, bandwidth), topo, trace, profile, times,
+                                core_sharing(ranks))
     return rows
 
 

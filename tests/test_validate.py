@@ -63,3 +63,10 @@ def test_real_cluster_path_under_torchrun_on_loopback(tmp_path):
 def test_measured_needs_a_topology(tmp_path):
     r = run_cli("validate", "--measured", str(tmp_path))
     assert r.returncode == 2 and "--measured needs --topology" in r.stderr
+
+
+def test_emulated_ranks_sharing_cores_slow_compression_down(monkeypatch):
+    from arcsim import validate
+
+    monkeypatch.setattr(validate.os, "cpu_count", lambda: 2)
+    assert [validate.core_sharing(r) for r in (1, 2, 4, 8)] == [1.0, 1.0, 2.0, 4.0]

@@ -58,6 +58,7 @@ class RunConfig:
     seed: int = 0
     allow_capture: bool = True
     grid_steps: int | None = None       # trace steps for ratio-grid points (None: all, or 1 for large traces)
+    compress_scale: float = 1.0         # measured compression × this: > 1 where ranks share cores (emulation)
 
     def check(self) -> None:
         unknown = [c for c in self.compressors if c not in REGISTRY]
@@ -77,6 +78,8 @@ class RunConfig:
             raise RunError(f"--bucket-mb must be positive, got {self.bucket_mb}")
         if self.weights is not None and (len(self.weights) != 2 or min(self.weights) < 0 or sum(self.weights) <= 0):
             raise RunError("--weights takes two non-negative numbers TIME,ERROR, not both zero (e.g. 1,1)")
+        if not self.compress_scale > 0:
+            raise RunError(f"compress_scale must be positive, got {self.compress_scale}")
         if not self.slack >= 0:
             raise RunError(f"--slack must be ≥ 0, got {self.slack}")
 
@@ -118,6 +121,7 @@ class Context:
     buckets: list[Bucket]
     engine: str
     compress_source: str       # "measured" or "modelled"
+    compress_scale: float = 1.0  # measured compression × this (ranks sharing cores in an emulated cluster)
 
 
 def main_op(meas: Measurement) -> str:
@@ -139,7 +143,7 @@ def step_timelines(meas: Measurement, collective: str, ctx: Context, pricer: Pri
     for s, step_records in enumerate(meas.records):
         comm = [sum(p.time_s for p in pricer.records(recs, algos)) for recs in step_records]
         if ctx.compress_source == "measured":
-            comp = meas.compress_s[s]
+            comp = [c * ctx.compress_scale for c in meas.compress_s[s]]
         else:
             comp = [compress_cost.modelled(meas.compressor, b.numel, len(recs), ctx.compute.device)
                     for b, recs in zip(ctx.buckets, step_records, strict=True)]
@@ -198,7 +202,7 @@ class Analysis:
         compute = from_profile(cfg.compute_profile, self.trace) if cfg.compute_profile else from_trace(self.trace)
         buckets = make_buckets(self.trace.layers, compute.ready_s, cfg.bucket_mb * 2**20)
         source = "measured" if compute.device == "cpu" else "modelled"
-        self.ctx = Context(self.trace, self.topo, compute, buckets, cfg.engine, source)
+        self.ctx = Context(self.trace, self.topo, compute, buckets, cfg.engine, source, cfg.compress_scale)
         self.pricer = Pricer(self.topo, cfg.engine)
         self._measured: dict[tuple[str, float, int], Measurement] = {}
         self._cached: list[tuple[int, torch.Tensor]] | None = None

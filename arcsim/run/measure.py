@@ -148,19 +148,24 @@ def measure(steps: Iterable[tuple[int, torch.Tensor]], buckets: list[Bucket], co
     return out
 
 
+TIMING_BUDGET_S = 0.02  # per bucket: cheap compressions are repeated until this much time is spent …
+TIMING_CALLS = (3, 15)  # … within these bounds on the number of timed calls
+
+
 def _one_rank_seconds(x: torch.Tensor, compressor: str, density: float, memory: str, seed: int, rank: int | None,
                       layout) -> float:
     """One rank's compression work on its own slice: a fresh compressor and memory over a SoloComm
-    (collectives become copies), warmed up once, then the faster of steps 1 and 2 — so fixed per-call costs count in
-    full instead of being shared by the W workers stacked in-process."""
+    (collectives become copies), warmed up once, then the median of 3–15 timed steps (as many as fit in
+    TIMING_BUDGET_S) — so fixed per-call costs count in full instead of being shared by the W workers
+    stacked in-process, and a scheduler hiccup on a busy machine does not become the prediction."""
     comp = make_compressor(compressor, density, seed=seed, rank=rank)
     mem = make_memory(memory)
     comm = SoloComm(x.shape[0], leader=True)  # a leader's work (AR-Top-K) is on every rank's critical path
     mine = x[0:1].clone()
     mem.step(mine.clone(), comp, comm, 0, layout)
-    best = float("inf")
-    for step in (1, 2):  # the faster of two timed calls: robust to a scheduler hiccup on a busy machine
+    times: list[float] = []
+    while len(times) < TIMING_CALLS[0] or (len(times) < TIMING_CALLS[1] and sum(times) < TIMING_BUDGET_S):
         started = time.perf_counter()
-        mem.step(mine.clone(), comp, comm, step, layout)
-        best = min(best, time.perf_counter() - started)
-    return best
+        mem.step(mine.clone(), comp, comm, len(times) + 1, layout)
+        times.append(time.perf_counter() - started)
+    return float(np.median(times))
