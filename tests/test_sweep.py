@@ -227,3 +227,22 @@ def test_charts_hold_other_axes_at_their_first_value_and_keep_dense():
     held, text = hold_others(df, ("world",))
     assert list(held["compressor"]) == ["dense", "topk", "dense", "topk"]  # density held at 0.01, dense kept
     assert text == "held at density 0.01"
+
+
+def test_heatmap_cells_and_crossover_ratios_come_from_the_table():
+    from arcsim.sweep.plots import ag_over_ar, fastest_by_cell
+
+    rows = []
+    for bw, dense_t in ((1.0, 10.0), (100.0, 1.0)):
+        rows.append({"compressor": "dense", "density": 1.0, "nic_gbps": bw, "iteration_s": dense_t})
+        for d, topk_t, arc_t in ((0.01, 4.0, 2.0), (0.1, 6.0, 7.0)):
+            rows += [{"compressor": "topk", "density": d, "nic_gbps": bw, "iteration_s": topk_t * dense_t / 10},
+                     {"compressor": "arctopk", "density": d, "nic_gbps": bw, "iteration_s": arc_t * dense_t / 10}]
+    df = pd.DataFrame(rows).assign(model="m", dense_iteration_s=lambda t: t["nic_gbps"].map({1.0: 10.0, 100.0: 1.0}))
+    df.loc[(df["nic_gbps"] == 100.0) & (df["compressor"] != "dense"), "iteration_s"] += 1.0  # dense wins at 100
+    bws, dens, winners, speedup = fastest_by_cell(df)
+    assert (bws, dens) == ([1.0, 100.0], [0.01, 0.1])
+    assert winners.tolist() == [["arctopk", "topk"], ["dense", "dense"]]
+    assert speedup[0].tolist() == pytest.approx([10 / 2.0, 10 / 6.0]) and speedup[1].tolist() == [1.0, 1.0]
+    ratio = ag_over_ar(df[df["density"] != 0.1])
+    assert ratio[("m", 1.0)] == pytest.approx(4.0 / 2.0)

@@ -77,11 +77,9 @@ def _colour_of(names: list[str]) -> dict[str, tuple]:
     return {n: PALETTE[i % len(PALETTE)] for i, n in enumerate(sorted(names))}
 
 
-def heatmap(df: pd.DataFrame, path: Path) -> Path:
-    """The fastest compressor in each (bandwidth, density) cell, with its speed-up over dense."""
-    if not (_varied(df, "nic_gbps") and df.loc[~df["compressor"].isin(DENSITY_FREE), "density"].nunique() > 1):
-        raise PlotUnsupported("heatmap needs at least two bandwidths and two densities")
-    df, held = hold_others(df, ("nic_gbps", "density"))
+def fastest_by_cell(df: pd.DataFrame) -> tuple[list, list, np.ndarray, np.ndarray]:
+    """Bandwidths, densities, and per (bandwidth, density) cell the fastest compressor and its speed-up
+    over dense; dense and fp16 (no density) compete in every cell of their bandwidth."""
     sparse = df[~df["compressor"].isin(DENSITY_FREE)]
     bws, dens = sorted(df["nic_gbps"].unique()), sorted(sparse["density"].unique())
     winners = np.empty((len(bws), len(dens)), dtype=object)
@@ -92,6 +90,22 @@ def heatmap(df: pd.DataFrame, path: Path) -> Path:
             cell = at_bw[(at_bw["density"] == d) | at_bw["compressor"].isin(DENSITY_FREE)]
             best = cell.loc[cell["iteration_s"].idxmin()]
             winners[i, j], speedup[i, j] = best["compressor"], best["dense_iteration_s"] / best["iteration_s"]
+    return bws, dens, winners, speedup
+
+
+def ag_over_ar(df: pd.DataFrame) -> pd.Series:
+    """Per (model, bandwidth): the best all-gather top-k time over the best all-reduce top-k time."""
+    ag = df[df["compressor"].isin(AG_FAMILY)].groupby(["model", "nic_gbps"])["iteration_s"].min()
+    ar = df[df["compressor"].isin(AR_TOPK_FAMILY)].groupby(["model", "nic_gbps"])["iteration_s"].min()
+    return ag / ar
+
+
+def heatmap(df: pd.DataFrame, path: Path) -> Path:
+    """The fastest compressor in each (bandwidth, density) cell, with its speed-up over dense."""
+    if not (_varied(df, "nic_gbps") and df.loc[~df["compressor"].isin(DENSITY_FREE), "density"].nunique() > 1):
+        raise PlotUnsupported("heatmap needs at least two bandwidths and two densities")
+    df, held = hold_others(df, ("nic_gbps", "density"))
+    bws, dens, winners, speedup = fastest_by_cell(df)
     names = sorted(set(winners.ravel()))
     colours = _colour_of(names)
     index = np.vectorize(names.index)(winners)
@@ -142,8 +156,7 @@ def crossover(df: pd.DataFrame, path: Path) -> Path:
     if not _varied(df, "nic_gbps"):
         raise PlotUnsupported("crossover needs at least two bandwidths")
     df, held = hold_others(df, ("nic_gbps", "model"))
-    ratio = (df[df["compressor"].isin(AG_FAMILY)].groupby(["model", "nic_gbps"])["iteration_s"].min()
-             / df[df["compressor"].isin(AR_TOPK_FAMILY)].groupby(["model", "nic_gbps"])["iteration_s"].min())
+    ratio = ag_over_ar(df)
     params = df.groupby("model")["params"].first().sort_values()
     bws = sorted(df["nic_gbps"].unique())
     fig, ax = plt.subplots(figsize=(max(6, 0.8 * len(bws) + 3), 0.6 * len(params) + 3))
