@@ -90,7 +90,10 @@ def _plots(directory: Path, plot_all) -> None:
               help="Which chart; repeat for several.")
 @click.option("--out", "-o", default=None, type=click.Path(file_okay=False),
               help="Where the PNGs go (default: beside the results).")
-def plot(results: str, kinds: tuple[str, ...], out: str | None) -> None:
+@click.option("--slack", default=0.25, show_default=True, type=click.FloatRange(min=0),
+              help="Heatmap: a sparsifier competes if its error is at most Top-K's × (1 + slack).")
+@click.option("--any-error", is_flag=True, help="Heatmap: the fastest compressor whatever its error.")
+def plot(results: str, kinds: tuple[str, ...], out: str | None, slack: float, any_error: bool) -> None:
     """Draw charts from a sweep's results (its directory or results.csv)."""
     from arcsim.sweep.plots import KINDS, plot_all
     from arcsim.sweep.store import load_results
@@ -99,7 +102,7 @@ def plot(results: str, kinds: tuple[str, ...], out: str | None) -> None:
     path = Path(results)
     target = Path(out) if out else (path if path.is_dir() else path.parent)
     wanted = tuple(KINDS) if "all" in kinds else kinds
-    written, skipped = plot_all(df, target, wanted)
+    written, skipped = plot_all(df, target, wanted, None if any_error else slack)
     for p in written:
         note(f"wrote {p}")
     if skipped and "all" not in kinds:

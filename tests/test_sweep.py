@@ -240,9 +240,15 @@ def test_heatmap_cells_and_crossover_ratios_come_from_the_table():
                      {"compressor": "arctopk", "density": d, "nic_gbps": bw, "iteration_s": arc_t * dense_t / 10}]
     df = pd.DataFrame(rows).assign(model="m", dense_iteration_s=lambda t: t["nic_gbps"].map({1.0: 10.0, 100.0: 1.0}))
     df.loc[(df["nic_gbps"] == 100.0) & (df["compressor"] != "dense"), "iteration_s"] += 1.0  # dense wins at 100
+    df["rel_error"] = df["compressor"].map({"dense": 0.0, "topk": 0.5, "arctopk": 0.55})
     bws, dens, winners, speedup = fastest_by_cell(df)
     assert (bws, dens) == ([1.0, 100.0], [0.01, 0.1])
     assert winners.tolist() == [["arctopk", "topk"], ["dense", "dense"]]
     assert speedup[0].tolist() == pytest.approx([10 / 2.0, 10 / 6.0]) and speedup[1].tolist() == [1.0, 1.0]
+    # a faster compressor whose error is far above Top-K's wins only when error is ignored
+    fast = df[df["compressor"] == "topk"].assign(compressor="randk", iteration_s=0.1, rel_error=0.99)
+    both = pd.concat([df, fast], ignore_index=True)
+    assert fastest_by_cell(both)[2].tolist() == winners.tolist()
+    assert set(fastest_by_cell(both, slack=None)[2].ravel()) == {"randk"}
     ratio = ag_over_ar(df[df["density"] != 0.1])
     assert ratio[("m", 1.0)] == pytest.approx(4.0 / 2.0)
