@@ -1,6 +1,8 @@
 """Names the command line offers, importable without torch (the registries are checked against them in tests)."""
 
 COMPRESSORS = ("dense", "fp16", "topk", "randk", "gaussiank", "arctopk", "star", "var", "powersgd", "adaptive")
+AG_FAMILY = ("topk", "gaussiank")            # index-based: moved by all-gather
+AR_TOPK_FAMILY = ("arctopk", "star", "var")  # all-reduce-compatible top-k variants
 DENSITY_FREE = ("dense", "fp16")  # compressors whose result does not depend on k/d
 MEMORIES = ("none", "ef14", "ef21", "ef21m")
 SYNTHETIC_KINDS = ("normal", "laplace", "t3", "correlated")

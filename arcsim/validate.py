@@ -22,9 +22,8 @@ from typing import Any
 
 import numpy as np
 
+from arcsim.catalog import AG_FAMILY
 from arcsim.errors import ArcsimError
-
-AG_COMPRESSORS = ("topk", "gaussiank")
 
 
 @dataclass
@@ -118,7 +117,7 @@ def compare(cfg: ValidateConfig, ranks: int, label: str, topo: Path, trace: Path
         p = predicted[name]
         rows.append({"ranks": ranks, "bandwidth": label, "model": cfg.model, "compressor": name,
                      "density": cfg.density if name not in ("dense", "fp16") else 1.0,
-                     "collective": "allgather" if name in AG_COMPRESSORS else "allreduce",
+                     "collective": "allgather" if name in AG_FAMILY else "allreduce",
                      "measured_s": float(np.median(t)), "measured_p10_s": float(np.percentile(t, 10)),
                      "measured_p90_s": float(np.percentile(t, 90)), "predicted_s": p["iteration_s"],
                      "error": p["iteration_s"] / float(np.median(t)) - 1, "predicted_compute_s": p["compute_s"],

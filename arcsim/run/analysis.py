@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from arcsim.catalog import DEFAULT_RATIOS, POLICIES
+from arcsim.catalog import AG_FAMILY, AR_TOPK_FAMILY, DEFAULT_RATIOS, POLICIES
 from arcsim.compressors import NAMES as COMPRESSORS
 from arcsim.compressors import REGISTRY
 from arcsim.errors import ArcsimError
@@ -30,8 +30,6 @@ from arcsim.topology import Topology, load_topology
 from arcsim.traces.format import Trace, open_trace
 from arcsim.traces.resolve import resolve_trace
 
-AG_FAMILY = ("topk", "gaussiank")               # index-based, moved by all-gather
-AR_TOPK_FAMILY = ("arctopk", "star", "var")     # all-reduce-compatible top-k variants
 GRID_ALL_STEPS_ELEMENTS = 2e8  # steps × workers × elements above which the grid uses the first step only
 CACHE_BYTES = 4 * 2**30  # traces up to this size (as stored) are read once and kept in memory
 BANDWIDTH_SCALES = tuple(float(s) for s in np.logspace(-2, 2, 25))

@@ -16,12 +16,10 @@ import pandas as pd
 from matplotlib.colors import ListedColormap, TwoSlopeNorm
 from matplotlib.ticker import NullFormatter
 
-from arcsim.catalog import DENSITY_FREE
+from arcsim.catalog import AG_FAMILY, AR_TOPK_FAMILY, DENSITY_FREE
 from arcsim.plotting import save_png
 from arcsim.sweep.spec import SweepError
 
-AG_FAMILY = ("topk", "gaussiank")            # index-based, moved by all-gather
-AR_TOPK_FAMILY = ("arctopk", "star", "var")  # all-reduce-compatible top-k
 # result columns that identify a point's setting (the swept axes as they came out)
 DIMENSIONS = ("topology_name", "nic_gbps", "latency_us", "world", "model", "trace", "density", "bucket_mb", "engine")
 LABELS = {"topology_name": "topology", "nic_gbps": "NIC Gb/s", "latency_us": "latency µs", "world": "ranks",

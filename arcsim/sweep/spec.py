@@ -12,8 +12,8 @@ import hashlib
 import itertools
 import json
 import re
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -21,10 +21,10 @@ import yaml
 
 from arcsim.catalog import COMPRESSORS, DENSITY_FREE, MEMORIES
 from arcsim.errors import ArcsimError
+from arcsim.netsim import ENGINES
 from arcsim.units import parse_duration, parse_rate
 
 DEFAULT_TOPOLOGY = "8x8-ib100"
-ENGINES = ("analytic", "des")
 
 # axis name → what it is (for errors and `arcsim sweep --help`)
 AXES: dict[str, str] = {
@@ -106,7 +106,6 @@ class SweepSpec:
     compute_profile: str | None = None
     out: str | None = None
     source: str = "command line"
-    extra: dict[str, Any] = field(default_factory=dict)
 
     def points(self) -> list[dict[str, Any]]:
         """The product of the axes, each point with its id, in a stable order. Dense and fp16 ignore the
@@ -225,8 +224,3 @@ def merge(yaml_raw: Mapping[str, Any], cli: Mapping[str, Any]) -> dict[str, Any]
     """Command-line values override the file's, key by key."""
     return {**yaml_raw, **{k: v for k, v in cli.items() if v is not None}}
 
-
-def changed_axes(points: Iterable[Mapping[str, Any]]) -> list[str]:
-    """Axes whose value differs between points."""
-    pts = list(points)
-    return [a for a in AXES if len({str(p[a]) for p in pts}) > 1]
