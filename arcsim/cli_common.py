@@ -11,6 +11,8 @@ import click
 from rich.console import Console
 from tqdm import tqdm
 
+from arcsim.errors import ArcsimError
+
 console = Console(width=None if sys.stdout.isatty() else 130)
 
 
@@ -39,6 +41,18 @@ def step_progress(desc: str, unit: str = "step") -> Iterator[Callable[[int, int]
     finally:
         if bar is not None:
             bar.close()
+
+
+def number_list(text: str, what: str, kind: type = float) -> tuple:
+    """A non-empty comma list of numbers (``kind`` float or int), or one clear error naming the option."""
+    example, noun = ("0,1,2", "whole numbers") if kind is int else ("1e-3,1e-2,0.1", "comma-separated numbers")
+    try:
+        values = tuple(kind(v) for v in text.split(",") if v.strip())
+    except ValueError:
+        raise ArcsimError(f"{what} takes {noun}, e.g. {example}; got {text!r}") from None
+    if not values:
+        raise ArcsimError(f"{what} is empty")
+    return values
 
 
 class Count(click.ParamType):

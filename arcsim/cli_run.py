@@ -9,21 +9,10 @@ import click
 from tqdm import tqdm
 
 from arcsim.catalog import COMPRESSORS, DEFAULT_RATIOS, MEMORIES, POLICIES
-from arcsim.cli_common import console, note, step_progress
-from arcsim.errors import ArcsimError
+from arcsim.cli_common import console, note, number_list, step_progress
 from arcsim.netsim import ENGINES
 
 DEFAULT_TOPOLOGY = "8x8-ib100"
-
-
-def _floats(text: str, what: str) -> tuple[float, ...]:
-    try:
-        values = tuple(float(v) for v in text.split(",") if v.strip())
-    except ValueError:
-        raise ArcsimError(f"{what} takes comma-separated numbers, e.g. 1e-3,1e-2,0.1; got {text!r}") from None
-    if not values:
-        raise ArcsimError(f"{what} is empty")
-    return values
 
 
 @click.command("run")
@@ -63,11 +52,11 @@ def run(topology: str, trace: str | None, no_capture: bool, compressors: str, de
     from arcsim.run import report
     from arcsim.run.analysis import Analysis, RunConfig
 
-    w = _floats(weights, "--weights") if weights else None
+    w = number_list(weights, "--weights") if weights else None
     cfg = RunConfig(topology=topology, trace=trace, compressors=tuple(c.strip() for c in compressors.split(",")
                                                                        if c.strip()),
                     density=density, memory=memory, engine=engine, bucket_mb=bucket_mb, policy=policy,
-                    ratios=tuple(sorted(set(_floats(ratios, "--ratios")))), weights=w,  # type: ignore[arg-type]
+                    ratios=tuple(sorted(set(number_list(ratios, "--ratios")))), weights=w,  # type: ignore[arg-type]
                     compute_profile=compute_profile, slack=slack, seed=seed, allow_capture=not no_capture,
                     grid_steps=grid_steps)
     cfg.check()

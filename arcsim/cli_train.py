@@ -11,18 +11,8 @@ import click
 from rich.table import Table
 
 from arcsim.catalog import COMPRESSORS, DATASETS, MEMORIES, MODELS
-from arcsim.cli_common import Count, console, note, step_progress
+from arcsim.cli_common import Count, console, note, number_list, step_progress
 from arcsim.errors import ArcsimError
-
-
-def _ints(text: str, what: str) -> tuple[int, ...]:
-    try:
-        values = tuple(int(v) for v in text.split(",") if v.strip())
-    except ValueError:
-        raise ArcsimError(f"{what} takes whole numbers, e.g. 0,1,2; got {text!r}") from None
-    if not values:
-        raise ArcsimError(f"{what} is empty")
-    return values
 
 
 @click.command("train")
@@ -64,7 +54,7 @@ def train(model: str, dataset: str, workers: int, compressors: str, density: flo
     cfg = TrainConfig(model=model, dataset=dataset, workers=workers,
                       compressors=tuple(c.strip() for c in compressors.split(",") if c.strip()), density=density,
                       memory=memory, steps=steps, batch=batch, lr=lr, eval_every=eval_every,
-                      seeds=_ints(seeds, "--seeds"), compute_profile=compute_profile)
+                      seeds=number_list(seeds, "--seeds", int), compute_profile=compute_profile)
     cfg.check()
     if topology:
         from arcsim.topology import load_topology

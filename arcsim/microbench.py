@@ -16,7 +16,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from arcsim.comm.distributed import gather_into, leave_cleanly
+from arcsim.comm.distributed import gather_into, run_gloo_job
 
 OPS = ("allreduce", "allgather", "broadcast")
 WARMUP = 2
@@ -54,18 +54,16 @@ def measure(sizes: list[int], repeats: int) -> dict[str, dict[str, list[float]]]
 
 def main() -> None:
     out, sizes, repeats = sys.argv[1], [int(s) for s in sys.argv[2].split(",")], int(sys.argv[3])
-    dist.init_process_group("gloo")
-    try:
+
+    def work() -> None:
         result = measure(sizes, repeats)
         if dist.get_rank() == 0:
             with open(out, "w") as fh:
                 json.dump({"world": dist.get_world_size(), "median_s": {
                     op: {size: statistics.median(ts) for size, ts in by.items()} for op, by in result.items()},
                     "samples_s": result}, fh)
-    except BaseException:
-        dist.destroy_process_group()
-        raise
-    leave_cleanly()
+
+    run_gloo_job(work)
 
 
 if __name__ == "__main__":

@@ -26,7 +26,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from arcsim.comm.distributed import leave_cleanly
+from arcsim.comm.distributed import run_gloo_job
 from arcsim.datasets import make_dataset
 from arcsim.hooks import CompressionState, compression_hook
 from arcsim.models import loss_fn, model_entry
@@ -131,34 +131,31 @@ def train_times(cfg: dict, compressor: str, rank: int, world: int) -> tuple[list
     return _max_over_ranks(times), hooks
 
 
+def run(cfg: dict, prefix: str) -> None:
+    """This rank's part: compute before, DDP's own overhead, every compressor, compute after; rank 0 writes."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    before = compute_profile(cfg, rank, world)
+    noop, _ = train_times(cfg, "noop", rank, world)
+    results = {}
+    for c in cfg["compressors"]:
+        times, hooks = train_times(cfg, c, rank, world)
+        results[c] = {"iteration_s": times, "hook_s": hooks}
+    after = compute_profile(cfg, rank, world)
+    profile = min(before, after, key=lambda p: p.forward_s + p.backward_s)
+    overhead = max(0.0, float(torch.tensor(noop).median()) - profile.forward_s - profile.backward_s)
+    profile.forward_s += overhead
+    profile.extra.update(ddp_overhead_s=overhead, compute_before_s=before.forward_s + before.backward_s,
+                         compute_after_s=after.forward_s + after.backward_s)
+    if rank == 0:
+        with open(prefix + "profile.json", "w") as fh:
+            json.dump(profile.to_json(), fh)
+        with open(prefix + "times.json", "w") as fh:
+            json.dump(results, fh)
+
+
 def main() -> None:
     cfg = json.loads(Path(sys.argv[1]).read_text())
-    prefix = sys.argv[2]
-    dist.init_process_group("gloo")
-    try:
-        rank, world = dist.get_rank(), dist.get_world_size()
-        before = compute_profile(cfg, rank, world)
-        noop, _ = train_times(cfg, "noop", rank, world)
-        results = {}
-        for c in cfg["compressors"]:
-            times, hooks = train_times(cfg, c, rank, world)
-            results[c] = {"iteration_s": times, "hook_s": hooks}
-        after = compute_profile(cfg, rank, world)
-        profile = min(before, after, key=lambda p: p.forward_s + p.backward_s)
-        overhead = max(0.0, float(torch.tensor(noop).median()) - profile.forward_s - profile.backward_s)
-        profile.forward_s += overhead
-        profile.extra.update(ddp_overhead_s=overhead, compute_before_s=before.forward_s + before.backward_s,
-                             compute_after_s=after.forward_s + after.backward_s)
-        if rank == 0:
-            with open(prefix + "profile.json", "w") as fh:
-                json.dump(profile.to_json(), fh)
-            with open(prefix + "times.json", "w") as fh:
-                json.dump(results, fh)
-    except BaseException:
-        dist.destroy_process_group()
-        raise
-    leave_cleanly()
-
+    run_gloo_job(lambda: run(cfg, sys.argv[2]))
 
 if __name__ == "__main__":
     main()
