@@ -4,6 +4,7 @@ whether the seeds' claims reproduce."""
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -97,9 +98,17 @@ def summarise(history: pd.DataFrame, target: float | None) -> pd.DataFrame:
     return table
 
 
-def _noise(a: pd.Series, b: pd.Series) -> float:
-    """Two standard errors of the difference of the means of two compressors' final accuracies."""
-    return 2 * math.sqrt(a["final_acc_std"] ** 2 / a["seeds"] + b["final_acc_std"] ** 2 / b["seeds"])
+def _accuracy_claim(claim: str, a: pd.Series, b: pd.Series, holds: Callable[[float, float], bool]) -> str:
+    """``claim`` judged on a's and b's final accuracies: ``holds(gap, noise)`` with gap = a − b and noise two
+    standard errors of that difference; not judged below 3 seeds. Ends open, for the caller's remarks."""
+    gap = a["final_acc_mean"] - b["final_acc_mean"]
+    noise = 2 * math.sqrt(a["final_acc_std"] ** 2 / a["seeds"] + b["final_acc_std"] ** 2 / b["seeds"])
+    if min(a["seeds"], b["seeds"]) < 3:
+        verdict = "not judged (needs ≥ 3 seeds)"
+    else:
+        verdict = "reproduced" if holds(gap, noise) else "NOT reproduced"
+    return (f"{claim}: {verdict} — final accuracy {a['final_acc_mean']:.4f} vs {b['final_acc_mean']:.4f} "
+            f"(difference {gap:+.4f}, noise ±{noise:.4f}")
 
 
 def claims(summary: pd.DataFrame, target: float | None) -> list[str]:
@@ -108,13 +117,8 @@ def claims(summary: pd.DataFrame, target: float | None) -> list[str]:
     lines = []
     if "arctopk" in rows and "topk" in rows:
         a, t = rows["arctopk"], rows["topk"]
-        gap, noise = a["final_acc_mean"] - t["final_acc_mean"], _noise(a, t)
-        if min(a["seeds"], t["seeds"]) < 3:
-            verdict = "not judged (needs ≥ 3 seeds)"
-        else:
-            verdict = "reproduced" if abs(gap) <= max(noise, 1e-9) else "NOT reproduced"
-        lines.append(f"ARC-Top-K matches Top-K accuracy: {verdict} — final accuracy {a['final_acc_mean']:.4f} vs "
-                     f"{t['final_acc_mean']:.4f} (difference {gap:+.4f}, noise ±{noise:.4f})")
+        lines.append(_accuracy_claim("ARC-Top-K matches Top-K accuracy", a, t,
+                                     lambda gap, noise: abs(gap) <= max(noise, 1e-9)) + ")")
         if target is not None and "time_to_target_s" in a and not math.isnan(t["step_s"]):
             ta, tt = a["time_to_target_s"], t["time_to_target_s"]
             if math.isnan(ta) or math.isnan(tt):
@@ -126,12 +130,7 @@ def claims(summary: pd.DataFrame, target: float | None) -> list[str]:
                              f"{ta:.3g} s vs {tt:.3g} s ({1 - ta / tt:+.1%} saving)")
     if "randk" in rows and "topk" in rows:
         r, t = rows["randk"], rows["topk"]
-        gap, noise = r["final_acc_mean"] - t["final_acc_mean"], _noise(r, t)
-        if min(r["seeds"], t["seeds"]) < 3:
-            verdict = "not judged (needs ≥ 3 seeds)"
-        else:
-            verdict = "reproduced" if gap < -noise else "NOT reproduced"
-        lines.append(f"Rand-K at the same density converges worse than Top-K: {verdict} — final accuracy "
-                     f"{r['final_acc_mean']:.4f} vs {t['final_acc_mean']:.4f} (difference {gap:+.4f}, noise "
-                     f"±{noise:.4f}; {r['diverged_runs']} of {r['seeds']} Rand-K runs diverged)")
+        lines.append(_accuracy_claim("Rand-K at the same density converges worse than Top-K", r, t,
+                                     lambda gap, noise: gap < -noise)
+                     + f"; {r['diverged_runs']} of {r['seeds']} Rand-K runs diverged)")
     return lines
