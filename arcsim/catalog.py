@@ -10,3 +10,12 @@ MODELS = ("mlp", "mlp_wide", "cnn", "resnet18", "resnet50", "vit_b_16", "gpt2_sm
 DATASETS = ("digits", "mnist1d", "synthetic-images", "synthetic-tokens")
 POLICIES = ("auto", "none")
 DEFAULT_RATIOS = (1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 0.1, 0.3, 1.0)
+
+
+def check_compression(compressors: tuple[str, ...], memory: str | None, error: type[Exception]) -> None:
+    """Refuse an empty or unknown compressor list, or an unknown memory (None: each compressor's default)."""
+    unknown = [c for c in compressors if c not in COMPRESSORS]
+    if unknown or not compressors:
+        raise error(f"unknown compressor {', '.join(unknown) or '(none given)'}; choose from {', '.join(COMPRESSORS)}")
+    if memory is not None and memory not in MEMORIES:
+        raise error(f"unknown memory {memory!r}; choose one of {', '.join(MEMORIES)}")

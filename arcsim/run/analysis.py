@@ -13,11 +13,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from arcsim.catalog import AG_FAMILY, AR_TOPK_FAMILY, DEFAULT_RATIOS, POLICIES
+from arcsim.catalog import AG_FAMILY, AR_TOPK_FAMILY, DEFAULT_RATIOS, POLICIES, check_compression
 from arcsim.compressors import NAMES as COMPRESSORS
 from arcsim.compressors import REGISTRY
 from arcsim.errors import ArcsimError
-from arcsim.memory import MEMORIES
 from arcsim.netsim import ENGINES
 from arcsim.pricing import Pricer, algorithms_for
 from arcsim.run import compress_cost
@@ -59,16 +58,11 @@ class RunConfig:
     compress_scale: float = 1.0         # measured compression × this: > 1 where ranks share cores (emulation)
 
     def check(self) -> None:
-        unknown = [c for c in self.compressors if c not in REGISTRY]
-        if unknown or not self.compressors:
-            raise RunError(f"unknown compressor {', '.join(unknown) or '(none given)'}; "
-                           f"choose from {', '.join(COMPRESSORS)}")
+        check_compression(self.compressors, self.memory, RunError)
         if self.policy not in POLICIES:
             raise RunError(f"unknown policy {self.policy!r}; choose one of {', '.join(POLICIES)}")
         if self.engine not in ENGINES:
             raise RunError(f"unknown engine {self.engine!r}; choose one of {', '.join(ENGINES)}")
-        if self.memory is not None and self.memory not in MEMORIES:
-            raise RunError(f"unknown memory {self.memory!r}; choose one of {', '.join(MEMORIES)}")
         bad = [r for r in (self.density, *self.ratios) if not 0 < r <= 1]
         if bad or not self.ratios:
             raise RunError(f"ratios and --density must lie in (0, 1]; got {bad[0] if bad else 'an empty grid'}")

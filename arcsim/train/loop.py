@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from arcsim.catalog import check_compression
 from arcsim.compressors.base import Layer
 from arcsim.datasets import Dataset, make_dataset
 from arcsim.errors import ArcsimError
@@ -43,16 +44,8 @@ class TrainConfig:
     compute_profile: str | None = None  # compute timings for pricing (default: measured here, on the CPU)
 
     def check(self) -> None:
-        from arcsim.compressors import REGISTRY
-        from arcsim.memory import MEMORIES
-
         model_entry(self.model)
-        unknown = [c for c in self.compressors if c not in REGISTRY]
-        if unknown or not self.compressors:
-            raise ArcsimError(f"unknown compressor {', '.join(unknown) or '(none given)'}; choose from "
-                              f"{', '.join(REGISTRY)}")
-        if self.memory not in MEMORIES:
-            raise ArcsimError(f"unknown memory {self.memory!r}; choose one of {', '.join(MEMORIES)}")
+        check_compression(self.compressors, self.memory, ArcsimError)
         if not 0 < self.density <= 1:
             raise ArcsimError(f"--density must lie in (0, 1], got {self.density}")
         for name, value in (("--workers", self.workers), ("--steps", self.steps), ("--batch", self.batch),
