@@ -86,7 +86,7 @@ class Measurement:
 
 class BucketedCompression:
     """Per-bucket compressors and memories over W in-process workers, as DDP comm hooks keep them; each
-    ``step`` returns the aggregated update and what pricing and fidelity need for that step."""
+    ``step`` returns each bucket's aggregated update and what pricing and fidelity need for that step."""
 
     def __init__(self, buckets: list[Bucket], compressor: str, density: float, memory: str | None = None,
                  seed: int = 0, rank: int | None = None) -> None:
@@ -99,13 +99,14 @@ class BucketedCompression:
         self.one_rank: dict[int, float] = {}  # per-rank compression seconds per bucket, timed on the first step
 
     def step(self, step: int, g: torch.Tensor) -> tuple[torch.Tensor, dict[str, list]]:
-        """Compress [W, d] gradients bucket by bucket; returns the [1, d] update and the step's row."""
+        """Compress [W, d] gradients bucket by bucket; returns the [1, bucket] updates (in bucket order, which
+        is the order of the flat vector) and the step's row."""
         if self.comm is None:
             self.comm = InProcessComm(g.shape[0])
         comm = self.comm
         row: dict[str, list] = {k: [] for k in ("records", "err2", "ref2", "upd2", "raw2", "gain", "selected",
                                                 "compress_s")}
-        update = torch.empty(1, g.shape[1], dtype=g.dtype)
+        updates = []
         for b in self.buckets:
             x = g[:, b.lo:b.hi]
             seen: dict[str, float] = {}
@@ -120,7 +121,7 @@ class BucketedCompression:
 
             mark = comm.log.mark()
             out = self.mems[b.index].step(x, self.comps[b.index], comm, step, self.layouts[b.index], observe)
-            update[:, b.lo:b.hi] = out
+            updates.append(out)
             mean_g = x.mean(dim=0, keepdim=True)
             if not seen:  # sent dense this step (EF21's first step): exact
                 seen = {"err2": 0.0, "ref2": float(mean_g.pow(2).sum()), "gain": 1.0, "selected": float(b.numel)}
@@ -133,7 +134,7 @@ class BucketedCompression:
             row["compress_s"].append(self.one_rank[b.index])
             for key in ("err2", "ref2", "gain", "selected"):
                 row[key].append(seen[key])
-        return update, row
+        return updates, row
 
 
 def measure(steps: Iterable[tuple[int, torch.Tensor]], buckets: list[Bucket], compressor: str, density: float,

@@ -105,5 +105,9 @@ def evaluate_chunk(points: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Rows for a chunk of points (run in a worker process or on a Dask worker)."""
     import torch
 
+    threads = torch.get_num_threads()
     torch.set_num_threads(1)  # several workers share the machine's cores
-    return [evaluate_point(p) for p in points]
+    try:
+        return [evaluate_point(p) for p in points]
+    finally:
+        torch.set_num_threads(threads)  # in-process (-j 1) the caller's setting comes back

@@ -65,10 +65,10 @@ class History:
     compressor: str
     seed: int
     memory: str
+    measurement: Measurement                                           # per-step records for pricing
     loss: list[float] = field(default_factory=list)                   # mean worker loss per step
     eval_steps: list[int] = field(default_factory=list)               # steps after which accuracy was measured
     accuracy: list[float] = field(default_factory=list)
-    measurement: Measurement | None = None                              # per-step records for pricing
     diverged_at: int | None = None
 
 
@@ -132,7 +132,7 @@ def train(cfg: TrainConfig, setup: Setup, compressor: str, seed: int,
     opt = torch.optim.SGD(model.parameters(), lr=cfg.lr or entry.lr, momentum=cfg.momentum)
     bc = BucketedCompression(setup.buckets, compressor, cfg.density, cfg.memory, seed=seed)
     hist = History(compressor, seed, bc.memory,
-                   measurement=Measurement(compressor, cfg.density, bc.memory, sum(b.numel for b in setup.buckets)))
+                   Measurement(compressor, cfg.density, bc.memory, sum(b.numel for b in setup.buckets)))
     gen = torch.Generator().manual_seed(seed)
     d = setup.layers[-1].offset + setup.layers[-1].numel
     grads = torch.empty(cfg.workers, d)
@@ -153,10 +153,11 @@ def train(cfg: TrainConfig, setup: Setup, compressor: str, seed: int,
             hist.eval_steps.append(step + 1)
             hist.accuracy.append(accuracy(model, setup.data))
             break
-        update, row = bc.step(step, grads)
-        hist.measurement.add(row)  # type: ignore[union-attr]
+        parts, row = bc.step(step, grads)
+        update = torch.cat(parts, dim=1)
+        hist.measurement.add(row)
         for la in setup.layers:
-            params[la.name].grad = update[0, la.offset:la.offset + la.numel].reshape(la.shape).clone()
+            params[la.name].grad = update[0, la.offset:la.offset + la.numel].reshape(la.shape)
         opt.step()
         if (step + 1) % cfg.eval_every == 0 or step + 1 == cfg.steps:
             hist.eval_steps.append(step + 1)

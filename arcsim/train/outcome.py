@@ -31,8 +31,8 @@ def price(hist: History, setup: Setup, topo: Topology, engine: str) -> tuple[str
     compute = compute_times(setup)
     ctx = Context(None, topo, compute, setup.buckets, engine, "measured" if compute.device == "cpu" else "modelled")
     pricer = Pricer(topo, engine)
-    best = min(candidates_for(hist.measurement, ctx, pricer), key=lambda c: c.iteration_s)  # type: ignore[arg-type]
-    timelines, _ = step_timelines(hist.measurement, best.collective, ctx, pricer)  # type: ignore[arg-type]
+    best = min(candidates_for(hist.measurement, ctx, pricer), key=lambda c: c.iteration_s)
+    timelines, _ = step_timelines(hist.measurement, best.collective, ctx, pricer)
     op = {"allreduce": "AR", "allgather": "AG"}.get(best.op, best.op)
     return f"{op} {best.collective}", np.array([t.iteration_s for t in timelines])
 
