@@ -111,7 +111,12 @@ def run_sweep(spec: SweepSpec, out: Path, scheduler: str | None = None, workers:
     points = check_points(spec, announce)
     client = connect(scheduler) if scheduler else None  # before anything is written
     store = ResultStore(out)
-    done = store.open(spec)
+    try:
+        done = store.open(spec)
+    except BaseException:
+        if client is not None:
+            client.close()
+        raise
     todo = [p for p in points if p["point_id"] not in done]
     outcome = SweepOutcome(total=len(points), already_done=len(points) - len(todo), computed=0)
     if outcome.already_done:

@@ -104,7 +104,7 @@ def run_experiment(cfg: TrainConfig, out: Path, topology: str | None = None, eng
         announce(f"resuming: {len(cfg.seeds) * len(cfg.compressors) - len(todo)} runs are already in "
                  f"{out / 'history.csv'}")
     if todo:
-        announce(f"{cfg.model} on {cfg.dataset}: {setup.layers[-1].offset + setup.layers[-1].numel:,} parameters in "
+        announce(f"{cfg.model} on {cfg.dataset}: {setup.elements:,} parameters in "
                  f"{len(setup.buckets)} bucket(s), {cfg.workers} workers × batch {cfg.batch}; compute "
                  f"{(setup.profile.forward_s + setup.profile.backward_s) * 1e3:.2f} ms per step "
                  f"({setup.profile.device_name})")

@@ -81,6 +81,11 @@ class Setup:
     buckets: list[Bucket]
     profile: ComputeProfile
 
+    @property
+    def elements(self) -> int:
+        """Parameters in the flat gradient vector."""
+        return self.layers[-1].offset + self.layers[-1].numel
+
 
 def prepare(cfg: TrainConfig) -> Setup:
     cfg.check()
@@ -132,10 +137,9 @@ def train(cfg: TrainConfig, setup: Setup, compressor: str, seed: int,
     opt = torch.optim.SGD(model.parameters(), lr=cfg.lr or entry.lr, momentum=cfg.momentum)
     bc = BucketedCompression(setup.buckets, compressor, cfg.density, cfg.memory, seed=seed)
     hist = History(compressor, seed, bc.memory,
-                   Measurement(compressor, cfg.density, bc.memory, sum(b.numel for b in setup.buckets)))
+                   Measurement(compressor, cfg.density, bc.memory, setup.elements))
     gen = torch.Generator().manual_seed(seed)
-    d = setup.layers[-1].offset + setup.layers[-1].numel
-    grads = torch.empty(cfg.workers, d)
+    grads = torch.empty(cfg.workers, setup.elements)
     for step in range(cfg.steps):
         x, y = setup.data.draw(cfg.workers * cfg.batch, gen)
         losses = []
