@@ -16,6 +16,7 @@ demo: $(BIN)/arcsim
 
 test: $(BIN)/arcsim
 	$(BIN)/ruff check .
+	$(BIN)/mypy
 	$(BIN)/pytest -q
 
 bench: $(BIN)/arcsim

@@ -1,9 +1,60 @@
-"""Names the command line offers, importable without torch (the registries are checked against them in tests)."""
+"""Names the command line offers and ONE descriptor per compressor, importable without torch.
 
-COMPRESSORS = ("dense", "fp16", "topk", "randk", "gaussiank", "arctopk", "star", "var", "powersgd", "adaptive")
-AG_FAMILY = ("topk", "gaussiank")            # index-based: moved by all-gather
-AR_TOPK_FAMILY = ("arctopk", "star", "var")  # all-reduce-compatible top-k variants
-DENSITY_FREE = ("dense", "fp16")  # compressors whose result does not depend on k/d
+A compressor's family, whether its result depends on the density, its default error feedback, the
+options it accepts and its GPU work per element live here and nowhere else: the registry, ``run``,
+``sweep``, ``train``, ``validate``, the hooks and the cost model read them. Adding a compressor is its
+file under ``arcsim/compressors/`` plus its line in ``DESCRIPTORS`` (tests hold the two together).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class CompressorInfo:
+    name: str
+    family: str                   # "all-reduce" or "all-gather": how its values travel
+    selection: str                # none, top-k, random, leader, sketch, low-rank, adaptive (wraps another)
+    density_free: bool            # its result does not depend on k/d
+    default_memory: str           # error feedback arcsim run uses unless --memory says otherwise
+    options: tuple[str, ...]      # keyword options its constructor accepts besides density and seed
+    gpu_passes: float             # passes over the bucket's fp32 memory on a GPU (cost model; compress_cost)
+    summary: str
+
+    @property
+    def all_reduce_compatible(self) -> bool:
+        return self.family == "all-reduce"
+
+
+DESCRIPTORS: tuple[CompressorInfo, ...] = (
+    CompressorInfo("dense", "all-reduce", "none", True, "none", (), 0.0, "fp32 all-reduce, the baseline"),
+    CompressorInfo("fp16", "all-reduce", "none", True, "none", (), 2.0, "fp16 cast, half the bytes"),
+    CompressorInfo("topk", "all-gather", "top-k", False, "ef14", ("scope",), 5.5,
+                   "each worker's k largest |x|; values and indices all-gathered"),
+    CompressorInfo("randk", "all-reduce", "random", False, "ef14", ("scope", "unbiased"), 1.5,
+                   "k indices from a shared seed; values all-reduced"),
+    CompressorInfo("gaussiank", "all-gather", "top-k", False, "ef14", ("scope",), 3.2,
+                   "threshold from mean and std; counts, values and indices all-gathered"),
+    CompressorInfo("arctopk", "all-reduce", "sketch", False, "ef14", ("scope", "rank", "block", "selector"), 3.4,
+                   "rows agreed through an all-reduced random sketch; values all-reduced"),
+    CompressorInfo("star", "all-reduce", "leader", False, "ef14", ("scope",), 5.5,
+                   "round-robin leader's top-k indices broadcast; values all-reduced"),
+    CompressorInfo("var", "all-reduce", "leader", False, "ef14", ("scope", "window", "alpha"), 5.5,
+                   "largest-gradient-norm leader's top-k indices broadcast; values all-reduced"),
+    CompressorInfo("powersgd", "all-reduce", "low-rank", False, "ef14", ("rank", "min_compression_rate"), 4.0,
+                   "rank-r approximation, P and Q all-reduced"),
+    CompressorInfo("adaptive", "all-gather", "adaptive", False, "ef14", ("inner", "scope", "rank"), 6.0,
+                   "water-filling k per step around an inner topk or arctopk"),
+)
+INFO: dict[str, CompressorInfo] = {c.name: c for c in DESCRIPTORS}
+COMPRESSORS = tuple(INFO)
+AG_FAMILY = tuple(c.name for c in DESCRIPTORS if c.family == "all-gather" and c.selection == "top-k")
+AR_TOPK_FAMILY = tuple(c.name for c in DESCRIPTORS if c.selection in ("sketch", "leader"))
+DENSITY_FREE = tuple(c.name for c in DESCRIPTORS if c.density_free)
+SCOPES = ("tensor", "bucket")
 MEMORIES = ("none", "ef14", "ef21", "ef21m")
 SYNTHETIC_KINDS = ("normal", "laplace", "t3", "correlated")
 MODELS = ("mlp", "mlp_wide", "cnn", "resnet18", "resnet50", "vit_b_16", "gpt2_small")
@@ -19,3 +70,27 @@ def check_compression(compressors: tuple[str, ...], memory: str | None, error: t
         raise error(f"unknown compressor {', '.join(unknown) or '(none given)'}; choose from {', '.join(COMPRESSORS)}")
     if memory is not None and memory not in MEMORIES:
         raise error(f"unknown memory {memory!r}; choose one of {', '.join(MEMORIES)}")
+
+
+def options_for(compressor: str, options: Mapping[str, Any]) -> dict[str, Any]:
+    """The subset of shared ``options`` (e.g. scope for a whole run) that ``compressor`` accepts (none for
+    an unknown name, which make_compressor then refuses)."""
+    accepted = INFO[compressor].options if compressor in INFO else ()
+    return {k: v for k, v in options.items() if k in accepted}
+
+
+def check_options(compressors: tuple[str, ...], options: Mapping[str, Any], error: type[Exception]) -> None:
+    """Refuse an option no chosen compressor accepts (scope, a run-wide setting, is always allowed), and a
+    scope that is not tensor or bucket."""
+    for key in options:
+        if key != "scope" and not any(key in INFO[c].options for c in compressors if c in INFO):
+            takers = [c.name for c in DESCRIPTORS if key in c.options]
+            raise error(f"option {key!r} applies to {', '.join(takers) or 'no compressor'}, none of which was "
+                        "chosen; drop it or add one of them")
+    if "scope" in options and options["scope"] not in SCOPES:
+        raise error(scope_message(options["scope"]))
+
+
+def scope_message(scope: object) -> str:
+    return (f"unknown scope {scope!r}; choose tensor (k per layer, as the reference implementations) or "
+            "bucket (one k over the whole bucket)")

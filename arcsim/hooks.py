@@ -20,10 +20,11 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
+from arcsim.catalog import options_for
 from arcsim.comm.distributed import DistributedComm
 from arcsim.compressors import Compressor, make_compressor
 from arcsim.compressors.base import Layer
-from arcsim.memory import Memory, make_memory
+from arcsim.compressors.memory import Memory, make_memory
 
 
 @dataclass
@@ -35,14 +36,20 @@ class CompressionState:
     memory: str = "ef14"
     seed: int = 0
     rank: int | None = None              # PowerSGD rank / ARC-Top-K sketch columns
+    scope: str = "tensor"                 # top-k family: k per layer ("tensor") or per bucket
+    options: dict = field(default_factory=dict)  # further descriptor options, e.g. {"unbiased": True}
     process_group: dist.ProcessGroup | None = None
     step: int = 0                         # iterations completed
     per_bucket: dict[tuple[int, int], tuple[Compressor, Memory]] = field(default_factory=dict)
     _comm: DistributedComm | None = None
 
     def __post_init__(self) -> None:
-        make_compressor(self.compressor, self.density, rank=self.rank)  # refuse bad names and ratios now
+        self.make(0)  # refuse bad names, ratios and options now
         make_memory(self.memory)
+
+    def make(self, seed: int) -> Compressor:
+        options = {**options_for(self.compressor, {"scope": self.scope}), **self.options}
+        return make_compressor(self.compressor, self.density, seed=seed, rank=self.rank, **options)
 
     @property
     def comm(self) -> DistributedComm:
@@ -54,8 +61,7 @@ class CompressionState:
         """The bucket's compressor and memory; a rebuilt bucket (DDP re-buckets once) gets fresh ones."""
         key = (index, numel)
         if key not in self.per_bucket:
-            self.per_bucket[key] = (make_compressor(self.compressor, self.density, seed=self.seed + index,
-                                                    rank=self.rank), make_memory(self.memory))
+            self.per_bucket[key] = (self.make(self.seed + index), make_memory(self.memory))
         return self.per_bucket[key]
 
 

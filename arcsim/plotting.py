@@ -2,19 +2,22 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
+import matplotlib
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter
 
+from arcsim.files import atomic_path
+
+PALETTE: tuple = tuple(matplotlib.colormaps["tab10"](i) for i in range(10))  # one colour per series
+
 
 def save_png(fig: Figure, path: Path) -> Path:
     """Write the figure beside its final name, then rename: no half-written PNG is ever left."""
-    tmp = path.with_name(f".{path.stem}.partial-{os.getpid()}.png")
-    fig.savefig(tmp, dpi=130, bbox_inches="tight")
-    os.replace(tmp, path)
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, dpi=130, bbox_inches="tight")
     return path
 
 

@@ -116,7 +116,7 @@ class Topology:
         src_node, dst_node = src // g, dst // g
         same = src_node == dst_node
         latency = np.where(same, self.intra.latency, self.network.latency)
-        inter_bw = self.network.bandwidth_per_nic
+        inter_bw: Any = self.network.bandwidth_per_nic
         if self.network.fabric == "fat-tree":
             npl = self.network.nodes_per_leaf
             cross_leaf = (src_node // npl) != (dst_node // npl)
@@ -343,7 +343,7 @@ def from_dict(raw: Mapping[str, Any], source: str = "", default_name: str = "cus
     intra_raw = reader.mapping("intra", required=False) or {}
     net_raw = reader.mapping("network")
     intra_reader = _FieldReader(intra_raw, source, "intra.")
-    net_reader = _FieldReader(net_raw, source, "network.")
+    net_reader = _FieldReader(net_raw or {}, source, "network.")
     gpus = reader.integer("gpus_per_node")
     if gpus > 1 and not intra_raw:
         raise TopologyError(f"{source}: field 'intra' is missing (needed when gpus_per_node > 1)")

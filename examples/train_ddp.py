@@ -13,7 +13,7 @@ import json
 
 import torch.distributed as dist
 
-from arcsim.ddp_train import train
+from arcsim.testbed.ddp_train import train
 
 
 def main() -> None:

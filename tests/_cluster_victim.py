@@ -7,7 +7,7 @@ import subprocess
 import sys
 import time
 
-from arcsim.cluster import EmulatedCluster
+from arcsim.testbed.cluster import EmulatedCluster
 
 with EmulatedCluster(2, "100Mbit", sys.argv[2] if len(sys.argv) > 2 else "0s", prefix=sys.argv[1]) as c:
     subprocess.Popen(c.command(1, ["sleep", "300"]))

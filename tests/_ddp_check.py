@@ -14,11 +14,11 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from arcsim.comm.inprocess import InProcessComm
 from arcsim.compressors import make_compressor
 from arcsim.compressors.base import Layer
-from arcsim.datasets import make_dataset
-from arcsim.ddp_train import train
+from arcsim.compressors.memory import make_memory
 from arcsim.hooks import CompressionState, compression_hook
-from arcsim.memory import make_memory
 from arcsim.models import loss_fn, model_entry
+from arcsim.models.datasets import make_dataset
+from arcsim.testbed.ddp_train import train
 
 COMPRESSORS = ("dense", "topk", "arctopk", "star", "randk", "powersgd", "gaussiank")
 

@@ -11,8 +11,8 @@ import torch.distributed as dist
 from arcsim.comm.distributed import DistributedComm
 from arcsim.comm.inprocess import InProcessComm
 from arcsim.compressors import NAMES, make_compressor
-from arcsim.memory import MEMORIES, make_memory
-from arcsim.synthetic import synthetic_steps
+from arcsim.compressors.memory import MEMORIES, make_memory
+from arcsim.traces.synthetic import synthetic_steps
 
 D, STEPS, DENSITY = 3000, 3, 0.05
 

@@ -49,9 +49,17 @@ def spawn_ranks(script: Path, world: int, out_dir: Path, timeout: float = 600) -
         assert p.returncode == 0, out[-3000:]
 
 
+def rank_reports(script: Path, world: int, out_dir: Path) -> list[dict]:
+    """Run ``script`` as ``world`` gloo ranks (spawn_ranks) and read the rankN.json each one wrote."""
+    import json
+
+    spawn_ranks(script, world, out_dir)
+    return [json.loads((out_dir / f"rank{r}.json").read_text()) for r in range(world)]
+
+
 def netns_available() -> bool:
     """Whether this machine can build the emulated cluster (root, iproute2, network namespaces)."""
-    from arcsim.cluster import ClusterError, check_available
+    from arcsim.testbed.cluster import ClusterError, check_available
 
     try:
         check_available()

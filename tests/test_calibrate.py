@@ -7,9 +7,9 @@ import json
 import pytest
 from conftest import run_cli
 
-from arcsim.calibrate import Fit, fit_line, fits_from, topology_text
 from arcsim.errors import ArcsimError
 from arcsim.pricing import Pricer
+from arcsim.testbed.calibrate import Fit, fit_line, fits_from, topology_text
 from arcsim.topology import load_topology
 
 
@@ -73,7 +73,7 @@ def test_bad_calibration_requests(tmp_path, args, fragment):
 
 
 def test_validation_summary_mape_and_ag_ar_agreement():
-    from arcsim.validate import summary
+    from arcsim.testbed.validate import summary
 
     def row(name, coll, measured, predicted):
         return {"ranks": 2, "bandwidth": "1Gbit", "compressor": name, "collective": coll, "measured_s": measured,

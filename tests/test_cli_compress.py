@@ -8,7 +8,7 @@ from conftest import run_cli
 
 from arcsim.cli import cli
 from arcsim.compressors import NAMES
-from arcsim.memory import MEMORIES
+from arcsim.compressors.memory import MEMORIES
 
 STEP_KEYS = {"density_achieved", "rel_error", "energy_captured", "bytes_per_rank", "collectives"}
 

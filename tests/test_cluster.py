@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 from conftest import free_port, netns_available, run_cli
 
-from arcsim import cluster as cl
-from arcsim.cluster import ClusterError, EmulatedCluster, namespaces
-from arcsim.delay_forwarder import Link, destination
+from arcsim.testbed import cluster as cl
+from arcsim.testbed.cluster import ClusterError, EmulatedCluster, namespaces
+from arcsim.testbed.delay_forwarder import Link, destination
 
 HERE = Path(__file__).parent
 
@@ -70,7 +70,7 @@ def test_interrupted_or_killed_owner_leaves_nothing_after_down(how, delay):
         assert r.returncode == 0 and "removed 3 namespaces" in r.stderr
     assert _leftovers(prefix) == []
     time.sleep(0.2)
-    stray = subprocess.run(["pgrep", "-f", "sleep 300|arcsim.delay_forwarder"], capture_output=True,
+    stray = subprocess.run(["pgrep", "-f", "sleep 300|arcsim.testbed.delay_forwarder"], capture_output=True,
                            text=True).stdout.split()
     assert not [p for p in stray if Path(f"/proc/{p}/ns/net").exists() and
                 os.readlink(f"/proc/{p}/ns/net") != os.readlink("/proc/self/ns/net")]

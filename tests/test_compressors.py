@@ -7,8 +7,8 @@ from arcsim.comm.inprocess import InProcessComm
 from arcsim.compressors import NAMES, make_compressor
 from arcsim.compressors.arctopk import ArcTopK
 from arcsim.compressors.base import CompressionError, check_finite, layout_of, stack_workers
-from arcsim.memory import MEMORIES, make_memory
-from arcsim.synthetic import synthetic_steps
+from arcsim.compressors.memory import MEMORIES, make_memory
+from arcsim.traces.synthetic import synthetic_steps
 
 P, D = 4, 6000
 NO_INDEX_GATHER = ("arctopk", "randk", "star", "var", "powersgd", "dense", "fp16")
@@ -126,8 +126,9 @@ def test_same_seed_same_result_different_seed_different_choice():
         assert torch.equal(a.aggregate, b.aggregate), name
         assert not torch.equal(a.aggregate, c.aggregate), name
     r = make_compressor("randk", 0.1, seed=4)
-    assert not torch.equal(r.indices(D, 600, 0, torch.device("cpu")), r.indices(D, 600, 1, torch.device("cpu")))
-    idx = r.indices(D, 600, 0, torch.device("cpu"))
+    cpu = torch.device("cpu")
+    assert not torch.equal(r.indices([(0, D)], 0.1, 0, cpu)[0], r.indices([(0, D)], 0.1, 1, cpu)[0])
+    idx = r.indices([(0, D)], 0.1, 0, cpu)[0]
     assert idx.unique().numel() == 600
 
 

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
-from conftest import spawn_ranks
+from conftest import rank_reports
 
 from arcsim.compressors.base import CompressionError
 from arcsim.hooks import CompressionState
@@ -16,9 +15,7 @@ HERE = Path(__file__).parent
 
 @pytest.fixture(scope="module")
 def report(tmp_path_factory):
-    out = tmp_path_factory.mktemp("ddp")
-    spawn_ranks(HERE / "_ddp_check.py", 2, out)
-    return [json.loads((out / f"rank{r}.json").read_text()) for r in range(2)]
+    return rank_reports(HERE / "_ddp_check.py", 2, tmp_path_factory.mktemp("ddp"))
 
 
 def test_hook_aggregate_equals_in_process_simulation(report):

@@ -13,8 +13,8 @@ import torch
 from conftest import run_cli
 
 from arcsim.compressors.base import Layer
-from arcsim.datasets import DataSpec, make_dataset
 from arcsim.models import MODELS, count_params, loss_fn
+from arcsim.models.datasets import DataSpec, make_dataset
 from arcsim.traces.capture import CaptureConfig, capture
 from arcsim.traces.format import SCHEMA_VERSION, TraceError, TraceWriter, open_trace
 from arcsim.traces.profile import ComputeProfile, measure_profile

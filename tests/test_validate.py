@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 from conftest import free_port, netns_available, run_cli
 
-from arcsim.cluster import namespaces
+from arcsim.testbed.cluster import namespaces
 
 
 @pytest.mark.skipif(not netns_available(), reason="needs root and network namespaces")
@@ -48,7 +48,7 @@ def test_real_cluster_path_under_torchrun_on_loopback(tmp_path):
     assert run_cli("validate", "--write-config", str(d), "-c", "dense,topk", "--steps", "5").returncode == 0
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     for args in (["-m", "arcsim", "calibrate", "--sizes", "16KB,1MB,8MB", "--out", str(d / "cluster.yaml")],
-                 ["-m", "arcsim.validate_worker", str(d / "config.json"), str(d / "real-")]):
+                 ["-m", "arcsim.testbed.validate_worker", str(d / "config.json"), str(d / "real-")]):
         r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
                             "--master_port", str(free_port()), *args], capture_output=True, text=True, env=env,
                            timeout=300)
@@ -66,7 +66,7 @@ def test_measured_needs_a_topology(tmp_path):
 
 
 def test_emulated_ranks_sharing_cores_slow_compression_down(monkeypatch):
-    from arcsim import validate
+    from arcsim.testbed import validate
 
     monkeypatch.setattr(validate.os, "cpu_count", lambda: 2)
     assert [validate.core_sharing(r) for r in (1, 2, 4, 8)] == [1.0, 1.0, 2.0, 4.0]

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from arcsim.cli_common import Count, note
+from arcsim.cli.common import Count, note
 from arcsim.errors import ArcsimError
 from arcsim.units import parse_size
 
@@ -26,7 +26,7 @@ def calibrate(cluster: str | None, loopback: bool, ranks: int | None, bandwidth:
               sizes: str | None,
               repeats: int, out: str) -> None:
     """Measure all_reduce, all_gather and broadcast over sizes; fit α and bandwidth per collective."""
-    from arcsim.calibrate import (
+    from arcsim.testbed.calibrate import (
         DEFAULT_SIZES,
         describe,
         fits_from,

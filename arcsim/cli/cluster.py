@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import click
 
-from arcsim.cli_common import Count, note
-from arcsim.cluster import PREFIX, EmulatedCluster, namespaces, teardown
+from arcsim.cli.common import Count, note
+from arcsim.testbed.cluster import PREFIX, EmulatedCluster, namespaces, teardown
 
 
 @click.group()

@@ -11,6 +11,7 @@ import click
 from rich.console import Console
 from tqdm import tqdm
 
+from arcsim.catalog import SCOPES
 from arcsim.errors import ArcsimError
 
 console = Console(width=None if sys.stdout.isatty() else 130)
@@ -68,3 +69,9 @@ class Count(click.ParamType):
         if number != int(number):
             self.fail(f"{value!r} is not a whole number", param, ctx)
         return int(number)
+
+
+scope_option = click.option(
+    "--scope", type=click.Choice(SCOPES), default="tensor", show_default=True,
+    help="Top-k family (topk, randk, gaussiank, star, var, arctopk): k per layer (tensor, as the reference "
+         "implementations) or one k over each whole bucket.")

@@ -11,15 +11,15 @@ from tqdm import tqdm
 
 from arcsim import __version__
 from arcsim.catalog import COMPRESSORS, MEMORIES, SYNTHETIC_KINDS
-from arcsim.cli_calibrate import calibrate as calibrate_command
-from arcsim.cli_cluster import cluster as cluster_group
-from arcsim.cli_common import Count, console, emit_json, note, step_progress
-from arcsim.cli_run import run as run_command
-from arcsim.cli_sweep import plot as plot_command
-from arcsim.cli_sweep import sweep as sweep_command
-from arcsim.cli_trace import trace as trace_group
-from arcsim.cli_train import train as train_command
-from arcsim.cli_validate import validate as validate_command
+from arcsim.cli.calibrate import calibrate as calibrate_command
+from arcsim.cli.cluster import cluster as cluster_group
+from arcsim.cli.common import Count, console, emit_json, note, scope_option, step_progress
+from arcsim.cli.run import run as run_command
+from arcsim.cli.sweep import plot as plot_command
+from arcsim.cli.sweep import sweep as sweep_command
+from arcsim.cli.trace import trace as trace_group
+from arcsim.cli.train import train as train_command
+from arcsim.cli.validate import validate as validate_command
 from arcsim.errors import ArcsimError
 from arcsim.netsim import ENGINES
 from arcsim.pricing import ALGO_CHOICES, price_collective
@@ -30,11 +30,9 @@ DEFAULT_TOPOLOGY = "8x8-ib100"
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="arcsim")
-@click.option("--debug", is_flag=True, help="Show the full traceback on errors.")
-@click.pass_context
-def cli(ctx: click.Context, debug: bool) -> None:
+@click.option("--debug", is_flag=True, help="Show the full traceback on errors (read by main()).")
+def cli(debug: bool) -> None:
     """arcsim: which gradient compressor, collective and ratio train fastest on your cluster."""
-    ctx.obj = {"debug": debug}
 
 
 # -- topologies ----------------------------------------------------------------------------------------
@@ -148,18 +146,20 @@ def collective(topology: str, op: str, algo: str, size: str, engine: str, comput
 @click.option("--shared", default=0.8, show_default=True, help="correlated: share of energy common to workers.")
 @click.option("--spread", default=1.5, show_default=True, help="correlated: log-normal spread of block scales.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
+@scope_option
 def compress(compressor: str, density: float, memory: str, seed: int, rank: int | None, trace: str | None,
              no_capture: bool, synthetic: str | None, workers: int, elements: int, steps: int, shared: float,
-             spread: float, as_json: bool) -> None:
+             spread: float, as_json: bool, scope: str) -> None:
     """Run a compressor with error feedback on real tensors and measure every step."""
+    from arcsim.catalog import options_for
     from arcsim.compressors import make_compressor  # torch: imported only by the commands that need it
-    from arcsim.memory import make_memory
-    from arcsim.session import compress_steps
-    from arcsim.synthetic import synthetic_steps
+    from arcsim.compressors.memory import make_memory
+    from arcsim.compressors.session import compress_steps
     from arcsim.traces.format import open_trace
     from arcsim.traces.resolve import resolve_trace
+    from arcsim.traces.synthetic import synthetic_steps
 
-    comp = make_compressor(compressor, density, seed=seed, rank=rank)
+    comp = make_compressor(compressor, density, seed=seed, rank=rank, **options_for(compressor, {"scope": scope}))
     mem = make_memory(memory)
     if trace is not None and synthetic is not None:
         raise ArcsimError("give either --trace or --synthetic, not both")
@@ -184,6 +184,7 @@ def compress(compressor: str, density: float, memory: str, seed: int, rank: int 
     dense_bytes = 4 * elements
     if as_json:
         emit_json({"compressor": compressor, "memory": memory, "density_requested": density, "seed": seed,
+                   "options": options_for(compressor, {"scope": scope}),
                     "source": source, "workers": workers, "elements": elements,
                     "dense_bytes_per_rank": dense_bytes, "steps": [m.to_dict() for m in rows]})
         return

@@ -9,7 +9,7 @@ import click
 from tqdm import tqdm
 
 from arcsim.catalog import COMPRESSORS, DEFAULT_RATIOS, MEMORIES, POLICIES
-from arcsim.cli_common import console, note, number_list, step_progress
+from arcsim.cli.common import console, note, number_list, scope_option, step_progress
 from arcsim.netsim import ENGINES
 
 DEFAULT_TOPOLOGY = "8x8-ib100"
@@ -44,10 +44,11 @@ DEFAULT_TOPOLOGY = "8x8-ib100"
 @click.option("--json", "json_out", type=click.Path(dir_okay=False), default=None, help="Write the result as JSON.")
 @click.option("--csv", "csv_out", type=click.Path(dir_okay=False), default=None, help="Write every point as CSV.")
 @click.option("--plot", "plot_dir", type=click.Path(file_okay=False), default=None, help="Write PNG charts here.")
+@scope_option
 def run(topology: str, trace: str | None, no_capture: bool, compressors: str, density: float, memory: str | None,
         engine: str, bucket_mb: float, policy: str, slack: float, ratios: str, weights: str | None,
         compute_profile: str | None, seed: int, grid_steps: int | None, all_collectives: bool, json_out: str | None,
-        csv_out: str | None, plot_dir: str | None) -> None:
+        csv_out: str | None, plot_dir: str | None, scope: str) -> None:
     """Predict the iteration time of every compressor and collective for a trace on a topology."""
     from arcsim.run import report
     from arcsim.run.analysis import Analysis, RunConfig
@@ -58,7 +59,7 @@ def run(topology: str, trace: str | None, no_capture: bool, compressors: str, de
                     density=density, memory=memory, engine=engine, bucket_mb=bucket_mb, policy=policy,
                     ratios=tuple(sorted(set(number_list(ratios, "--ratios")))), weights=w,  # type: ignore[arg-type]
                     compute_profile=compute_profile, slack=slack, seed=seed, allow_capture=not no_capture,
-                    grid_steps=grid_steps)
+                    grid_steps=grid_steps, options={"scope": scope})
     cfg.check()
     with step_progress("capture", unit="train step") as capture_progress:
         analysis = Analysis(cfg, announce=note, capture_progress=capture_progress)

@@ -5,10 +5,11 @@ from __future__ import annotations
 import datetime
 import time
 from pathlib import Path
+from typing import Any
 
 import click
 
-from arcsim.cli_common import note
+from arcsim.cli.common import note
 from arcsim.errors import ArcsimError
 
 SWEEP_OPTIONS = {  # option → spec key; every value is a comma list, strings may hold {a,b} groups
@@ -47,7 +48,7 @@ def sweep(spec_file: str | None, out: str | None, scheduler: str | None, workers
     from arcsim.sweep.spec import build_spec, load_yaml_spec, merge
 
     raw = load_yaml_spec(Path(spec_file)) if spec_file else {}
-    cli_values = {SWEEP_OPTIONS[k]: v for k, v in axes.items()}
+    cli_values: dict[str, Any] = {SWEEP_OPTIONS[k]: v for k, v in axes.items()}
     cli_values.update(memory=memory, seed=seed)
     spec = build_spec(merge(raw, cli_values), source=spec_file or "command line")
     points = spec.points()

@@ -3,15 +3,15 @@
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import click
 from rich.table import Table
 
 from arcsim.catalog import DATASETS, MODELS
-from arcsim.cli_common import Count, console, emit_json, note, step_progress
+from arcsim.cli.common import Count, console, emit_json, note, step_progress
 from arcsim.errors import ArcsimError
+from arcsim.files import write_atomic
 from arcsim.units import format_duration, format_size
 
 MODEL_HELP = f"One of: {', '.join(MODELS)}."
@@ -80,10 +80,7 @@ def trace_profile(model: str, dataset: str | None, batch: int, device: str, repe
 
         prof = measure_profile(model, batch, device, dataset, input_size, repeats, warmup, bf16, tick)
     path = Path(out)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.partial-{os.getpid()}")
-    tmp.write_text(json.dumps(prof.to_json(), indent=1) + "\n")
-    os.replace(tmp, path)
+    write_atomic(path, json.dumps(prof.to_json(), indent=1) + "\n")
     note(f"wrote {path}: {model} batch {batch} on {prof.device_name}: forward {format_duration(prof.forward_s)}, "
          f"backward {format_duration(prof.backward_s)}, {len(prof.layers)} layers")
 

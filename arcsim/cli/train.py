@@ -11,7 +11,7 @@ import click
 from rich.table import Table
 
 from arcsim.catalog import COMPRESSORS, DATASETS, MEMORIES, MODELS
-from arcsim.cli_common import Count, console, note, number_list, step_progress
+from arcsim.cli.common import Count, console, note, number_list, scope_option, step_progress
 from arcsim.errors import ArcsimError
 
 
@@ -36,9 +36,10 @@ from arcsim.errors import ArcsimError
 @click.option("--target", default=None, type=float, help="Held-out accuracy to reach, e.g. 0.95.")
 @click.option("--out", "-o", default=None, type=click.Path(file_okay=False),
               help="Results directory (default reports/train/<model>-<dataset>-d<density>); an existing one resumes.")
+@scope_option
 def train(model: str, dataset: str, workers: int, compressors: str, density: float, memory: str, steps: int,
           batch: int, lr: float | None, eval_every: int, seeds: str, topology: str | None, engine: str,
-          compute_profile: str | None, target: float | None, out: str | None) -> None:
+          compute_profile: str | None, target: float | None, out: str | None, scope: str) -> None:
     """Train W workers in one process through each compressor; accuracy against steps and predicted time."""
     from arcsim.train.experiment import run_experiment
     from arcsim.train.loop import TrainConfig
@@ -54,8 +55,10 @@ def train(model: str, dataset: str, workers: int, compressors: str, density: flo
     cfg = TrainConfig(model=model, dataset=dataset, workers=workers,
                       compressors=tuple(c.strip() for c in compressors.split(",") if c.strip()), density=density,
                       memory=memory, steps=steps, batch=batch, lr=lr, eval_every=eval_every,
-                      seeds=number_list(seeds, "--seeds", int), compute_profile=compute_profile)
+                      seeds=number_list(seeds, "--seeds", int), compute_profile=compute_profile, scope=scope)
     cfg.check()
+    if memory == "ef21m":
+        note("EF21M carries its own momentum: SGD's momentum is off (the step is x ← x − γ·h̄)")
     if topology:
         from arcsim.topology import load_topology
 

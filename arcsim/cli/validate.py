@@ -8,8 +8,9 @@ import click
 from rich.table import Table
 
 from arcsim.catalog import COMPRESSORS
-from arcsim.cli_common import Count, console, note
+from arcsim.cli.common import Count, console, note
 from arcsim.errors import ArcsimError
+from arcsim.testbed import VALIDATE_WORKER
 
 
 def _list(text: str) -> tuple[str, ...]:
@@ -40,7 +41,14 @@ def validate(ranks: str, bandwidth: str, delay: str, compressors: str, model: st
     import json
 
     from arcsim.catalog import MODELS
-    from arcsim.validate import ValidateConfig, run_validation, summary, validate_measured, worker_config, write_outputs
+    from arcsim.testbed.validate import (
+        ValidateConfig,
+        run_validation,
+        summary,
+        validate_measured,
+        worker_config,
+        write_outputs,
+    )
 
     try:
         rank_list = tuple(int(r) for r in _list(ranks))
@@ -62,7 +70,7 @@ def validate(ranks: str, bandwidth: str, delay: str, compressors: str, model: st
         (directory / "config.json").write_text(json.dumps(worker_config(cfg), indent=1))
         note(f"wrote {directory / 'config.json'}; on the cluster run, with your torchrun rendezvous options:\n"
              f"  torchrun ... -m arcsim calibrate --out {directory}/cluster.yaml\n"
-             f"  torchrun ... -m arcsim.validate_worker {directory}/config.json {directory}/real-\n"
+             f"  torchrun ... -m {VALIDATE_WORKER} {directory}/config.json {directory}/real-\n"
              f"then here: arcsim validate --measured {directory} --topology {directory}/cluster.yaml")
         return
     if measured:

@@ -22,7 +22,6 @@ from arcsim.comm.log import CommLog, CommRecord
 
 class Communicator(Protocol):
     world_size: int
-    local_workers: int  # W: P in-process, 1 in a distributed job
     log: CommLog
 
     def all_reduce(self, t: torch.Tensor, op: str = "mean", tag: str = "") -> torch.Tensor: ...
@@ -33,10 +32,6 @@ class Communicator(Protocol):
 
     def local_index(self, rank: int) -> int | None:
         """Row of the local-worker axis that holds global ``rank``, or None if another process does."""
-        ...
-
-    def global_ranks(self) -> torch.Tensor:
-        """Global rank of each local worker, shape [W]."""
         ...
 
 

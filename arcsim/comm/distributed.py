@@ -44,7 +44,6 @@ class DistributedComm:
         self.group = group
         self.world_size = dist.get_world_size(group)
         self.rank = dist.get_rank(group)
-        self.local_workers = 1
         self.log = CommLog(self.world_size)
 
     def all_reduce(self, t: torch.Tensor, op: str = "mean", tag: str = "") -> torch.Tensor:
@@ -52,8 +51,11 @@ class DistributedComm:
         if op not in ("mean", "sum"):
             raise ValueError(f"unknown reduction {op!r}")
         out = t[0:1].clone()
+        low_precision = out.dtype in (torch.float16, torch.bfloat16)
+        if op == "mean" and low_precision:  # divide first, as PyTorch's fp16 hook: a sum of P halves overflows
+            out /= self.world_size
         dist.all_reduce(out, op=dist.ReduceOp.SUM, group=self.group)
-        if op == "mean":
+        if op == "mean" and not low_precision:
             out /= self.world_size
         return out
 
@@ -71,6 +73,3 @@ class DistributedComm:
 
     def local_index(self, rank: int) -> int | None:
         return 0 if rank == self.rank else None
-
-    def global_ranks(self) -> torch.Tensor:
-        return torch.tensor([self.rank])

@@ -12,7 +12,6 @@ class InProcessComm:
         if world_size < 2:
             raise ValueError("a communicator needs at least 2 workers")
         self.world_size = world_size
-        self.local_workers = world_size
         self.log = CommLog(world_size)
 
     def _check(self, t: torch.Tensor) -> None:
@@ -41,6 +40,3 @@ class InProcessComm:
 
     def local_index(self, rank: int) -> int | None:
         return rank
-
-    def global_ranks(self) -> torch.Tensor:
-        return torch.arange(self.world_size)

@@ -40,6 +40,3 @@ class CommLog:
 
     def since(self, mark: int) -> list[CommRecord]:
         return self.records[mark:]
-
-    def bytes_per_rank(self, mark: int = 0) -> int:
-        return sum(r.bytes_per_rank for r in self.records[mark:])

@@ -16,7 +16,6 @@ class SoloComm:
 
     def __init__(self, world: int, rank: int = 0, leader: bool = False) -> None:
         self.world_size, self.rank, self.leader = world, rank, leader
-        self.local_workers = 1
         self.log = CommLog(world)
 
     def all_reduce(self, t: torch.Tensor, op: str = "mean", tag: str = "") -> torch.Tensor:
@@ -33,6 +32,3 @@ class SoloComm:
 
     def local_index(self, rank: int) -> int | None:
         return 0 if self.leader or rank == self.rank else None
-
-    def global_ranks(self) -> torch.Tensor:
-        return torch.tensor([self.rank])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from arcsim.catalog import INFO
 from arcsim.compressors.adaptive import Adaptive
 from arcsim.compressors.arctopk import ArcTopK
 from arcsim.compressors.artopk import Star, Var
@@ -20,9 +21,14 @@ NAMES = tuple(REGISTRY)
 
 def make_compressor(name: str, density: float = 0.01, seed: int = 0, rank: int | None = None,
                     **options) -> Compressor:
-    """A compressor by name; ``rank`` is PowerSGD's rank or ARC-Top-K's sketch columns r."""
+    """A compressor by name; ``rank`` is PowerSGD's rank or ARC-Top-K's sketch columns r; ``options`` must
+    be ones its descriptor lists (:data:`arcsim.catalog.INFO`)."""
     if name not in REGISTRY:
         raise CompressionError(f"unknown compressor {name!r}; choose one of {', '.join(NAMES)}")
+    unknown = sorted(set(options) - set(INFO[name].options))
+    if unknown:
+        raise CompressionError(f"{name} takes no option {', '.join(unknown)}; its options: "
+                               f"{', '.join(INFO[name].options) or 'none'}")
     if rank is not None:
         if rank < 1:
             raise CompressionError(f"rank r must be ≥ 1 (got {rank})")

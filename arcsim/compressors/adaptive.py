@@ -32,9 +32,15 @@ class Adaptive(Compressor):
         if inner not in INNER:
             raise CompressionError(f"adaptive wraps one of {', '.join(INNER)} (got {inner!r})")
         self.inner = INNER[inner](density, seed, **inner_options)
-        self.all_reduce_compatible = self.inner.all_reduce_compatible  # type: ignore[misc]
         self.lam: float | None = None
         self.history: list[int] = []
+
+    @property
+    def all_reduce_compatible(self) -> bool:
+        return self.inner.all_reduce_compatible
+
+    def observe_gradient(self, g: torch.Tensor) -> None:
+        self.inner.observe_gradient(g)
 
     def compress(self, x: torch.Tensor, comm: Communicator, step: int,
                  layout: tuple[Layer, ...] | None = None, density: float | None = None) -> Compressed:

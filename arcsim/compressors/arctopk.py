@@ -77,7 +77,6 @@ class Rows:
 
 class ArcTopK(Compressor):
     name = "arctopk"
-    all_reduce_compatible = True
 
     def __init__(self, density: float = 0.01, seed: int = 0, rank: int = 4, block: int = 64,
                  selector: str = "sketch", scope: str = "tensor") -> None:

@@ -3,7 +3,7 @@
 A compressor sees ``x`` of shape [W, d] (W local workers, see :mod:`arcsim.comm`) and returns the
 aggregate every worker applies, shape [1, d], which always equals the mean over all P workers of what
 each *contributed*; the contribution is kept per local worker so error feedback can subtract it in
-place (:mod:`arcsim.memory`).
+place (:mod:`arcsim.compressors.memory`).
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from typing import ClassVar
 
 import torch
 
+from arcsim.catalog import INFO, SCOPES, CompressorInfo, scope_message
 from arcsim.comm import Communicator
 from arcsim.errors import ArcsimError
 
@@ -124,20 +125,59 @@ def layout_of(shapes: list[tuple[int, ...]], names: list[str] | None = None) -> 
     return tuple(layers)
 
 
+def check_scope(scope: str) -> str:
+    if scope not in SCOPES:
+        raise CompressionError(scope_message(scope))
+    return scope
+
+
+def selection_groups(d: int, layout: tuple[Layer, ...] | None, scope: str) -> list[tuple[int, int]]:
+    """(offset, numel) of each part that gets its own k: every layer (scope tensor) or the whole vector."""
+    if scope == "bucket" or layout is None:
+        return [(0, d)]
+    return [(layer.offset, layer.numel) for layer in layout if layer.numel]
+
+
+def group_k(numel: int, density: float) -> int:
+    """Elements a part of ``numel`` keeps at ``density``: max(1, ⌊ρ·n⌋) (GRACE's rule)."""
+    return max(1, min(numel, int(density * numel)))
+
+
+def topk_indices(x: torch.Tensor, groups: list[tuple[int, int]], density: float) -> torch.Tensor:
+    """[W, K]: each worker's largest |x| within every group (K = Σ group_k), as indices into x's columns."""
+    parts = []
+    for off, n in groups:
+        k = group_k(n, density)
+        # one worker at a time: |x| and topk's own scratch stay O(n), not O(W·n)
+        parts.append(torch.stack([row.abs().topk(k, sorted=False).indices for row in x[:, off:off + n]]) + off)
+    return parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
+
+
 # -- the compressor family ---------------------------------------------------------------------------
 class Compressor(ABC):
+    """One method; its family, options and costs are its descriptor's (:data:`arcsim.catalog.INFO`)."""
+
     name: ClassVar[str]
-    all_reduce_compatible: ClassVar[bool]
-    uses_density: ClassVar[bool] = True
 
     def __init__(self, density: float = 0.01, seed: int = 0) -> None:
         check_density(density)
         self.density = float(density)
         self.seed = int(seed)
 
+    @property
+    def info(self) -> CompressorInfo:
+        return INFO[self.name]
+
+    @property
+    def all_reduce_compatible(self) -> bool:
+        return self.info.all_reduce_compatible
+
     def k_for(self, d: int, density: float | None = None) -> int:
         """Elements to keep: max(1, ⌊ρ·d⌋)."""
-        return max(1, min(d, int((self.density if density is None else density) * d)))
+        return group_k(d, self.density if density is None else density)
+
+    def observe_gradient(self, g: torch.Tensor) -> None:  # noqa: B027 (optional hook, no-op by default)
+        """The raw local gradient of this step, before error feedback (default: not needed)."""
 
     @abstractmethod
     def compress(self, x: torch.Tensor, comm: Communicator, step: int,

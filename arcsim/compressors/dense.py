@@ -10,8 +10,6 @@ from arcsim.compressors.base import Compressed, Compressor, DenseContribution, L
 
 class Dense(Compressor):
     name = "dense"
-    all_reduce_compatible = True
-    uses_density = False
 
     def compress(self, x: torch.Tensor, comm: Communicator, step: int,
                  layout: tuple[Layer, ...] | None = None, density: float | None = None) -> Compressed:
@@ -22,8 +20,6 @@ class Dense(Compressor):
 
 class Fp16(Compressor):
     name = "fp16"
-    all_reduce_compatible = True
-    uses_density = False
 
     def compress(self, x: torch.Tensor, comm: Communicator, step: int,
                  layout: tuple[Layer, ...] | None = None, density: float | None = None) -> Compressed:

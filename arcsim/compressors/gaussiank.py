@@ -1,9 +1,14 @@
 """Gaussian-k (Shi et al. 2019): approximate top-k by a threshold from the mean and standard deviation.
 
-t = |μ| + |Φ⁻¹(ρ/2)|·σ; select |x| > t; up to 3 refinements (fewer than 2k/3 selected: halve t; more
-than 4k/3: t × 1.5). Counts differ per worker, so they are all-gathered first and values and indices
-are all-gathered padded to the largest count (what an all-gather of equal-sized buffers must send).
-Achieved density is reported next to the requested one: on heavy tails it can miss k by a lot.
+As the authors' code (hclhkbu/GaussianK-SGD, GaussianCompressor): t = μ + |Φ⁻¹(ρ/2)|·σ with the signed
+mean μ and the unbiased σ of the vector; select |x| > t; evaluate at most 3 thresholds: after each
+count, fewer than 2k/3 selected halves t, more than 4k/3 multiplies it by 1.5, else stop. The
+selection is the last *evaluated* threshold's (the reference adjusts t a third time without using it).
+``scope="tensor"`` (default, as the reference, which compresses tensor by tensor) thresholds every layer
+on its own statistics with its own k; ``"bucket"`` thresholds the whole bucket at once.
+Counts differ per worker, so they are all-gathered first and values and indices are all-gathered
+padded to the largest count (what an all-gather of equal-sized buffers must send). Achieved density
+is reported next to the requested one: on heavy tails it can miss k by a lot.
 """
 
 from __future__ import annotations
@@ -11,40 +16,64 @@ from __future__ import annotations
 import torch
 
 from arcsim.comm import Communicator
-from arcsim.compressors.base import Compressed, Compressor, Layer, SparseContribution, sparse_aggregate
+from arcsim.compressors.base import (
+    Compressed,
+    Compressor,
+    Layer,
+    SparseContribution,
+    check_scope,
+    group_k,
+    selection_groups,
+    sparse_aggregate,
+)
 
-REFINEMENTS = 3
+EVALUATIONS = 3
+
+
+def gaussian_threshold(row: torch.Tensor, k: int, z: float) -> torch.Tensor:
+    """The threshold the reference selects with, for one worker's 1-D ``row`` and target ``k``.
+
+    A part with k ≥ n keeps everything (the reference's σ of one element is NaN and selects nothing).
+    """
+    if k >= row.numel():
+        return torch.tensor(-float("inf"), device=row.device)
+    t = row.mean() + z * row.std()
+    mag = row.abs()
+    evaluated = t
+    for _ in range(EVALUATIONS):
+        evaluated = t
+        count = int((mag > t).sum())
+        if count < 2 * k / 3:
+            t = t * 0.5
+        elif count > 4 * k / 3:
+            t = t * 1.5
+        else:
+            break
+    return evaluated
 
 
 class GaussianK(Compressor):
     name = "gaussiank"
-    all_reduce_compatible = False
 
-    def thresholds(self, x: torch.Tensor, k: int, density: float) -> torch.Tensor:
-        """Per-worker threshold [W, 1] after the refinement loop (one worker at a time: O(d) scratch)."""
+    def __init__(self, density: float = 0.01, seed: int = 0, scope: str = "tensor") -> None:
+        super().__init__(density, seed)
+        self.scope = check_scope(scope)
+
+    def picks(self, row: torch.Tensor, groups: list[tuple[int, int]], density: float) -> torch.Tensor:
+        """Indices one worker selects (ascending within each group)."""
         z = float(torch.special.ndtri(torch.tensor(density / 2, dtype=torch.float64)).abs())
-        return torch.stack([self._row_threshold(row, k, z) for row in x]).unsqueeze(1)
-
-    @staticmethod
-    def _row_threshold(row: torch.Tensor, k: int, z: float) -> torch.Tensor:
-        t = row.mean().abs() + z * row.std()
-        mag = row.abs()
-        for _ in range(REFINEMENTS):
-            count = int((mag > t).sum())
-            if count < 2 * k / 3:
-                t = t / 2
-            elif count > 4 * k / 3:
-                t = t * 1.5
-            else:
-                break
-        return t
+        parts = []
+        for off, n in groups:
+            part = row[off:off + n]
+            t = gaussian_threshold(part, group_k(n, density), z)
+            parts.append(off + torch.nonzero(part.abs() > t, as_tuple=True)[0])
+        return parts[0] if len(parts) == 1 else torch.cat(parts)
 
     def compress(self, x: torch.Tensor, comm: Communicator, step: int,
                  layout: tuple[Layer, ...] | None = None, density: float | None = None) -> Compressed:
         rho = self.density if density is None else density
-        k = self.k_for(x.shape[1], rho)
-        t = self.thresholds(x, k, rho)
-        picks = [torch.nonzero(x[w].abs() > t[w], as_tuple=True)[0] for w in range(x.shape[0])]
+        groups = selection_groups(x.shape[1], layout, self.scope)
+        picks = [self.picks(x[w], groups, rho) for w in range(x.shape[0])]
         counts = torch.tensor([[p.numel()] for p in picks], dtype=torch.int32, device=x.device)
         width = max(1, int(comm.all_gather(counts, tag="counts").max()))
         idx = torch.zeros(x.shape[0], width, dtype=torch.int64, device=x.device)

@@ -38,6 +38,7 @@ class NoMemory(Memory):
     name = "none"
 
     def step(self, g, compressor, comm, step, layout=None, observe=None):
+        compressor.observe_gradient(g)
         out = compressor.compress(g, comm, step, layout)
         if observe:
             observe(g, out)
@@ -53,6 +54,7 @@ class EF14(Memory):
     def step(self, g, compressor, comm, step, layout=None, observe=None):
         if self.error is None:
             self.error = torch.zeros_like(g, dtype=torch.float32)
+        compressor.observe_gradient(g)
         u = self.error.add_(g)  # u = g + e, in place
         out = compressor.compress(u, comm, step, layout)
         if observe:
@@ -76,6 +78,7 @@ class EF21(Memory):
         return g.float()
 
     def step(self, g, compressor, comm, step, layout=None, observe=None):
+        compressor.observe_gradient(g)
         v = self.last_target = self.target(g)
         if self.h is None:  # first step: dense, so h starts at the true gradient
             self.h = v.clone()
@@ -90,7 +93,7 @@ class EF21(Memory):
         return self.h_mean.clone()
 
     def residual(self) -> torch.Tensor | None:
-        return None if self.h is None else self.last_target - self.h
+        return None if self.h is None or self.last_target is None else self.last_target - self.h
 
 
 class EF21M(EF21):

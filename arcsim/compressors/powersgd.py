@@ -7,7 +7,10 @@ Q' = all_reduce_mean(M_iᵀ P̂); the aggregate is P̂ Q'ᵀ, and Q' warm-starts
 (then all Q) of a step travel in one all-reduce. Worker i's contribution is P̂ (M_iᵀ P̂)ᵀ, the
 projection of M_i on the shared basis, whose mean is exactly the aggregate.
 
-Rank: ``rank`` if given, else per matrix the largest r with r(n + m) ≤ ρ·n·m (at least 1).
+Rank: ``rank`` if given, else per matrix the largest r with r(n + m) ≤ ρ·n·m (at least 1), capped at
+min(n, m). As PyTorch's hook, a matrix is compressed only when (n + m)·r·``min_compression_rate`` < n·m
+(default 2); otherwise it travels uncompressed in the same all-reduce as the 1-D layers, so a small
+matrix never sends more than it would dense.
 """
 
 from __future__ import annotations
@@ -70,17 +73,30 @@ class LowRankContribution(Contribution):
 
 class PowerSGD(Compressor):
     name = "powersgd"
-    all_reduce_compatible = True
 
-    def __init__(self, density: float = 0.01, seed: int = 0, rank: int | None = None) -> None:
+    def __init__(self, density: float = 0.01, seed: int = 0, rank: int | None = None,
+                 min_compression_rate: float = 2.0) -> None:
         super().__init__(density, seed)
         if rank is not None and rank < 1:
             raise CompressionError(f"PowerSGD rank must be ≥ 1 (got {rank})")
+        if not min_compression_rate > 0:
+            raise CompressionError(f"min_compression_rate must be positive (got {min_compression_rate})")
         self.rank = rank
+        self.min_compression_rate = float(min_compression_rate)
         self._q: dict[tuple[int, int, int], torch.Tensor] = {}  # warm start per matrix
 
-    def split(self, layout: tuple[Layer, ...]) -> tuple[list[_Matrix], list[tuple[int, int]]]:
-        """Matrices to approximate, and (offset, length) pieces to all-reduce uncompressed."""
+    def split(self, layout: tuple[Layer, ...], density: float) -> tuple[list[_Matrix], list[tuple[int, int]]]:
+        """Matrices worth approximating, and (offset, length) pieces to all-reduce uncompressed."""
+        matrices, plain = self._shapes(layout)
+        worth = []
+        for mat in matrices:
+            if (mat.n + mat.m) * self.rank_for(mat, density) * self.min_compression_rate < mat.n * mat.m:
+                worth.append(mat)
+            else:
+                plain.append((mat.offset, mat.n * mat.m))
+        return worth, sorted(plain)
+
+    def _shapes(self, layout: tuple[Layer, ...]) -> tuple[list[_Matrix], list[tuple[int, int]]]:
         if len(layout) == 1 and len(layout[0].shape) == 1:  # a flat bucket: n × m with m = ⌈√d⌉, plus a tail
             d = layout[0].numel
             m = math.isqrt(max(d - 1, 0)) + 1
@@ -106,7 +122,7 @@ class PowerSGD(Compressor):
                  layout: tuple[Layer, ...] | None = None, density: float | None = None) -> Compressed:
         w, d = x.shape
         rho = self.density if density is None else density
-        matrices, plain = self.split(layout or flat_layout(d))
+        matrices, plain = self.split(layout or flat_layout(d), rho)
         ranks = [self.rank_for(mat, rho) for mat in matrices]
         views = [x[:, mat.offset:mat.offset + mat.n * mat.m].reshape(w, mat.n, mat.m).float() for mat in matrices]
         qs = [self._warm_q(mat, r, x.device) for mat, r in zip(matrices, ranks, strict=True)]

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
+from typing import Any
 
 import torch
 
 from arcsim.comm.inprocess import InProcessComm
 from arcsim.compressors.base import Compressed, Compressor, Layer, check_finite, check_input
-from arcsim.memory import Memory
-from arcsim.metrics import StepMetrics, fidelity, records_summary, update_error
+from arcsim.compressors.memory import Memory
+from arcsim.compressors.metrics import StepMetrics, fidelity, records_summary, update_error
 
 
 def compress_steps(batches: Iterable[tuple[int, torch.Tensor]], compressor: Compressor, memory: Memory,
@@ -22,7 +23,7 @@ def compress_steps(batches: Iterable[tuple[int, torch.Tensor]], compressor: Comp
         if comm is None:
             comm = InProcessComm(g.shape[0])
         mark = comm.log.mark()
-        seen: dict[str, object] = {}
+        seen: dict[str, Any] = {}
 
         def observe(u: torch.Tensor, out: Compressed, seen: dict = seen) -> None:
             seen.update(fidelity(u, out, compressor.k_for(u.shape[1])))

@@ -1,25 +1,40 @@
-"""Top-K: each worker keeps its own k largest |x|; values and indices travel by all-gather."""
+"""Top-K: each worker keeps its own k largest |x|; values and indices travel by all-gather.
+
+``scope="tensor"`` (default, as GRACE and the ARC-Top-K authors' Top-K baseline) keeps k = max(1, ⌊ρ·n⌋)
+of every layer of n elements; ``scope="bucket"`` keeps one k over the whole bucket.
+"""
 
 from __future__ import annotations
 
 import torch
 
 from arcsim.comm import Communicator
-from arcsim.compressors.base import Compressed, Compressor, Layer, SparseContribution, sparse_aggregate
+from arcsim.compressors.base import (
+    Compressed,
+    Compressor,
+    Layer,
+    SparseContribution,
+    check_scope,
+    selection_groups,
+    sparse_aggregate,
+    topk_indices,
+)
 
 
 class TopK(Compressor):
     name = "topk"
-    all_reduce_compatible = False
+
+    def __init__(self, density: float = 0.01, seed: int = 0, scope: str = "tensor") -> None:
+        super().__init__(density, seed)
+        self.scope = check_scope(scope)
 
     def compress(self, x: torch.Tensor, comm: Communicator, step: int,
                  layout: tuple[Layer, ...] | None = None, density: float | None = None) -> Compressed:
-        k = self.k_for(x.shape[1], density)
-        # one worker at a time: |x| and topk's own scratch stay O(d), not O(P·d)
-        idx = torch.stack([row.abs().topk(k, sorted=False).indices for row in x])
+        rho = self.density if density is None else density
+        idx = topk_indices(x, selection_groups(x.shape[1], layout, self.scope), rho)
         vals = x.gather(1, idx).float()
         gathered_vals = comm.all_gather(vals, tag="values")
         gathered_idx = comm.all_gather(idx.to(torch.int32), tag="indices")
         agg = sparse_aggregate(x.shape[1], gathered_idx, gathered_vals, comm.world_size)
-        selected = torch.full((x.shape[0],), k, device=x.device)
+        selected = torch.full((x.shape[0],), idx.shape[1], device=x.device)
         return Compressed(agg, SparseContribution(idx, vals), selected, index_based=True)

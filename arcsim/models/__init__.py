@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from arcsim.datasets import DatasetError, DataSpec
+from arcsim.models.datasets import DatasetError, DataSpec
 from arcsim.models.gpt import GPT
 from arcsim.models.resnet import resnet18, resnet50
 from arcsim.models.small import MLP, SmallCNN
@@ -39,10 +39,6 @@ class ModelEntry:
             return self.build_fn(spec)
         except ValueError as exc:
             raise DatasetError(f"model {self.name} does not fit the data: {exc}") from None
-
-
-def _image(spec: DataSpec) -> tuple[int, int]:
-    return spec.shape[0], spec.shape[1]
 
 
 MODELS: dict[str, ModelEntry] = {e.name: e for e in (

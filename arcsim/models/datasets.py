@@ -8,6 +8,7 @@ recorded in trace metadata and shown by ``arcsim trace info``.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -65,7 +66,8 @@ class ArrayDataset(Dataset):
         return self.x_test, self.y_test
 
 
-def _split(x: np.ndarray, y: np.ndarray, test_fraction: float, seed: int) -> tuple[np.ndarray, ...]:
+def _split(x: np.ndarray, y: np.ndarray, test_fraction: float,
+           seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     order = np.random.default_rng(seed).permutation(len(x))
     cut = round(len(x) * (1 - test_fraction))
     return x[order[:cut]], y[order[:cut]], x[order[cut:]], y[order[cut:]]
@@ -145,7 +147,8 @@ class SyntheticTokens(Dataset):
         return seq[:, :-1], seq[:, 1:]
 
 
-DATASETS: dict[str, type[Dataset]] = {cls.name: cls for cls in (Digits, MNIST1D, SyntheticImages, SyntheticTokens)}
+DATASETS: dict[str, Callable[[int | None], Dataset]] = {
+    cls.name: cls for cls in (Digits, MNIST1D, SyntheticImages, SyntheticTokens)}
 
 
 def make_dataset(name: str, size: int | None = None) -> Dataset:

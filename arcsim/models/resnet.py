@@ -50,6 +50,11 @@ def _shortcut(cin: int, cout: int, stride: int) -> nn.Sequential | None:
 
 
 class ResNet(nn.Module):
+    layer1: nn.Sequential  # set by name in __init__, as torchvision names them
+    layer2: nn.Sequential
+    layer3: nn.Sequential
+    layer4: nn.Sequential
+
     def __init__(self, block: type[BasicBlock | Bottleneck], depths: tuple[int, ...], in_channels: int = 3,
                  classes: int = 1000) -> None:
         super().__init__()

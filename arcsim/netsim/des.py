@@ -16,8 +16,9 @@ as many flows as its physical twin. The result is identical to simulating every 
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Callable, Hashable, Iterator
+from collections.abc import Callable, Generator, Hashable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import simpy
@@ -105,8 +106,10 @@ def simulate(schedule: Schedule, topo: Topology, start_times: np.ndarray | None 
             if topo.jitter:
                 latency *= 1.0 + topo.jitter * rng.exponential()
             wait = env.timeout(latency)
-            wait.callbacks.append(lambda _: net.send(send.path, send.nbytes).callbacks.append(
-                lambda _: done.succeed()))
+            def on_arrival(_: simpy.Event, send=send, done=done) -> None:
+                net.send(send.path, send.nbytes).callbacks.append(lambda _: done.succeed())
+
+            wait.callbacks.append(on_arrival)
 
         if position[receiver] >= k:
             start()
@@ -114,7 +117,7 @@ def simulate(schedule: Schedule, topo: Topology, start_times: np.ndarray | None 
             waiters[receiver][k].append(start)
         return done
 
-    def rank(r: int) -> Iterator[simpy.Event]:
+    def rank(r: int) -> Generator[simpy.Event, Any, None]:
         if starts[r] > t0:
             yield env.timeout(starts[r] - t0)
         slowdown = topo.slowdown(r)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Callable, Hashable, Sequence
+from typing import Any
 
 import simpy
 
@@ -26,7 +27,7 @@ class _Flow:
 
 
 class FluidNetwork:
-    def __init__(self, env: simpy.Environment, capacity: Callable[[Hashable], float]) -> None:
+    def __init__(self, env: simpy.Environment, capacity: Callable[[Any], float]) -> None:
         self.env = env
         self._capacity = capacity
         self._bandwidth: dict[Hashable, float] = {}

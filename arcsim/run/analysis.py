@@ -13,9 +13,16 @@ from typing import Any
 import numpy as np
 import torch
 
-from arcsim.catalog import AG_FAMILY, AR_TOPK_FAMILY, DEFAULT_RATIOS, POLICIES, check_compression
-from arcsim.compressors import NAMES as COMPRESSORS
-from arcsim.compressors import REGISTRY
+from arcsim.catalog import (
+    AG_FAMILY,
+    AR_TOPK_FAMILY,
+    COMPRESSORS,
+    DEFAULT_RATIOS,
+    INFO,
+    POLICIES,
+    check_compression,
+    check_options,
+)
 from arcsim.errors import ArcsimError
 from arcsim.netsim import ENGINES
 from arcsim.pricing import Pricer, algorithms_for
@@ -56,9 +63,15 @@ class RunConfig:
     allow_capture: bool = True
     grid_steps: int | None = None       # trace steps for ratio-grid points (None: all, or 1 for large traces)
     compress_scale: float = 1.0         # measured compression × this: > 1 where ranks share cores (emulation)
+    options: dict[str, Any] = field(default_factory=lambda: {"scope": "tensor"})  # each compressor takes its own
+
+    @property
+    def scope(self) -> str:
+        return str(self.options.get("scope", "tensor"))
 
     def check(self) -> None:
         check_compression(self.compressors, self.memory, RunError)
+        check_options(self.compressors, self.options, RunError)
         if self.policy not in POLICIES:
             raise RunError(f"unknown policy {self.policy!r}; choose one of {', '.join(POLICIES)}")
         if self.engine not in ENGINES:
@@ -115,6 +128,13 @@ class Context:
     compress_source: str       # "measured" or "modelled"
     compress_scale: float = 1.0  # measured compression × this (ranks sharing cores in an emulated cluster)
 
+    @property
+    def trace_file(self) -> Trace:
+        """The trace an `arcsim run` read (reports and charts describe it; live training has none)."""
+        if self.trace is None:
+            raise ArcsimError("this result came from live training, not a trace; it has no trace to describe")
+        return self.trace
+
 
 def main_op(meas: Measurement) -> str:
     """The collective that carries the data: the all-reduce or all-gather with the most bytes."""
@@ -150,7 +170,7 @@ def evaluate(meas: Measurement, collective: str, ctx: Context, pricer: Pricer) -
     timelines, per_bucket = step_timelines(meas, collective, ctx, pricer)
     mean = {f: float(np.mean([getattr(t, f) for t in timelines]))
             for f in ("iteration_s", "compute_s", "compress_s", "comm_s", "exposed_comm_s")}
-    uses_density = REGISTRY[meas.compressor].uses_density
+    uses_density = not INFO[meas.compressor].density_free
     return Candidate(meas.compressor, collective, meas.density if uses_density else None, meas.memory, op, **mean,
                      rel_error=meas.rel_error(), update_error=meas.update_error(),
                      compression_gain=meas.compression_gain(),
@@ -192,7 +212,7 @@ class Analysis:
         path = resolve_trace(cfg.trace, allow_capture=cfg.allow_capture, announce=announce, progress=capture_progress)
         self.trace = open_trace(path)
         compute = from_profile(cfg.compute_profile, self.trace) if cfg.compute_profile else from_trace(self.trace)
-        buckets = make_buckets(self.trace.layers, compute.ready_s, cfg.bucket_mb * 2**20)
+        buckets = make_buckets(self.trace.layers, compute.ready_s.tolist(), cfg.bucket_mb * 2**20)
         source = "measured" if compute.device == "cpu" else "modelled"
         self.ctx = Context(self.trace, self.topo, compute, buckets, cfg.engine, source, cfg.compress_scale)
         self.pricer = Pricer(self.topo, cfg.engine)
@@ -219,7 +239,7 @@ class Analysis:
         return t.steps if t.steps * t.workers * t.elements <= GRID_ALL_STEPS_ELEMENTS else 1
 
     def _key(self, compressor: str, density: float, grid: bool) -> tuple[str, float, int]:
-        uses = REGISTRY[compressor].uses_density
+        uses = not INFO[compressor].density_free
         dens = density if uses else 1.0
         full = not grid or not uses or (dens == self.cfg.density and compressor in self.cfg.compressors)
         return compressor, dens, self.trace.steps if full else self.grid_steps()
@@ -232,8 +252,8 @@ class Analysis:
             self.progress(f"{compressor} @ {key[1]:g}")
             steps = self.steps() if key[2] == self.trace.steps else itertools.islice(self.steps(), key[2])
             self._measured[key] = measure(steps, self.ctx.buckets, compressor, key[1],
-                                          self.cfg.memory if REGISTRY[compressor].uses_density else None,
-                                          self.cfg.seed)
+                                          self.cfg.memory if not INFO[compressor].density_free else None,
+                                          self.cfg.seed, self.cfg.options)
             self.timings[f"measure {compressor} @ {key[1]:g} ({key[2]} steps)"] = time.perf_counter() - started
         return self._measured[key]
 
@@ -277,7 +297,7 @@ class Analysis:
         eligible, limit = self._eligible(cands)
         choices, chosen = [], []
         for b in self.ctx.buckets:
-            ranked = sorted(eligible, key=lambda c, i=b.index: c.bucket_s[i])
+            ranked = sorted(eligible, key=_time_in_bucket(b.index))
             best = ranked[0]
             chosen.append(best)
             choices.append({"bucket": b.index, "elements": b.numel, "layers": len(b.layers),
@@ -313,7 +333,7 @@ class Analysis:
     def _grid(self, dense: Candidate) -> list[Candidate]:
         points = [dense]
         for name in self.cfg.compressors:
-            ratios = self.cfg.ratios if REGISTRY[name].uses_density else (1.0,)
+            ratios = self.cfg.ratios if not INFO[name].density_free else (1.0,)
             for r in ratios:
                 for c in candidates_for(self.measurement(name, r, grid=True), self.ctx, self.pricer):
                     c.speedup_vs_dense = dense.iteration_s / c.iteration_s
@@ -387,6 +407,10 @@ class Analysis:
                  + (" on this CPU: one rank's slice through the real compressor and memory"
                     if ctx.compress_source == "measured"
                     else " for the GPU from per-element pass counts (arcsim/run/compress_cost.py)"),
+                 f"selection scope {self.cfg.scope}: "
+                 + ("k = max(1, ⌊ρ·n⌋) in every layer of n elements (topk, randk, gaussiank, star, var; "
+                    "arctopk: rows per layer), as the reference implementations"
+                    if self.cfg.scope == "tensor" else "one k over each whole bucket") + " (--scope)",
                  f"{len(ctx.buckets)} bucket(s) of ≤ {self.cfg.bucket_mb:g} MiB fp32; collectives priced by the "
                  f"{self.cfg.engine} engine, one at a time in bucket order"
                  + (f"; measured fits for {', '.join(topo.calibration)} (arcsim calibrate) replace the step model"
@@ -404,6 +428,10 @@ class Analysis:
             notes.append("the trace's data is SYNTHETIC: its gradients have the model's structure, not real "
                          "training statistics")
         return notes
+
+
+def _time_in_bucket(index: int) -> Callable[[Candidate], float]:
+    return lambda c: c.bucket_s[index]
 
 
 def _flips(rows: list[dict[str, Any]], axis: str) -> list[dict[str, Any]]:

@@ -9,25 +9,25 @@ Tyagi & Swany, and one rank's compression time (timed on the first step, on one 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import torch
 
+from arcsim.catalog import INFO, options_for
 from arcsim.comm.inprocess import InProcessComm
 from arcsim.comm.log import CommRecord
 from arcsim.comm.solo import SoloComm
 from arcsim.compressors import make_compressor
 from arcsim.compressors.base import Compressed
-from arcsim.memory import make_memory
+from arcsim.compressors.memory import make_memory
 from arcsim.run.buckets import Bucket
-
-DEFAULT_MEMORY = {"dense": "none", "fp16": "none"}  # everything else: ef14
 
 
 def default_memory(compressor: str) -> str:
-    return DEFAULT_MEMORY.get(compressor, "ef14")
+    return INFO[compressor].default_memory
 
 
 @dataclass
@@ -89,16 +89,17 @@ class BucketedCompression:
     ``step`` returns each bucket's aggregated update and what pricing and fidelity need for that step."""
 
     def __init__(self, buckets: list[Bucket], compressor: str, density: float, memory: str | None = None,
-                 seed: int = 0, rank: int | None = None) -> None:
-        self.buckets, self.compressor, self.density, self.seed, self.rank = buckets, compressor, density, seed, rank
+                 seed: int = 0, options: Mapping[str, Any] | None = None) -> None:
+        self.buckets, self.compressor, self.density, self.seed = buckets, compressor, density, seed
+        self.options = options_for(compressor, options or {})  # shared options (scope …) this one accepts
         self.memory = memory or default_memory(compressor)
-        self.comps = [make_compressor(compressor, density, seed=seed + b.index, rank=rank) for b in buckets]
+        self.comps = [make_compressor(compressor, density, seed=seed + b.index, **self.options) for b in buckets]
         self.mems = [make_memory(self.memory) for _ in buckets]
         self.layouts = [b.layout() for b in buckets]
         self.comm: InProcessComm | None = None
         self.one_rank: dict[int, float] = {}  # per-rank compression seconds per bucket, timed on the first step
 
-    def step(self, step: int, g: torch.Tensor) -> tuple[torch.Tensor, dict[str, list]]:
+    def step(self, step: int, g: torch.Tensor) -> tuple[list[torch.Tensor], dict[str, list]]:
         """Compress [W, d] gradients bucket by bucket; returns the [1, bucket] updates (in bucket order, which
         is the order of the flat vector) and the step's row."""
         if self.comm is None:
@@ -130,7 +131,7 @@ class BucketedCompression:
             row["raw2"].append(float(mean_g.pow(2).sum()))
             if b.index not in self.one_rank:
                 self.one_rank[b.index] = _one_rank_seconds(x, self.compressor, self.density, self.memory,
-                                                           self.seed + b.index, self.rank, self.layouts[b.index])
+                                                           self.seed + b.index, self.options, self.layouts[b.index])
             row["compress_s"].append(self.one_rank[b.index])
             for key in ("err2", "ref2", "gain", "selected"):
                 row[key].append(seen[key])
@@ -138,9 +139,9 @@ class BucketedCompression:
 
 
 def measure(steps: Iterable[tuple[int, torch.Tensor]], buckets: list[Bucket], compressor: str, density: float,
-            memory: str | None = None, seed: int = 0, rank: int | None = None) -> Measurement:
+            memory: str | None = None, seed: int = 0, options: Mapping[str, Any] | None = None) -> Measurement:
     """Compress every bucket of every trace step; ``steps`` yields (training step, [W, d] float32)."""
-    bc = BucketedCompression(buckets, compressor, density, memory, seed, rank)
+    bc = BucketedCompression(buckets, compressor, density, memory, seed, options)
     out = Measurement(compressor, density, bc.memory, sum(b.numel for b in buckets))
     for step, g in steps:
         _, row = bc.step(step, g)
@@ -153,13 +154,13 @@ TIMING_BUDGET_S = 0.02  # per bucket: cheap compressions are repeated until this
 TIMING_CALLS = (3, 15)  # … within these bounds on the number of timed calls
 
 
-def _one_rank_seconds(x: torch.Tensor, compressor: str, density: float, memory: str, seed: int, rank: int | None,
-                      layout) -> float:
+def _one_rank_seconds(x: torch.Tensor, compressor: str, density: float, memory: str, seed: int,
+                      options: Mapping[str, Any], layout) -> float:
     """One rank's compression work on its own slice: a fresh compressor and memory over a SoloComm
     (collectives become copies), warmed up once, then the median of 3–15 timed steps (as many as fit in
     TIMING_BUDGET_S) — so fixed per-call costs count in full instead of being shared by the W workers
     stacked in-process, and a scheduler hiccup on a busy machine does not become the prediction."""
-    comp = make_compressor(compressor, density, seed=seed, rank=rank)
+    comp = make_compressor(compressor, density, seed=seed, **options)
     mem = make_memory(memory)
     comm = SoloComm(x.shape[0], leader=True)  # a leader's work (AR-Top-K) is on every rank's critical path
     mine = x[0:1].clone()

@@ -8,19 +8,21 @@ from matplotlib import colormaps
 from matplotlib.figure import Figure
 
 from arcsim.plotting import plain_log_ticks, save_png
-from arcsim.run.analysis import RunResult
+from arcsim.run.analysis import Candidate, RunResult
 from arcsim.run.report import best_per_compressor
 
 
 def _subtitle(result: RunResult) -> str:
-    t, topo = result.ctx.trace, result.ctx.topo
+    t, topo = result.ctx.trace_file, result.ctx.topo
     return f"{t.meta['model']} (trace {t.path.name}) on {topo.name}, {topo.ranks} ranks"
 
 
 def breakdown(result: RunResult, path: Path) -> Path:
-    rows = [result.dense, *best_per_compressor(result)]
-    labels = ["dense fp32\nring (baseline)"] + [f"{c.compressor}\n{c.op} {c.collective}" for c in rows[1:]]
-    if result.policy:
+    best = best_per_compressor(result)
+    rows: list[Candidate | None] = [result.dense, *best]
+    labels = ["dense fp32\nring (baseline)"] + [f"{c.compressor}\n{c.op} {c.collective}" for c in best]
+    policy = result.policy
+    if policy:
         rows.append(None)
         labels.append("policy (auto)\nper bucket")
     fig = Figure(figsize=(9, 0.45 * len(rows) + 1.6))
@@ -34,7 +36,8 @@ def breakdown(result: RunResult, path: Path) -> Path:
         widths = []
         for c in rows:
             if c is None:
-                pol = result.policy
+                assert policy is not None  # the policy row is added only when there is one
+                pol = policy
                 compute = result.dense.compute_s
                 widths.append({"compute_s": compute, "exposed_comm_s": pol["exposed_comm_s"],
                                "compress_s": pol["iteration_s"] - compute - pol["exposed_comm_s"]}[attr] * 1e3)

@@ -5,13 +5,13 @@ from __future__ import annotations
 import csv
 import io
 import json
-import os
 from pathlib import Path
 from typing import Any
 
 from rich.console import Console
 from rich.table import Table
 
+from arcsim.files import write_atomic
 from arcsim.run.analysis import Candidate, RunResult
 from arcsim.units import format_size
 
@@ -30,7 +30,7 @@ def best_per_compressor(result: RunResult) -> list[Candidate]:
 
 
 def to_json(result: RunResult) -> dict[str, Any]:
-    t, cfg = result.ctx.trace, result.config
+    t, cfg = result.ctx.trace_file, result.config
     return {
         "topology": {"name": result.ctx.topo.name, "ranks": result.ctx.topo.ranks},
         "trace": {"path": str(t.path), "model": t.meta["model"], "workers": t.workers, "steps": t.steps,
@@ -50,15 +50,8 @@ def to_json(result: RunResult) -> dict[str, Any]:
     }
 
 
-def _atomic_write(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.partial-{os.getpid()}")
-    tmp.write_text(text)
-    os.replace(tmp, path)
-
-
 def write_json(result: RunResult, path: Path) -> None:
-    _atomic_write(path, json.dumps(to_json(result), indent=1) + "\n")
+    write_atomic(path, json.dumps(to_json(result), indent=1) + "\n")
 
 
 CSV_FIELDS = ("compressor", "collective", "op", "density", "memory", "iteration_s", "compute_s", "compress_s",
@@ -82,11 +75,11 @@ def write_csv(result: RunResult, path: Path) -> None:
         writer.writerow({**{f: data.get(f, "") for f in CSV_FIELDS}, "at_density": key in at,
                          "on_front": key in front,
                          "chosen": key == (chosen["compressor"], chosen["collective"], chosen["density"])})
-    _atomic_write(path, buf.getvalue())
+    write_atomic(path, buf.getvalue())
 
 
 def render(result: RunResult, console: Console, every_collective: bool = False) -> None:
-    t, topo = result.ctx.trace, result.ctx.topo
+    t, topo = result.ctx.trace_file, result.ctx.topo
     console.print(f"[bold]arcsim run[/]: {t.meta['model']} ({t.elements:,} parameters, trace {t.path.name}, "
                   f"{t.workers} workers × {t.steps} steps) on {topo.name} ({topo.ranks} ranks), "
                   f"density {result.config.density:g}, {result.config.engine} engine")

@@ -51,7 +51,7 @@ def point_topology(point: Mapping[str, Any]) -> Topology:
             raise SweepError(f"ranks {ranks} is not a whole number of {topo.name}'s nodes ({g} GPUs each); "
                              f"use a multiple of {g}")
         nodes = ranks // g
-        if topo.network.kind == "fat-tree" and topo.network.nodes_per_leaf and nodes % topo.network.nodes_per_leaf:
+        if topo.network.fabric == "fat-tree" and topo.network.nodes_per_leaf and nodes % topo.network.nodes_per_leaf:
             raise SweepError(f"ranks {ranks}: {topo.name} is a fat tree of {topo.network.nodes_per_leaf} nodes per "
                              "leaf; use a multiple of that many nodes")
     return dataclasses.replace(topo, nodes=nodes, network=net, calibration=calib)

@@ -17,14 +17,13 @@ from matplotlib.colors import ListedColormap, TwoSlopeNorm
 from matplotlib.ticker import NullFormatter
 
 from arcsim.catalog import AG_FAMILY, AR_TOPK_FAMILY, DENSITY_FREE
-from arcsim.plotting import save_png
+from arcsim.plotting import PALETTE, save_png
 from arcsim.sweep.spec import SweepError
 
 # result columns that identify a point's setting (the swept axes as they came out)
 DIMENSIONS = ("topology_name", "nic_gbps", "latency_us", "world", "model", "trace", "density", "bucket_mb", "engine")
 LABELS = {"topology_name": "topology", "nic_gbps": "NIC Gb/s", "latency_us": "latency µs", "world": "ranks",
           "model": "model", "trace": "trace", "density": "density", "bucket_mb": "bucket MiB", "engine": "engine"}
-PALETTE = plt.get_cmap("tab10").colors
 
 
 class PlotUnsupported(SweepError):

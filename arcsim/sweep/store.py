@@ -15,6 +15,7 @@ from typing import Any
 import pandas as pd
 import yaml
 
+from arcsim.files import write_atomic
 from arcsim.sweep.evaluate import COLUMNS
 from arcsim.sweep.spec import SweepError, SweepSpec
 
@@ -40,9 +41,7 @@ class ResultStore:
             raise SweepError(f"{self.dir} exists and is not a sweep directory; give a new --out")
         self.dir.mkdir(parents=True, exist_ok=True)
         if not self.spec_path.exists():
-            tmp = self.spec_path.with_suffix(".tmp")
-            tmp.write_text(yaml.safe_dump(wanted, sort_keys=False))
-            os.replace(tmp, self.spec_path)
+            write_atomic(self.spec_path, yaml.safe_dump(wanted, sort_keys=False))
         return self._finished_ids()
 
     def _finished_ids(self) -> set[str]:

@@ -23,6 +23,8 @@ import numpy as np
 from scipy.optimize import nnls
 
 from arcsim.errors import ArcsimError
+from arcsim.files import write_atomic
+from arcsim.testbed import MICROBENCH
 from arcsim.topology import Calibrated, load_topology
 from arcsim.units import format_bits, format_duration
 
@@ -97,7 +99,7 @@ def topology_text(name: str, world: int, fits: dict[str, Fit], how: str) -> str:
 def run_microbench(ranks: int, where: str, bandwidth: str | None, sizes: tuple[int, ...], repeats: int,
                    timeout: float = 1800, delay: str = "0s") -> dict:
     """Spawn one process per rank on loopback or in a new emulated cluster; returns rank 0's medians."""
-    from arcsim.cluster import EmulatedCluster
+    from arcsim.testbed.cluster import EmulatedCluster
 
     if where == "loopback":
         return microbench(None, ranks, sizes, repeats, timeout)
@@ -109,11 +111,11 @@ def run_microbench(ranks: int, where: str, bandwidth: str | None, sizes: tuple[i
 
 def microbench(cluster, ranks: int, sizes: tuple[int, ...], repeats: int, timeout: float = 1800) -> dict:
     """Run the microbenchmark with one process per rank: in ``cluster`` (an EmulatedCluster) or on loopback."""
-    from arcsim.cluster import wait_for
+    from arcsim.testbed.cluster import wait_for
 
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "bench.json"
-        argv = [sys.executable, "-m", "arcsim.microbench", str(out), ",".join(map(str, sizes)), str(repeats)]
+        argv = [sys.executable, "-m", MICROBENCH, str(out), ",".join(map(str, sizes)), str(repeats)]
         port = free_port()
         if cluster is None:
             procs = [subprocess.Popen(argv, env={**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
@@ -132,7 +134,7 @@ def measure_in_job(sizes: tuple[int, ...], repeats: int) -> dict | None:
 
     import torch.distributed as dist
 
-    from arcsim.microbench import measure
+    from arcsim.testbed.microbench import measure
 
     dist.init_process_group("gloo")
     try:
@@ -151,7 +153,8 @@ def collect(procs: list[subprocess.Popen], timeout: float, wait_for) -> None:
     try:
         for p in procs:
             if wait_for(p, timeout) != 0:
-                raise ArcsimError(f"a rank failed: {p.stdout.read().decode()[-800:]}")
+                output = p.stdout.read().decode() if p.stdout is not None else ""
+                raise ArcsimError(f"a rank failed: {output[-800:]}")
     finally:
         for p in procs:
             if p.poll() is None:
@@ -168,15 +171,7 @@ def free_port() -> int:
 
 def write_topology(path: Path, text: str) -> None:
     """Write atomically, then check the file loads as a topology."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.stem}.partial-{os.getpid()}.yaml")
-    tmp.write_text(text)
-    try:
-        load_topology(str(tmp))
-    except Exception:
-        tmp.unlink()
-        raise
-    os.replace(tmp, path)
+    write_atomic(path, text, check=lambda tmp: load_topology(str(tmp)))
 
 
 def describe(fit: Fit) -> str:

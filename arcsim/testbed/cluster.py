@@ -14,7 +14,7 @@ every process inside — on success, on exceptions, on Ctrl-C or SIGTERM, and fr
 after a crash.
 
 With a one-way ``delay`` (netem is missing from this kernel) the bridge is replaced by a user-space link:
-the hub namespace runs ``arcsim.delay_forwarder``, which owns one TUN device per rank, moved into the
+the hub namespace runs ``arcsim.testbed.delay_forwarder``, which owns one TUN device per rank, moved into the
 rank's namespace as ``eth0`` (MTU 65000 so that the forwarder keeps up). The rank's tbf shapes what it
 sends; the forwarder holds each packet for the delay and serialises it at the receiver's rate. Ranks then
 run without real-time priority: packets written into a TUN device are finished by the kernel's softirq
@@ -36,6 +36,7 @@ from collections.abc import Sequence
 from types import TracebackType
 
 from arcsim.errors import ArcsimError
+from arcsim.testbed import DELAY_FORWARDER
 from arcsim.units import parse_duration, parse_rate
 
 PREFIX = "arcsim"
@@ -185,7 +186,7 @@ class EmulatedCluster:
             self._shape(self.bridge_ns, port)  # what rank r receives
 
     def _build_forwarded(self) -> None:
-        argv = [sys.executable, "-m", "arcsim.delay_forwarder", "--ranks", str(self.ranks), "--delay",
+        argv = [sys.executable, "-m", DELAY_FORWARDER, "--ranks", str(self.ranks), "--delay",
                 repr(self.delay), "--rate", repr(self.rate), "--subnet", SUBNET]
         # above the ranks' real-time priority: a starved forwarder would add its own delay
         prio = ["chrt", "-f", "2"] if self.realtime and realtime_allowed() else []

@@ -14,10 +14,10 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from arcsim.datasets import make_dataset
+from arcsim.compressors.metrics import records_summary
 from arcsim.hooks import CompressionState, compression_hook
-from arcsim.metrics import records_summary
 from arcsim.models import loss_fn, model_entry
+from arcsim.models.datasets import make_dataset
 
 
 @dataclass

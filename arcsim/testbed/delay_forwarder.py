@@ -7,7 +7,7 @@ out of its device's file here, is held until ``arrival + delay``, then serialise
 rate (the receive-side shaping; the sender's ``eth0`` has a tbf for the send side) and written into the
 destination rank's device. Anything that is not IPv4 to a rank on the subnet is dropped.
 
-    python -m arcsim.delay_forwarder --ranks 4 --delay 0.0005 --rate 12500000 --subnet 10.77.0
+    python -m arcsim.testbed.delay_forwarder --ranks 4 --delay 0.0005 --rate 12500000 --subnet 10.77.0
 
 It prints ``ready`` once the devices exist and runs until killed (tear-down kills it with the namespace).
 """
@@ -21,7 +21,6 @@ import heapq
 import os
 import select
 import struct
-import sys
 import time
 
 TUNSETIFF = 0x400454CA
@@ -108,4 +107,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

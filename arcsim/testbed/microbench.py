@@ -1,6 +1,6 @@
 """One rank of the collective microbenchmark (run by `arcsim calibrate`, one process per rank).
 
-    python -m arcsim.microbench OUT.json SIZES REPEATS    # env: RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT
+    python -m arcsim.testbed.microbench OUT.json SIZES REPEATS    # env: RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT
 
 For every collective and size (bytes each rank contributes): a barrier, then the collective timed on
 every rank; the slowest rank's time (an all-reduce MAX) is the collective's. Rank 0 writes the medians.

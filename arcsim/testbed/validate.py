@@ -24,6 +24,7 @@ import numpy as np
 
 from arcsim.catalog import AG_FAMILY
 from arcsim.errors import ArcsimError
+from arcsim.testbed import VALIDATE_WORKER
 
 
 @dataclass
@@ -49,8 +50,8 @@ class ValidateConfig:
 def _case(cfg: ValidateConfig, ranks: int, bandwidth: str, work: Path,
           note: Callable[[str], None]) -> tuple[Path, Path, dict[str, list[float]]]:
     """Calibrate and measure one (ranks, bandwidth) case; returns (topology, compute profile, times)."""
-    from arcsim.calibrate import collect, fits_from, free_port, microbench, topology_text, write_topology
-    from arcsim.cluster import EmulatedCluster, wait_for
+    from arcsim.testbed.calibrate import collect, fits_from, free_port, microbench, topology_text, write_topology
+    from arcsim.testbed.cluster import EmulatedCluster, wait_for
 
     tag = f"{ranks}r-{bandwidth}"
     (work / f"{tag}.json").write_text(json.dumps(worker_config(cfg)))
@@ -58,7 +59,7 @@ def _case(cfg: ValidateConfig, ranks: int, bandwidth: str, work: Path,
         note(f"[{tag}] calibrating collectives …")
         measured = microbench(cluster, ranks, cfg.calib_sizes, cfg.calib_repeats)
         note(f"[{tag}] training {cfg.model} with {', '.join(cfg.compressors)} ({cfg.steps} steps each) …")
-        argv = [sys.executable, "-m", "arcsim.validate_worker", str(work / f"{tag}.json"), str(work / f"{tag}-")]
+        argv = [sys.executable, "-m", VALIDATE_WORKER, str(work / f"{tag}.json"), str(work / f"{tag}-")]
         port = free_port()
         procs = [cluster.spawn(r, argv, port=port, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
                  for r in range(ranks)]
@@ -135,7 +136,7 @@ def worker_config(cfg: ValidateConfig) -> dict[str, Any]:
 
 def run_validation(cfg: ValidateConfig, note: Callable[[str], None] = print) -> list[dict[str, Any]]:
     """Every (ranks, bandwidth) case on the emulated cluster."""
-    from arcsim.cluster import check_available
+    from arcsim.testbed.cluster import check_available
 
     check_available()
     (cfg.out_dir / "validation").mkdir(parents=True, exist_ok=True)

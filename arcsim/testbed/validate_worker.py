@@ -1,6 +1,6 @@
 """One rank of a validation case (run by `arcsim validate` inside the emulated cluster).
 
-    python -m arcsim.validate_worker CONFIG.json OUT_PREFIX       # env: RANK, WORLD_SIZE, MASTER_ADDR, …
+    python -m arcsim.testbed.validate_worker CONFIG.json OUT_PREFIX       # env: RANK, WORLD_SIZE, MASTER_ADDR, …
 
 1. Compute as run: forward + backward + optimizer step with DDP's gradient sync switched off
    (``no_sync``), all ranks at once — on 2 cores the ranks compete, so a solo profile would be wrong.
@@ -27,9 +27,9 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from arcsim.comm.distributed import run_gloo_job
-from arcsim.datasets import make_dataset
 from arcsim.hooks import CompressionState, compression_hook
 from arcsim.models import loss_fn, model_entry
+from arcsim.models.datasets import make_dataset
 from arcsim.traces.profile import ComputeProfile, LayerTiming, device_name
 from arcsim.traces.timing import ComputeTimer
 
@@ -67,8 +67,11 @@ def compute_profile(cfg: dict, rank: int, world: int) -> ComputeProfile:
         x, y = next(batches)
         opt.zero_grad(set_to_none=True)
         dist.barrier()
+        def forward(x: torch.Tensor = x, y: torch.Tensor = y) -> torch.Tensor:
+            return loss_fn(ds.spec.kind, ddp(x), y)
+
         with ddp.no_sync():
-            _, timing = timer.run(lambda x=x, y=y: loss_fn(ds.spec.kind, ddp(x), y))
+            _, timing = timer.run(forward)
         started = time.perf_counter()
         opt.step()
         if i >= cfg["warmup"]:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import shlex
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -20,12 +20,12 @@ from pathlib import Path
 import torch
 
 from arcsim.compressors.base import Layer
-from arcsim.datasets import make_dataset
 from arcsim.errors import ArcsimError
 from arcsim.models import count_params, loss_fn, model_entry
+from arcsim.models.datasets import make_dataset
 from arcsim.traces.format import DTYPES, SCHEMA_VERSION, TraceWriter
 from arcsim.traces.profile import device_name, resolve_device
-from arcsim.traces.timing import ComputeTimer
+from arcsim.traces.timing import ComputeTimer, StepTiming
 
 
 @dataclass
@@ -106,11 +106,15 @@ def capture(cfg: CaptureConfig, progress: Callable[[int, int], None] | None = No
             x, y = ds.draw(cfg.workers * batch, gen)
             shards = zip(x.chunk(cfg.workers), y.chunk(cfg.workers), strict=True)
             avg = {name: torch.zeros_like(p) for name, p in params.items()}
-            losses, timings = [], []
+            losses: list[float] = []
+            timings: list[StepTiming] = []
             for xw, yw in shards:
                 model.zero_grad(set_to_none=True)
                 xw, yw = xw.to(dev), yw.to(dev)
-                loss, timing = timer.run(lambda xw=xw, yw=yw: loss_fn(ds.spec.kind, model(xw), yw))
+                def forward(xw: torch.Tensor = xw, yw: torch.Tensor = yw) -> torch.Tensor:
+                    return loss_fn(ds.spec.kind, model(xw), yw)
+
+                loss, timing = timer.run(forward)
                 if not layers:  # backward order, fixed by the first backward
                     order = timing.order + [n for n in params if n not in timing.order]
                     layers = _layout(order, params)
@@ -127,6 +131,7 @@ def capture(cfg: CaptureConfig, progress: Callable[[int, int], None] | None = No
                 if writer is None:
                     meta = _metadata(cfg, entry.name, ds, batch, count_params(model), recorded, dev)
                     writer = TraceWriter(cfg.out, meta, layers, cfg.dtype).__enter__()
+                assert buf is not None  # a recorded step filled it
                 end = statistics.median(tm.backward_s for tm in timings)
                 writer.write_step(buf, losses, statistics.median(tm.forward_s for tm in timings), end,
                                   [statistics.median(tm.ready_s.get(la.name, end) for tm in timings) for la in layers])
@@ -152,7 +157,7 @@ def _grad(p: torch.Tensor) -> torch.Tensor:
     return torch.zeros(p.numel(), device=p.device) if p.grad is None else p.grad.detach().reshape(-1).float()
 
 
-def _layout(order: list[str], params: dict[str, torch.Tensor]) -> tuple[Layer, ...]:
+def _layout(order: list[str], params: Mapping[str, torch.Tensor]) -> tuple[Layer, ...]:
     layers, offset = [], 0
     for name in order:
         layers.append(Layer(name, tuple(params[name].shape), offset))

@@ -153,7 +153,7 @@ class Trace:
         return self.workers * self.elements * self.dtype.itemsize
 
     def _read_into(self, fh: Any, out: torch.Tensor) -> None:
-        view = memoryview(out.numpy()).cast("B")
+        view = memoryview(out.numpy().data).cast("B")
         got = fh.readinto(view)
         while got < len(view):  # zip streams may return short reads
             more = fh.readinto(view[got:])

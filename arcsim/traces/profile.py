@@ -16,9 +16,9 @@ from typing import Any
 
 import torch
 
-from arcsim.datasets import make_dataset
 from arcsim.errors import ArcsimError
 from arcsim.models import count_params, loss_fn, model_entry
+from arcsim.models.datasets import make_dataset
 from arcsim.traces.timing import ComputeTimer
 
 PROFILE_SCHEMA = 1

@@ -18,6 +18,7 @@ from typing import Any
 import pandas as pd
 
 from arcsim.errors import ArcsimError
+from arcsim.files import atomic_path, write_atomic
 from arcsim.topology import Topology, load_topology
 from arcsim.train.loop import TrainConfig, prepare, train
 from arcsim.train.outcome import history_rows, price
@@ -25,7 +26,7 @@ from arcsim.train.outcome import history_rows, price
 HISTORY_COLUMNS = ("compressor", "seed", "memory", "step", "loss", "accuracy", "time_s", "collective", "diverged")
 # settings the runs depend on; compressors and seeds may grow between invocations
 RUN_KEYS = ("model", "dataset", "workers", "density", "memory", "steps", "batch", "lr", "momentum", "eval_every",
-            "bucket_mb", "compute_profile")
+            "bucket_mb", "compute_profile", "scope")
 
 
 def run_key(cfg: TrainConfig, topology: str | None, engine: str) -> dict[str, Any]:
@@ -46,15 +47,12 @@ def open_dir(out: Path, key: dict[str, Any], steps: int) -> set[tuple[str, int]]
         raise ArcsimError(f"{out} exists and is not an arcsim train directory; give a new --out")
     out.mkdir(parents=True, exist_ok=True)
     if not config.exists():
-        tmp = config.with_suffix(".tmp")
-        tmp.write_text(json.dumps(key, indent=1))
-        os.replace(tmp, config)
+        write_atomic(config, json.dumps(key, indent=1))
     history = load_history(out)
     complete = _complete(history, steps)
     if not complete.all():  # a run cut off mid-write by a kill: drop its rows, it is redone whole
-        tmp = out / "history.tmp"
-        history[complete].to_csv(tmp, index=False, columns=list(HISTORY_COLUMNS))
-        os.replace(tmp, out / "history.csv")
+        with atomic_path(out / "history.csv") as tmp:
+            history[complete].to_csv(tmp, index=False, columns=list(HISTORY_COLUMNS))
         history = history[complete]
     return {(c, int(s)) for c, s in history[["compressor", "seed"]].itertuples(index=False)}
 

@@ -18,9 +18,9 @@ import torch
 
 from arcsim.catalog import check_compression
 from arcsim.compressors.base import Layer
-from arcsim.datasets import Dataset, make_dataset
 from arcsim.errors import ArcsimError
 from arcsim.models import loss_fn, model_entry
+from arcsim.models.datasets import Dataset, make_dataset
 from arcsim.run.buckets import Bucket, make_buckets
 from arcsim.run.measure import BucketedCompression, Measurement
 from arcsim.traces.profile import ComputeProfile, load_profile, measure_profile
@@ -42,6 +42,7 @@ class TrainConfig:
     seeds: tuple[int, ...] = (0,)
     bucket_mb: float = 25.0
     compute_profile: str | None = None  # compute timings for pricing (default: measured here, on the CPU)
+    scope: str = "tensor"         # top-k family: k per layer or per bucket
 
     def check(self) -> None:
         model_entry(self.model)
@@ -127,6 +128,12 @@ def accuracy(model: torch.nn.Module, data: Dataset) -> float:
     return float(correct)
 
 
+def sgd_momentum(cfg: TrainConfig) -> float:
+    """SGD's momentum for this run: off under EF21M, whose update h̄ already carries momentum
+    (v ← (1 − η) v + η g), so the step is x ← x − γ·h̄ as the method prescribes."""
+    return 0.0 if cfg.memory == "ef21m" else cfg.momentum
+
+
 def train(cfg: TrainConfig, setup: Setup, compressor: str, seed: int,
           progress: Callable[[int], None] | None = None) -> History:
     """Train from the same initial weights and batches for every compressor of a seed."""
@@ -134,8 +141,9 @@ def train(cfg: TrainConfig, setup: Setup, compressor: str, seed: int,
     torch.manual_seed(seed)
     model = entry.build(setup.data.spec)
     params = dict(model.named_parameters())
-    opt = torch.optim.SGD(model.parameters(), lr=cfg.lr or entry.lr, momentum=cfg.momentum)
-    bc = BucketedCompression(setup.buckets, compressor, cfg.density, cfg.memory, seed=seed)
+    opt = torch.optim.SGD(model.parameters(), lr=cfg.lr or entry.lr, momentum=sgd_momentum(cfg))
+    bc = BucketedCompression(setup.buckets, compressor, cfg.density, cfg.memory, seed=seed,
+                             options={"scope": cfg.scope})
     hist = History(compressor, seed, bc.memory,
                    Measurement(compressor, cfg.density, bc.memory, setup.elements))
     gen = torch.Generator().manual_seed(seed)

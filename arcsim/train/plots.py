@@ -9,9 +9,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
-from arcsim.plotting import save_png
-
-PALETTE = plt.get_cmap("tab10").colors
+from arcsim.plotting import PALETTE, save_png
 
 
 def _curves(history: pd.DataFrame, x: str) -> dict[str, tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]]:
