@@ -1,11 +1,14 @@
-"""Writing files so that no reader ever sees half of one: write beside the final name, then rename."""
+"""Writing files so that no reader ever sees half of one: write beside the final name, then rename; and
+results tables that grow row by row and survive a kill."""
 
 from __future__ import annotations
 
+import csv
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any, Literal
 
 
 @contextmanager
@@ -29,3 +32,30 @@ def write_atomic(path: Path, text: str, check: Callable[[Path], object] | None =
         if check is not None:
             check(tmp)
     return path
+
+
+class AppendOnlyCSV:
+    """A CSV that grows by whole rows, each batch fsynced, so an interrupted run keeps what it finished;
+    a row cut off by a kill mid-write is dropped when the file is next opened (``repair``)."""
+
+    def __init__(self, path: Path, columns: Sequence[str], extra: Literal["raise", "ignore"] = "raise") -> None:
+        self.path, self.columns, self.extra = Path(path), list(columns), extra
+
+    def repair(self) -> None:
+        """Drop a last row without its newline (a write cut off by a kill)."""
+        if not self.path.exists():
+            return
+        data = self.path.read_bytes()
+        if data and not data.endswith(b"\n"):
+            with self.path.open("r+b") as fh:
+                fh.truncate(data.rfind(b"\n") + 1)
+
+    def append(self, rows: Iterable[Mapping[str, Any]]) -> None:
+        new = not self.path.exists() or self.path.stat().st_size == 0
+        with self.path.open("a", newline="") as fh:
+            writer = csv.DictWriter(fh, fieldnames=self.columns, extrasaction=self.extra)
+            if new:
+                writer.writeheader()
+            writer.writerows(rows)
+            fh.flush()
+            os.fsync(fh.fileno())

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
+from arcsim.processes import free_port
 from arcsim.topology import IntraLink, Network, Topology
 
 
@@ -31,12 +31,6 @@ def run_cli(*args: str, cwd: str | None = None, env: dict[str, str] | None = Non
     full_env = None if env is None else {**os.environ, **env}
     return subprocess.run([sys.executable, "-m", "arcsim", *args], capture_output=True, text=True, cwd=cwd,
                           env=full_env, timeout=timeout)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def spawn_ranks(script: Path, world: int, out_dir: Path, timeout: float = 600) -> None:

@@ -3,6 +3,7 @@ appending rows as chunks finish (resumable), with a progress bar."""
 
 from __future__ import annotations
 
+import contextlib
 import math
 import multiprocessing
 import os
@@ -15,6 +16,7 @@ from typing import Any
 
 from tqdm import tqdm
 
+from arcsim.processes import signals_interrupt
 from arcsim.sweep.evaluate import evaluate_chunk, point_topology
 from arcsim.sweep.spec import SweepError, SweepSpec
 from arcsim.sweep.store import ResultStore
@@ -130,7 +132,8 @@ def run_sweep(spec: SweepSpec, out: Path, scheduler: str | None = None, workers:
     workers = max(1, min(workers or os.cpu_count() or 1, len(todo)))
     chunks = chunk_points(todo, workers)
     source = _dask(chunks, client) if client is not None else _local(chunks, workers)
-    previous = signal.signal(signal.SIGTERM, _interrupt)
+    stack = contextlib.ExitStack()
+    stack.enter_context(signals_interrupt(signal.SIGTERM))
     bar = tqdm(total=len(points), initial=outcome.already_done, desc="sweep", unit="point", disable=None,
                file=sys.stderr, smoothing=0.1)
     try:
@@ -142,12 +145,10 @@ def run_sweep(spec: SweepSpec, out: Path, scheduler: str | None = None, workers:
         outcome.interrupted = True
     finally:
         bar.close()
-        signal.signal(signal.SIGTERM, previous)
+        stack.close()
         if hasattr(source, "close"):
             source.close()  # terminates the pool or cancels the Dask futures
     return outcome
 
 
-def _interrupt(signum: int, frame: object) -> None:
-    raise KeyboardInterrupt(f"signal {signum}")
 

@@ -7,15 +7,13 @@ dropped on resume (it is recomputed).
 
 from __future__ import annotations
 
-import csv
-import os
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 import yaml
 
-from arcsim.files import write_atomic
+from arcsim.files import AppendOnlyCSV, write_atomic
 from arcsim.sweep.evaluate import COLUMNS
 from arcsim.sweep.spec import SweepError, SweepSpec
 
@@ -28,6 +26,7 @@ class ResultStore:
         self.dir = Path(directory)
         self.results = self.dir / RESULTS
         self.spec_path = self.dir / SPEC
+        self.table = AppendOnlyCSV(self.results, COLUMNS, extra="ignore")
 
     def open(self, spec: SweepSpec) -> set[str]:
         """Create the directory for this spec, or check that it holds the same sweep; returns the finished ids."""
@@ -47,24 +46,11 @@ class ResultStore:
     def _finished_ids(self) -> set[str]:
         if not self.results.exists():
             return set()
-        self._drop_partial_row()
+        self.table.repair()
         return set(self.load()["point_id"].astype(str))
 
-    def _drop_partial_row(self) -> None:
-        data = self.results.read_bytes()
-        if data and not data.endswith(b"\n"):
-            with self.results.open("r+b") as fh:
-                fh.truncate(data.rfind(b"\n") + 1)
-
     def append(self, rows: list[dict[str, Any]]) -> None:
-        new = not self.results.exists() or self.results.stat().st_size == 0
-        with self.results.open("a", newline="") as fh:
-            writer = csv.DictWriter(fh, fieldnames=COLUMNS, extrasaction="ignore")
-            if new:
-                writer.writeheader()
-            writer.writerows(rows)
-            fh.flush()
-            os.fsync(fh.fileno())
+        self.table.append(rows)
 
     def load(self) -> pd.DataFrame:
         return load_results(self.results)

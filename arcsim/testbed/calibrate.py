@@ -24,6 +24,7 @@ from scipy.optimize import nnls
 
 from arcsim.errors import ArcsimError
 from arcsim.files import write_atomic
+from arcsim.processes import free_port
 from arcsim.testbed import MICROBENCH
 from arcsim.topology import Calibrated, load_topology
 from arcsim.units import format_bits, format_duration
@@ -159,14 +160,6 @@ def collect(procs: list[subprocess.Popen], timeout: float, wait_for) -> None:
         for p in procs:
             if p.poll() is None:
                 p.kill()
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def write_topology(path: Path, text: str) -> None:

@@ -36,6 +36,7 @@ from collections.abc import Sequence
 from types import TracebackType
 
 from arcsim.errors import ArcsimError
+from arcsim.processes import signals_interrupt
 from arcsim.testbed import DELAY_FORWARDER
 from arcsim.units import parse_duration, parse_rate
 
@@ -122,7 +123,7 @@ class EmulatedCluster:
         self.ranks, self.prefix, self.realtime = ranks, prefix, realtime
         self.bridge_ns = f"{prefix}-br"  # the bridge, or with a delay the forwarder
         self.mtu = TUN_MTU if self.delay > 0 else MTU
-        self._previous: dict[int, object] = {}
+        self._signals = contextlib.ExitStack()
         self._forwarder: subprocess.Popen | None = None
 
     def ns(self, rank: int) -> str:
@@ -145,12 +146,11 @@ class EmulatedCluster:
         return self
 
     def __enter__(self) -> EmulatedCluster:
-        for sig in (signal.SIGTERM, signal.SIGHUP):  # turn into exceptions so __exit__ runs
-            self._previous[sig] = signal.signal(sig, _raise_interrupt)
+        self._signals.enter_context(signals_interrupt(signal.SIGTERM, signal.SIGHUP))  # so __exit__ runs
         try:
             return self.up()
         except BaseException:
-            self._restore_signals()
+            self._signals.close()
             raise
 
     def _build(self) -> None:
@@ -235,16 +235,7 @@ class EmulatedCluster:
         if self._forwarder is not None:  # killed by the tear-down; reap it
             with contextlib.suppress(subprocess.TimeoutExpired):
                 self._forwarder.communicate(timeout=10)
-        self._restore_signals()
-
-    def _restore_signals(self) -> None:
-        for sig, handler in self._previous.items():
-            signal.signal(sig, handler)  # type: ignore[arg-type]
-        self._previous.clear()
-
-
-def _raise_interrupt(signum: int, frame: object) -> None:
-    raise KeyboardInterrupt(f"signal {signum}")
+        self._signals.close()
 
 
 def wait_for(proc: subprocess.Popen, timeout: float) -> int:

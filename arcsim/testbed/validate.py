@@ -50,7 +50,8 @@ class ValidateConfig:
 def _case(cfg: ValidateConfig, ranks: int, bandwidth: str, work: Path,
           note: Callable[[str], None]) -> tuple[Path, Path, dict[str, list[float]]]:
     """Calibrate and measure one (ranks, bandwidth) case; returns (topology, compute profile, times)."""
-    from arcsim.testbed.calibrate import collect, fits_from, free_port, microbench, topology_text, write_topology
+    from arcsim.processes import free_port
+    from arcsim.testbed.calibrate import collect, fits_from, microbench, topology_text, write_topology
     from arcsim.testbed.cluster import EmulatedCluster, wait_for
 
     tag = f"{ranks}r-{bandwidth}"

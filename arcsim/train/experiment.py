@@ -7,10 +7,8 @@ the same settings skips the runs already in the history; more compressors or see
 
 from __future__ import annotations
 
-import csv
 import dataclasses
 import json
-import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -18,7 +16,7 @@ from typing import Any
 import pandas as pd
 
 from arcsim.errors import ArcsimError
-from arcsim.files import atomic_path, write_atomic
+from arcsim.files import AppendOnlyCSV, atomic_path, write_atomic
 from arcsim.topology import Topology, load_topology
 from arcsim.train.loop import TrainConfig, prepare, train
 from arcsim.train.outcome import history_rows, price
@@ -67,10 +65,7 @@ def load_history(out: Path) -> pd.DataFrame:
     path = out / "history.csv" if out.is_dir() else out
     if not path.exists():
         return pd.DataFrame({c: pd.Series(dtype=object) for c in HISTORY_COLUMNS})
-    data = path.read_bytes()
-    if data and not data.endswith(b"\n"):  # a row cut off by a kill
-        with path.open("r+b") as fh:
-            fh.truncate(data.rfind(b"\n") + 1)
+    AppendOnlyCSV(path, HISTORY_COLUMNS).repair()  # a row cut off by a kill
     try:
         return pd.read_csv(path)
     except (pd.errors.ParserError, pd.errors.EmptyDataError) as exc:
@@ -78,15 +73,7 @@ def load_history(out: Path) -> pd.DataFrame:
 
 
 def append_history(out: Path, rows: list[dict[str, Any]]) -> None:
-    path = out / "history.csv"
-    new = not path.exists() or path.stat().st_size == 0
-    with path.open("a", newline="") as fh:
-        writer = csv.DictWriter(fh, fieldnames=HISTORY_COLUMNS)
-        if new:
-            writer.writeheader()
-        writer.writerows(rows)
-        fh.flush()
-        os.fsync(fh.fileno())
+    AppendOnlyCSV(out / "history.csv", HISTORY_COLUMNS).append(rows)
 
 
 def run_experiment(cfg: TrainConfig, out: Path, topology: str | None = None, engine: str = "analytic",

@@ -1,0 +1,30 @@
+"""Small process helpers shared by the sweep runner, the emulated cluster and the testbed."""
+
+from __future__ import annotations
+
+import signal
+import socket
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+
+def free_port() -> int:
+    """A TCP port on the loopback that nothing listens on right now (for a rendezvous)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def raise_interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+@contextmanager
+def signals_interrupt(*signals: signal.Signals) -> Iterator[None]:
+    """Within the block, these signals raise KeyboardInterrupt (so clean-up code runs); restored after."""
+    previous = {sig: signal.signal(sig, raise_interrupt) for sig in signals}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
