@@ -230,12 +230,13 @@ def test_grid_steps_only_shrinks_the_grid(tmp_path):
 def test_compress_scale_multiplies_measured_compression_only():
     import dataclasses
 
-    from arcsim.run.analysis import Analysis, RunConfig, step_timelines
+    from arcsim.run.analysis import Analysis, RunConfig
+    from arcsim.run.candidates import step_timelines
 
     analysis = Analysis(RunConfig(compressors=("topk",), policy="none", ratios=(0.01,)), announce=lambda _: None)
     meas = analysis.measurement("topk", 0.01)
-    plain, _ = step_timelines(meas, "ring", analysis.ctx, analysis.pricer)
-    shared, _ = step_timelines(meas, "ring", dataclasses.replace(analysis.ctx, compress_scale=3.0), analysis.pricer)
+    plain, _, _ = step_timelines(meas, "ring", analysis.ctx, analysis.pricer)
+    shared, _, _ = step_timelines(meas, "ring", dataclasses.replace(analysis.ctx, compress_scale=3.0), analysis.pricer)
     for a, b in zip(plain, shared, strict=True):
         assert b.compress_s == pytest.approx(3 * a.compress_s) and b.comm_s == a.comm_s
         assert b.iteration_s > a.iteration_s

@@ -12,7 +12,8 @@ import pandas as pd
 import pytest
 from conftest import free_port, run_cli
 
-from arcsim.run.analysis import Analysis, RunConfig, candidates_for
+from arcsim.run.analysis import Analysis, RunConfig
+from arcsim.run.candidates import candidates_for
 from arcsim.sweep import runner as runner_mod
 from arcsim.sweep.evaluate import COLUMNS, evaluate_point, point_topology
 from arcsim.sweep.plots import hold_others

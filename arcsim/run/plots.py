@@ -8,7 +8,8 @@ from matplotlib import colormaps
 from matplotlib.figure import Figure
 
 from arcsim.plotting import plain_log_ticks, save_png
-from arcsim.run.analysis import Candidate, RunResult
+from arcsim.run.analysis import RunResult
+from arcsim.run.candidates import Candidate
 from arcsim.run.report import best_per_compressor
 
 

@@ -12,7 +12,8 @@ from rich.console import Console
 from rich.table import Table
 
 from arcsim.files import write_atomic
-from arcsim.run.analysis import Candidate, RunResult
+from arcsim.run.analysis import RunResult
+from arcsim.run.candidates import Candidate
 from arcsim.units import format_size
 
 

@@ -78,7 +78,7 @@ def _analysis(point: Mapping[str, Any]):
 def evaluate_point(point: Mapping[str, Any]) -> dict[str, Any]:
     """One row of the results table."""
     from arcsim.pricing import Pricer
-    from arcsim.run.analysis import candidates_for
+    from arcsim.run.candidates import candidates_for
 
     analysis = _analysis(point)
     topo = point_topology(point)

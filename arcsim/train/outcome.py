@@ -12,7 +12,7 @@ import numpy as np
 import pandas as pd
 
 from arcsim.pricing import Pricer
-from arcsim.run.analysis import Context, candidates_for, step_timelines
+from arcsim.run.candidates import Context, candidates_for, step_timelines
 from arcsim.run.compute import ComputeTimes
 from arcsim.topology import Topology
 from arcsim.train.loop import History, Setup
@@ -32,7 +32,7 @@ def price(hist: History, setup: Setup, topo: Topology, engine: str) -> tuple[str
     ctx = Context(None, topo, compute, setup.buckets, engine, "measured" if compute.device == "cpu" else "modelled")
     pricer = Pricer(topo, engine)
     best = min(candidates_for(hist.measurement, ctx, pricer), key=lambda c: c.iteration_s)
-    timelines, _ = step_timelines(hist.measurement, best.collective, ctx, pricer)
+    timelines, _, _ = step_timelines(hist.measurement, best.collective, ctx, pricer)
     op = {"allreduce": "AR", "allgather": "AG"}.get(best.op, best.op)
     return f"{op} {best.collective}", np.array([t.iteration_s for t in timelines])
 

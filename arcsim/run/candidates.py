@@ -1,0 +1,128 @@
+"""Pricing measured compressors: a Candidate per (compressor, collective algorithm) with its iteration
+timeline, its fidelity, and its compression and communication per bucket kept apart."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from arcsim.catalog import INFO
+from arcsim.errors import ArcsimError
+from arcsim.pricing import Pricer, algorithms_for
+from arcsim.run import compress_cost
+from arcsim.run.buckets import Bucket
+from arcsim.run.compute import ComputeTimes
+from arcsim.run.measure import Measurement
+from arcsim.run.timeline import iteration
+from arcsim.topology import Topology
+from arcsim.traces.format import Trace
+
+
+@dataclass
+class Candidate:
+    compressor: str
+    collective: str
+    density: float | None
+    memory: str
+    op: str                    # the main data collective: allreduce or allgather
+    iteration_s: float
+    compute_s: float
+    compress_s: float
+    comm_s: float
+    exposed_comm_s: float
+    rel_error: float
+    update_error: float
+    compression_gain: float
+    density_achieved: float
+    bytes_per_rank: float
+    speedup_vs_dense: float = 1.0
+    density_by_step: list[float] = field(default_factory=list)  # achieved density at each trace step
+    bucket_compress_s: list[float] = field(default_factory=list)  # mean compression per bucket (as priced)
+    bucket_comm_s: list[float] = field(default_factory=list)      # mean communication per bucket
+
+    @property
+    def bucket_s(self) -> list[float]:
+        """Mean compression + communication per bucket."""
+        return [a + b for a, b in zip(self.bucket_compress_s, self.bucket_comm_s, strict=True)]
+
+    def to_dict(self) -> dict[str, Any]:
+        row = dataclasses.asdict(self)
+        row.pop("bucket_compress_s")
+        row.pop("bucket_comm_s")
+        return row
+
+
+@dataclass
+class Context:
+    """What every candidate is priced against."""
+
+    trace: Trace | None        # None when the gradients come from live training (arcsim train)
+    topo: Topology
+    compute: ComputeTimes
+    buckets: list[Bucket]
+    engine: str
+    compress_source: str       # "measured" or "modelled"
+    compress_scale: float = 1.0  # measured compression × this (ranks sharing cores in an emulated cluster)
+
+    @property
+    def trace_file(self) -> Trace:
+        """The trace an `arcsim run` read (reports and charts describe it; live training has none)."""
+        if self.trace is None:
+            raise ArcsimError("this result came from live training, not a trace; it has no trace to describe")
+        return self.trace
+
+
+def main_op(meas: Measurement) -> str:
+    """The collective that carries the data: the all-reduce or all-gather with the most bytes."""
+    sizes = {"allreduce": 0, "allgather": 0}
+    for recs in meas.records[0]:
+        for r in recs:
+            if r.op in sizes:
+                sizes[r.op] += r.bytes_per_rank
+    return max(sizes, key=sizes.__getitem__)
+
+
+def step_timelines(meas: Measurement, collective: str, ctx: Context,
+                   pricer: Pricer) -> tuple[list, np.ndarray, np.ndarray]:
+    """Each step's iteration timeline with ``collective`` for the main op, and the per-bucket sums over
+    the steps of compression and of communication, kept apart."""
+    algos = {main_op(meas): collective}
+    timelines, comp_sum, comm_sum = [], np.zeros(len(ctx.buckets)), np.zeros(len(ctx.buckets))
+    ready = [b.ready_s for b in ctx.buckets]
+    for s, step_records in enumerate(meas.records):
+        comm = [sum(p.time_s for p in pricer.records(recs, algos)) for recs in step_records]
+        if ctx.compress_source == "measured":
+            comp = [c * ctx.compress_scale for c in meas.compress_s[s]]
+        else:
+            comp = [compress_cost.modelled(meas.compressor, b.numel, len(recs), ctx.compute.device)
+                    for b, recs in zip(ctx.buckets, step_records, strict=True)]
+        timelines.append(iteration(ctx.compute.forward_s, ctx.compute.backward_s, ready, comp, comm))
+        comp_sum += np.asarray(comp)
+        comm_sum += np.asarray(comm)
+    return timelines, comp_sum, comm_sum
+
+
+def evaluate(meas: Measurement, collective: str, ctx: Context, pricer: Pricer) -> Candidate:
+    """Price one measured compressor with one collective algorithm for its main op, step by step."""
+    op = main_op(meas)
+    timelines, comp_sum, comm_sum = step_timelines(meas, collective, ctx, pricer)
+    mean = {f: float(np.mean([getattr(t, f) for t in timelines]))
+            for f in ("iteration_s", "compute_s", "compress_s", "comm_s", "exposed_comm_s")}
+    uses_density = not INFO[meas.compressor].density_free
+    return Candidate(meas.compressor, collective, meas.density if uses_density else None, meas.memory, op, **mean,
+                     rel_error=meas.rel_error(), update_error=meas.update_error(),
+                     compression_gain=meas.compression_gain(),
+                     density_achieved=meas.density_achieved(),
+                     bytes_per_rank=meas.bytes_per_rank(), density_by_step=meas.density_by_step(),
+                     bucket_compress_s=list(comp_sum / len(meas.records)),
+                     bucket_comm_s=list(comm_sum / len(meas.records)))
+
+
+def candidates_for(meas: Measurement, ctx: Context, pricer: Pricer) -> list[Candidate]:
+    """One candidate per algorithm of the main collective — one only ("measured") when it was calibrated."""
+    op = main_op(meas)
+    algos = ("measured",) if op in ctx.topo.calibration else algorithms_for(op)
+    return [evaluate(meas, algo, ctx, pricer) for algo in algos]
