@@ -89,9 +89,9 @@ class RunResult:
     ctx: Context
     candidates: list[Candidate]
     dense: Candidate
-    policy: dict[str, Any] | None
-    pareto: dict[str, Any]
-    crossover: dict[str, Any]
+    policy: decisions.Policy | None
+    pareto: decisions.ParetoFront
+    crossover: decisions.Crossover
     assumptions: list[str]
     timings: dict[str, float] = field(default_factory=dict)
 
@@ -182,7 +182,7 @@ class Analysis:
                          self._assumptions())
 
     # -- decisions (arcsim/run/decisions.py) ------------------------------------------------------------
-    def _policy(self, cands: list[Candidate]) -> dict[str, Any]:
+    def _policy(self, cands: list[Candidate]) -> decisions.Policy:
         return decisions.policy(cands, self.ctx, self.cfg.slack, self.measurement)
 
     def _grid(self, dense: Candidate) -> list[Candidate]:
@@ -195,10 +195,10 @@ class Analysis:
                     points.append(c)
         return points
 
-    def _pareto(self, grid: list[Candidate]) -> dict[str, Any]:
+    def _pareto(self, grid: list[Candidate]) -> decisions.ParetoFront:
         return decisions.pareto(grid, self.cfg.ratios, self.cfg.weights)
 
-    def _crossover(self, cands: list[Candidate], grid: list[Candidate]) -> dict[str, Any]:
+    def _crossover(self, cands: list[Candidate], grid: list[Candidate]) -> decisions.Crossover:
         return decisions.crossover(self.cfg.compressors, self.cfg.density, self.cfg.ratios, grid, self.ctx,
                                    self.measurement, self._dense_algo())
 

@@ -8,6 +8,7 @@ import dataclasses
 import itertools
 import math
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -23,6 +24,81 @@ BANDWIDTH_SCALES = tuple(float(s) for s in np.logspace(-2, 2, 25))
 Measure = Callable[[str, float], Measurement]  # (compressor, density) → its measurement on the trace
 
 
+class Decision:
+    """A decision's JSON form is its fields, recursively (stable keys: the report writes exactly this)."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)  # type: ignore[call-overload]
+
+
+@dataclass
+class BucketChoice(Decision):
+    bucket: int
+    elements: int
+    layers: int
+    compressor: str
+    collective: str
+    op: str
+    time_s: float
+    runners_up: list[dict[str, Any]]   # the next three: compressor, collective, op, time_s
+
+
+@dataclass
+class Policy(Decision):
+    rule: str
+    error_limit: float | None
+    eligible: list[str]
+    iteration_s: float
+    exposed_comm_s: float
+    rel_error: float
+    choices: list[BucketChoice]
+
+
+@dataclass
+class ParetoPoint(Decision):
+    compressor: str
+    collective: str
+    density: float | None
+    iteration_s: float
+    rel_error: float
+    compression_gain: float
+    speedup_vs_dense: float
+    comm_s: float
+    bytes_per_rank: float
+
+    @classmethod
+    def of(cls, c: Candidate) -> ParetoPoint:
+        return cls(**{f.name: getattr(c, f.name) for f in dataclasses.fields(cls)})
+
+
+@dataclass
+class ParetoFront(Decision):
+    objectives: list[str]
+    rule: str
+    ratios: list[float]
+    evaluated: list[ParetoPoint]
+    points: list[ParetoPoint]
+    chosen: ParetoPoint
+
+
+@dataclass
+class Crossover(Decision):
+    note: str
+    bandwidth: list[dict[str, Any]] | None = None     # per scaled NIC bandwidth: best AG, best AR, dense
+    bandwidth_flips_gbps: list[dict[str, Any]] | None = None
+    ratio: list[dict[str, Any]] | None = None         # per ratio of the grid: best AG, best AR
+    ratio_flips: list[dict[str, Any]] | None = None
+    density: float | None = None
+    nic_gbps: float | None = None
+
+    @property
+    def applies(self) -> bool:
+        return self.bandwidth is not None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: v for k, v in super().to_dict().items() if v is not None}  # not applicable: the note alone
+
+
 def eligible(cands: Sequence[Candidate], slack: float) -> tuple[list[Candidate], float | None]:
     """Candidates about as faithful as Top-K: error ≤ Top-K's × (1 + slack); dense and fp16 always."""
     sparse = [c for c in cands if c.density is not None]
@@ -33,7 +109,7 @@ def eligible(cands: Sequence[Candidate], slack: float) -> tuple[list[Candidate],
     return [c for c in cands if c.density is None or (limit is not None and c.rel_error <= limit)], limit
 
 
-def policy(cands: Sequence[Candidate], ctx: Context, slack: float, measurement: Measure) -> dict[str, Any]:
+def policy(cands: Sequence[Candidate], ctx: Context, slack: float, measurement: Measure) -> Policy:
     """Per bucket, the fastest eligible (compressor, collective); the iteration it gives."""
     allowed, limit = eligible(cands, slack)
     choices, chosen = [], []
@@ -41,11 +117,10 @@ def policy(cands: Sequence[Candidate], ctx: Context, slack: float, measurement: 
         ranked = sorted(allowed, key=_time_in_bucket(b.index))
         best = ranked[0]
         chosen.append(best)
-        choices.append({"bucket": b.index, "elements": b.numel, "layers": len(b.layers),
-                        "compressor": best.compressor, "collective": best.collective,
-                        "op": best.op, "time_s": best.bucket_s[b.index],
-                        "runners_up": [{"compressor": c.compressor, "collective": c.collective, "op": c.op,
-                                        "time_s": c.bucket_s[b.index]} for c in ranked[1:4]]})
+        choices.append(BucketChoice(b.index, b.numel, len(b.layers), best.compressor, best.collective, best.op,
+                                    best.bucket_s[b.index],
+                                    [{"compressor": c.compressor, "collective": c.collective, "op": c.op,
+                                      "time_s": c.bucket_s[b.index]} for c in ranked[1:4]]))
     ready = [b.ready_s for b in ctx.buckets]
     timeline = iteration(ctx.compute.forward_s, ctx.compute.backward_s, ready,
                          [c.bucket_compress_s[b.index] for c, b in zip(chosen, ctx.buckets, strict=True)],
@@ -54,40 +129,31 @@ def policy(cands: Sequence[Candidate], ctx: Context, slack: float, measurement: 
               for c, b in zip(chosen, ctx.buckets, strict=True))
     ref = sum(measurement(c.compressor, c.density or 1.0).ref2_bucket(b.index)
               for c, b in zip(chosen, ctx.buckets, strict=True))
-    return {"rule": f"per bucket, the fastest (compression + communication) among candidates whose relative "
-                    f"aggregate error is at most Top-K's × (1 + {slack:g}) (dense and fp16 always qualify)",
-            "error_limit": limit, "eligible": sorted({c.compressor for c in allowed}),
-            "iteration_s": timeline.iteration_s, "exposed_comm_s": timeline.exposed_comm_s,
-            "rel_error": err / ref if ref > 0 else 0.0, "choices": choices}
-
-
-PARETO_KEYS = ("compressor", "collective", "density", "iteration_s", "rel_error", "compression_gain",
-               "speedup_vs_dense", "comm_s", "bytes_per_rank")
+    rule = (f"per bucket, the fastest (compression + communication) among candidates whose relative aggregate "
+            f"error is at most Top-K's × (1 + {slack:g}) (dense and fp16 always qualify)")
+    return Policy(rule, limit, sorted({c.compressor for c in allowed}), timeline.iteration_s,
+                  timeline.exposed_comm_s, err / ref if ref > 0 else 0.0, choices)
 
 
 def pareto(grid: Sequence[Candidate], ratios: Sequence[float],
-           weights: tuple[float, float] | None) -> dict[str, Any]:
+           weights: tuple[float, float] | None) -> ParetoFront:
     """The exact front of (iteration time, error) over the grid, and the point chosen on it."""
     objectives = np.array([[c.iteration_s, c.rel_error] for c in grid])
     front = pareto_front(objectives)
     pick, rule = choose(objectives[front], weights)
 
-    def point(c: Candidate) -> dict[str, Any]:
-        return {k: getattr(c, k) for k in PARETO_KEYS}
-
-    return {"objectives": ["iteration_s", "rel_error"], "rule": rule, "ratios": list(ratios),
-            "evaluated": [point(c) for c in grid],
-            "points": [point(grid[i]) for i in front], "chosen": point(grid[front[pick]])}
+    return ParetoFront(["iteration_s", "rel_error"], rule, list(ratios), [ParetoPoint.of(c) for c in grid],
+                       [ParetoPoint.of(grid[i]) for i in front], ParetoPoint.of(grid[front[pick]]))
 
 
 def crossover(compressors: Sequence[str], density: float, ratios: Sequence[float], grid: Sequence[Candidate],
-              ctx: Context, measurement: Measure, dense_algo: str) -> dict[str, Any]:
+              ctx: Context, measurement: Measure, dense_algo: str) -> Crossover:
     """Best all-gather top-k against best all-reduce top-k over scaled bandwidth and over the ratio grid."""
     ag = [n for n in compressors if n in AG_FAMILY]
     ar = [n for n in compressors if n in AR_TOPK_FAMILY]
     if not ag or not ar:
-        return {"note": "needs an all-gather compressor (topk, gaussiank) and an all-reduce top-k variant "
-                        "(arctopk, star, var) among --compressors"}
+        return Crossover("needs an all-gather compressor (topk, gaussiank) and an all-reduce top-k variant "
+                         "(arctopk, star, var) among --compressors")
     base_topo = ctx.topo
     base = base_topo.network.bandwidth_per_nic
     rows = []
@@ -117,11 +183,9 @@ def crossover(compressors: Sequence[str], density: float, ratios: Sequence[float
             by_ratio.append({"density": r, "allgather_s": fg.iteration_s,
                              "allgather_best": f"{fg.compressor}/{fg.collective}", "allreduce_s": fa.iteration_s,
                              "allreduce_best": f"{fa.compressor}/{fa.collective}"})
-    return {"bandwidth": rows, "bandwidth_flips_gbps": _flips(rows, "nic_gbps"),
-            "ratio": by_ratio, "ratio_flips": _flips(by_ratio, "density"),
-            "density": density, "nic_gbps": base * 8 / 1e9,
-            "note": "best all-gather top-k (topk, gaussiank) vs best all-reduce top-k (arctopk, star, var), "
-                    "any collective; bandwidth curve by the closed form, inter-node NIC bandwidth scaled"}
+    return Crossover("best all-gather top-k (topk, gaussiank) vs best all-reduce top-k (arctopk, star, var), any "
+                     "collective; bandwidth curve by the closed form, inter-node NIC bandwidth scaled",
+                     rows, _flips(rows, "nic_gbps"), by_ratio, _flips(by_ratio, "density"), density, base * 8 / 1e9)
 
 
 def _time_in_bucket(index: int) -> Callable[[Candidate], float]:

@@ -40,8 +40,8 @@ def breakdown(result: RunResult, path: Path) -> Path:
                 assert policy is not None  # the policy row is added only when there is one
                 pol = policy
                 compute = result.dense.compute_s
-                widths.append({"compute_s": compute, "exposed_comm_s": pol["exposed_comm_s"],
-                               "compress_s": pol["iteration_s"] - compute - pol["exposed_comm_s"]}[attr] * 1e3)
+                widths.append({"compute_s": compute, "exposed_comm_s": pol.exposed_comm_s,
+                               "compress_s": pol.iteration_s - compute - pol.exposed_comm_s}[attr] * 1e3)
             else:
                 widths.append(getattr(c, attr) * 1e3)
         ax.barh(list(y), widths, left=left, color=colour, label=label)
@@ -62,25 +62,25 @@ def pareto(result: RunResult, path: Path) -> Path:
     par = result.pareto
     fig = Figure(figsize=(8, 5.5), layout="constrained")
     ax = fig.subplots()
-    names = sorted({p["compressor"] for p in par["evaluated"]})
+    names = sorted({p.compressor for p in par.evaluated})
     cmap = colormaps["tab10"]
     for i, name in enumerate(names):
-        pts = [p for p in par["evaluated"] if p["compressor"] == name]
-        ax.scatter([p["iteration_s"] * 1e3 for p in pts], [p["rel_error"] for p in pts], s=14, alpha=0.55,
+        pts = [p for p in par.evaluated if p.compressor == name]
+        ax.scatter([p.iteration_s * 1e3 for p in pts], [p.rel_error for p in pts], s=14, alpha=0.55,
                    color=cmap(i % 10), label=name)
-    front = par["points"]
-    ax.plot([p["iteration_s"] * 1e3 for p in front], [p["rel_error"] for p in front], "k-", lw=1.2,
+    front = par.points
+    ax.plot([p.iteration_s * 1e3 for p in front], [p.rel_error for p in front], "k-", lw=1.2,
             label="Pareto front", zorder=3)
-    ch = par["chosen"]
-    ax.scatter([ch["iteration_s"] * 1e3], [ch["rel_error"]], marker="*", s=260, color="gold", edgecolor="k",
-               zorder=4, label=f"chosen: {ch['compressor']}/{ch['collective']}"
-                               + ("" if ch["density"] is None else f" at density {ch['density']:g}"))
+    ch = par.chosen
+    ax.scatter([ch.iteration_s * 1e3], [ch.rel_error], marker="*", s=260, color="gold", edgecolor="k",
+               zorder=4, label=f"chosen: {ch.compressor}/{ch.collective}"
+                               + ("" if ch.density is None else f" at density {ch.density:g}"))
     ax.set_xscale("log")
     plain_log_ticks(ax, "x")
     ax.set_xlabel("predicted iteration time (ms, log scale)")
     ax.set_ylabel("relative aggregate error after error feedback ‖agg − ū‖² / ‖ū‖²")
-    ax.set_title(f"Speed vs gradient fidelity over ratios {min(par['ratios']):g} … {max(par['ratios']):g}\n"
-                 f"{_subtitle(result)}; {par['rule'].split(':')[0]}", fontsize=10)
+    ax.set_title(f"Speed vs gradient fidelity over ratios {min(par.ratios):g} … {max(par.ratios):g}\n"
+                 f"{_subtitle(result)}; {par.rule.split(':')[0]}", fontsize=10)
     ax.grid(alpha=0.3, which="both")
     ax.legend(fontsize=7, ncol=2, loc="upper right")
     return save_png(fig, path)
@@ -90,34 +90,34 @@ def crossover(result: RunResult, path: Path) -> Path:
     cx = result.crossover
     fig = Figure(figsize=(12, 4.8), layout="constrained")
     axes = fig.subplots(1, 2)
-    if "bandwidth" not in cx:
+    if cx.bandwidth is None or cx.nic_gbps is None:
         for ax in axes:
-            ax.text(0.5, 0.5, cx["note"], ha="center", va="center", wrap=True, fontsize=9)
+            ax.text(0.5, 0.5, cx.note, ha="center", va="center", wrap=True, fontsize=9)
             ax.set_axis_off()
         return save_png(fig, path)
     ax = axes[0]
-    bw = [r["nic_gbps"] for r in cx["bandwidth"]]
-    ax.plot(bw, [r["allgather_s"] * 1e3 for r in cx["bandwidth"]], "o-", ms=3, label="best all-gather top-k")
-    ax.plot(bw, [r["allreduce_s"] * 1e3 for r in cx["bandwidth"]], "s-", ms=3, label="best all-reduce top-k")
-    ax.plot(bw, [r["dense_s"] * 1e3 for r in cx["bandwidth"]], ":", color="grey", label="dense fp32 ring")
-    ax.axvline(cx["nic_gbps"], color="k", lw=0.8, ls="--", label=f"this cluster ({cx['nic_gbps']:g} Gb/s)")
-    for f in cx["bandwidth_flips_gbps"]:
+    bw = [r["nic_gbps"] for r in cx.bandwidth]
+    ax.plot(bw, [r["allgather_s"] * 1e3 for r in cx.bandwidth], "o-", ms=3, label="best all-gather top-k")
+    ax.plot(bw, [r["allreduce_s"] * 1e3 for r in cx.bandwidth], "s-", ms=3, label="best all-reduce top-k")
+    ax.plot(bw, [r["dense_s"] * 1e3 for r in cx.bandwidth], ":", color="grey", label="dense fp32 ring")
+    ax.axvline(cx.nic_gbps, color="k", lw=0.8, ls="--", label=f"this cluster ({cx.nic_gbps:g} Gb/s)")
+    for f in cx.bandwidth_flips_gbps or []:
         ax.axvline(f["nic_gbps"], color="red", lw=1, label=f"crossover {f['nic_gbps']:.3g} Gb/s")
     ax.set_xscale("log")
     ax.set_yscale("log")
     plain_log_ticks(ax, "y")
     ax.set_xlabel("inter-node bandwidth per NIC (Gb/s, log)")
     ax.set_ylabel("predicted iteration time (ms, log)")
-    ax.set_title(f"AG vs AR top-k as bandwidth varies (density {cx['density']:g})", fontsize=10)
+    ax.set_title(f"AG vs AR top-k as bandwidth varies (density {cx.density:g})", fontsize=10)
     ax.grid(alpha=0.3, which="both")
     ax.legend(fontsize=7)
     ax = axes[1]
-    if cx["ratio"]:
-        dens = [r["density"] for r in cx["ratio"]]
-        ax.plot(dens, [r["allgather_s"] * 1e3 for r in cx["ratio"]], "o-", ms=3, label="best all-gather top-k")
-        ax.plot(dens, [r["allreduce_s"] * 1e3 for r in cx["ratio"]], "s-", ms=3, label="best all-reduce top-k")
+    if cx.ratio:
+        dens = [r["density"] for r in cx.ratio]
+        ax.plot(dens, [r["allgather_s"] * 1e3 for r in cx.ratio], "o-", ms=3, label="best all-gather top-k")
+        ax.plot(dens, [r["allreduce_s"] * 1e3 for r in cx.ratio], "s-", ms=3, label="best all-reduce top-k")
         ax.axhline(result.dense.iteration_s * 1e3, color="grey", ls=":", label="dense fp32 ring")
-        for f in cx["ratio_flips"]:
+        for f in cx.ratio_flips or []:
             ax.axvline(f["density"], color="red", lw=1, label=f"crossover at density {f['density']:.3g}")
         ax.set_xscale("log")
         ax.set_yscale("log")

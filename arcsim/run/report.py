@@ -14,6 +14,7 @@ from rich.table import Table
 from arcsim.files import write_atomic
 from arcsim.run.analysis import RunResult
 from arcsim.run.candidates import Candidate
+from arcsim.run.decisions import ParetoPoint
 from arcsim.units import format_size
 
 
@@ -44,9 +45,9 @@ def to_json(result: RunResult) -> dict[str, Any]:
                     for b in result.ctx.buckets],
         "dense": result.dense.to_dict(),
         "candidates": [c.to_dict() for c in result.candidates],
-        "policy": result.policy,
-        "pareto": result.pareto,
-        "crossover": result.crossover,
+        "policy": result.policy.to_dict() if result.policy else None,
+        "pareto": result.pareto.to_dict(),
+        "crossover": result.crossover.to_dict(),
         "timings_s": result.timings,
     }
 
@@ -62,20 +63,20 @@ CSV_FIELDS = ("compressor", "collective", "op", "density", "memory", "iteration_
 
 def write_csv(result: RunResult, path: Path) -> None:
     """One row per evaluated (compressor, collective, density), marking the front and the chosen point."""
-    front = {(p["compressor"], p["collective"], p["density"]) for p in result.pareto["points"]}
-    chosen = result.pareto["chosen"]
-    rows = {(c.compressor, c.collective, c.density): c for c in result.candidates}
-    for p in result.pareto["evaluated"]:
-        rows.setdefault((p["compressor"], p["collective"], p["density"]), p)
+    front = {(p.compressor, p.collective, p.density) for p in result.pareto.points}
+    chosen = result.pareto.chosen
+    rows: dict[tuple, Candidate | ParetoPoint] = {(c.compressor, c.collective, c.density): c for c in result.candidates}
+    for p in result.pareto.evaluated:
+        rows.setdefault((p.compressor, p.collective, p.density), p)
     buf = io.StringIO()
     writer = csv.DictWriter(buf, fieldnames=[*CSV_FIELDS, "at_density", "on_front", "chosen"])
     writer.writeheader()
     at = {(c.compressor, c.collective, c.density) for c in result.candidates}
     for key, row in rows.items():
-        data = row.to_dict() if isinstance(row, Candidate) else dict(row)
+        data = row.to_dict()
         writer.writerow({**{f: data.get(f, "") for f in CSV_FIELDS}, "at_density": key in at,
                          "on_front": key in front,
-                         "chosen": key == (chosen["compressor"], chosen["collective"], chosen["density"])})
+                         "chosen": key == (chosen.compressor, chosen.collective, chosen.density)})
     write_atomic(path, buf.getvalue())
 
 
@@ -122,55 +123,56 @@ def _render_timings(result: RunResult, console: Console) -> None:
 def _render_policy(result: RunResult, console: Console) -> None:
     pol = result.policy
     assert pol is not None
-    table = Table(title=f"Switching policy (auto): {_ms(pol['iteration_s'])} ms per iteration, "
-                        f"{result.dense.iteration_s / pol['iteration_s']:.2f}× dense, error {pol['rel_error']:.3f}",
-                  caption=pol["rule"])
+    table = Table(title=f"Switching policy (auto): {_ms(pol.iteration_s)} ms per iteration, "
+                        f"{result.dense.iteration_s / pol.iteration_s:.2f}× dense, error {pol.rel_error:.3f}",
+                  caption=pol.rule)
     for col in ("bucket", "elements", "choice", "time ms", "runners-up (ms)"):
         table.add_column(col, justify="left" if col in ("choice", "runners-up (ms)") else "right")
-    for ch in pol["choices"][:16]:
-        runners = ", ".join(f"{r['compressor']}/{r['collective']} {_ms(r['time_s'])}" for r in ch["runners_up"])
-        table.add_row(str(ch["bucket"]), f"{ch['elements']:,}", f"{ch['compressor']} ({ch['op']} {ch['collective']})",
-                      _ms(ch["time_s"]), runners)
-    if len(pol["choices"]) > 16:
-        table.add_row("…", f"{len(pol['choices']) - 16} more", "", "", "")
+    for ch in pol.choices[:16]:
+        runners = ", ".join(f"{r['compressor']}/{r['collective']} {_ms(r['time_s'])}" for r in ch.runners_up)
+        table.add_row(str(ch.bucket), f"{ch.elements:,}", f"{ch.compressor} ({ch.op} {ch.collective})",
+                      _ms(ch.time_s), runners)
+    if len(pol.choices) > 16:
+        table.add_row("…", f"{len(pol.choices) - 16} more", "", "", "")
     console.print(table)
 
 
 def _render_crossover(result: RunResult, console: Console) -> None:
     cx = result.crossover
-    if "bandwidth" not in cx:
-        console.print(f"[yellow]AG/AR crossover:[/] {cx['note']}")
+    if cx.bandwidth is None or cx.nic_gbps is None or cx.density is None:
+        console.print(f"[yellow]AG/AR crossover:[/] {cx.note}")
         return
-    rows = cx["bandwidth"]
-    here = min(rows, key=lambda r: abs(r["nic_gbps"] - cx["nic_gbps"]))
+    rows = cx.bandwidth
+    nic_gbps = cx.nic_gbps
+    here = min(rows, key=lambda r: abs(r["nic_gbps"] - nic_gbps))
     faster = "all-reduce" if here["allreduce_s"] < here["allgather_s"] else "all-gather"
-    console.print(f"[bold]AG/AR crossover[/] at density {cx['density']:g}: on this cluster ({cx['nic_gbps']:g} Gb/s "
+    console.print(f"[bold]AG/AR crossover[/] at density {cx.density:g}: on this cluster ({nic_gbps:g} Gb/s "
                   f"per NIC) {faster} top-k is faster ({here['allreduce_best']} {_ms(here['allreduce_s'])} ms vs "
                   f"{here['allgather_best']} {_ms(here['allgather_s'])} ms).")
     lo, hi = rows[0]["nic_gbps"], rows[-1]["nic_gbps"]
-    if cx["bandwidth_flips_gbps"]:
-        for f in cx["bandwidth_flips_gbps"]:
+    if cx.bandwidth_flips_gbps:
+        for f in cx.bandwidth_flips_gbps:
             console.print(f"  bandwidth: {f['below']} wins below {f['nic_gbps']:.3g} Gb/s per NIC, "
                           f"{f['above']} above")
     else:
         console.print(f"  bandwidth: no flip between {lo:.3g} and {hi:.3g} Gb/s per NIC")
-    if cx["ratio_flips"]:
-        for f in cx["ratio_flips"]:
+    if cx.ratio_flips:
+        for f in cx.ratio_flips:
             console.print(f"  ratio: {f['below']} wins below density {f['density']:.3g}, {f['above']} above")
-    elif cx["ratio"]:
-        console.print(f"  ratio: no flip over densities {cx['ratio'][0]['density']:g} … {cx['ratio'][-1]['density']:g}")
+    elif cx.ratio:
+        console.print(f"  ratio: no flip over densities {cx.ratio[0]['density']:g} … {cx.ratio[-1]['density']:g}")
 
 
 def _render_pareto(result: RunResult, console: Console) -> None:
     par = result.pareto
-    chosen = par["chosen"]
-    table = Table(title=f"Pareto front: iteration time vs error over {len(par['evaluated'])} evaluated "
-                        f"(compressor, collective, ratio) points", caption=f"chosen by {par['rule']}")
+    chosen = par.chosen
+    table = Table(title=f"Pareto front: iteration time vs error over {len(par.evaluated)} evaluated "
+                        f"(compressor, collective, ratio) points", caption=f"chosen by {par.rule}")
     for col in ("", "compressor", "collective", "density", "iteration ms", "speed-up", "error", "gain"):
         table.add_column(col, justify="left" if col in ("", "compressor", "collective") else "right")
-    for p in par["points"]:
+    for p in par.points:
         mark = "★" if p == chosen else ""
-        table.add_row(mark, p["compressor"], p["collective"], "-" if p["density"] is None else f"{p['density']:g}",
-                      _ms(p["iteration_s"]), f"{p['speedup_vs_dense']:.2f}×", f"{p['rel_error']:.3f}",
-                      f"{p['compression_gain']:.3f}", style="bold" if mark else None)
+        table.add_row(mark, p.compressor, p.collective, "-" if p.density is None else f"{p.density:g}",
+                      _ms(p.iteration_s), f"{p.speedup_vs_dense:.2f}×", f"{p.rel_error:.3f}",
+                      f"{p.compression_gain:.3f}", style="bold" if mark else None)
     console.print(table)
