@@ -253,3 +253,13 @@ def test_heatmap_cells_and_crossover_ratios_come_from_the_table():
     assert set(fastest_by_cell(both, slack=None)[2].ravel()) == {"randk"}
     ratio = ag_over_ar(df[df["density"] != 0.1])
     assert ratio[("m", 1.0)] == pytest.approx(4.0 / 2.0)
+
+
+def test_sweep_rows_take_the_candidates_own_fields():
+    from dataclasses import fields
+
+    from arcsim.run.candidates import Candidate
+    from arcsim.sweep.evaluate import CANDIDATE_COLUMNS, RESULT_COLUMNS
+
+    names = {f.name for f in fields(Candidate)}
+    assert set(CANDIDATE_COLUMNS) <= names and set(CANDIDATE_COLUMNS) <= set(RESULT_COLUMNS)
