@@ -11,6 +11,8 @@ Parts (``--parts``, comma-separated):
 - ``ddp``: one-rank DDP iterations of ResNet-50 (NCCL, world size 1) with each compressor's comm hook,
   with DDP's own all-reduce and with a hook that communicates nothing: compute + compression on the GPU,
   the part a network cannot hide.
+- ``roofline``: GEMM throughput by size (fp32, tf32, bf16), streaming-kernel bandwidth by size, and the
+  cost of one tiny kernel launch: the anchors of a device model's roofline.
 
 Usage: python benchmarks/gpu_measure.py --out DIR [--parts compute,compress,ddp] [--batches 32,64]
 """
@@ -174,6 +176,55 @@ def compress_part(out: Path, repeats: int) -> None:
                                         "primitives": primitives, "compressors": rows})
 
 
+# -- roofline anchors ------------------------------------------------------------------------------------
+def roofline_part(out: Path, repeats: int) -> None:
+    """What the device model's roofline is written in: matrix-multiply throughput by size and precision,
+    memory bandwidth of streaming kernels by size, and the cost of one tiny kernel (launch overhead)."""
+    dev = torch.device("cuda")
+    gemm = []
+    for precision in ("fp32", "tf32", "bf16"):
+        torch.backends.cuda.matmul.allow_tf32 = precision == "tf32"
+        dtype = torch.bfloat16 if precision == "bf16" else torch.float32
+        for n in (256, 512, 1024, 2048, 4096, 8192):
+            a = torch.randn(n, n, device=dev, dtype=dtype)
+            b = torch.randn(n, n, device=dev, dtype=dtype)
+            t, _ = cuda_median(lambda a=a, b=b: a @ b, repeats)
+            tflops = 2 * n**3 / t / 1e12
+            gemm.append({"precision": precision, "n": n, "ms": t * 1e3, "tflops": tflops})
+            print(f"roofline gemm {precision} n={n:5d} {t * 1e3:8.3f} ms {tflops:7.1f} TFLOP/s", flush=True)
+            del a, b
+    torch.backends.cuda.matmul.allow_tf32 = False
+    stream = []
+    for numel in (2**16, 2**18, 2**20, 2**22, 2**24, 2**26, 2**28):
+        x = torch.randn(numel, device=dev)
+        z = torch.randn(numel, device=dev)
+        y = torch.empty_like(x)
+        for kind, fn, moved in (("copy", lambda x=x, y=y: y.copy_(x), 8),
+                                ("add", lambda x=x, y=y, z=z: torch.add(x, z, out=y), 12),
+                                ("read (amax)", lambda x=x: x.abs().amax(), 8)):
+            t, _ = cuda_median(fn, repeats)
+            stream.append({"kernel": kind, "numel": numel, "ms": t * 1e3,
+                           "bytes_per_element": moved, "gbps": moved * numel / t / 1e9})
+            print(f"roofline {kind:12s} n=2^{numel.bit_length() - 1:<2d} {t * 1e3:8.4f} ms "
+                  f"{moved * numel / t / 1e9:8.1f} GB/s", flush=True)
+        del x, y, z
+    tiny = torch.zeros(1, device=dev)
+    launches = 1000
+
+    def many() -> None:
+        for _ in range(launches):
+            tiny.add_(1.0)
+
+    t, host = cuda_median(many, max(3, repeats // 4))
+    launch = {"launches": launches, "gpu_us_per_launch": t / launches * 1e6,
+              "host_us_per_launch": host / launches * 1e6}
+    print(f"roofline launch: {launch}", flush=True)
+    write(out / "roofline.json", {"environment": environment(), "repeats": repeats,
+                                  "method": "CUDA events, median after one warm-up; GEMM n×n×n, 2n³ FLOP; "
+                                            "streaming kernels counted by bytes read + written per element",
+                                  "gemm": gemm, "stream": stream, "launch": launch})
+
+
 # -- one-rank DDP with each hook -----------------------------------------------------------------------
 def ddp_part(out: Path, repeats: int, batch: int) -> None:
     import torch.distributed as dist
@@ -244,6 +295,8 @@ def main() -> None:
         compute_part(args.out, [int(b) for b in args.batches.split(",")])
     if "compress" in parts:
         compress_part(args.out, args.repeats)
+    if "roofline" in parts:
+        roofline_part(args.out, args.repeats)
     if "ddp" in parts:
         ddp_part(args.out, args.repeats, 64)
 
