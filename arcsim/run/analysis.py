@@ -183,7 +183,7 @@ class Analysis:
 
     # -- decisions (arcsim/run/decisions.py) ------------------------------------------------------------
     def _policy(self, cands: list[Candidate]) -> decisions.Policy:
-        return decisions.policy(cands, self.ctx, self.cfg.slack, self.measurement)
+        return decisions.policy(cands, self.ctx, self.cfg.slack)
 
     def _grid(self, dense: Candidate) -> list[Candidate]:
         points = [dense]

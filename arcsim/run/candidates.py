@@ -20,6 +20,8 @@ from arcsim.run.timeline import iteration
 from arcsim.topology import Topology
 from arcsim.traces.format import Trace
 
+DETAIL = ("bucket_compress_s", "bucket_comm_s", "measurement")  # kept on the object, not in its rows
+
 
 @dataclass
 class Candidate:
@@ -42,6 +44,7 @@ class Candidate:
     density_by_step: list[float] = field(default_factory=list)  # achieved density at each trace step
     bucket_compress_s: list[float] = field(default_factory=list)  # mean compression per bucket (as priced)
     bucket_comm_s: list[float] = field(default_factory=list)      # mean communication per bucket
+    measurement: Measurement | None = field(default=None, repr=False, compare=False)  # what was priced
 
     @property
     def bucket_s(self) -> list[float]:
@@ -49,10 +52,9 @@ class Candidate:
         return [a + b for a, b in zip(self.bucket_compress_s, self.bucket_comm_s, strict=True)]
 
     def to_dict(self) -> dict[str, Any]:
-        row = dataclasses.asdict(self)
-        row.pop("bucket_compress_s")
-        row.pop("bucket_comm_s")
-        return row
+        """The candidate's numbers (JSON, CSV and sweep rows are written from this; per-bucket detail and
+        the measurement stay out)."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in DETAIL}
 
 
 @dataclass
@@ -118,7 +120,7 @@ def evaluate(meas: Measurement, collective: str, ctx: Context, pricer: Pricer) -
                      density_achieved=meas.density_achieved(),
                      bytes_per_rank=meas.bytes_per_rank(), density_by_step=meas.density_by_step(),
                      bucket_compress_s=list(comp_sum / len(meas.records)),
-                     bucket_comm_s=list(comm_sum / len(meas.records)))
+                     bucket_comm_s=list(comm_sum / len(meas.records)), measurement=meas)
 
 
 def candidates_for(meas: Measurement, ctx: Context, pricer: Pricer) -> list[Candidate]:

@@ -109,7 +109,7 @@ def eligible(cands: Sequence[Candidate], slack: float) -> tuple[list[Candidate],
     return [c for c in cands if c.density is None or (limit is not None and c.rel_error <= limit)], limit
 
 
-def policy(cands: Sequence[Candidate], ctx: Context, slack: float, measurement: Measure) -> Policy:
+def policy(cands: Sequence[Candidate], ctx: Context, slack: float) -> Policy:
     """Per bucket, the fastest eligible (compressor, collective); the iteration it gives."""
     allowed, limit = eligible(cands, slack)
     choices, chosen = [], []
@@ -125,10 +125,10 @@ def policy(cands: Sequence[Candidate], ctx: Context, slack: float, measurement: 
     timeline = iteration(ctx.compute.forward_s, ctx.compute.backward_s, ready,
                          [c.bucket_compress_s[b.index] for c, b in zip(chosen, ctx.buckets, strict=True)],
                          [c.bucket_comm_s[b.index] for c, b in zip(chosen, ctx.buckets, strict=True)])
-    err = sum(measurement(c.compressor, c.density or 1.0).err2_bucket(b.index)
-              for c, b in zip(chosen, ctx.buckets, strict=True))
-    ref = sum(measurement(c.compressor, c.density or 1.0).ref2_bucket(b.index)
-              for c, b in zip(chosen, ctx.buckets, strict=True))
+    measured = [(c.measurement, b.index) for c, b in zip(chosen, ctx.buckets, strict=True)
+                if c.measurement is not None]
+    err = sum(m.err2_bucket(i) for m, i in measured)
+    ref = sum(m.ref2_bucket(i) for m, i in measured)
     rule = (f"per bucket, the fastest (compression + communication) among candidates whose relative aggregate "
             f"error is at most Top-K's × (1 + {slack:g}) (dense and fp16 always qualify)")
     return Policy(rule, limit, sorted({c.compressor for c in allowed}), timeline.iteration_s,
