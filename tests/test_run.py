@@ -93,9 +93,15 @@ def test_json_structure_and_consistency(default_run):
         assert c["iteration_s"] >= c["compute_s"] + c["compress_s"] - 1e-12
         assert c["exposed_comm_s"] == pytest.approx(c["iteration_s"] - c["compute_s"] - c["compress_s"], abs=1e-9)
         assert c["speedup_vs_dense"] == pytest.approx(res["dense"]["iteration_s"] / c["iteration_s"])
-    assert res["dense"]["speedup_vs_dense"] == 1.0 and res["dense"]["collective"] == "ring"
-    dense_ring = next(c for c in res["candidates"] if c["compressor"] == "dense" and c["collective"] == "ring")
-    assert dense_ring["speedup_vs_dense"] == pytest.approx(1.0)
+    # one definition of speed-up: against dense fp32 on its fastest collective (as arcsim sweep)
+    dense_rows = [c for c in res["candidates"] if c["compressor"] == "dense"]
+    assert res["dense"]["iteration_s"] == pytest.approx(min(c["iteration_s"] for c in dense_rows))
+    assert res["dense"]["speedup_vs_dense"] == pytest.approx(1.0)
+    assert max(c["speedup_vs_dense"] for c in dense_rows) == pytest.approx(1.0)
+    dense_ring = next(c for c in dense_rows if c["collective"] == "ring")
+    assert dense_ring["speedup_vs_dense_ring"] == pytest.approx(1.0)
+    for c in res["candidates"]:  # the textbook ring ratio is kept as a named extra
+        assert c["speedup_vs_dense_ring"] == pytest.approx(dense_ring["iteration_s"] / c["iteration_s"])
     assert {c["compressor"] for c in res["candidates"]} == {"dense", "fp16", "topk", "arctopk", "star", "randk"}
     assert {c["op"] for c in res["candidates"] if c["compressor"] == "topk"} == {"allgather"}
     assert {c["op"] for c in res["candidates"] if c["compressor"] == "arctopk"} == {"allreduce"}
@@ -240,3 +246,14 @@ def test_compress_scale_multiplies_measured_compression_only():
     for a, b in zip(plain, shared, strict=True):
         assert b.compress_s == pytest.approx(3 * a.compress_s) and b.comm_s == a.comm_s
         assert b.iteration_s > a.iteration_s
+
+
+@pytest.mark.parametrize(("topology", "word"), [("8x8-ib100", "upper estimate"), ("4x1-eth25", "lower estimate")])
+def test_the_error_estimate_is_named_by_which_way_the_rank_count_differs(topology, word):
+    from arcsim.run.analysis import Analysis, RunConfig
+
+    analysis = Analysis(RunConfig(topology=topology, compressors=("topk",), policy="none", ratios=(0.01,)),
+                        announce=lambda _: None)
+    notes = " ".join(analysis._assumptions())
+    assert word in notes
+    assert ("upper estimate" if word == "lower estimate" else "lower estimate") not in notes

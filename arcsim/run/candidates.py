@@ -40,7 +40,8 @@ class Candidate:
     compression_gain: float
     density_achieved: float
     bytes_per_rank: float
-    speedup_vs_dense: float = 1.0
+    speedup_vs_dense: float = 1.0       # dense fp32 on its fastest collective ÷ this (run and sweep alike)
+    speedup_vs_dense_ring: float = 1.0  # dense fp32 flat-ring all-reduce ÷ this (the textbook baseline)
     density_by_step: list[float] = field(default_factory=list)  # achieved density at each trace step
     bucket_compress_s: list[float] = field(default_factory=list)  # mean compression per bucket (as priced)
     bucket_comm_s: list[float] = field(default_factory=list)      # mean communication per bucket

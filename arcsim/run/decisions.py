@@ -15,7 +15,7 @@ import numpy as np
 
 from arcsim.catalog import AG_FAMILY, AR_TOPK_FAMILY
 from arcsim.pricing import Pricer
-from arcsim.run.candidates import Candidate, Context, candidates_for, evaluate
+from arcsim.run.candidates import Candidate, Context, candidates_for
 from arcsim.run.measure import Measurement
 from arcsim.run.pareto import choose, pareto_front
 from arcsim.run.timeline import iteration
@@ -147,7 +147,7 @@ def pareto(grid: Sequence[Candidate], ratios: Sequence[float],
 
 
 def crossover(compressors: Sequence[str], density: float, ratios: Sequence[float], grid: Sequence[Candidate],
-              ctx: Context, measurement: Measure, dense_algo: str) -> Crossover:
+              ctx: Context, measurement: Measure) -> Crossover:
     """Best all-gather top-k against best all-reduce top-k over scaled bandwidth and over the ratio grid."""
     ag = [n for n in compressors if n in AG_FAMILY]
     ar = [n for n in compressors if n in AR_TOPK_FAMILY]
@@ -169,7 +169,7 @@ def crossover(compressors: Sequence[str], density: float, ratios: Sequence[float
             options = [c for n in names for c in candidates_for(measurement(n, density), scaled, pricer)]
             fastest = min(options, key=lambda c: c.iteration_s)
             best[family] = (fastest.iteration_s, f"{fastest.compressor}/{fastest.collective}")
-        dense = evaluate(measurement("dense", 1.0), dense_algo, scaled, pricer)
+        dense = min(candidates_for(measurement("dense", 1.0), scaled, pricer), key=lambda c: c.iteration_s)
         rows.append({"nic_gbps": base * s * 8 / 1e9, "allgather_s": best["allgather"][0],
                      "allgather_best": best["allgather"][1], "allreduce_s": best["allreduce"][0],
                      "allreduce_best": best["allreduce"][1], "dense_s": dense.iteration_s})

@@ -18,10 +18,15 @@ def _subtitle(result: RunResult) -> str:
     return f"{t.meta['model']} (trace {t.path.name}) on {topo.name}, {topo.ranks} ranks"
 
 
+def _is_baseline(c: Candidate, result: RunResult) -> bool:
+    return c.compressor == "dense" and c.collective == result.dense.collective
+
+
 def breakdown(result: RunResult, path: Path) -> Path:
-    best = best_per_compressor(result)
+    best = [c for c in best_per_compressor(result) if not _is_baseline(c, result)]
     rows: list[Candidate | None] = [result.dense, *best]
-    labels = ["dense fp32\nring (baseline)"] + [f"{c.compressor}\n{c.op} {c.collective}" for c in best]
+    labels = [f"dense fp32\n{result.dense.collective} (baseline)"] + [f"{c.compressor}\n{c.op} {c.collective}"
+                                                                      for c in best]
     policy = result.policy
     if policy:
         rows.append(None)
@@ -99,7 +104,7 @@ def crossover(result: RunResult, path: Path) -> Path:
     bw = [r["nic_gbps"] for r in cx.bandwidth]
     ax.plot(bw, [r["allgather_s"] * 1e3 for r in cx.bandwidth], "o-", ms=3, label="best all-gather top-k")
     ax.plot(bw, [r["allreduce_s"] * 1e3 for r in cx.bandwidth], "s-", ms=3, label="best all-reduce top-k")
-    ax.plot(bw, [r["dense_s"] * 1e3 for r in cx.bandwidth], ":", color="grey", label="dense fp32 ring")
+    ax.plot(bw, [r["dense_s"] * 1e3 for r in cx.bandwidth], ":", color="grey", label="dense fp32 (fastest collective)")
     ax.axvline(cx.nic_gbps, color="k", lw=0.8, ls="--", label=f"this cluster ({cx.nic_gbps:g} Gb/s)")
     for f in cx.bandwidth_flips_gbps or []:
         ax.axvline(f["nic_gbps"], color="red", lw=1, label=f"crossover {f['nic_gbps']:.3g} Gb/s")
@@ -116,7 +121,8 @@ def crossover(result: RunResult, path: Path) -> Path:
         dens = [r["density"] for r in cx.ratio]
         ax.plot(dens, [r["allgather_s"] * 1e3 for r in cx.ratio], "o-", ms=3, label="best all-gather top-k")
         ax.plot(dens, [r["allreduce_s"] * 1e3 for r in cx.ratio], "s-", ms=3, label="best all-reduce top-k")
-        ax.axhline(result.dense.iteration_s * 1e3, color="grey", ls=":", label="dense fp32 ring")
+        ax.axhline(result.dense.iteration_s * 1e3, color="grey", ls=":",
+                   label=f"dense fp32 ({result.dense.collective})")
         for f in cx.ratio_flips or []:
             ax.axvline(f["density"], color="red", lw=1, label=f"crossover at density {f['density']:.3g}")
         ax.set_xscale("log")
