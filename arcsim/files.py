@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import os
+import tempfile
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -59,3 +60,34 @@ class AppendOnlyCSV:
             writer.writerows(rows)
             fh.flush()
             os.fsync(fh.fileno())
+
+
+def unwritable_reason(path: Path, directory: bool) -> str | None:
+    """Why ``path`` (a file, or a directory when ``directory``) cannot be written, or None if it can.
+
+    Probes for real — creates what is missing and a scratch file, then removes them — so a check made
+    before long work leaves nothing behind and catches what permission bits alone do not (/proc, full or
+    read-only mounts)."""
+    path = Path(path)
+    if path.exists() and path.is_dir() != directory:
+        return f"{path} is {'a file' if directory else 'a directory'}"
+    target = path if directory else path.parent
+    missing, d = [], target
+    while not d.exists():
+        missing.append(d)
+        d = d.parent
+    if not d.is_dir():
+        return f"{d} is not a directory"
+    created: list[Path] = []
+    try:
+        for m in reversed(missing):
+            m.mkdir()
+            created.append(m)
+        with tempfile.NamedTemporaryFile(dir=target):
+            pass
+    except OSError as exc:
+        return exc.strerror or str(exc)
+    finally:
+        for m in reversed(created):
+            m.rmdir()
+    return None

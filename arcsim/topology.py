@@ -278,6 +278,9 @@ def _preset_sort_key(name: str) -> tuple:
 def load_topology(spec: str) -> Topology:
     """A topology from a YAML path, a preset name, or the name grammar."""
     path = Path(spec)
+    if path.is_dir():
+        raise TopologyError(f"topology {spec!r} is a directory; give a topology YAML file, a preset or a name "
+                            f"such as 8x8-ib100")
     if spec.endswith((".yaml", ".yml")) or path.is_file():
         if not path.is_file():
             raise TopologyError(f"topology file {spec!r} does not exist")
@@ -333,6 +336,8 @@ def load_yaml(path: Path) -> Topology:
         raise TopologyError(f"{path}: malformed YAML{at}; fix the syntax") from exc
     except OSError as exc:
         raise TopologyError(f"{path}: cannot read ({exc.strerror})") from exc
+    except UnicodeDecodeError:
+        raise TopologyError(f"{path} is not a text file; a topology is YAML text (see topologies/*.yaml)") from None
     if not isinstance(raw, dict):
         raise TopologyError(f"{path}: expected a mapping with nodes, gpus_per_node, intra, network")
     return from_dict(raw, source=str(path), default_name=path.stem)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from arcsim.cli.common import Count, note
+from arcsim.cli.common import Count, OutputPath, note
 from arcsim.errors import ArcsimError
 from arcsim.units import parse_size
 
@@ -21,7 +21,7 @@ from arcsim.units import parse_size
 @click.option("--delay", default="0s", show_default=True, help="Emulated cluster one-way delay, e.g. 0.5ms.")
 @click.option("--sizes", default=None, help="Per-rank sizes, e.g. 4KB,64KB,1MB (default 1 KiB … 4 MiB, ×4).")
 @click.option("--repeats", default="5", show_default=True, type=Count(), help="Timed repeats per size (median).")
-@click.option("--out", "-o", required=True, type=click.Path(dir_okay=False), help="Topology YAML to write.")
+@click.option("--out", "-o", required=True, type=OutputPath(), help="Topology YAML to write.")
 def calibrate(cluster: str | None, loopback: bool, ranks: int | None, bandwidth: str | None, delay: str,
               sizes: str | None,
               repeats: int, out: str) -> None:

@@ -6,6 +6,7 @@ import json
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 import click
 from rich.console import Console
@@ -13,6 +14,7 @@ from tqdm import tqdm
 
 from arcsim.catalog import SCOPES
 from arcsim.errors import ArcsimError
+from arcsim.files import unwritable_reason
 
 console = Console(width=None if sys.stdout.isatty() else 130)
 
@@ -75,3 +77,18 @@ scope_option = click.option(
     "--scope", type=click.Choice(SCOPES), default="tensor", show_default=True,
     help="Top-k family (topk, randk, gaussiank, star, var, arctopk): k per layer (tensor, as the reference "
          "implementations) or one k over each whole bucket.")
+
+
+class OutputPath(click.Path):
+    """A path the command will write: refused up front, before any work, if it cannot be written."""
+
+    def __init__(self, directory: bool = False) -> None:
+        super().__init__(file_okay=not directory, dir_okay=directory)
+        self.directory = directory
+
+    def convert(self, value, param, ctx):  # type: ignore[no-untyped-def]
+        value = super().convert(value, param, ctx)
+        reason = unwritable_reason(Path(value), self.directory)
+        if reason:
+            self.fail(f"cannot write {value}: {reason}; choose a writable place", param, ctx)
+        return value

@@ -28,6 +28,9 @@ from arcsim.units import format_bits, format_duration, format_rate, format_size,
 
 DEFAULT_TOPOLOGY = "8x8-ib100"
 
+MAX_MESSAGE_BYTES = 1e15  # 1 PB: no gradient message is larger; past it the answer is an overflow, not a time
+
+
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="arcsim")
 @click.option("--debug", is_flag=True, help="Show the full traceback on errors (read by main()).")
@@ -89,7 +92,7 @@ def topo_show(spec: str, as_json: bool) -> None:
 @click.option("--engine", type=click.Choice([*ENGINES, "both"]), default="analytic", show_default=True)
 @click.option("--compute", default="0s", show_default=True,
               help="Compute time before the collective; stragglers arrive slowdown × this (DES only).")
-@click.option("--seed", default=0, show_default=True, help="Seed for latency jitter (DES).")
+@click.option("--seed", default=0, show_default=True, type=click.IntRange(min=0), help="Seed for latency jitter (DES).")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
 def collective(topology: str, op: str, algo: str, size: str, engine: str, compute: str, seed: int,
                as_json: bool) -> None:
@@ -101,6 +104,9 @@ def collective(topology: str, op: str, algo: str, size: str, engine: str, comput
     """
     topo_obj = load_topology(topology)
     nbytes = parse_size(size)
+    if not 0 < nbytes <= MAX_MESSAGE_BYTES:
+        raise ArcsimError(f"--size {size} is {'not positive' if nbytes <= 0 else 'beyond 1 PB'}; give the bytes one "
+                          "rank sends, e.g. 100MB")
     engines = ENGINES if engine == "both" else (engine,)
     results = price_collective(topo_obj, op, algo, nbytes, engines, parse_duration(compute), seed)
     if as_json:
@@ -132,7 +138,8 @@ def collective(topology: str, op: str, algo: str, size: str, engine: str, comput
 @click.option("--density", "-d", default=0.01, show_default=True, type=float,
               help="Fraction of elements kept, in (0, 1].")
 @click.option("--memory", "-m", default="none", show_default=True, help=f"One of: {', '.join(MEMORIES)}.")
-@click.option("--seed", default=0, show_default=True, help="Seed for data, projections and random indices.")
+@click.option("--seed", default=0, show_default=True, type=click.IntRange(min=0),
+              help="Seed for data, projections and random indices.")
 @click.option("--rank", type=int, default=None, help="PowerSGD rank, or ARC-Top-K sketch columns r (default 4).")
 @click.option("--trace", default=None,
               help="A gradient trace (.npz), a known model's name (resnet50.npz: captured if missing), "

@@ -9,7 +9,7 @@ import click
 from tqdm import tqdm
 
 from arcsim.catalog import COMPRESSORS, DEFAULT_RATIOS, MEMORIES, POLICIES
-from arcsim.cli.common import console, note, number_list, scope_option, step_progress
+from arcsim.cli.common import OutputPath, console, note, number_list, scope_option, step_progress
 from arcsim.netsim import ENGINES
 
 DEFAULT_TOPOLOGY = "8x8-ib100"
@@ -37,13 +37,13 @@ DEFAULT_TOPOLOGY = "8x8-ib100"
 @click.option("--weights", default=None, help="Pick from the front by ASF with weights TIME,ERROR instead of the knee.")
 @click.option("--compute-profile", type=click.Path(), default=None,
               help="Compute timings from this profile (arcsim trace profile) instead of the trace's own.")
-@click.option("--seed", default=0, show_default=True)
+@click.option("--seed", default=0, show_default=True, type=click.IntRange(min=0))
 @click.option("--grid-steps", type=int, default=None,
               help="Trace steps for the ratio grid (default: all; the first only for large traces).")
 @click.option("--all-collectives", is_flag=True, help="Show every (compressor, collective) pair, not the best.")
-@click.option("--json", "json_out", type=click.Path(dir_okay=False), default=None, help="Write the result as JSON.")
-@click.option("--csv", "csv_out", type=click.Path(dir_okay=False), default=None, help="Write every point as CSV.")
-@click.option("--plot", "plot_dir", type=click.Path(file_okay=False), default=None, help="Write PNG charts here.")
+@click.option("--json", "json_out", type=OutputPath(), default=None, help="Write the result as JSON.")
+@click.option("--csv", "csv_out", type=OutputPath(), default=None, help="Write every point as CSV.")
+@click.option("--plot", "plot_dir", type=OutputPath(directory=True), default=None, help="Write PNG charts here.")
 @scope_option
 def run(topology: str, trace: str | None, no_capture: bool, compressors: str, density: float, memory: str | None,
         engine: str, bucket_mb: float, policy: str, slack: float, ratios: str, weights: str | None,

@@ -9,7 +9,7 @@ from typing import Any
 
 import click
 
-from arcsim.cli.common import note
+from arcsim.cli.common import OutputPath, note
 from arcsim.errors import ArcsimError
 
 SWEEP_OPTIONS = {  # option → spec key; every value is a comma list, strings may hold {a,b} groups
@@ -30,8 +30,8 @@ SWEEP_OPTIONS = {  # option → spec key; every value is a comma list, strings m
 @click.option("--bucket-mb", default=None, help="DDP bucket caps in MiB (default 25).")
 @click.option("--engine", default=None, help="analytic, des, or both (default analytic).")
 @click.option("--memory", "-m", default=None, help="Error feedback for every compressor (default ef14).")
-@click.option("--seed", default=None, type=int)
-@click.option("--out", "-o", default=None, type=click.Path(file_okay=False),
+@click.option("--seed", default=None, type=click.IntRange(min=0))
+@click.option("--out", "-o", default=None, type=OutputPath(directory=True),
               help="Results directory (default reports/sweeps/<date-time>); an existing one resumes.")
 @click.option("--scheduler", default=None, help="Run on this Dask scheduler (tcp://host:8786) instead of here.")
 @click.option("--workers", "-j", default=None, type=click.IntRange(1, 256),
@@ -89,7 +89,7 @@ def _plots(directory: Path, plot_all) -> None:
 @click.option("--kind", "-k", "kinds", multiple=True, default=("all",), show_default=True,
               type=click.Choice(["all", "heatmap", "speedup", "crossover", "breakdown"]),
               help="Which chart; repeat for several.")
-@click.option("--out", "-o", default=None, type=click.Path(file_okay=False),
+@click.option("--out", "-o", default=None, type=OutputPath(directory=True),
               help="Where the PNGs go (default: beside the results).")
 @click.option("--slack", default=0.25, show_default=True, type=click.FloatRange(min=0),
               help="Heatmap: a sparsifier competes if its error is at most Top-K's × (1 + slack).")

@@ -9,7 +9,7 @@ import click
 from rich.table import Table
 
 from arcsim.catalog import DATASETS, MODELS
-from arcsim.cli.common import Count, console, emit_json, note, step_progress
+from arcsim.cli.common import Count, OutputPath, console, emit_json, note, step_progress
 from arcsim.errors import ArcsimError
 from arcsim.files import write_atomic
 from arcsim.units import format_duration, format_size
@@ -33,10 +33,10 @@ def trace() -> None:
 @click.option("--batch", "-b", default=None, type=Count(), help="Batch per worker (default: the model's).")
 @click.option("--device", default="cpu", show_default=True, help="cpu or cuda.")
 @click.option("--dtype", type=click.Choice(["fp16", "fp32"]), default="fp16", show_default=True)
-@click.option("--seed", default=0, show_default=True)
+@click.option("--seed", default=0, show_default=True, type=click.IntRange(min=0))
 @click.option("--lr", type=float, default=None, help="SGD learning rate (default: the model's).")
 @click.option("--input-size", type=Count(), default=None, help="Image side or sequence length (synthetic data).")
-@click.option("--out", "-o", required=True, type=click.Path(dir_okay=False), help="Trace file to write (.npz).")
+@click.option("--out", "-o", required=True, type=OutputPath(), help="Trace file to write (.npz).")
 def trace_capture(model: str, dataset: str | None, workers: int, steps: int, every: int, warmup: int,
                   batch: int | None, device: str, dtype: str, seed: int, lr: float | None, input_size: int | None,
                   out: str) -> None:
@@ -63,7 +63,7 @@ def trace_capture(model: str, dataset: str | None, workers: int, steps: int, eve
 @click.option("--warmup", default="3", show_default=True, type=Count(), help="Untimed iterations first.")
 @click.option("--bf16", is_flag=True, help="bf16 autocast instead of fp32.")
 @click.option("--input-size", type=Count(), default=None, help="Image side or sequence length.")
-@click.option("--out", "-o", required=True, type=click.Path(dir_okay=False), help="Profile to write (.json).")
+@click.option("--out", "-o", required=True, type=OutputPath(), help="Profile to write (.json).")
 def trace_profile(model: str, dataset: str | None, batch: int, device: str, repeats: int, warmup: int, bf16: bool,
                   input_size: int | None, out: str) -> None:
     """Measure forward and per-layer backward timings on a device, without storing gradients."""

@@ -11,7 +11,7 @@ import click
 from rich.table import Table
 
 from arcsim.catalog import COMPRESSORS, DATASETS, MEMORIES, MODELS
-from arcsim.cli.common import Count, console, note, number_list, scope_option, step_progress
+from arcsim.cli.common import Count, OutputPath, console, note, number_list, scope_option, step_progress
 from arcsim.errors import ArcsimError
 
 
@@ -34,7 +34,7 @@ from arcsim.errors import ArcsimError
 @click.option("--compute-profile", type=click.Path(dir_okay=False), default=None,
               help="Compute timings for pricing (default: measured here on the CPU).")
 @click.option("--target", default=None, type=float, help="Held-out accuracy to reach, e.g. 0.95.")
-@click.option("--out", "-o", default=None, type=click.Path(file_okay=False),
+@click.option("--out", "-o", default=None, type=OutputPath(directory=True),
               help="Results directory (default reports/train/<model>-<dataset>-d<density>); an existing one resumes.")
 @scope_option
 def train(model: str, dataset: str, workers: int, compressors: str, density: float, memory: str, steps: int,

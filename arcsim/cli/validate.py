@@ -8,7 +8,7 @@ import click
 from rich.table import Table
 
 from arcsim.catalog import COMPRESSORS
-from arcsim.cli.common import Count, console, note
+from arcsim.cli.common import Count, OutputPath, console, note
 from arcsim.errors import ArcsimError
 from arcsim.testbed import VALIDATE_WORKER
 
@@ -27,7 +27,7 @@ def _list(text: str) -> tuple[str, ...]:
 @click.option("--density", default=0.01, show_default=True, type=float)
 @click.option("--steps", default="30", show_default=True, type=Count(), help="Timed DDP steps per compressor.")
 @click.option("--batch", default="32", show_default=True, type=Count(), help="Batch per rank.")
-@click.option("--out", default="reports", show_default=True, type=click.Path(file_okay=False))
+@click.option("--out", default="reports", show_default=True, type=OutputPath(directory=True))
 @click.option("--write-config", type=click.Path(file_okay=False), default=None,
               help="Real cluster: write DIR/config.json for the torchrun worker and print the commands.")
 @click.option("--measured", type=click.Path(file_okay=False), default=None,

@@ -19,9 +19,13 @@ import numpy as np
 import torch
 
 from arcsim.compressors.base import CompressionError
+from arcsim.processes import physical_memory_bytes
 
 KINDS = ("normal", "laplace", "t3", "correlated")
 BLOCK = 64
+
+
+BYTES_PER_ELEMENT = 16  # a step's fp32 gradients, the fp64 draw they come from, and the compressor's scratch
 
 
 def synthetic_steps(kind: str, workers: int, elements: int, steps: int, seed: int = 0, shared: float = 0.8,
@@ -37,6 +41,11 @@ def synthetic_steps(kind: str, workers: int, elements: int, steps: int, seed: in
         raise CompressionError(f"need at least 1 step (got {steps})")
     if not 0 <= shared <= 1 or spread < 0:
         raise CompressionError("shared must be in [0, 1] and spread ≥ 0")
+    need = workers * elements * BYTES_PER_ELEMENT
+    if need > 0.8 * physical_memory_bytes():
+        raise CompressionError(f"{workers} workers × {elements:,} elements need about {need / 2**30:,.0f} GiB at "
+                               f"once (more than this machine's {physical_memory_bytes() / 2**30:.0f} GiB); use "
+                               "fewer --elements or --workers")
     scales = np.random.default_rng([seed, 0xB10C]).lognormal(0.0, spread, size=-(-elements // BLOCK))
     block_scale = np.repeat(scales, BLOCK)[:elements]
     block_scale /= np.sqrt(np.mean(block_scale**2))

@@ -49,10 +49,11 @@ class TrainConfig:
         check_compression(self.compressors, self.memory, ArcsimError)
         if not 0 < self.density <= 1:
             raise ArcsimError(f"--density must lie in (0, 1], got {self.density}")
-        for name, value in (("--workers", self.workers), ("--steps", self.steps), ("--batch", self.batch),
-                            ("--eval-every", self.eval_every)):
+        for name, value in (("--steps", self.steps), ("--batch", self.batch), ("--eval-every", self.eval_every)):
             if value < 1:
                 raise ArcsimError(f"{name} must be at least 1, got {value}")
+        if self.workers < 2:
+            raise ArcsimError(f"--workers must be at least 2 for data-parallel training, got {self.workers}")
         if self.lr is not None and not self.lr > 0:
             raise ArcsimError(f"--lr must be positive, got {self.lr}")
         if not self.seeds:

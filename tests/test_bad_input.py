@@ -1,0 +1,55 @@
+"""Bad input through the real entry point: one `error:` line, exit 2, no traceback, nothing written (issue 13)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from conftest import run_cli
+
+BINARY = bytes(range(256)) * 2
+
+CASES = [
+    # (arguments, a phrase the error line must hold)
+    (["collective", "--seed=-1", "--engine", "des"], "--seed"),
+    (["collective", "--size", "0B"], "not positive"),
+    (["collective", "--size", "1e30B"], "beyond 1 PB"),
+    (["compress", "--synthetic", "normal", "-n", "1e12"], "GiB"),
+    (["train", "-w", "1", "--steps", "1"], "at least 2"),
+    (["run", "--json", "/proc/x/out.json"], "cannot write /proc/x/out.json"),
+    (["run", "--csv", "/proc/x/out.csv"], "cannot write"),
+    (["run", "--plot", "/proc/x/plots"], "cannot write"),
+    (["sweep", "-o", "/proc/x/sweep", "-b", "10Gbit"], "cannot write"),
+    (["plot", "reports", "-o", "/proc/x/plots"], "cannot write"),
+    (["train", "-o", "/proc/x/train", "--steps", "1"], "cannot write"),
+    (["trace", "capture", "--out", "/proc/x/t.npz"], "cannot write"),
+    (["trace", "profile", "--out", "/proc/x/p.json"], "cannot write"),
+    (["run", "-t", "{tmp}"], "is a directory"),
+    (["run", "-t", "{binary}"], "not a text file"),
+]
+
+
+@pytest.mark.parametrize(("args", "phrase"), CASES, ids=[" ".join(a) for a, _ in CASES])
+def test_bad_input_is_one_error_line_and_exit_2(tmp_path: Path, args: list[str], phrase: str):
+    binary = tmp_path / "binary.yaml"
+    binary.write_bytes(BINARY)
+    before = sorted(tmp_path.iterdir())
+    argv = [a.format(tmp=tmp_path, binary=binary) for a in args]
+    r = run_cli(*argv, cwd=str(tmp_path), timeout=120)
+    assert r.returncode == 2, (r.returncode, r.stderr[-2000:])
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: "), r.stderr[-2000:]
+    assert phrase in lines[0], lines[0]
+    assert "Traceback" not in r.stderr
+    assert sorted(tmp_path.iterdir()) == before  # nothing written
+
+
+def test_a_writable_output_is_probed_without_leaving_anything(tmp_path: Path):
+    from arcsim.files import unwritable_reason
+
+    assert unwritable_reason(tmp_path / "a" / "b" / "out.json", directory=False) is None
+    assert unwritable_reason(tmp_path / "new" / "dir", directory=True) is None
+    assert list(tmp_path.iterdir()) == []
+    (tmp_path / "f").write_text("x")
+    assert "is a file" in (unwritable_reason(tmp_path / "f", directory=True) or "")
+    assert "not a directory" in (unwritable_reason(tmp_path / "f" / "below.json", directory=False) or "")
