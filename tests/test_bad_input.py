@@ -26,6 +26,8 @@ CASES = [
     (["trace", "profile", "--out", "/proc/x/p.json"], "cannot write"),
     (["run", "-t", "{tmp}"], "is a directory"),
     (["run", "-t", "{binary}"], "not a text file"),
+    (["trace", "capture", "-w", "1", "--model", "mlp", "--out", "{tmp}/t.npz"], "at least 2"),
+    (["sweep", "{empty_axis}", "-o", "{tmp}/sweep"], "axis 'density' has no value"),
 ]
 
 
@@ -33,8 +35,10 @@ CASES = [
 def test_bad_input_is_one_error_line_and_exit_2(tmp_path: Path, args: list[str], phrase: str):
     binary = tmp_path / "binary.yaml"
     binary.write_bytes(BINARY)
+    empty_axis = tmp_path / "sweep.yaml"
+    empty_axis.write_text("density:\n")
     before = sorted(tmp_path.iterdir())
-    argv = [a.format(tmp=tmp_path, binary=binary) for a in args]
+    argv = [a.format(tmp=tmp_path, binary=binary, empty_axis=empty_axis) for a in args]
     r = run_cli(*argv, cwd=str(tmp_path), timeout=120)
     assert r.returncode == 2, (r.returncode, r.stderr[-2000:])
     lines = [ln for ln in r.stderr.splitlines() if ln.strip()]

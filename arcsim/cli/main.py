@@ -137,7 +137,9 @@ def collective(topology: str, op: str, algo: str, size: str, engine: str, comput
               help=f"One of: {', '.join(COMPRESSORS)}.")
 @click.option("--density", "-d", default=0.01, show_default=True, type=float,
               help="Fraction of elements kept, in (0, 1].")
-@click.option("--memory", "-m", default="none", show_default=True, help=f"One of: {', '.join(MEMORIES)}.")
+@click.option("--memory", "-m", default=None,
+              help=f"One of: {', '.join(MEMORIES)} (default: the compressor's, as arcsim run: ef14; none for "
+                   "dense and fp16).")
 @click.option("--seed", default=0, show_default=True, type=click.IntRange(min=0),
               help="Seed for data, projections and random indices.")
 @click.option("--rank", type=int, default=None, help="PowerSGD rank, or ARC-Top-K sketch columns r (default 4).")
@@ -154,11 +156,11 @@ def collective(topology: str, op: str, algo: str, size: str, engine: str, comput
 @click.option("--spread", default=1.5, show_default=True, help="correlated: log-normal spread of block scales.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
 @scope_option
-def compress(compressor: str, density: float, memory: str, seed: int, rank: int | None, trace: str | None,
+def compress(compressor: str, density: float, memory: str | None, seed: int, rank: int | None, trace: str | None,
              no_capture: bool, synthetic: str | None, workers: int, elements: int, steps: int, shared: float,
              spread: float, as_json: bool, scope: str) -> None:
     """Run a compressor with error feedback on real tensors and measure every step."""
-    from arcsim.catalog import options_for
+    from arcsim.catalog import INFO, options_for
     from arcsim.compressors import make_compressor  # torch: imported only by the commands that need it
     from arcsim.compressors.memory import make_memory
     from arcsim.compressors.session import compress_steps
@@ -167,6 +169,8 @@ def compress(compressor: str, density: float, memory: str, seed: int, rank: int 
     from arcsim.traces.synthetic import synthetic_steps
 
     comp = make_compressor(compressor, density, seed=seed, rank=rank, **options_for(compressor, {"scope": scope}))
+    if memory is None:
+        memory = INFO[compressor].default_memory if compressor in INFO else "none"
     mem = make_memory(memory)
     if trace is not None and synthetic is not None:
         raise ArcsimError("give either --trace or --synthetic, not both")

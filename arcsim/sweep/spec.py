@@ -163,6 +163,9 @@ def build_spec(raw: Mapping[str, Any], source: str = "command line") -> SweepSpe
                                 "trace": None, "compressor": ["dense", "topk", "randk", "arctopk", "star", "powersgd"],
                                 "density": 0.01, "bucket_mb": 25.0, "engine": "analytic"}
     for name in AXES:
+        if name in raw and raw[name] is None and defaults[name] is not None:
+            raise SweepError(f"{source}: axis {name!r} has no value; give one or more (e.g. {name}: "
+                             f"{_example(name, defaults[name])}) or leave it out for the default")
         given = raw.get(name, defaults[name])
         values = [None] if given is None else axis_values(given)
         if not values:
@@ -218,6 +221,10 @@ def _normalise(name: str, value: Any, source: str) -> Any:
     if name == "engine" and value not in ENGINES:
         raise SweepError(f"{where}: unknown engine {value!r}; choose analytic or des")
     return str(value)
+
+
+def _example(name: str, default: Any) -> str:
+    return ", ".join(map(str, default[:2])) if isinstance(default, list) else str(default)
 
 
 def merge(yaml_raw: Mapping[str, Any], cli: Mapping[str, Any]) -> dict[str, Any]:

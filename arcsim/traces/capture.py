@@ -61,9 +61,11 @@ class CaptureConfig:
         return shlex.join([*parts, "--out", str(self.out)])
 
     def check(self) -> None:
-        for name in ("workers", "steps", "every"):
+        for name in ("steps", "every"):
             if getattr(self, name) < 1:
                 raise ArcsimError(f"--{name} must be at least 1, got {getattr(self, name)}")
+        if self.workers < 2:
+            raise ArcsimError(f"--workers must be at least 2 (a trace compares workers' gradients), got {self.workers}")
         if self.warmup < 0:
             raise ArcsimError(f"--warmup must be ≥ 0, got {self.warmup}")
         if self.batch is not None and self.batch < 1:

@@ -315,6 +315,9 @@ def open_trace(path: str | Path) -> Trace:
     steps, workers, d = int(meta["steps"]), int(meta["workers"]), sum(la.numel for la in layers)
     if dtype not in (np.float16, np.float32) or fortran:
         raise TraceError(f"{path}: gradients must be C-ordered float16 or float32, found {dtype}")
+    if workers < 2:
+        raise TraceError(f"{path} holds {workers} worker; arcsim compares workers' gradients and needs at least 2 "
+                         "— capture it again with --workers 2 or more")
     if tuple(shape) != (steps, workers, d):
         raise TraceError(f"{path}: gradients are shaped {tuple(shape)} but metadata and the layer table say "
                          f"({steps}, {workers}, {d})")
