@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import os
 import signal
 import socket
@@ -19,6 +20,21 @@ def free_port() -> int:
 def physical_memory_bytes() -> int:
     """This machine's memory (what a request for more than that cannot get)."""
     return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+
+
+def die_with_parent(parent_pid: int) -> None:
+    """Ask the kernel to SIGTERM this process when its parent dies (Linux; a no-op elsewhere), so workers
+    never outlive a killed command; exit now if the parent is already gone."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != parent_pid:
+        os._exit(1)
+
+
+PR_SET_PDEATHSIG = 1
 
 
 def raise_interrupt(signum: int, frame: object) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -263,3 +264,64 @@ def test_sweep_rows_take_the_candidates_own_fields():
 
     names = {f.name for f in fields(Candidate)}
     assert set(CANDIDATE_COLUMNS) <= names and set(CANDIDATE_COLUMNS) <= set(RESULT_COLUMNS)
+
+
+def _children(pid: int) -> list[int]:
+    kids = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:
+            kids.append(int(stat.parent.name))
+    return kids
+
+
+def test_pool_workers_die_with_a_killed_sweep(tmp_path):
+    out = tmp_path / "s"
+    args = [sys.executable, "-m", "arcsim", "sweep", "-c", "dense,topk,randk,arctopk,star", "-d", "0.001,0.01,0.1",
+            "-b", "1Gbit,10Gbit,100Gbit", "--ranks", "8,16,32", "--engine", "analytic,des",
+            "-j", "2", "--no-plots", "-o", str(out)]
+    proc = subprocess.Popen(args, cwd=tmp_path, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 240
+    workers: list[int] = []
+    while time.monotonic() < deadline and proc.poll() is None and len(workers) < 2:
+        workers = [k for k in _children(proc.pid) if "spawn" in Path(f"/proc/{k}/cmdline").read_bytes().decode()]
+        time.sleep(0.1)
+    assert len(workers) >= 2, "the pool never started"
+    proc.kill()  # SIGKILL: no handler runs in the parent
+    proc.wait()
+    deadline = time.monotonic() + 60  # a liveness bound, not a speed goal
+    alive = workers
+    while alive and time.monotonic() < deadline:
+        alive = [w for w in workers if Path(f"/proc/{w}").exists()
+                 and Path(f"/proc/{w}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"]
+        time.sleep(0.2)
+    assert not alive, f"pool workers {alive} outlived their killed parent"
+
+
+def test_die_with_parent_ends_a_sleeping_child_when_its_parent_is_killed(tmp_path):
+    """Without the parent-death signal the grandchild would sleep 600 s; with it, it dies with its parent."""
+    code = ("import os, subprocess, sys, time\n"
+            "child = subprocess.Popen([sys.executable, '-c', 'import os, time; from arcsim.processes import "
+            "die_with_parent; die_with_parent(int(os.environ[\"P\"])); time.sleep(600)'], "
+            "env={**os.environ, 'P': str(os.getpid())})\n"
+            "print(child.pid, flush=True)\n"
+            "time.sleep(600)\n")
+    parent = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    grandchild = int(parent.stdout.readline())
+    time.sleep(1.0)  # let the grandchild register the signal
+    parent.kill()
+    parent.wait()
+    deadline = time.monotonic() + 30  # a liveness bound: the alternative is 600 s
+    while Path(f"/proc/{grandchild}").exists() and time.monotonic() < deadline:
+        state = Path(f"/proc/{grandchild}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        if state == "Z":
+            break
+        time.sleep(0.1)
+    gone = not Path(f"/proc/{grandchild}").exists() or \
+        Path(f"/proc/{grandchild}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    if not gone:
+        os.kill(grandchild, signal.SIGKILL)
+    assert gone

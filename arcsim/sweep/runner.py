@@ -16,7 +16,7 @@ from typing import Any
 
 from tqdm import tqdm
 
-from arcsim.processes import signals_interrupt
+from arcsim.processes import die_with_parent, signals_interrupt
 from arcsim.sweep.evaluate import evaluate_chunk, point_topology
 from arcsim.sweep.spec import SweepError, SweepSpec
 from arcsim.sweep.store import ResultStore
@@ -67,7 +67,7 @@ def _local(chunks: list[list[dict[str, Any]]], workers: int) -> Iterator[list[di
         for c in chunks:
             yield evaluate_chunk(c)
         return
-    pool = multiprocessing.get_context("spawn").Pool(workers, initializer=_ignore_sigint)
+    pool = multiprocessing.get_context("spawn").Pool(workers, initializer=_pool_worker, initargs=(os.getpid(),))
     try:
         yield from pool.imap_unordered(evaluate_chunk, chunks)
         pool.close()
@@ -76,8 +76,9 @@ def _local(chunks: list[list[dict[str, Any]]], workers: int) -> Iterator[list[di
         pool.join()
 
 
-def _ignore_sigint() -> None:
+def _pool_worker(parent_pid: int) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides; it terminates the pool
+    die_with_parent(parent_pid)  # and if the parent is killed outright, the workers go with it
 
 
 def connect(address: str):
