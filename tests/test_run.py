@@ -257,3 +257,15 @@ def test_the_error_estimate_is_named_by_which_way_the_rank_count_differs(topolog
     notes = " ".join(analysis._assumptions())
     assert word in notes
     assert ("upper estimate" if word == "lower estimate" else "lower estimate") not in notes
+
+
+def test_a_compressor_off_its_requested_density_is_said_once():
+    from arcsim.run.analysis import density_notes
+    from arcsim.run.candidates import Candidate
+
+    def cand(name: str, asked: float | None, got: float, collective: str = "ring") -> Candidate:
+        return Candidate(name, collective, asked, "ef14", "allreduce", 1, 1, 0, 0, 0, 0, 0, 1, got, 4)
+
+    notes = density_notes([cand("arctopk", 0.01, 0.022), cand("arctopk", 0.01, 0.022, "tree"),
+                           cand("topk", 0.01, 0.0105), cand("dense", None, 1.0)])
+    assert len(notes) == 1 and "arctopk reached density 0.022 where 0.01 was asked" in notes[0]

@@ -325,3 +325,11 @@ def test_die_with_parent_ends_a_sleeping_child_when_its_parent_is_killed(tmp_pat
     if not gone:
         os.kill(grandchild, signal.SIGKILL)
     assert gone
+
+
+def test_the_point_count_says_why_it_is_below_the_product_of_the_axes():
+    spec = build_spec({"compressor": "dense,topk", "density": "0.01,0.1", "bandwidth": "10Gbit,100Gbit"})
+    points = spec.points()
+    assert len(points) == 6  # dense once per bandwidth, topk twice
+    assert "8 combinations, 2 fewer points" in spec.count_note(len(points))
+    assert build_spec({"compressor": "topk", "density": "0.01,0.1"}).count_note(2) == ""

@@ -57,6 +57,8 @@ def sweep(spec_file: str | None, out: str | None, scheduler: str | None, workers
         return
     directory = Path(out or spec.out or f"reports/sweeps/{datetime.datetime.now():%Y%m%d-%H%M%S}")
     note(f"sweep of {_points(len(points))} ({spec.describe()}) → {directory}")
+    if spec.count_note(len(points)):
+        note(spec.count_note(len(points)))
     started = time.perf_counter()
     outcome = run_sweep(spec, directory, scheduler=scheduler, workers=workers, announce=note)
     took = time.perf_counter() - started

@@ -96,6 +96,20 @@ class RunResult:
     timings: dict[str, float] = field(default_factory=dict)
 
 
+def density_notes(cands: list[Candidate], tolerance: float = 0.2) -> list[str]:
+    """One line per compressor whose achieved density is off the requested one by more than ``tolerance``."""
+    notes, seen = [], set()
+    for c in cands:
+        if c.density is None or c.compressor in seen or abs(c.density_achieved / c.density - 1) <= tolerance:
+            continue
+        seen.add(c.compressor)
+        why = {"arctopk": "whole rows, at least one per layer", "gaussiank": "a threshold, not an exact k",
+               "adaptive": "k varies per step around the budget"}.get(c.compressor, "at least one element per layer")
+        notes.append(f"{c.compressor} reached density {c.density_achieved:.3g} where {c.density:g} was asked "
+                     f"({why}); its bytes and error are at what it reached")
+    return notes
+
+
 class Analysis:
     """Measures compressors on the trace once per (compressor, density) and prices them on demand."""
 
@@ -181,7 +195,7 @@ class Analysis:
         grid = self._grid(dense)
         policy = self._policy(cands) if cfg.policy == "auto" else None
         return RunResult(cfg, self.ctx, cands, dense, policy, self._pareto(grid), self._crossover(cands, grid),
-                         self._assumptions())
+                         self._assumptions() + density_notes(cands))
 
     # -- decisions (arcsim/run/decisions.py) ------------------------------------------------------------
     def _policy(self, cands: list[Candidate]) -> decisions.Policy:

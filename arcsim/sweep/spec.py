@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
+import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -122,6 +123,14 @@ class SweepSpec:
                 seen.add(p["point_id"])
                 pts.append(p)
         return pts
+
+    def count_note(self, points: int) -> str:
+        """Why the point count is below the product of the axes (empty when it is not)."""
+        product = math.prod(len(v) for v in self.axes.values())
+        if points >= product:
+            return ""
+        return (f"{product:,} combinations, {product - points:,} fewer points: "
+                f"{', '.join(DENSITY_FREE)} do not depend on the density, so each appears once per other setting")
 
     def describe(self) -> str:
         """What was swept, for titles: the axes with more than one value."""
