@@ -101,10 +101,10 @@ def cuda_median(fn, repeats: int) -> tuple[float, float]:
     return statistics.median(events), statistics.median(host)
 
 
-def resnet50_buckets() -> list[tuple[int, tuple]]:
-    """ResNet-50's parameters in reverse registration order (≈ backward order) packed into 25 MB buckets."""
-    entry = model_entry("resnet50")
-    model = entry.build(make_dataset("synthetic-images").spec)
+def model_buckets(name: str) -> list[tuple[int, tuple]]:
+    """A zoo model's parameters in reverse registration order (≈ backward order) packed into 25 MB buckets."""
+    entry = model_entry(name)
+    model = entry.build(make_dataset(COMPUTE_CASES.get(name, entry.default_dataset)).spec)
     params = [tuple(p.shape) for p in model.parameters()][::-1]
     buckets, current, size = [], [], 0
     for shape in params:
@@ -127,23 +127,23 @@ def _numel(shape: tuple) -> int:
     return n
 
 
-def compress_part(out: Path, repeats: int) -> None:
+def compress_part(out: Path, repeats: int, models: list[str], densities: tuple[float, ...], flat: bool) -> None:
     dev = torch.device("cuda")
     gen = torch.Generator(device=dev).manual_seed(0)
-    cases = [(f"flat-{d}", d, None) for d in FLAT_SIZES]
-    cases += [(f"resnet50-bucket{i}", d, layout) for i, (d, layout) in enumerate(resnet50_buckets())]
+    cases = [(f"flat-{d}", d, None) for d in FLAT_SIZES] if flat else []
+    cases += [(f"{m}-bucket{i}", d, layout) for m in models for i, (d, layout) in enumerate(model_buckets(m))]
     rows, primitives = [], []
     for label, d, layout in cases:
         x = torch.randn(1, d, device=dev, generator=gen)
         read, _ = cuda_median(lambda x=x: x.abs().amax(), repeats)
         copy, _ = cuda_median(lambda x=x: x.clone(), repeats)
-        for rho in DENSITIES:
+        for rho in densities:
             k = max(1, int(rho * d))
             topk, _ = cuda_median(lambda x=x, k=k: x[0].abs().topk(k, sorted=False), repeats)
             primitives.append({"case": label, "numel": d, "density": rho, "read_ms": read * 1e3,
                                "copy_ms": copy * 1e3, "topk_ms": topk * 1e3})
             for name in COMPRESSORS:
-                if name in ("dense", "fp16") and rho != DENSITIES[1]:
+                if name in ("dense", "fp16") and rho != densities[len(densities) // 2]:
                     continue
                 roles = [("", False)] if name != "star" else [("leader", True), ("other", False)]
                 scopes = ("tensor", "bucket") if layout is not None and "scope" in INFO[name].options else (None,)
@@ -170,7 +170,8 @@ def compress_part(out: Path, repeats: int) -> None:
                     print(f"compress {label:18s} {name:9s} {variant:13s} ρ={rho:<5} {ev * 1e3:8.3f} ms", flush=True)
         del x
         torch.cuda.empty_cache()
-    write(out / "compress_times.json", {"environment": environment(), "repeats": repeats,
+    stem = "compress_times" if models == ["resnet50"] else f"compress_times-{'-'.join(models)}"
+    write(out / f"{stem}.json", {"models": models,"environment": environment(), "repeats": repeats,
                                         "method": "CUDA events around Compressor.compress on one rank "
                                                   "(SoloComm, P = 8), median after one warm-up call",
                                         "primitives": primitives, "compressors": rows})
@@ -286,6 +287,9 @@ def main() -> None:
     ap.add_argument("--parts", default="compute,compress,ddp")
     ap.add_argument("--batches", default="32,64")
     ap.add_argument("--repeats", type=int, default=20)
+    ap.add_argument("--models", default="resnet50", help="compress: zoo models whose DDP buckets are timed")
+    ap.add_argument("--densities", default=",".join(map(str, DENSITIES)))
+    ap.add_argument("--no-flat", action="store_true", help="compress: skip the flat vectors")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         sys.exit("error: no CUDA device; this benchmark measures a GPU")
@@ -294,7 +298,8 @@ def main() -> None:
     if "compute" in parts:
         compute_part(args.out, [int(b) for b in args.batches.split(",")])
     if "compress" in parts:
-        compress_part(args.out, args.repeats)
+        compress_part(args.out, args.repeats, args.models.split(","),
+                      tuple(float(d) for d in args.densities.split(",")), not args.no_flat)
     if "roofline" in parts:
         roofline_part(args.out, args.repeats)
     if "ddp" in parts:
