@@ -285,3 +285,17 @@ def test_info_json_reports_statistics():
     for s in info["steps"]:
         assert -1 <= s["cosine_min"] <= s["cosine_mean"] <= s["cosine_max"] <= 1
         assert 0 <= s["agreement"] <= 1 + 1e-9  # ‖mean‖² ≤ mean ‖g_w‖² (Cauchy–Schwarz)
+
+
+def test_negative_or_nonfinite_timings_are_refused_when_read(tmp_path):
+    path = _write(tmp_path / "t.npz", np.ones((2, 2, 8), dtype=np.float32))
+    _replace_member(path, "ready_s.npy", _npy(np.array([[0.01, -0.02], [0.01, 0.02]])))
+    with pytest.raises(TraceError, match="ready_s holds negative or non-finite times"):
+        open_trace(path)
+
+
+def test_a_trace_of_zero_gradients_is_one_error_line_not_error_zero(tmp_path):
+    path = _write(tmp_path / "zero.npz", np.zeros((2, 2, 64), dtype=np.float32))
+    r = run_cli("run", "--trace", str(path), "-c", "topk", "--ratios", "0.1", cwd=str(tmp_path))
+    assert r.returncode == 2, r.stderr[-1500:]
+    assert r.stderr.strip().splitlines()[-1].startswith("error: every gradient in zero.npz is zero")

@@ -185,6 +185,9 @@ class Analysis:
     def _run(self) -> RunResult:
         cfg = self.cfg
         dense_meas = self.measurement("dense", 1.0)
+        if not any(r > 0 for step in dense_meas.ref2 for r in step):
+            raise RunError(f"every gradient in {self.trace.path.name} is zero, so no compressor's error can be "
+                           "measured; capture the trace from a model that is training")
         # the baseline a user would run: dense fp32 on its fastest collective (the ring ratio stays as an extra)
         dense = min(candidates_for(dense_meas, self.ctx, self.pricer), key=lambda c: c.iteration_s)
         self.dense_ring = evaluate(dense_meas, self._dense_algo(), self.ctx, self.pricer)

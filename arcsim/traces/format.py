@@ -328,6 +328,11 @@ def open_trace(path: str | Path) -> Trace:
     for name, want in expected.items():
         if small[name].shape != want:
             raise TraceError(f"{path}: {name} is shaped {small[name].shape}, expected {want}")
+    for name in ("forward_s", "backward_s", "ready_s"):
+        times = small[name]
+        if not (np.isfinite(times).all() and (times >= 0).all()):
+            raise TraceError(f"{path}: {name} holds negative or non-finite times; a compute timing cannot be — "
+                             "capture the trace again")
     if info.file_size != header_end + steps * workers * d * np.dtype(dtype).itemsize:
         raise TraceError(f"{path}: the gradients member holds {info.file_size} bytes, not what its shape "
                          f"{tuple(shape)} needs; the file is truncated or corrupt")
