@@ -221,7 +221,7 @@ def test_bad_traces_are_one_line_exit_2(tmp_path, kind, fragment):
     (("--model", "alexnet"), "unknown model 'alexnet'; choose one of: mlp, mlp_wide, cnn"),
     (("--model", "cnn", "--dataset", "imagenet"), "unknown dataset 'imagenet'"),
     (("--model", "gpt2_small", "--dataset", "digits"), "takes tokens data, not image"),
-    (("--model", "mlp", "--workers", "0"), "--workers must be at least 1"),
+    (("--model", "mlp", "--workers", "0"), "--workers must be at least 2"),
     (("--model", "mlp", "--out", "x.zip"), "must end in .npz"),
     (("--model", "cnn", "--device", "tpu"), "unknown device 'tpu'"),
 ])
