@@ -121,7 +121,7 @@ class ArcTopK(Compressor):
         d = x.shape[1]
         rows = self.rows_for(layout or flat_layout(d), x.device)
         scores = self.scores(x, rows, comm, step)
-        rho = self.density if density is None else density
+        rho = self.rho(density)
         if self.scope == "tensor":
             keep = torch.cat([first + torch.topk(scores[first:first + n], max(1, int(rho * n))).indices
                               for first, n in rows.layer_rows])

@@ -19,34 +19,28 @@ import torch
 from arcsim.comm import Communicator
 from arcsim.compressors.base import (
     Compressed,
-    Compressor,
     Layer,
+    ScopedCompressor,
     SparseContribution,
-    check_scope,
-    selection_groups,
+    group_k,
     shared_aggregate,
     topk_indices,
 )
 
 
-class _LeaderTopK(Compressor):
-
-    def __init__(self, density: float = 0.01, seed: int = 0, scope: str = "tensor") -> None:
-        super().__init__(density, seed)
-        self.scope = check_scope(scope)
-
+class _LeaderTopK(ScopedCompressor):
     def leader(self, x: torch.Tensor, comm: Communicator, step: int) -> int:
         raise NotImplementedError
 
     def compress(self, x: torch.Tensor, comm: Communicator, step: int,
                  layout: tuple[Layer, ...] | None = None, density: float | None = None) -> Compressed:
         d = x.shape[1]
-        rho = self.density if density is None else density
-        groups = selection_groups(d, layout, self.scope)
+        rho = self.rho(density)
+        groups = self.groups(d, layout)
         leader = self.leader(x, comm, step)
         row = comm.local_index(leader)
         if row is None:  # the broadcast's receive buffer: the same length on every rank
-            k_total = sum(max(1, min(n, int(rho * n))) for _, n in groups)
+            k_total = sum(group_k(n, rho) for _, n in groups)
             mine = torch.zeros(1, k_total, dtype=torch.int32, device=x.device)
         else:
             mine = topk_indices(x[row:row + 1], groups, rho).to(torch.int32)

@@ -172,9 +172,13 @@ class Compressor(ABC):
     def all_reduce_compatible(self) -> bool:
         return self.info.all_reduce_compatible
 
+    def rho(self, density: float | None) -> float:
+        """The density of this call: ``density`` when the caller overrides it, else the compressor's own."""
+        return self.density if density is None else density
+
     def k_for(self, d: int, density: float | None = None) -> int:
         """Elements to keep: max(1, ⌊ρ·d⌋)."""
-        return group_k(d, self.density if density is None else density)
+        return group_k(d, self.rho(density))
 
     def observe_gradient(self, g: torch.Tensor) -> None:  # noqa: B027 (optional hook, no-op by default)
         """The raw local gradient of this step, before error feedback (default: not needed)."""
@@ -191,6 +195,18 @@ class Compressor(ABC):
         out = self.compress(x, comm, step, layout, density)
         agg = out.aggregate[0]
         return [agg[layer.offset:layer.offset + layer.numel].view(layer.shape) for layer in layout], out
+
+
+class ScopedCompressor(Compressor):
+    """A top-k family member that picks k per layer (``scope="tensor"``) or per bucket (``"bucket"``)."""
+
+    def __init__(self, density: float = 0.01, seed: int = 0, scope: str = "tensor") -> None:
+        super().__init__(density, seed)
+        self.scope = check_scope(scope)
+
+    def groups(self, d: int, layout: tuple[Layer, ...] | None) -> list[tuple[int, int]]:
+        """(offset, numel) of each part that gets its own k under this compressor's scope."""
+        return selection_groups(d, layout, self.scope)
 
 
 def flatten_layers(tensors: list[torch.Tensor]) -> tuple[torch.Tensor, tuple[Layer, ...]]:

@@ -18,12 +18,10 @@ import torch
 from arcsim.comm import Communicator
 from arcsim.compressors.base import (
     Compressed,
-    Compressor,
     Layer,
+    ScopedCompressor,
     SparseContribution,
-    check_scope,
     group_k,
-    selection_groups,
     sparse_aggregate,
 )
 
@@ -52,12 +50,8 @@ def gaussian_threshold(row: torch.Tensor, k: int, z: float) -> torch.Tensor:
     return evaluated
 
 
-class GaussianK(Compressor):
+class GaussianK(ScopedCompressor):
     name = "gaussiank"
-
-    def __init__(self, density: float = 0.01, seed: int = 0, scope: str = "tensor") -> None:
-        super().__init__(density, seed)
-        self.scope = check_scope(scope)
 
     def picks(self, row: torch.Tensor, groups: list[tuple[int, int]], density: float) -> torch.Tensor:
         """Indices one worker selects (ascending within each group)."""
@@ -71,8 +65,8 @@ class GaussianK(Compressor):
 
     def compress(self, x: torch.Tensor, comm: Communicator, step: int,
                  layout: tuple[Layer, ...] | None = None, density: float | None = None) -> Compressed:
-        rho = self.density if density is None else density
-        groups = selection_groups(x.shape[1], layout, self.scope)
+        rho = self.rho(density)
+        groups = self.groups(x.shape[1], layout)
         picks = [self.picks(x[w], groups, rho) for w in range(x.shape[0])]
         counts = torch.tensor([[p.numel()] for p in picks], dtype=torch.int32, device=x.device)
         width = max(1, int(comm.all_gather(counts, tag="counts").max()))

@@ -24,10 +24,17 @@ Observer = Callable[[torch.Tensor, Compressed], None]
 class Memory(ABC):
     name: str
 
-    @abstractmethod
     def step(self, g: torch.Tensor, compressor: Compressor, comm: Communicator, step: int,
              layout: tuple[Layer, ...] | None = None, observe: Observer | None = None) -> torch.Tensor:
-        """Compress this step's gradients g [W, d]; return the update [1, d] every worker applies."""
+        """Compress this step's gradients g [W, d]; return the update [1, d] every worker applies. The
+        compressor sees the raw gradient first (``observe_gradient``), whatever the memory then sends."""
+        compressor.observe_gradient(g)
+        return self._step(g, compressor, comm, step, layout, observe)
+
+    @abstractmethod
+    def _step(self, g: torch.Tensor, compressor: Compressor, comm: Communicator, step: int,
+              layout: tuple[Layer, ...] | None, observe: Observer | None) -> torch.Tensor:
+        """This memory's rule for one step."""
 
     def residual(self) -> torch.Tensor | None:
         """What the memory kept after the last step (u − contribution), per local worker."""
@@ -37,8 +44,7 @@ class Memory(ABC):
 class NoMemory(Memory):
     name = "none"
 
-    def step(self, g, compressor, comm, step, layout=None, observe=None):
-        compressor.observe_gradient(g)
+    def _step(self, g, compressor, comm, step, layout, observe):
         out = compressor.compress(g, comm, step, layout)
         if observe:
             observe(g, out)
@@ -51,10 +57,9 @@ class EF14(Memory):
     def __init__(self) -> None:
         self.error: torch.Tensor | None = None
 
-    def step(self, g, compressor, comm, step, layout=None, observe=None):
+    def _step(self, g, compressor, comm, step, layout, observe):
         if self.error is None:
             self.error = torch.zeros_like(g, dtype=torch.float32)
-        compressor.observe_gradient(g)
         u = self.error.add_(g)  # u = g + e, in place
         out = compressor.compress(u, comm, step, layout)
         if observe:
@@ -77,8 +82,7 @@ class EF21(Memory):
     def target(self, g: torch.Tensor) -> torch.Tensor:
         return g.float()
 
-    def step(self, g, compressor, comm, step, layout=None, observe=None):
-        compressor.observe_gradient(g)
+    def _step(self, g, compressor, comm, step, layout, observe):
         v = self.last_target = self.target(g)
         if self.h is None:  # first step: dense, so h starts at the true gradient
             self.h = v.clone()

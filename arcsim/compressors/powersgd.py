@@ -121,7 +121,7 @@ class PowerSGD(Compressor):
     def compress(self, x: torch.Tensor, comm: Communicator, step: int,
                  layout: tuple[Layer, ...] | None = None, density: float | None = None) -> Compressed:
         w, d = x.shape
-        rho = self.density if density is None else density
+        rho = self.rho(density)
         matrices, plain = self.split(layout or flat_layout(d), rho)
         ranks = [self.rank_for(mat, rho) for mat in matrices]
         views = [x[:, mat.offset:mat.offset + mat.n * mat.m].reshape(w, mat.n, mat.m).float() for mat in matrices]

@@ -15,22 +15,19 @@ import torch
 from arcsim.comm import Communicator
 from arcsim.compressors.base import (
     Compressed,
-    Compressor,
     Layer,
+    ScopedCompressor,
     SparseContribution,
-    check_scope,
     group_k,
-    selection_groups,
     shared_aggregate,
 )
 
 
-class RandK(Compressor):
+class RandK(ScopedCompressor):
     name = "randk"
 
     def __init__(self, density: float = 0.01, seed: int = 0, scope: str = "tensor", unbiased: bool = False) -> None:
-        super().__init__(density, seed)
-        self.scope = check_scope(scope)
+        super().__init__(density, seed, scope)
         self.unbiased = bool(unbiased)
 
     def indices(self, groups: list[tuple[int, int]], density: float, step: int,
@@ -49,8 +46,8 @@ class RandK(Compressor):
     def compress(self, x: torch.Tensor, comm: Communicator, step: int,
                  layout: tuple[Layer, ...] | None = None, density: float | None = None) -> Compressed:
         d = x.shape[1]
-        rho = self.density if density is None else density
-        idx, scale = self.indices(selection_groups(d, layout, self.scope), rho, step, x.device)
+        rho = self.rho(density)
+        idx, scale = self.indices(self.groups(d, layout), rho, step, x.device)
         vals = x.index_select(1, idx).float()
         if self.unbiased:
             vals = vals * scale

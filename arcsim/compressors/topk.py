@@ -11,27 +11,21 @@ import torch
 from arcsim.comm import Communicator
 from arcsim.compressors.base import (
     Compressed,
-    Compressor,
     Layer,
+    ScopedCompressor,
     SparseContribution,
-    check_scope,
-    selection_groups,
     sparse_aggregate,
     topk_indices,
 )
 
 
-class TopK(Compressor):
+class TopK(ScopedCompressor):
     name = "topk"
-
-    def __init__(self, density: float = 0.01, seed: int = 0, scope: str = "tensor") -> None:
-        super().__init__(density, seed)
-        self.scope = check_scope(scope)
 
     def compress(self, x: torch.Tensor, comm: Communicator, step: int,
                  layout: tuple[Layer, ...] | None = None, density: float | None = None) -> Compressed:
-        rho = self.density if density is None else density
-        idx = topk_indices(x, selection_groups(x.shape[1], layout, self.scope), rho)
+        rho = self.rho(density)
+        idx = topk_indices(x, self.groups(x.shape[1], layout), rho)
         vals = x.gather(1, idx).float()
         gathered_vals = comm.all_gather(vals, tag="values")
         gathered_idx = comm.all_gather(idx.to(torch.int32), tag="indices")

@@ -96,6 +96,12 @@ class RunResult:
     timings: dict[str, float] = field(default_factory=dict)
 
 
+def _set_speedups(c: Candidate, dense: Candidate, ring: Candidate) -> None:
+    """Speed-up against dense on its fastest collective, and against dense over a flat ring (an extra)."""
+    c.speedup_vs_dense = dense.iteration_s / c.iteration_s
+    c.speedup_vs_dense_ring = ring.iteration_s / c.iteration_s
+
+
 def density_notes(cands: list[Candidate], tolerance: float = 0.2) -> list[str]:
     """One line per compressor whose achieved density is off the requested one by more than ``tolerance``."""
     notes, seen = [], set()
@@ -190,12 +196,12 @@ class Analysis:
                            "measured; capture the trace from a model that is training")
         # the baseline a user would run: dense fp32 on its fastest collective (the ring ratio stays as an extra)
         dense = min(candidates_for(dense_meas, self.ctx, self.pricer), key=lambda c: c.iteration_s)
-        self.dense_ring = evaluate(dense_meas, self._dense_algo(), self.ctx, self.pricer)
+        ring = evaluate(dense_meas, self._dense_algo(), self.ctx, self.pricer)
         cands = [c for name in cfg.compressors
                  for c in candidates_for(self.measurement(name, cfg.density), self.ctx, self.pricer)]
         for c in [*cands, dense]:
-            self._speedups(c, dense)
-        grid = self._grid(dense)
+            _set_speedups(c, dense, ring)
+        grid = self._grid(dense, ring)
         policy = self._policy(cands) if cfg.policy == "auto" else None
         return RunResult(cfg, self.ctx, cands, dense, policy, self._pareto(grid), self._crossover(cands, grid),
                          self._assumptions() + density_notes(cands))
@@ -204,13 +210,13 @@ class Analysis:
     def _policy(self, cands: list[Candidate]) -> decisions.Policy:
         return decisions.policy(cands, self.ctx, self.cfg.slack)
 
-    def _grid(self, dense: Candidate) -> list[Candidate]:
+    def _grid(self, dense: Candidate, ring: Candidate) -> list[Candidate]:
         points = [dense]
         for name in self.cfg.compressors:
             ratios = self.cfg.ratios if not INFO[name].density_free else (1.0,)
             for r in ratios:
                 for c in candidates_for(self.measurement(name, r, grid=True), self.ctx, self.pricer):
-                    self._speedups(c, dense)
+                    _set_speedups(c, dense, ring)
                     points.append(c)
         return points
 
@@ -220,10 +226,6 @@ class Analysis:
     def _crossover(self, cands: list[Candidate], grid: list[Candidate]) -> decisions.Crossover:
         return decisions.crossover(self.cfg.compressors, self.cfg.density, self.cfg.ratios, grid, self.ctx,
                                    self.measurement)
-
-    def _speedups(self, c: Candidate, dense: Candidate) -> None:
-        c.speedup_vs_dense = dense.iteration_s / c.iteration_s
-        c.speedup_vs_dense_ring = self.dense_ring.iteration_s / c.iteration_s
 
     def _dense_algo(self) -> str:
         return "measured" if "allreduce" in self.topo.calibration else "ring"

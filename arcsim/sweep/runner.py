@@ -3,7 +3,6 @@ appending rows as chunks finish (resumable), with a progress bar."""
 
 from __future__ import annotations
 
-import contextlib
 import math
 import multiprocessing
 import os
@@ -133,20 +132,18 @@ def run_sweep(spec: SweepSpec, out: Path, scheduler: str | None = None, workers:
     workers = max(1, min(workers or os.cpu_count() or 1, len(todo)))
     chunks = chunk_points(todo, workers)
     source = _dask(chunks, client) if client is not None else _local(chunks, workers)
-    stack = contextlib.ExitStack()
-    stack.enter_context(signals_interrupt(signal.SIGTERM))
     bar = tqdm(total=len(points), initial=outcome.already_done, desc="sweep", unit="point", disable=None,
                file=sys.stderr, smoothing=0.1)
     try:
-        for rows in source:
-            store.append(rows)
-            outcome.computed += len(rows)
-            bar.update(len(rows))
+        with signals_interrupt(signal.SIGTERM):
+            for rows in source:
+                store.append(rows)
+                outcome.computed += len(rows)
+                bar.update(len(rows))
     except KeyboardInterrupt:
         outcome.interrupted = True
     finally:
         bar.close()
-        stack.close()
         if hasattr(source, "close"):
             source.close()  # terminates the pool or cancels the Dask futures
     return outcome

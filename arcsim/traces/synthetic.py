@@ -41,10 +41,10 @@ def synthetic_steps(kind: str, workers: int, elements: int, steps: int, seed: in
         raise CompressionError(f"need at least 1 step (got {steps})")
     if not 0 <= shared <= 1 or spread < 0:
         raise CompressionError("shared must be in [0, 1] and spread ≥ 0")
-    need = workers * elements * BYTES_PER_ELEMENT
-    if need > 0.8 * physical_memory_bytes():
+    need, have = workers * elements * BYTES_PER_ELEMENT, physical_memory_bytes()
+    if need > 0.8 * have:
         raise CompressionError(f"{workers} workers × {elements:,} elements need about {need / 2**30:,.0f} GiB at "
-                               f"once (more than this machine's {physical_memory_bytes() / 2**30:.0f} GiB); use "
+                               f"once (more than this machine's {have / 2**30:.0f} GiB); use "
                                "fewer --elements or --workers")
     scales = np.random.default_rng([seed, 0xB10C]).lognormal(0.0, spread, size=-(-elements // BLOCK))
     block_scale = np.repeat(scales, BLOCK)[:elements]
