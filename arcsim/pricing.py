@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
 import numpy as np
@@ -53,7 +54,9 @@ def start_times(topo: Topology, compute_s: float) -> np.ndarray:
 
 
 def price_collective(topo: Topology, op: str, algo: str, nbytes: float, engines: tuple[str, ...],
-                     compute_s: float = 0.0, seed: int = 0) -> list[CollectiveResult]:
+                     compute_s: float = 0.0, seed: int = 0,
+                     progress: Callable[[str, float, float], None] | None = None) -> list[CollectiveResult]:
+    """Every (algorithm, engine) asked for; ``progress(algorithm, fraction, events)`` follows long DES runs."""
     op = normalize_op(op)
     for engine in engines:
         if engine not in ENGINES:
@@ -70,7 +73,8 @@ def price_collective(topo: Topology, op: str, algo: str, nbytes: float, engines:
     for name in algos:
         schedule = build(op, name, nbytes, topo)
         for engine in engines:
-            est = estimate(schedule, topo, engine, start_times=arrivals, seed=seed)
+            follow = None if progress is None else (lambda done, events, name=name: progress(name, done, events))
+            est = estimate(schedule, topo, engine, start_times=arrivals, seed=seed, progress=follow)
             algbw = nbytes / est.time_s if est.time_s > 0 else float("inf")
             results.append(CollectiveResult(
                 topology=topo.name, op=op, algo=name, engine=engine, ranks=topo.ranks, bytes=float(nbytes),

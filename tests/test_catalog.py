@@ -43,7 +43,7 @@ def test_each_descriptor_matches_its_compressor_class():
 
 def test_network_commands_do_not_import_torch():
     code = ("import sys; from arcsim.cli import cli; "
-            "cli.main(['collective', '--json'], standalone_mode=False); assert 'torch' not in sys.modules")
+            "cli.main(['collective', '--json', '-'], standalone_mode=False); assert 'torch' not in sys.modules")
     subprocess.run([sys.executable, "-c", code], check=True, capture_output=True)
 
 

@@ -14,7 +14,7 @@ STEP_KEYS = {"density_achieved", "rel_error", "energy_captured", "bytes_per_rank
 
 
 def invoke(*args):
-    result = CliRunner().invoke(cli, ["compress", *args, "--json"])
+    result = CliRunner().invoke(cli, ["compress", *args, "--json", "-"])
     assert result.exit_code == 0, result.output
     return json.loads(result.output)
 

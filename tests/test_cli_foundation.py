@@ -14,7 +14,7 @@ KEYS = {"op", "algo", "engine", "ranks", "bytes", "time_s", "algbw_Bps", "busbw_
 
 def test_collective_json_single_engine():
     r = run_cli("collective", "--topology", "8x1-eth10", "--op", "allreduce", "--algo", "ring",
-                "--size", "100MB", "--json")
+                "--size", "100MB", "--json", "-")
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
     assert set(out) >= KEYS
@@ -25,7 +25,7 @@ def test_collective_json_single_engine():
 
 def test_collective_json_both_engines_is_a_list():
     r = run_cli("collective", "-t", "4x8-roce100", "--op", "allgather", "--algo", "hierarchical",
-                "--size", "64MiB", "--engine", "both", "--json")
+                "--size", "64MiB", "--engine", "both", "--json", "-")
     assert r.returncode == 0, r.stderr
     rows = json.loads(r.stdout)
     assert [row["engine"] for row in rows] == ["analytic", "des"]
@@ -35,27 +35,27 @@ def test_collective_json_both_engines_is_a_list():
 
 
 def test_auto_reports_its_choice_and_all_lists_every_algorithm():
-    auto = json.loads(run_cli("collective", "--json").stdout)
-    every = json.loads(run_cli("collective", "--algo", "all", "--json").stdout)
+    auto = json.loads(run_cli("collective", "--json", "-").stdout)
+    every = json.loads(run_cli("collective", "--algo", "all", "--json", "-").stdout)
     assert auto["auto"] is True
     assert auto["time_s"] == pytest.approx(min(row["time_s"] for row in every))
     assert {row["algo"] for row in every} == {"ring", "tree", "rhd", "rd", "hierarchical"}
 
 
 def test_every_preset_op_and_algorithm_answers_with_both_engines():
-    listing = json.loads(run_cli("topo", "list", "--json").stdout)
+    listing = json.loads(run_cli("topo", "list", "--json", "-").stdout)
     names = [t["name"] for t in listing if t["ranks"] <= 128]  # 1,024 ranks are covered in test_engines
     for name in names:
         for op in ("allreduce", "allgather", "broadcast", "reducescatter"):
             r = run_cli("collective", "-t", name, "--op", op, "--algo", "all", "--engine", "both",
-                        "--size", "1MB", "--json")
+                        "--size", "1MB", "--json", "-")
             assert r.returncode == 0, (name, op, r.stderr)
             rows = json.loads(r.stdout)
             assert all(row["time_s"] > 0 for row in rows)
 
 
 def test_topo_show_json_and_table():
-    r = run_cli("topo", "show", "8x8-ib400x8", "--json")
+    r = run_cli("topo", "show", "8x8-ib400x8", "--json", "-")
     info = json.loads(r.stdout)
     assert info["ranks"] == 64 and info["network"]["nics_per_node"] == 8
     assert info["network"]["bandwidth_per_nic_Bps"] == pytest.approx(50e9)
@@ -101,7 +101,7 @@ def test_debug_shows_the_traceback():
 
 def test_straggler_example_shows_in_the_des_only():
     rows = json.loads(run_cli("collective", "-t", STRAGGLER, "--algo", "ring",
-                              "--engine", "both", "--compute", "40ms", "--json").stdout)
+                              "--engine", "both", "--compute", "40ms", "--json", "-").stdout)
     analytic, des = rows
     assert des["time_s"] >= analytic["time_s"] + 0.5 * 0.040 * 0.999
 
@@ -110,3 +110,65 @@ def test_help_mentions_unit_conventions():
     r = run_cli("collective", "--help")
     assert r.returncode == 0 and "MiB = 2^20" in r.stdout and "MB = 10^6" in r.stdout
     assert parse_size("1MiB") == 2**20
+
+
+COMPUTING = [("collective",), ("compress",), ("run",), ("sweep",), ("plot",), ("train",), ("calibrate",),
+             ("validate",), ("trace", "info"), ("topo", "list"), ("topo", "show")]
+
+
+@pytest.mark.parametrize("path", COMPUTING, ids=" ".join)
+def test_every_computing_command_takes_json_file_or_dash(path):
+    from arcsim.cli.common import JsonTarget
+    from arcsim.cli.main import cli
+
+    command = cli
+    for name in path:
+        command = command.commands[name]  # type: ignore[attr-defined]
+    option = next(o for o in command.params if o.name == "json_out")
+    assert isinstance(option.type, JsonTarget) and option.type.convert("-", None, None) == "-"
+
+
+def test_json_dash_is_pure_json_on_stdout_and_quiet_silences_stderr(tmp_path):
+    r = run_cli("--quiet", "collective", "--engine", "both", "--json", "-")
+    assert r.returncode == 0 and r.stderr == ""
+    assert {row["engine"] for row in json.loads(r.stdout)} == {"analytic", "des"}
+    r = run_cli("collective", "--json", str(tmp_path / "c.json"))
+    assert "allreduce" in r.stdout and json.loads((tmp_path / "c.json").read_text())["op"] == "allreduce"
+    assert f"wrote {tmp_path / 'c.json'}" in r.stderr
+
+
+def test_json_into_an_unwritable_place_is_refused_up_front():
+    r = run_cli("collective", "--json", "/proc/x/c.json")
+    assert r.returncode == 2 and r.stderr.startswith("error:") and "or - for stdout" in r.stderr
+
+
+def test_work_past_the_limits_is_refused_at_once_unless_forced(monkeypatch):
+    from arcsim.collectives import build, limits
+    from arcsim.netsim import des
+    from arcsim.topology import load_topology
+
+    monkeypatch.setattr(limits, "STORED_MESSAGES", 10_000)
+    monkeypatch.setattr(limits, "DES_EVENTS", 10_000)
+    topo = load_topology("64x8-ib100")
+    with pytest.raises(limits.TooMuchWork, match=r"tree allreduce on 512 ranks.*--force"):
+        build("allreduce", "tree", 1e8, topo)
+    with limits.allow_any():
+        schedule = build("allreduce", "tree", 1e8, topo)
+    assert schedule.message_count > 10_000
+    with pytest.raises(limits.TooMuchWork, match="DES would process about"):
+        des.simulate(schedule, topo)
+
+
+def test_long_des_runs_report_progress_with_the_estimate(monkeypatch):
+    from arcsim.collectives import build, limits
+    from arcsim.netsim import des
+    from arcsim.topology import load_topology
+
+    monkeypatch.setattr(limits, "PROGRESS_EVENTS", 1000)
+    topo = load_topology("8x8-ib100")
+    schedule = build("allreduce", "tree", 1e7, topo)
+    seen: list[tuple[float, float]] = []
+    result = des.simulate(schedule, topo, progress=lambda done, events: seen.append((done, events)))
+    assert seen[0][0] == 0 and seen[-1][0] == 1 and len(seen) == 101
+    assert 0.5 < seen[0][1] / result.events < 2  # the estimate is within 2× of the events processed
+    assert result.time_s == des.simulate(schedule, topo).time_s  # running in slices changes nothing

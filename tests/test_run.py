@@ -71,16 +71,27 @@ def test_knee_and_asf_choices():
 @pytest.fixture(scope="module")
 def default_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("run")
-    r = run_cli("run", *FAST, "--json", str(out / "r.json"), "--csv", str(out / "r.csv"), "--plot", str(out / "png"))
+    r = run_cli("run", *FAST, "--json", str(out / "r.json"), "--csv", str(out / "r.csv"), "--plot", str(out / "png"),
+                env={"COLUMNS": "100"})
     assert r.returncode == 0, r.stderr
     return r, json.loads((out / "r.json").read_text()), out
 
 
 def test_run_prints_a_table_and_the_assumptions(default_run):
     r, _, _ = default_run
-    assert "Iteration time per compressor" in r.stdout and "dense (baseline)" in r.stdout
+    text = " ".join(r.stdout.split())  # the caption may wrap
+    assert "Iteration time per compressor" in text and "dense (baseline)" in text
     assert "Switching policy" in r.stdout and "Pareto front" in r.stdout and "AG/AR crossover" in r.stdout
-    assert "the topology has 64 ranks, the trace 8 workers" in r.stdout
+    assert "the topology has 64 ranks, the trace 8 workers" in text
+
+
+def test_run_tables_fit_100_columns_without_cutting_names(default_run):
+    r, res, _ = default_run  # run with COLUMNS=100
+    assert max(len(line) for line in r.stdout.splitlines()) <= 100
+    table = r.stdout[r.stdout.index("Iteration time per compressor"):r.stdout.index("Switching policy")]
+    assert "…" not in table
+    for name in {c["compressor"] for c in res["candidates"]}:
+        assert f"\n{name} " in table, name
 
 
 def test_json_structure_and_consistency(default_run):

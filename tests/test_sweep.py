@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -19,8 +20,8 @@ from arcsim.sweep import runner as runner_mod
 from arcsim.sweep.evaluate import COLUMNS, evaluate_point, point_topology
 from arcsim.sweep.plots import hold_others
 from arcsim.sweep.runner import run_sweep
-from arcsim.sweep.spec import SweepError, build_spec, expand_braces, split_top_level
-from arcsim.sweep.store import ResultStore, load_results
+from arcsim.sweep.spec import SweepError, build_spec, expand_braces, load_yaml_spec, split_top_level
+from arcsim.sweep.store import ResultStore, expected_points, load_results
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -121,6 +122,24 @@ def test_interrupted_sweep_keeps_finished_rows_and_resumes_without_recomputing(t
     assert sorted(final["point_id"]) == sorted(p["point_id"] for p in spec.points())
     pd.testing.assert_frame_equal(final.head(len(kept)), kept)  # the first rows were not recomputed
     assert list(final.columns) == list(COLUMNS)
+
+
+def test_a_recorded_sweep_file_runs_again_and_partial_results_say_incomplete(tmp_path):
+    spec = build_spec({"compressor": "dense,topk", "density": "0.01,0.1", "bandwidth": "10Gbit,100Gbit",
+                       "latency": "5us"})
+    out = tmp_path / "s"
+    run_sweep(spec, out, workers=1, announce=lambda _: None)
+    recorded = (out / "sweep.yaml").read_text()
+    assert "10Gbit" in recorded and "5us" in recorded  # units kept, as a user writes them
+    again = build_spec(load_yaml_spec(out / "sweep.yaml"))
+    assert [p["point_id"] for p in again.points()] == [p["point_id"] for p in spec.points()]
+    load_results(out).head(3).to_csv(out / "results.csv", index=False)  # as if interrupted after 3 points
+    assert expected_points(out) == len(spec.points()) == 6
+    r = run_cli("plot", str(out), "--kind", "breakdown", "--json", "-")
+    assert r.returncode == 0 and "incomplete: 3 of 6 points" in r.stderr
+    assert json.loads(r.stdout)["charts"] == [str(out / "breakdown.png")]
+    r = run_cli("sweep", str(out / "sweep.yaml"), "-o", str(out), "--no-plots", "-j", "1")
+    assert r.returncode == 0 and "resuming: 3 of 6 points" in r.stderr, r.stderr
 
 
 def test_a_directory_holding_another_sweep_is_refused(tmp_path):

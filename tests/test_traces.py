@@ -259,7 +259,7 @@ def test_shipped_default_trace_is_real_data_and_small():
 
 
 def test_compress_reads_the_default_trace():
-    r = run_cli("compress", "-c", "topk", "--density", "0.05", "--json")
+    r = run_cli("compress", "-c", "topk", "--density", "0.05", "--json", "-")
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
     assert out["source"].endswith(DEFAULT_TRACE_NAME) and len(out["steps"]) == 16
@@ -278,7 +278,7 @@ def test_profile_times_are_ordered_and_round_trip(tmp_path):
 
 
 def test_info_json_reports_statistics():
-    r = run_cli("trace", "info", "--json")
+    r = run_cli("trace", "info", "--json", "-")
     assert r.returncode == 0, r.stderr
     info = json.loads(r.stdout)
     assert len(info["steps"]) == 16 and info["layers"]["count"] == 8

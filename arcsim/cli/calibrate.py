@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from arcsim.cli.common import Count, OutputPath, note
+from arcsim.cli.common import Count, OutputPath, json_option, note, write_json
 from arcsim.errors import ArcsimError
 from arcsim.units import parse_size
 
@@ -22,9 +22,9 @@ from arcsim.units import parse_size
 @click.option("--sizes", default=None, help="Per-rank sizes, e.g. 4KB,64KB,1MB (default 1 KiB … 4 MiB, ×4).")
 @click.option("--repeats", default="5", show_default=True, type=Count(), help="Timed repeats per size (median).")
 @click.option("--out", "-o", required=True, type=OutputPath(), help="Topology YAML to write.")
+@json_option
 def calibrate(cluster: str | None, loopback: bool, ranks: int | None, bandwidth: str | None, delay: str,
-              sizes: str | None,
-              repeats: int, out: str) -> None:
+              sizes: str | None, repeats: int, out: str, json_out: str | None) -> None:
     """Measure all_reduce, all_gather and broadcast over sizes; fit α and bandwidth per collective."""
     from arcsim.testbed.calibrate import (
         DEFAULT_SIZES,
@@ -63,3 +63,5 @@ def calibrate(cluster: str | None, loopback: bool, ranks: int | None, bandwidth:
         note(describe(fit))
     write_topology(path, topology_text(path.stem, measured["world"], fits, how))
     note(f"wrote {path}")
+    write_json({"topology": str(path), "ranks": measured["world"], "how": how, "measured": measured,
+                "fits": {op: vars(fit) for op, fit in fits.items()}}, json_out)

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import click
 from rich.console import Console
@@ -14,18 +16,67 @@ from tqdm import tqdm
 
 from arcsim.catalog import SCOPES
 from arcsim.errors import ArcsimError
-from arcsim.files import unwritable_reason
+from arcsim.files import unwritable_reason, write_atomic
 
-console = Console(width=None if sys.stdout.isatty() else 130)
+TABLE_WIDTH = 100  # columns for tables when stdout is no terminal and COLUMNS is unset
+
+console = Console(width=None if sys.stdout.isatty() or os.environ.get("COLUMNS") else TABLE_WIDTH)
 
 
-def emit_json(obj: object) -> None:
-    click.echo(json.dumps(obj, indent=2, sort_keys=False))
+class Verbosity:
+    """Set once by the top-level ``--quiet``: no status notes and no progress bars, only results and errors."""
+
+    quiet = False
 
 
 def note(message: str) -> None:
-    """A status line on stderr (keeps stdout clean for --json)."""
-    click.echo(message, err=True)
+    """A status line on stderr (keeps stdout clean for --json -); silent under --quiet."""
+    if not Verbosity.quiet:
+        click.echo(message, err=True)
+
+
+def progress_bar(total: int | None, desc: str, unit: str) -> tqdm:
+    """A tqdm bar on stderr, hidden when stderr is no terminal or under --quiet."""
+    return tqdm(total=total, desc=desc, unit=unit, disable=True if Verbosity.quiet else None, file=sys.stderr)
+
+
+class JsonTarget(click.Path):
+    """``--json FILE`` or ``--json -`` (standard output); a FILE is checked for writability up front."""
+
+    name = "FILE|-"
+
+    def __init__(self) -> None:
+        super().__init__(dir_okay=False, allow_dash=True)
+
+    def convert(self, value, param, ctx):  # type: ignore[no-untyped-def]
+        value = super().convert(value, param, ctx)
+        if value != "-":
+            reason = unwritable_reason(Path(value), False)
+            if reason:
+                self.fail(f"cannot write {value}: {reason}; choose a writable place, or - for stdout", param, ctx)
+        return value
+
+
+json_option = click.option(
+    "--json", "json_out", type=JsonTarget(), default=None,
+    help="Write the result as JSON to FILE, or to stdout with - (then no table is printed).")
+
+
+def tables_wanted(json_out: str | None) -> bool:
+    """Whether the human tables go to stdout: not when stdout carries the JSON."""
+    return json_out != "-"
+
+
+def write_json(obj: Any, json_out: str | None) -> None:
+    """The result as JSON: to stdout for ``-``, else atomically to the file (and a note saying so)."""
+    if json_out is None:
+        return
+    text = json.dumps(obj, indent=1)
+    if json_out == "-":
+        click.echo(text)
+        return
+    write_atomic(Path(json_out), text + "\n")
+    note(f"wrote {json_out}")
 
 
 @contextmanager
@@ -36,7 +87,7 @@ def step_progress(desc: str, unit: str = "step") -> Iterator[Callable[[int, int]
     def progress(done: int, total: int) -> None:
         nonlocal bar
         if bar is None:
-            bar = tqdm(total=total, desc=desc, unit=unit, disable=None, file=sys.stderr)
+            bar = progress_bar(total, desc, unit)
         bar.update(done - bar.n)
 
     try:
@@ -92,3 +143,28 @@ class OutputPath(click.Path):
         if reason:
             self.fail(f"cannot write {value}: {reason}; choose a writable place", param, ctx)
         return value
+
+
+force_option = click.option(
+    "--force", is_flag=True,
+    help="Price even past the work limits (closed form: 50 M stored messages; DES: 50 M events, ~10 min here).")
+
+
+@contextmanager
+def des_progress() -> Iterator[Callable[[str, float, float], None]]:
+    """``follow(algorithm, fraction, events)`` for long DES runs: one note with the estimate, then a bar."""
+    from arcsim.collectives.limits import EVENTS_PER_SECOND
+
+    bars: dict[str, tqdm] = {}
+
+    def follow(name: str, done: float, events: float) -> None:
+        if name not in bars:
+            note(f"DES {name}: about {events / 1e6:,.1f} M events, ~{events / EVENTS_PER_SECOND:,.0f} s here")
+            bars[name] = progress_bar(100, f"DES {name} (% of the closed form's time)", "%")
+        bars[name].update(round(done * 100) - bars[name].n)
+
+    try:
+        yield follow
+    finally:
+        for bar in bars.values():
+            bar.close()

@@ -7,19 +7,32 @@ import traceback
 
 import click
 from rich.table import Table
-from tqdm import tqdm
 
 from arcsim import __version__
 from arcsim.catalog import COMPRESSORS, MEMORIES, SYNTHETIC_KINDS
 from arcsim.cli.calibrate import calibrate as calibrate_command
 from arcsim.cli.cluster import cluster as cluster_group
-from arcsim.cli.common import Count, console, emit_json, note, scope_option, step_progress
+from arcsim.cli.common import (
+    Count,
+    Verbosity,
+    console,
+    des_progress,
+    force_option,
+    json_option,
+    note,
+    progress_bar,
+    scope_option,
+    step_progress,
+    tables_wanted,
+    write_json,
+)
 from arcsim.cli.run import run as run_command
 from arcsim.cli.sweep import plot as plot_command
 from arcsim.cli.sweep import sweep as sweep_command
 from arcsim.cli.trace import trace as trace_group
 from arcsim.cli.train import train as train_command
 from arcsim.cli.validate import validate as validate_command
+from arcsim.collectives.limits import allow_any
 from arcsim.errors import ArcsimError
 from arcsim.netsim import ENGINES
 from arcsim.pricing import ALGO_CHOICES, price_collective
@@ -34,8 +47,15 @@ MAX_MESSAGE_BYTES = 1e15  # 1 PB: no gradient message is larger; past it the ans
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="arcsim")
 @click.option("--debug", is_flag=True, help="Show the full traceback on errors (read by main()).")
-def cli(debug: bool) -> None:
-    """arcsim: which gradient compressor, collective and ratio train fastest on your cluster."""
+@click.option("--quiet", "-q", is_flag=True, help="No progress bars or status notes: only results and errors.")
+def cli(debug: bool, quiet: bool) -> None:
+    """arcsim: which gradient compressor, collective and ratio train fastest on your cluster.
+
+    \b
+    Every command that computes takes --json FILE, or --json - for JSON on stdout instead of the table.
+    Shell completion (bash; zsh and fish alike): eval "$(_ARCSIM_COMPLETE=bash_source arcsim)"
+    """
+    Verbosity.quiet = quiet
 
 
 # -- topologies ----------------------------------------------------------------------------------------
@@ -45,13 +65,13 @@ def topo() -> None:
 
 
 @topo.command("list")
-@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
-def topo_list(as_json: bool) -> None:
+@json_option
+def topo_list(json_out: str | None) -> None:
     """List preset topologies."""
     topologies = [load_topology(name) for name in preset_names()]
-    if as_json:
-        emit_json([{"name": t.name, "ranks": t.ranks, "nodes": t.nodes, "gpus_per_node": t.gpus_per_node,
-                     "node_bandwidth_Bps": t.node_bandwidth, "description": t.description} for t in topologies])
+    write_json([{"name": t.name, "ranks": t.ranks, "nodes": t.nodes, "gpus_per_node": t.gpus_per_node,
+                 "node_bandwidth_Bps": t.node_bandwidth, "description": t.description} for t in topologies], json_out)
+    if not tables_wanted(json_out):
         return
     table = Table(title="Preset topologies", caption=f"Also any YAML path, or the grammar {GRAMMAR}")
     for col in ("name", "ranks", "inter-node per node", "description"):
@@ -63,12 +83,12 @@ def topo_list(as_json: bool) -> None:
 
 @topo.command("show")
 @click.argument("spec")
-@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
-def topo_show(spec: str, as_json: bool) -> None:
+@json_option
+def topo_show(spec: str, json_out: str | None) -> None:
     """Show a topology: SPEC is a preset name, a YAML path, or a grammar name such as 8x8-ib100."""
     t = load_topology(spec)
-    if as_json:
-        emit_json(t.to_dict())
+    write_json(t.to_dict(), json_out)
+    if not tables_wanted(json_out):
         return
     table = Table(title=f"{t.name}", caption=t.description, show_header=False)
     table.add_column("field", style="bold")
@@ -93,9 +113,10 @@ def topo_show(spec: str, as_json: bool) -> None:
 @click.option("--compute", default="0s", show_default=True,
               help="Compute time before the collective; stragglers arrive slowdown × this (DES only).")
 @click.option("--seed", default=0, show_default=True, type=click.IntRange(min=0), help="Seed for latency jitter (DES).")
-@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
-def collective(topology: str, op: str, algo: str, size: str, engine: str, compute: str, seed: int,
-               as_json: bool) -> None:
+@force_option
+@json_option
+def collective(topology: str, op: str, algo: str, size: str, engine: str, compute: str, seed: int, force: bool,
+               json_out: str | None) -> None:
     """Price one collective on a topology with the closed form and/or the SimPy DES.
 
     \b
@@ -108,10 +129,11 @@ def collective(topology: str, op: str, algo: str, size: str, engine: str, comput
         raise ArcsimError(f"--size {size} is {'not positive' if nbytes <= 0 else 'beyond 1 PB'}; give the bytes one "
                           "rank sends, e.g. 100MB")
     engines = ENGINES if engine == "both" else (engine,)
-    results = price_collective(topo_obj, op, algo, nbytes, engines, parse_duration(compute), seed)
-    if as_json:
-        rows = [r.to_dict() for r in results]
-        emit_json(rows[0] if len(rows) == 1 else rows)
+    with allow_any(force), des_progress() as follow:
+        results = price_collective(topo_obj, op, algo, nbytes, engines, parse_duration(compute), seed, follow)
+    rows = [r.to_dict() for r in results]
+    write_json(rows[0] if len(rows) == 1 else rows, json_out)
+    if not tables_wanted(json_out):
         return
     table = Table(title=f"{results[0].op} of {format_size(nbytes)} on {topo_obj.name} ({topo_obj.ranks} ranks)")
     for col in ("algorithm", "engine", "time", "algbw", "busbw", "steps", "notes"):
@@ -154,11 +176,11 @@ def collective(topology: str, op: str, algo: str, size: str, engine: str, comput
 @click.option("--steps", "-s", default=5, show_default=True, type=Count(), help="Synthetic: steps.")
 @click.option("--shared", default=0.8, show_default=True, help="correlated: share of energy common to workers.")
 @click.option("--spread", default=1.5, show_default=True, help="correlated: log-normal spread of block scales.")
-@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
+@json_option
 @scope_option
 def compress(compressor: str, density: float, memory: str | None, seed: int, rank: int | None, trace: str | None,
              no_capture: bool, synthetic: str | None, workers: int, elements: int, steps: int, shared: float,
-             spread: float, as_json: bool, scope: str) -> None:
+             spread: float, json_out: str | None, scope: str) -> None:
     """Run a compressor with error feedback on real tensors and measure every step."""
     from arcsim.catalog import INFO, options_for
     from arcsim.compressors import make_compressor  # torch: imported only by the commands that need it
@@ -188,16 +210,16 @@ def compress(compressor: str, density: float, memory: str | None, seed: int, ran
         source = str(path)
         title_source = f"{path.name} ({tr.meta['model']}, {workers} workers × {elements:,} elements, {steps} steps)"
     rows = []
-    with tqdm(total=steps, desc=f"{compressor}/{memory}", unit="step", disable=None, file=sys.stderr) as bar:
+    with progress_bar(steps, f"{compressor}/{memory}", "step") as bar:
         for metrics in compress_steps(batches, comp, mem, layout):
             rows.append(metrics)
             bar.update()
     dense_bytes = 4 * elements
-    if as_json:
-        emit_json({"compressor": compressor, "memory": memory, "density_requested": density, "seed": seed,
-                   "options": options_for(compressor, {"scope": scope}),
-                    "source": source, "workers": workers, "elements": elements,
-                    "dense_bytes_per_rank": dense_bytes, "steps": [m.to_dict() for m in rows]})
+    write_json({"compressor": compressor, "memory": memory, "density_requested": density, "seed": seed,
+                "options": options_for(compressor, {"scope": scope}), "source": source, "workers": workers,
+                "elements": elements, "dense_bytes_per_rank": dense_bytes, "steps": [m.to_dict() for m in rows]},
+               json_out)
+    if not tables_wanted(json_out):
         return
     table = Table(title=f"{compressor} + {memory} at density {density:g} on {title_source}")
     for col in ("step", "density", "agg density", "rel error", "update error", "energy", "top-k overlap",

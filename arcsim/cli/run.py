@@ -2,14 +2,23 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import click
-from tqdm import tqdm
 
 from arcsim.catalog import COMPRESSORS, DEFAULT_RATIOS, MEMORIES, POLICIES
-from arcsim.cli.common import OutputPath, console, note, number_list, scope_option, step_progress
+from arcsim.cli.common import (
+    OutputPath,
+    console,
+    json_option,
+    note,
+    number_list,
+    progress_bar,
+    scope_option,
+    step_progress,
+    tables_wanted,
+    write_json,
+)
 from arcsim.netsim import ENGINES
 
 DEFAULT_TOPOLOGY = "8x8-ib100"
@@ -41,7 +50,7 @@ DEFAULT_TOPOLOGY = "8x8-ib100"
 @click.option("--grid-steps", type=int, default=None,
               help="Trace steps for the ratio grid (default: all; the first only for large traces).")
 @click.option("--all-collectives", is_flag=True, help="Show every (compressor, collective) pair, not the best.")
-@click.option("--json", "json_out", type=OutputPath(), default=None, help="Write the result as JSON.")
+@json_option
 @click.option("--csv", "csv_out", type=OutputPath(), default=None, help="Write every point as CSV.")
 @click.option("--plot", "plot_dir", type=OutputPath(directory=True), default=None, help="Write PNG charts here.")
 @scope_option
@@ -63,24 +72,25 @@ def run(topology: str, trace: str | None, no_capture: bool, compressors: str, de
     cfg.check()
     with step_progress("capture", unit="train step") as capture_progress:
         analysis = Analysis(cfg, announce=note, capture_progress=capture_progress)
-    with tqdm(total=analysis.planned_measurements(), desc="measuring compressors on the trace", unit="run",
-              disable=None, file=sys.stderr) as bar:
+    with progress_bar(analysis.planned_measurements(), "measuring compressors on the trace", "run") as bar:
         def progress(label: str) -> None:
             bar.set_postfix_str(label)
             bar.update()
 
         analysis.progress = progress
         result = analysis.run()
-    report.render(result, console, every_collective=all_collectives)
-    if json_out:
-        report.write_json(result, Path(json_out))
-        note(f"wrote {json_out}")
+    if tables_wanted(json_out):
+        report.render(result, console, every_collective=all_collectives)
+    write_json(report.to_json(result), json_out)
     if csv_out:
         report.write_csv(result, Path(csv_out))
         note(f"wrote {csv_out}")
     if plot_dir:
         from arcsim.run.plots import write_plots
 
-        for path in write_plots(result, Path(plot_dir)):
+        written, skipped = write_plots(result, Path(plot_dir))
+        for path in written:
             note(f"wrote {path}")
+        for reason in skipped:
+            note(f"no chart: {reason}")
 

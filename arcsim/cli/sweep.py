@@ -9,7 +9,7 @@ from typing import Any
 
 import click
 
-from arcsim.cli.common import OutputPath, note
+from arcsim.cli.common import OutputPath, Verbosity, json_option, note, write_json
 from arcsim.errors import ArcsimError
 
 SWEEP_OPTIONS = {  # option → spec key; every value is a comma list, strings may hold {a,b} groups
@@ -28,7 +28,7 @@ SWEEP_OPTIONS = {  # option → spec key; every value is a comma list, strings m
 @click.option("--compressors", "-c", default=None, help="Compressors (default dense,topk,randk,arctopk,star,powersgd).")
 @click.option("--density", "-d", default=None, help="Densities k/d, e.g. 1e-3,1e-2,0.1 (default 0.01).")
 @click.option("--bucket-mb", default=None, help="DDP bucket caps in MiB (default 25).")
-@click.option("--engine", default=None, help="analytic, des, or both (default analytic).")
+@click.option("--engine", default=None, help="Engines: analytic, des, or analytic,des for both (default analytic).")
 @click.option("--memory", "-m", default=None, help="Error feedback for every compressor (default ef14).")
 @click.option("--seed", default=None, type=click.IntRange(min=0))
 @click.option("--out", "-o", default=None, type=OutputPath(directory=True),
@@ -38,8 +38,9 @@ SWEEP_OPTIONS = {  # option → spec key; every value is a comma list, strings m
               help="Local worker processes (default: one per core).")
 @click.option("--no-plots", is_flag=True, help="Do not draw the charts at the end.")
 @click.option("--dry-run", is_flag=True, help="Print how many points the sweep has and stop.")
+@json_option
 def sweep(spec_file: str | None, out: str | None, scheduler: str | None, workers: int | None, no_plots: bool,
-          dry_run: bool, memory: str | None, seed: int | None, **axes: str | None) -> None:
+          dry_run: bool, memory: str | None, seed: int | None, json_out: str | None, **axes: str | None) -> None:
     """Evaluate every combination of the given axes; rows stream to OUT/results.csv, charts beside it.
 
     A sweep can be a YAML file (see examples/sweep.yaml); options given here override its keys."""
@@ -53,14 +54,19 @@ def sweep(spec_file: str | None, out: str | None, scheduler: str | None, workers
     spec = build_spec(merge(raw, cli_values), source=spec_file or "command line")
     points = spec.points()
     if dry_run:
-        click.echo(f"{_points(len(points))}: {spec.describe()}")
+        if json_out:
+            write_json({"points": len(points), "describe": spec.describe(), "note": spec.count_note(len(points))},
+                       json_out)
+        else:
+            click.echo(f"{_points(len(points))}: {spec.describe()}")
         return
     directory = Path(out or spec.out or f"reports/sweeps/{datetime.datetime.now():%Y%m%d-%H%M%S}")
     note(f"sweep of {_points(len(points))} ({spec.describe()}) → {directory}")
     if spec.count_note(len(points)):
         note(spec.count_note(len(points)))
     started = time.perf_counter()
-    outcome = run_sweep(spec, directory, scheduler=scheduler, workers=workers, announce=note)
+    outcome = run_sweep(spec, directory, scheduler=scheduler, workers=workers, announce=note,
+                        show_progress=not Verbosity.quiet)
     took = time.perf_counter() - started
     if outcome.interrupted:
         note(f"interrupted: {outcome.already_done + outcome.computed} of {outcome.total} points are kept in "
@@ -68,22 +74,35 @@ def sweep(spec_file: str | None, out: str | None, scheduler: str | None, workers
         raise SystemExit(130)
     rate = f" ({outcome.computed / took:.2f} points/s)" if outcome.computed else ""
     note(f"{outcome.computed} points computed in {took:.1f} s{rate}; {outcome.total} in {directory}/results.csv")
-    if not no_plots:
-        _plots(directory, plot_all)
+    written, skipped = ([], []) if no_plots else _plots(directory, plot_all)
+    if json_out:
+        from arcsim.sweep.store import load_results
+
+        write_json({"directory": str(directory), "points": outcome.total, "computed": outcome.computed,
+                    "already_done": outcome.already_done, "seconds": took, "charts": [str(p) for p in written],
+                    "charts_skipped": skipped, "rows": records(load_results(directory))}, json_out)
+
+
+def records(df) -> list[dict]:
+    """A results table as JSON records (NaN as null)."""
+    import json
+
+    return json.loads(df.to_json(orient="records"))
 
 
 def _points(n: int) -> str:
     return f"{n} point{'s' if n != 1 else ''}"
 
 
-def _plots(directory: Path, plot_all) -> None:
-    from arcsim.sweep.store import load_results
+def _plots(directory: Path, plot_all) -> tuple[list[Path], list[str]]:
+    from arcsim.sweep.store import expected_points, load_results
 
-    written, skipped = plot_all(load_results(directory), directory)
+    written, skipped = plot_all(load_results(directory), directory, expected=expected_points(directory))
     for path in written:
         note(f"wrote {path}")
     for reason in skipped:
         note(f"no chart: {reason}")
+    return written, skipped
 
 
 @click.command("plot")
@@ -96,19 +115,25 @@ def _plots(directory: Path, plot_all) -> None:
 @click.option("--slack", default=0.25, show_default=True, type=click.FloatRange(min=0),
               help="Heatmap: a sparsifier competes if its error is at most Top-K's × (1 + slack).")
 @click.option("--any-error", is_flag=True, help="Heatmap: the fastest compressor whatever its error.")
-def plot(results: str, kinds: tuple[str, ...], out: str | None, slack: float, any_error: bool) -> None:
+@json_option
+def plot(results: str, kinds: tuple[str, ...], out: str | None, slack: float, any_error: bool,
+         json_out: str | None) -> None:
     """Draw charts from a sweep's results (its directory or results.csv)."""
-    from arcsim.sweep.plots import KINDS, plot_all
-    from arcsim.sweep.store import load_results
+    from arcsim.sweep.plots import KINDS, incompleteness, plot_all
+    from arcsim.sweep.store import expected_points, load_results
 
     df = load_results(Path(results))
     path = Path(results)
     target = Path(out) if out else (path if path.is_dir() else path.parent)
     wanted = tuple(KINDS) if "all" in kinds else kinds
-    written, skipped = plot_all(df, target, wanted, None if any_error else slack)
+    expected = expected_points(path)
+    if incompleteness(df, expected):
+        note(f"{incompleteness(df, expected)}: the charts say so; run the sweep again to finish it")
+    written, skipped = plot_all(df, target, wanted, None if any_error else slack, expected)
     for p in written:
         note(f"wrote {p}")
     if skipped and "all" not in kinds:
         raise ArcsimError(f"cannot draw it: {'; '.join(skipped)}")
     for reason in skipped:
         note(f"no chart: {reason}")
+    write_json({"charts": [str(p) for p in written], "charts_skipped": skipped}, json_out)

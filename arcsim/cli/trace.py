@@ -9,7 +9,7 @@ import click
 from rich.table import Table
 
 from arcsim.catalog import DATASETS, MODELS
-from arcsim.cli.common import Count, OutputPath, console, emit_json, note, step_progress
+from arcsim.cli.common import Count, OutputPath, console, json_option, note, step_progress, tables_wanted, write_json
 from arcsim.errors import ArcsimError
 from arcsim.files import write_atomic
 from arcsim.units import format_duration, format_size
@@ -89,8 +89,8 @@ def trace_profile(model: str, dataset: str | None, batch: int, device: str, repe
 @click.argument("file", required=False)
 @click.option("--no-stats", is_flag=True, help="Skip the per-step gradient statistics (no gradient reads).")
 @click.option("--no-capture", is_flag=True, help="Do not capture a missing known-model trace.")
-@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of tables.")
-def trace_info_cmd(file: str | None, no_stats: bool, no_capture: bool, as_json: bool) -> None:
+@json_option
+def trace_info_cmd(file: str | None, no_stats: bool, no_capture: bool, json_out: str | None) -> None:
     """Metadata, layer table, compute timings and gradient statistics of a trace (default: the shipped one)."""
     from arcsim.traces.format import open_trace
     from arcsim.traces.resolve import resolve_trace
@@ -99,10 +99,9 @@ def trace_info_cmd(file: str | None, no_stats: bool, no_capture: bool, as_json: 
     with step_progress("capture", unit="train step") as progress:
         path = resolve_trace(file, allow_capture=not no_capture, announce=note, progress=progress)
     info = trace_info(open_trace(path), with_stats=not no_stats)
-    if as_json:
-        emit_json(info)
-        return
-    _render_info(info)
+    write_json(info, json_out)
+    if tables_wanted(json_out):
+        _render_info(info)
 
 
 def _render_info(info: dict) -> None:

@@ -11,7 +11,18 @@ import click
 from rich.table import Table
 
 from arcsim.catalog import COMPRESSORS, DATASETS, MEMORIES, MODELS
-from arcsim.cli.common import Count, OutputPath, console, note, number_list, scope_option, step_progress
+from arcsim.cli.common import (
+    Count,
+    OutputPath,
+    console,
+    json_option,
+    note,
+    number_list,
+    scope_option,
+    step_progress,
+    tables_wanted,
+    write_json,
+)
 from arcsim.errors import ArcsimError
 
 
@@ -36,10 +47,12 @@ from arcsim.errors import ArcsimError
 @click.option("--target", default=None, type=float, help="Held-out accuracy to reach, e.g. 0.95.")
 @click.option("--out", "-o", default=None, type=OutputPath(directory=True),
               help="Results directory (default reports/train/<model>-<dataset>-d<density>); an existing one resumes.")
+@json_option
 @scope_option
 def train(model: str, dataset: str, workers: int, compressors: str, density: float, memory: str, steps: int,
           batch: int, lr: float | None, eval_every: int, seeds: str, topology: str | None, engine: str,
-          compute_profile: str | None, target: float | None, out: str | None, scope: str) -> None:
+          compute_profile: str | None, target: float | None, out: str | None, json_out: str | None,
+          scope: str) -> None:
     """Train W workers in one process through each compressor; accuracy against steps and predicted time."""
     from arcsim.train.experiment import run_experiment
     from arcsim.train.loop import TrainConfig
@@ -70,9 +83,10 @@ def train(model: str, dataset: str, workers: int, compressors: str, density: flo
     took = time.perf_counter() - started
     summary = summarise(history, target)
     summary.to_csv(directory / "summary.csv", index=False)
-    _table(summary, target, topology)
-    for line in claims(summary, target):
-        console.print(f"  {line}")
+    if tables_wanted(json_out):
+        _table(summary, target, topology)
+        for line in claims(summary, target):
+            console.print(f"  {line}")
     what = f"{model} on {dataset}, {workers} workers, density {density:g}, {memory}"
     written = [accuracy_plot(history, "step", directory / "accuracy_vs_step.png", f"Held-out accuracy — {what}",
                              target)]
@@ -81,6 +95,10 @@ def train(model: str, dataset: str, workers: int, compressors: str, density: flo
                                      f"Accuracy against predicted wall-clock on {topology} — {what}", target))
     note(f"{len(cfg.compressors) * len(cfg.seeds)} runs in {took:.1f} s; wrote {directory / 'history.csv'}, "
          f"summary.csv and {', '.join(p.name for p in written)}")
+    from arcsim.cli.sweep import records
+
+    write_json({"directory": str(directory), "target": target, "topology": topology, "summary": records(summary),
+                "claims": claims(summary, target), "charts": [str(p) for p in written]}, json_out)
 
 
 def _table(summary, target: float | None, topology: str | None) -> None:

@@ -8,7 +8,7 @@ import click
 from rich.table import Table
 
 from arcsim.catalog import COMPRESSORS
-from arcsim.cli.common import Count, OutputPath, console, note
+from arcsim.cli.common import Count, OutputPath, console, json_option, note, tables_wanted, write_json
 from arcsim.errors import ArcsimError
 from arcsim.testbed import VALIDATE_WORKER
 
@@ -34,9 +34,10 @@ def _list(text: str) -> tuple[str, ...]:
               help="Real cluster: compare the worker's results in DIR (with --topology) instead of emulating.")
 @click.option("--topology", "-t", type=click.Path(dir_okay=False), default=None,
               help="With --measured: the topology calibrated on that cluster (arcsim calibrate under torchrun).")
+@json_option
 def validate(ranks: str, bandwidth: str, delay: str, compressors: str, model: str, dataset: str, density: float,
              steps: int, batch: int, out: str, write_config: str | None, measured: str | None,
-             topology: str | None) -> None:
+             topology: str | None, json_out: str | None) -> None:
     """Measure DDP iterations on the emulated cluster (or a real one) and compare with arcsim run's predictions."""
     import json
 
@@ -80,6 +81,14 @@ def validate(ranks: str, bandwidth: str, delay: str, compressors: str, model: st
     else:
         rows = run_validation(cfg, note)
     csv, png = write_outputs(rows, cfg.out_dir)
+    s = summary(rows)
+    write_json({"rows": rows, "summary": s, "csv": str(csv), "chart": str(png)}, json_out)
+    note(f"wrote {csv} and {png}")
+    if tables_wanted(json_out):
+        _render(rows, s, model, density)
+
+
+def _render(rows: list[dict], s: dict, model: str, density: float) -> None:
     table = Table(title=f"Validation: {model} on the emulated cluster (gloo), density {density:g}")
     for col in ("ranks", "bandwidth", "compressor", "measured ms (p10–p90)", "predicted ms", "error"):
         table.add_column(col, justify="left" if col in ("bandwidth", "compressor") else "right")
@@ -88,11 +97,9 @@ def validate(ranks: str, bandwidth: str, delay: str, compressors: str, model: st
                       f"{r['measured_s'] * 1e3:.2f} ({r['measured_p10_s'] * 1e3:.2f}–{r['measured_p90_s'] * 1e3:.2f})",
                       f"{r['predicted_s'] * 1e3:.2f}", f"{r['error']:+.1%}")
     console.print(table)
-    s = summary(rows)
     console.print(f"MAPE {s['mape']:.1%} over {s['cases']} cases (goal ≤ 10%, stretch ≤ 5%)")
     for c in s["ag_ar"]:
         verdict = "agrees" if c["agrees"] else "DISAGREES"
         scope = "" if c["counts"] else " (gap ≤ 10%: not counted)"
         console.print(f"  {c['ranks']} ranks, {c['bandwidth']}: measured faster {c['measured_faster']} by "
                       f"{c['measured_gap']:.0%}, predicted {c['predicted_faster']}: {verdict}{scope}")
-    note(f"wrote {csv} and {png}")

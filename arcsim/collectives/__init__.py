@@ -10,7 +10,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from arcsim.collectives import recursive, ring, tree
+from arcsim.collectives import limits, recursive, ring, tree
 from arcsim.collectives.schedule import Schedule, Step, concat, make_step
 from arcsim.errors import CollectiveError
 from arcsim.topology import Topology
@@ -112,7 +112,8 @@ def build(op: str, algo: str, nbytes: float, topo: Topology) -> Schedule:
                               f"{', '.join([*table, 'auto', 'all'])}")
     if not nbytes >= 0:
         raise CollectiveError(f"size must be ≥ 0 bytes (got {nbytes})")
-    steps, detail = table[algo](topo, float(nbytes))
+    with limits.counting_stored(f"{algo} {op} on {topo.ranks:,} ranks"):
+        steps, detail = table[algo](topo, float(nbytes))
     return Schedule(op, algo, topo.ranks, float(nbytes), tuple(steps), detail)
 
 

@@ -15,6 +15,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from arcsim.collectives import limits
+
 
 @dataclass(frozen=True)
 class Step:
@@ -37,6 +39,7 @@ def make_step(src, dst, nbytes, reduce=0.0, repeat: int = 1) -> Step:
     """
     src_a = np.asarray(src, dtype=np.int64).ravel()
     dst_a = np.asarray(dst, dtype=np.int64).ravel()
+    limits.store(src_a.size)
     nbytes_a = np.broadcast_to(np.asarray(nbytes, dtype=float), src_a.shape).ravel().copy()
     reduce_a = np.broadcast_to(np.asarray(reduce, dtype=float), src_a.shape).ravel().copy()
     if src_a.size:

@@ -24,7 +24,9 @@ import numpy as np
 import simpy
 from simpy.events import NORMAL
 
+from arcsim.collectives import limits
 from arcsim.collectives.schedule import Schedule
+from arcsim.netsim.analytic import schedule_time
 from arcsim.netsim.fluid import FluidNetwork
 from arcsim.topology import Topology
 
@@ -68,7 +70,14 @@ class _Visit:
 
 
 def simulate(schedule: Schedule, topo: Topology, start_times: np.ndarray | None = None,
-             seed: int = 0, use_symmetry: bool = True) -> DesResult:
+             seed: int = 0, use_symmetry: bool = True,
+             progress: Callable[[float, float], None] | None = None) -> DesResult:
+    """Simulate ``schedule``; refused up front if its estimated events pass the limits (limits.check_des).
+
+    For a run estimated past ``limits.PROGRESS_EVENTS`` events, ``progress(fraction, events)`` is called as
+    simulated time passes each hundredth of the closed form's time for the schedule (the run goes on past
+    it until every rank is done); ``events`` is the estimate, so a caller can say how long to expect.
+    """
     p = topo.ranks
     if schedule.ranks != p:
         raise ValueError(f"schedule is for {schedule.ranks} ranks, topology has {p}")
@@ -76,6 +85,8 @@ def simulate(schedule: Schedule, topo: Topology, start_times: np.ndarray | None 
     t0 = float(starts.min())
     period = _symmetry_period(schedule, topo, starts) if use_symmetry else topo.nodes
     reps = period * topo.gpus_per_node  # ranks simulated: those of the first `period` nodes
+    events = expected_events(schedule, reps)
+    limits.check_des(f"{schedule.algo} {schedule.op} on {p:,} ranks", events)
     env = _CountingEnvironment()
     net = FluidNetwork(env, topo.capacity)
     rng = np.random.default_rng(seed)
@@ -136,11 +147,23 @@ def simulate(schedule: Schedule, topo: Topology, start_times: np.ndarray | None 
 
     for r in range(reps):
         env.process(rank(r))
+    horizon = schedule_time(schedule, topo) if progress is not None and events > limits.PROGRESS_EVENTS else 0.0
+    if progress is not None and horizon > 0:
+        progress(0.0, events)
+        for hundredth in range(1, 101):
+            env.run(until=horizon * hundredth / 100)
+            progress(hundredth / 100, events)
     env.run()
     if np.isnan(finish).any():
         stuck = np.flatnonzero(np.isnan(finish))[:5].tolist()
         raise RuntimeError(f"DES deadlock in {schedule.op}/{schedule.algo}: ranks {stuck} never finished")
     return DesResult(float(finish.max()), env.scheduled, reps, finish + t0)
+
+
+def expected_events(schedule: Schedule, simulated_ranks: int) -> float:
+    """SimPy events a simulation of ``simulated_ranks`` of the schedule's ranks will take, about."""
+    share = min(1.0, 2.0 * simulated_ranks / schedule.ranks) if simulated_ranks < schedule.ranks else 1.0
+    return limits.des_events(schedule.message_count * share)
 
 
 def _symmetry_period(schedule: Schedule, topo: Topology, starts: np.ndarray) -> int:

@@ -48,5 +48,7 @@ def choose(front: np.ndarray, weights: tuple[float, float] | None = None) -> tup
     below = (chord[0] * (z[:, 1] - a[1]) - chord[1] * (z[:, 0] - a[0])) / np.hypot(*chord)
     below = -below if chord[0] > 0 else below
     if below.max() > 1e-9:
-        return int(np.argmax(below)), "knee: farthest below the chord between the front's extremes"
-    return int(np.argmin(np.max(z, axis=1))), "no knee (the front bulges outward): ASF with equal weights"
+        return int(np.argmax(below)), ("knee: the point that gains most over the straight line between the "
+                                       "fastest and the most faithful")
+    return int(np.argmin(np.max(z, axis=1))), ("no clear knee (no point beats the straight line between the "
+                                               "extremes): the balanced point, time and error weighted equally")

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from matplotlib import colormaps
 from matplotlib.figure import Figure
 
-from arcsim.plotting import plain_log_ticks, save_png
+from arcsim.plotting import MARKERS, PALETTE, data_axis, save_png
 from arcsim.run.analysis import RunResult
 from arcsim.run.candidates import Candidate
 from arcsim.run.report import best_per_compressor
@@ -68,21 +67,22 @@ def pareto(result: RunResult, path: Path) -> Path:
     fig = Figure(figsize=(8, 5.5), layout="constrained")
     ax = fig.subplots()
     names = sorted({p.compressor for p in par.evaluated})
-    cmap = colormaps["tab10"]
     for i, name in enumerate(names):
         pts = [p for p in par.evaluated if p.compressor == name]
-        ax.scatter([p.iteration_s * 1e3 for p in pts], [p.rel_error for p in pts], s=14, alpha=0.55,
-                   color=cmap(i % 10), label=name)
+        ax.scatter([p.iteration_s * 1e3 for p in pts], [p.rel_error for p in pts], s=18, alpha=0.6,
+                   color=PALETTE[i % len(PALETTE)], marker=MARKERS[i % len(MARKERS)], label=name)
     front = par.points
-    ax.plot([p.iteration_s * 1e3 for p in front], [p.rel_error for p in front], "k-", lw=1.2,
-            label="Pareto front", zorder=3)
+    ax.plot([p.iteration_s * 1e3 for p in front], [p.rel_error for p in front], "k-", lw=1.5, marker="o", ms=5,
+            mfc="none", label=f"Pareto front ({len(front)} point{'s' if len(front) != 1 else ''})", zorder=3)
     ch = par.chosen
-    ax.scatter([ch.iteration_s * 1e3], [ch.rel_error], marker="*", s=260, color="gold", edgecolor="k",
-               zorder=4, label=f"chosen: {ch.compressor}/{ch.collective}"
-                               + ("" if ch.density is None else f" at density {ch.density:g}"))
-    ax.set_xscale("log")
-    plain_log_ticks(ax, "x")
-    ax.set_xlabel("predicted iteration time (ms, log scale)")
+    where = "" if ch.density is None else f" at density {ch.density:g}"
+    ax.scatter([ch.iteration_s * 1e3], [ch.rel_error], marker="*", s=300, color="gold", edgecolor="k",
+               zorder=4, label=f"chosen: {ch.compressor}/{ch.collective}{where}")
+    ax.annotate(f"{ch.iteration_s * 1e3:.3g} ms, error {ch.rel_error:.3g}", (ch.iteration_s * 1e3, ch.rel_error),
+                textcoords="offset points", xytext=(12, 10), fontsize=8,
+                arrowprops={"arrowstyle": "-", "color": "0.4"})
+    data_axis(ax, "x", [p.iteration_s * 1e3 for p in par.evaluated])
+    ax.set_xlabel("predicted iteration time (ms)")
     ax.set_ylabel("relative aggregate error after error feedback ‖agg − ū‖² / ‖ū‖²")
     ax.set_title(f"Speed vs gradient fidelity over ratios {min(par.ratios):g} … {max(par.ratios):g}\n"
                  f"{_subtitle(result)}; {par.rule.split(':')[0]}", fontsize=10)
@@ -93,51 +93,54 @@ def pareto(result: RunResult, path: Path) -> Path:
 
 def crossover(result: RunResult, path: Path) -> Path:
     cx = result.crossover
+    assert cx.bandwidth is not None and cx.nic_gbps is not None  # write_plots skips the chart otherwise
     fig = Figure(figsize=(12, 4.8), layout="constrained")
     axes = fig.subplots(1, 2)
-    if cx.bandwidth is None or cx.nic_gbps is None:
-        for ax in axes:
-            ax.text(0.5, 0.5, cx.note, ha="center", va="center", wrap=True, fontsize=9)
-            ax.set_axis_off()
-        return save_png(fig, path)
     ax = axes[0]
     bw = [r["nic_gbps"] for r in cx.bandwidth]
-    ax.plot(bw, [r["allgather_s"] * 1e3 for r in cx.bandwidth], "o-", ms=3, label="best all-gather top-k")
-    ax.plot(bw, [r["allreduce_s"] * 1e3 for r in cx.bandwidth], "s-", ms=3, label="best all-reduce top-k")
+    series = [("best all-gather top-k", "allgather_s", "o-"), ("best all-reduce top-k", "allreduce_s", "s-")]
+    for label, key, style in series:
+        ax.plot(bw, [r[key] * 1e3 for r in cx.bandwidth], style, ms=3, label=label)
     ax.plot(bw, [r["dense_s"] * 1e3 for r in cx.bandwidth], ":", color="grey", label="dense fp32 (fastest collective)")
     ax.axvline(cx.nic_gbps, color="k", lw=0.8, ls="--", label=f"this cluster ({cx.nic_gbps:g} Gb/s)")
     for f in cx.bandwidth_flips_gbps or []:
         ax.axvline(f["nic_gbps"], color="red", lw=1, label=f"crossover {f['nic_gbps']:.3g} Gb/s")
     ax.set_xscale("log")
-    ax.set_yscale("log")
-    plain_log_ticks(ax, "y")
+    data_axis(ax, "y", [r[k] * 1e3 for r in cx.bandwidth for k in ("allgather_s", "allreduce_s", "dense_s")],
+              log_from=2)
     ax.set_xlabel("inter-node bandwidth per NIC (Gb/s, log)")
-    ax.set_ylabel("predicted iteration time (ms, log)")
+    ax.set_ylabel("predicted iteration time (ms)")
     ax.set_title(f"AG vs AR top-k as bandwidth varies (density {cx.density:g})", fontsize=10)
     ax.grid(alpha=0.3, which="both")
     ax.legend(fontsize=7)
     ax = axes[1]
     if cx.ratio:
         dens = [r["density"] for r in cx.ratio]
-        ax.plot(dens, [r["allgather_s"] * 1e3 for r in cx.ratio], "o-", ms=3, label="best all-gather top-k")
-        ax.plot(dens, [r["allreduce_s"] * 1e3 for r in cx.ratio], "s-", ms=3, label="best all-reduce top-k")
-        ax.axhline(result.dense.iteration_s * 1e3, color="grey", ls=":",
-                   label=f"dense fp32 ({result.dense.collective})")
+        for label, key, style in series:
+            ax.plot(dens, [r[key] * 1e3 for r in cx.ratio], style, ms=3, label=label)
+        dense_ms = result.dense.iteration_s * 1e3
+        ax.axhline(dense_ms, color="grey", ls=":", label=f"dense fp32 ({result.dense.collective})")
         for f in cx.ratio_flips or []:
             ax.axvline(f["density"], color="red", lw=1, label=f"crossover at density {f['density']:.3g}")
         ax.set_xscale("log")
-        ax.set_yscale("log")
-        plain_log_ticks(ax, "y")
+        data_axis(ax, "y", [r[k] * 1e3 for r in cx.ratio for k in ("allgather_s", "allreduce_s")] + [dense_ms],
+                  log_from=2)
         ax.legend(fontsize=7)
     ax.set_xlabel("density k/d (log)")
-    ax.set_ylabel("predicted iteration time (ms, log)")
+    ax.set_ylabel("predicted iteration time (ms)")
     ax.set_title(f"AG vs AR top-k as the ratio varies (on {result.ctx.topo.name})", fontsize=10)
     ax.grid(alpha=0.3, which="both")
     fig.suptitle(_subtitle(result), fontsize=10)
     return save_png(fig, path)
 
 
-def write_plots(result: RunResult, directory: Path) -> list[Path]:
+def write_plots(result: RunResult, directory: Path) -> tuple[list[Path], list[str]]:
+    """The charts written, and a reason for each chart that had nothing to show (not drawn blank)."""
     directory.mkdir(parents=True, exist_ok=True)
-    return [breakdown(result, directory / "breakdown.png"), pareto(result, directory / "pareto.png"),
-            crossover(result, directory / "crossover.png")]
+    written = [breakdown(result, directory / "breakdown.png"), pareto(result, directory / "pareto.png")]
+    skipped = []
+    if result.crossover.bandwidth is None or result.crossover.nic_gbps is None:
+        skipped.append(f"crossover.png: {result.crossover.note}")
+    else:
+        written.append(crossover(result, directory / "crossover.png"))
+    return written, skipped

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import csv
 import io
-import json
 from pathlib import Path
 from typing import Any
 
+from rich import box
 from rich.console import Console
 from rich.table import Table
 
@@ -52,10 +52,6 @@ def to_json(result: RunResult) -> dict[str, Any]:
     }
 
 
-def write_json(result: RunResult, path: Path) -> None:
-    write_atomic(path, json.dumps(to_json(result), indent=1) + "\n")
-
-
 CSV_FIELDS = ("compressor", "collective", "op", "density", "memory", "iteration_s", "compute_s", "compress_s",
               "comm_s", "exposed_comm_s", "speedup_vs_dense", "speedup_vs_dense_ring", "rel_error", "update_error",
               "compression_gain", "density_achieved", "bytes_per_rank")
@@ -89,28 +85,39 @@ def render(result: RunResult, console: Console, every_collective: bool = False) 
         console.print(f"  [dim]• {note}[/]")
     rows = result.candidates if every_collective else best_per_compressor(result)
     rows = sorted(rows, key=lambda c: c.iteration_s)
-    table = Table(title="Iteration time per compressor" + ("" if every_collective else " (its fastest collective)"),
-                  caption="times in ms per iteration; speed-up against dense fp32 on its fastest collective "
-                          f"({result.dense.collective}); error = "
-                          "‖agg − ū‖²/‖ū‖² after error feedback; gain = ‖C(u)‖/‖u‖")
-    for col in ("compressor", "collective", "iteration", "compute", "compress", "comm", "exposed", "speed-up",
-                "error", "gain", "bytes/rank"):
-        table.add_column(col, justify="left" if col in ("compressor", "collective") else "right")
     d = result.dense
+    table = Table(title="Iteration time per compressor" + ("" if every_collective else " (its fastest collective)"),
+                  caption=f"ms per iteration, compute {_ms(d.compute_s)} ms in each; speed-up against dense fp32 on "
+                          f"its fastest collective (dense (baseline), {d.op} {d.collective}); AR all-reduce, AG "
+                          "all-gather; error = ‖agg − ū‖²/‖ū‖² after error feedback; gain = ‖C(u)‖/‖u‖",
+                  box=box.SIMPLE_HEAD, collapse_padding=True, pad_edge=False, show_edge=False)
+    names = max(len(c.compressor) for c in rows) if rows else 0
+    for col in ("compressor", "collective", "ms/iter", "compress", "comm", "exposed", "speed-up", "error", "gain",
+                "B/rank"):
+        left = col in ("compressor", "collective")  # never cut: the other columns give way first
+        table.add_column(col, justify="left" if left else "right", no_wrap=left, overflow="fold",
+                         min_width={"compressor": max(names, 10), "collective": 8}.get(col))
     rows = [c for c in rows if not (c.compressor == "dense" and c.collective == d.collective)]
-    table.add_row("dense (baseline)", f"{d.op} {d.collective}", _ms(d.iteration_s), _ms(d.compute_s), _ms(d.compress_s),
-                  _ms(d.comm_s), _ms(d.exposed_comm_s), "1.00×", "0", "1", format_size(d.bytes_per_rank),
-                  style="dim")
+    table.add_row("dense", short_collective(d.op, d.collective), _ms(d.iteration_s), _ms(d.compress_s),
+                  _ms(d.comm_s), _ms(d.exposed_comm_s), "1.00×", "0", "1", format_size(d.bytes_per_rank), style="dim")
     for c in rows:
-        table.add_row(c.compressor, f"{c.op} {c.collective}", _ms(c.iteration_s), _ms(c.compute_s),
-                      _ms(c.compress_s), _ms(c.comm_s), _ms(c.exposed_comm_s), f"{c.speedup_vs_dense:.2f}×",
-                      f"{c.rel_error:.3f}", f"{c.compression_gain:.3f}", format_size(c.bytes_per_rank))
+        table.add_row(c.compressor, short_collective(c.op, c.collective), _ms(c.iteration_s), _ms(c.compress_s),
+                      _ms(c.comm_s), _ms(c.exposed_comm_s), f"{c.speedup_vs_dense:.2f}×", f"{c.rel_error:.3f}",
+                      f"{c.compression_gain:.3f}", format_size(c.bytes_per_rank))
     console.print(table)
     if result.policy:
         _render_policy(result, console)
     _render_crossover(result, console)
     _render_pareto(result, console)
     _render_timings(result, console)
+
+
+OP_SHORT = {"allreduce": "AR", "allgather": "AG", "broadcast": "BC", "reducescatter": "RS"}
+
+
+def short_collective(op: str, algo: str) -> str:
+    """``AR rhd``, ``AG hier.``: a collective in a narrow column."""
+    return f"{OP_SHORT.get(op, op)} {'hier.' if algo == 'hierarchical' else algo}"
 
 
 def _render_timings(result: RunResult, console: Console) -> None:

@@ -30,6 +30,9 @@ class PlotUnsupported(SweepError):
     """The table does not vary what this kind of chart needs."""
 
 
+INCOMPLETE = "incomplete"  # DataFrame.attrs key: the banner every chart of a partial sweep carries
+
+
 def _varied(df: pd.DataFrame, col: str) -> bool:
     return df[col].nunique(dropna=False) > 1
 
@@ -59,8 +62,11 @@ def _title(ax: plt.Axes, main: str, df: pd.DataFrame, held: str) -> None:
     model = ", ".join(sorted(map(str, df["model"].unique())))
     worlds = sorted(df["world"].unique())
     ranks = f", {worlds[0]} ranks" if len(worlds) == 1 and "ranks " not in held else ""
-    sub = " · ".join(s for s in (f"{model}{ranks}", held) if s)
-    ax.set_title(f"{main}\n{sub}", fontsize=10)
+    topologies = sorted(map(str, df["topology"].unique())) if "topology" in df else []
+    on = f" on {', '.join(topologies)}" if 0 < len(topologies) <= 3 else ""
+    banner = df.attrs.get(INCOMPLETE, "").upper()
+    sub = " · ".join(s for s in (f"{model}{on}{ranks}", held, banner) if s)
+    ax.set_title(f"{main}\n{sub}", fontsize=10, color="#c44e52" if banner else "black")
 
 
 def _log_ticks_at(ax: plt.Axes, values: list, base: float = 10) -> None:
@@ -240,10 +246,21 @@ KINDS: dict[str, Callable[[pd.DataFrame, Path], Path]] = {
     "heatmap": heatmap, "speedup": speedup_vs_ranks, "crossover": crossover, "breakdown": breakdown}
 
 
+def incompleteness(df: pd.DataFrame, expected: int | None) -> str:
+    """``incomplete: N of M points`` when the table holds fewer rows than its sweep has points, else empty."""
+    return f"incomplete: {len(df)} of {expected} points" if expected is not None and len(df) < expected else ""
+
+
 def plot_all(df: pd.DataFrame, out_dir: Path, kinds: tuple[str, ...] = tuple(KINDS),
-             slack: float | None = 0.25) -> tuple[list[Path], list[str]]:
-    """Every requested kind the table supports; returns (written files, reasons for the skipped ones)."""
+             slack: float | None = 0.25, expected: int | None = None) -> tuple[list[Path], list[str]]:
+    """Every requested kind the table supports; returns (written files, reasons for the skipped ones).
+
+    With ``expected`` (the sweep's point count) a table that holds fewer rows is drawn with
+    "incomplete: N of M points" on every chart. Speed-ups never need a missing row: each row carries the
+    dense time of its own point (``dense_iteration_s``)."""
     out_dir.mkdir(parents=True, exist_ok=True)
+    df = df.copy()
+    df.attrs[INCOMPLETE] = incompleteness(df, expected)
     written, skipped = [], []
     for kind in kinds:
         try:

@@ -108,8 +108,9 @@ def _dask(chunks: list[list[dict[str, Any]]], client) -> Iterator[list[dict[str,
 
 
 def run_sweep(spec: SweepSpec, out: Path, scheduler: str | None = None, workers: int | None = None,
-              announce: Callable[[str], None] = print) -> SweepOutcome:
-    """Evaluate every point not yet in ``out``; rows land in ``out/results.csv`` as chunks finish."""
+              announce: Callable[[str], None] = print, show_progress: bool = True) -> SweepOutcome:
+    """Evaluate every point not yet in ``out``; rows land in ``out/results.csv`` as chunks finish (a progress
+    bar on stderr when it is a terminal and ``show_progress``)."""
     points = check_points(spec, announce)
     client = connect(scheduler) if scheduler else None  # before anything is written
     store = ResultStore(out)
@@ -132,7 +133,8 @@ def run_sweep(spec: SweepSpec, out: Path, scheduler: str | None = None, workers:
     workers = max(1, min(workers or os.cpu_count() or 1, len(todo)))
     chunks = chunk_points(todo, workers)
     source = _dask(chunks, client) if client is not None else _local(chunks, workers)
-    bar = tqdm(total=len(points), initial=outcome.already_done, desc="sweep", unit="point", disable=None,
+    bar = tqdm(total=len(points), initial=outcome.already_done, desc="sweep", unit="point",
+               disable=None if show_progress else True,
                file=sys.stderr, smoothing=0.1)
     try:
         with signals_interrupt(signal.SIGTERM):

@@ -138,7 +138,19 @@ class SweepSpec:
         return " × ".join(varied) if varied else "a single point"
 
     def to_dict(self) -> dict[str, Any]:
-        return {**self.axes, "memory": self.memory, "seed": self.seed, "compute_profile": self.compute_profile}
+        """The spec as a sweep file takes it back: bandwidths and latencies with their units (10Gbit, 5us)."""
+        axes = {name: [_with_unit(name, v) for v in values] for name, values in self.axes.items()}
+        return {**axes, "memory": self.memory, "seed": self.seed, "compute_profile": self.compute_profile}
+
+
+def _with_unit(name: str, value: Any) -> Any:
+    if value is None:
+        return None
+    if name == "bandwidth":
+        return f"{value * 8 / 1e9:.12g}Gbit"
+    if name == "latency":
+        return f"{value * 1e6:.12g}us"
+    return value
 
 
 def point_id(point: Mapping[str, Any]) -> str:

@@ -71,3 +71,14 @@ def load_results(path: Path) -> pd.DataFrame:
     if missing:
         raise SweepError(f"{path} lacks the columns {', '.join(missing)}; is it an arcsim sweep table?")
     return df
+
+
+def expected_points(path: Path) -> int | None:
+    """How many points the sweep recorded beside a results table asks for (None without its sweep.yaml)."""
+    from arcsim.sweep.spec import build_spec, load_yaml_spec
+
+    path = Path(path)
+    spec_path = (path if path.is_dir() else path.parent) / SPEC
+    if not spec_path.is_file():
+        return None
+    return len(build_spec(load_yaml_spec(spec_path), source=str(spec_path)).points())

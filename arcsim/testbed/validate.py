@@ -24,6 +24,7 @@ import numpy as np
 
 from arcsim.catalog import AG_FAMILY
 from arcsim.errors import ArcsimError
+from arcsim.plotting import save_png
 from arcsim.testbed import VALIDATE_WORKER
 
 
@@ -212,18 +213,24 @@ def write_outputs(rows: list[dict[str, Any]], out_dir: Path) -> tuple[Path, Path
     pd.DataFrame(rows).to_csv(csv, index=False)
     fig = Figure(figsize=(6.5, 6), layout="constrained")
     ax = fig.subplots()
-    names, rank_counts = sorted({r["compressor"] for r in rows}), sorted({r["ranks"] for r in rows})
-    markers = "osD^vP*X"
-    for i, name in enumerate(names):
-        for j, ranks in enumerate(rank_counts):
-            pts = [r for r in rows if r["compressor"] == name and r["ranks"] == ranks]
-            if not pts:
-                continue
-            ax.errorbar([r["measured_s"] * 1e3 for r in pts], [r["predicted_s"] * 1e3 for r in pts],
-                        xerr=[[(r["measured_s"] - r["measured_p10_s"]) * 1e3 for r in pts],
-                              [(r["measured_p90_s"] - r["measured_s"]) * 1e3 for r in pts]],
-                        fmt=markers[j % len(markers)], ms=5, capsize=2, color=f"C{i}",
-                        label=f"{name}, {ranks} ranks" if len(rank_counts) > 1 else name)
+    from matplotlib.lines import Line2D
+
+    from arcsim.plotting import MARKERS, PALETTE
+
+    names = sorted({r["compressor"] for r in rows})
+    settings = sorted({(r["ranks"], str(r["bandwidth"])) for r in rows})  # bandwidth: a label (1Gbit, cluster)
+    for i, name in enumerate(names):  # colour: compressor; marker: cluster setting (ranks, link rate)
+        for j, (ranks, bandwidth) in enumerate(settings):
+            pts = [r for r in rows if r["compressor"] == name and (r["ranks"], r["bandwidth"]) == (ranks, bandwidth)]
+            if pts:
+                ax.errorbar([r["measured_s"] * 1e3 for r in pts], [r["predicted_s"] * 1e3 for r in pts],
+                            xerr=[[(r["measured_s"] - r["measured_p10_s"]) * 1e3 for r in pts],
+                                  [(r["measured_p90_s"] - r["measured_s"]) * 1e3 for r in pts]],
+                            fmt=MARKERS[j % len(MARKERS)], ms=6, capsize=2, color=PALETTE[i % len(PALETTE)])
+    colour_keys = [Line2D([], [], color=PALETTE[i % len(PALETTE)], marker="o", ls="", label=n)
+                   for i, n in enumerate(names)]
+    marker_keys = [Line2D([], [], color="k", marker=MARKERS[j % len(MARKERS)], ls="", mfc="none",
+                          label=f"{ranks} ranks, {bandwidth}") for j, (ranks, bandwidth) in enumerate(settings)]
     lo = min(min(r["measured_s"], r["predicted_s"]) for r in rows) * 1e3 * 0.8
     hi = max(max(r["measured_s"], r["predicted_s"]) for r in rows) * 1e3 * 1.2
     ax.plot([lo, hi], [lo, hi], "k-", lw=1, label="prediction = measurement")
@@ -236,7 +243,8 @@ def write_outputs(rows: list[dict[str, Any]], out_dir: Path) -> tuple[Path, Path
     ax.set_title(f"Validation on the emulated cluster: {rows[0]['model']}, "
                  f"{len({(r['ranks'], r['bandwidth']) for r in rows})} cluster settings\nMAPE {s['mape']:.1%} "
                  f"over {s['cases']} cases", fontsize=10)
-    ax.legend(fontsize=8)
-    png = out_dir / "validation.png"
-    fig.savefig(png, dpi=130)
-    return csv, png
+    lines = ax.legend(loc="upper left", fontsize=8)
+    ax.add_artist(lines)
+    ax.legend(handles=colour_keys + marker_keys, loc="lower right", fontsize=8, title="colour: compressor; "
+              "marker: setting", title_fontsize=8)
+    return csv, save_png(fig, out_dir / "validation.png")
