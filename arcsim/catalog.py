@@ -21,7 +21,6 @@ class CompressorInfo:
     density_free: bool            # its result does not depend on k/d
     default_memory: str           # error feedback arcsim run uses unless --memory says otherwise
     options: tuple[str, ...]      # keyword options its constructor accepts besides density and seed
-    gpu_passes: float             # passes over the bucket's fp32 memory on a GPU (cost model; compress_cost)
     summary: str
 
     @property
@@ -30,23 +29,23 @@ class CompressorInfo:
 
 
 DESCRIPTORS: tuple[CompressorInfo, ...] = (
-    CompressorInfo("dense", "all-reduce", "none", True, "none", (), 0.0, "fp32 all-reduce, the baseline"),
-    CompressorInfo("fp16", "all-reduce", "none", True, "none", (), 2.0, "fp16 cast, half the bytes"),
-    CompressorInfo("topk", "all-gather", "top-k", False, "ef14", ("scope",), 5.5,
+    CompressorInfo("dense", "all-reduce", "none", True, "none", (), "fp32 all-reduce, the baseline"),
+    CompressorInfo("fp16", "all-reduce", "none", True, "none", (), "fp16 cast, half the bytes"),
+    CompressorInfo("topk", "all-gather", "top-k", False, "ef14", ("scope",),
                    "each worker's k largest |x|; values and indices all-gathered"),
-    CompressorInfo("randk", "all-reduce", "random", False, "ef14", ("scope", "unbiased"), 1.5,
+    CompressorInfo("randk", "all-reduce", "random", False, "ef14", ("scope", "unbiased"),
                    "k indices from a shared seed; values all-reduced"),
-    CompressorInfo("gaussiank", "all-gather", "top-k", False, "ef14", ("scope",), 3.2,
+    CompressorInfo("gaussiank", "all-gather", "top-k", False, "ef14", ("scope",),
                    "threshold from mean and std; counts, values and indices all-gathered"),
-    CompressorInfo("arctopk", "all-reduce", "sketch", False, "ef14", ("scope", "rank", "block", "selector"), 3.4,
+    CompressorInfo("arctopk", "all-reduce", "sketch", False, "ef14", ("scope", "rank", "block", "selector"),
                    "rows agreed through an all-reduced random sketch; values all-reduced"),
-    CompressorInfo("star", "all-reduce", "leader", False, "ef14", ("scope",), 5.5,
+    CompressorInfo("star", "all-reduce", "leader", False, "ef14", ("scope",),
                    "round-robin leader's top-k indices broadcast; values all-reduced"),
-    CompressorInfo("var", "all-reduce", "leader", False, "ef14", ("scope", "window", "alpha"), 5.5,
+    CompressorInfo("var", "all-reduce", "leader", False, "ef14", ("scope", "window", "alpha"),
                    "largest-gradient-norm leader's top-k indices broadcast; values all-reduced"),
-    CompressorInfo("powersgd", "all-reduce", "low-rank", False, "ef14", ("rank", "min_compression_rate"), 4.0,
+    CompressorInfo("powersgd", "all-reduce", "low-rank", False, "ef14", ("rank", "min_compression_rate"),
                    "rank-r approximation, P and Q all-reduced"),
-    CompressorInfo("adaptive", "all-gather", "adaptive", False, "ef14", ("inner", "scope", "rank"), 6.0,
+    CompressorInfo("adaptive", "all-gather", "adaptive", False, "ef14", ("inner", "scope", "rank"),
                    "water-filling k per step around an inner topk or arctopk"),
 )
 INFO: dict[str, CompressorInfo] = {c.name: c for c in DESCRIPTORS}

@@ -8,6 +8,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from arcsim.collectives import ALGORITHMS, build, busbw_factor, normalize_op
+from arcsim.collectives.limits import TooMuchWork
 from arcsim.comm.log import CommRecord
 from arcsim.errors import CollectiveError
 from arcsim.netsim import ENGINES, estimate
@@ -43,8 +44,16 @@ def algorithms_for(op: str) -> tuple[str, ...]:
 
 
 def cheapest_algorithm(topo: Topology, op: str, nbytes: float) -> str:
-    """The algorithm the closed form prices lowest for this size (what 'auto' picks)."""
-    times = {a: estimate(build(op, a, nbytes, topo), topo, "analytic").time_s for a in algorithms_for(op)}
+    """The algorithm the closed form prices lowest for this size (what 'auto' picks), among those within the
+    work limits (arcsim.collectives.limits); refused only if none is."""
+    times, refused = {}, []
+    for algo in algorithms_for(op):
+        try:
+            times[algo] = estimate(build(op, algo, nbytes, topo), topo, "analytic").time_s
+        except TooMuchWork as exc:
+            refused.append(str(exc))
+    if not times:
+        raise TooMuchWork("; ".join(refused))
     return min(times, key=times.__getitem__)
 
 

@@ -27,8 +27,10 @@ from arcsim.errors import TopologyError, UnitError
 from arcsim.units import format_bits, format_duration, format_rate, parse_duration, parse_rate
 
 FABRICS = ("switch", "fat-tree")
-GRAMMAR = "NxG-<fabric><Gbps>[x<NICs>]  (fabric: ib, roce, eth; e.g. 8x8-ib100, 8x8-ib400x8, 8x1-eth10)"
-_NAME_RE = re.compile(r"^(?P<n>\d+)x(?P<g>\d+)-(?P<fab>ib|roce|eth)(?P<gbps>\d+(?:\.\d+)?)(?:x(?P<nics>\d+))?$")
+GRAMMAR = ("NxG-<fabric><Gbps>[x<NICs>][-<gpu>]  (fabric: ib, roce, eth; gpu: a catalogue device; e.g. 8x8-ib100, "
+           "8x8-ib400x8-h100, 8x1-eth10)")
+_NAME_RE = re.compile(r"^(?P<n>\d+)x(?P<g>\d+)-(?P<fab>ib|roce|eth)(?P<gbps>\d+(?:\.\d+)?)(?:x(?P<nics>\d+))?"
+                      r"(?:-(?P<gpu>[a-z][a-z0-9]*))?$")
 
 ResourceKey = tuple  # ("gtx", rank) | ("grx", rank) | ("ntx", node, nic) | ("nrx", node, nic) | ("up"|"down", leaf)
 
@@ -81,6 +83,7 @@ class Topology:
     description: str = ""
     source: str = ""
     calibration: Mapping[str, Calibrated] = field(default_factory=dict)  # op → measured fit (arcsim calibrate)
+    gpu: str | None = None  # the catalogue device its ranks are (devices/*.yaml); None: compute measured here
 
     def __post_init__(self) -> None:
         _validate(self)
@@ -177,6 +180,7 @@ class Topology:
             "ranks": self.ranks,
             "nodes": self.nodes,
             "gpus_per_node": self.gpus_per_node,
+            "gpu": self.gpu,
             "intra": {"kind": self.intra.kind, "bandwidth_Bps": self.intra.bandwidth,
                       "latency_s": self.intra.latency},
             "network": {
@@ -204,6 +208,7 @@ class Topology:
         net = self.network
         rows = [
             ("ranks", f"{self.ranks} ({self.nodes} nodes × {self.gpus_per_node} GPUs)"),
+            ("gpu", self.gpu or "none named (compute as measured with the trace)"),
             ("intra-node", f"{self.intra.kind}: {format_rate(self.intra.bandwidth)} per GPU per direction, "
                            f"latency {format_duration(self.intra.latency)}"),
             ("inter-node", f"{net.kind}: {net.nics_per_node} NIC(s) per node × {format_bits(net.bandwidth_per_nic)}"
@@ -324,6 +329,7 @@ def from_name(name: str) -> Topology:
         description=f"{nodes} nodes × {gpus} GPUs, {nics} × {gbps:g} Gb/s {fabric_kind} NIC(s) per node "
                     "(built from the name grammar)",
         source="name grammar",
+        gpu=_gpu(m["gpu"], name),
     )
 
 
@@ -374,7 +380,7 @@ def from_dict(raw: Mapping[str, Any], source: str = "", default_name: str = "cus
         raise TopologyError(f"{source}: field 'stragglers' must map rank numbers to slowdown factors") from exc
     calibration = _calibration(reader.mapping("calibration", required=False) or {}, source)
     reader.reject_unknown({"name", "description", "nodes", "gpus_per_node", "intra", "network", "gamma",
-                           "stragglers", "jitter", "calibration"})
+                           "stragglers", "jitter", "calibration", "gpu"})
     intra_reader.reject_unknown({"kind", "bandwidth", "latency"})
     net_reader.reject_unknown({"kind", "nics_per_node", "bandwidth_per_nic", "latency", "fabric",
                                "nodes_per_leaf", "oversubscription"})
@@ -390,7 +396,19 @@ def from_dict(raw: Mapping[str, Any], source: str = "", default_name: str = "cus
         description=reader.text("description", default=""),
         source=source,
         calibration=calibration,
+        gpu=_gpu(reader.text("gpu", default="") or None, source),
     )
+
+
+def _gpu(name: str | None, where: str) -> str | None:
+    """A catalogue device name, checked (one error line listing them), or None."""
+    if name is None:
+        return None
+    from arcsim.devices.catalog import devices
+
+    if name.lower() not in devices():
+        raise TopologyError(f"{where}: unknown gpu {name!r}; choose one of: {', '.join(devices())}")
+    return name.lower()
 
 
 CALIBRATED_OPS = ("allreduce", "allgather", "broadcast")

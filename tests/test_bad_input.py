@@ -8,6 +8,7 @@ import pytest
 from conftest import run_cli
 
 BINARY = bytes(range(256)) * 2
+ROOT = Path(__file__).resolve().parents[1]
 
 CASES = [
     # (arguments, a phrase the error line must hold)
@@ -28,6 +29,22 @@ CASES = [
     (["run", "-t", "{binary}"], "not a text file"),
     (["trace", "capture", "-w", "1", "--model", "mlp", "--out", "{tmp}/t.npz"], "at least 2"),
     (["sweep", "{empty_axis}", "-o", "{tmp}/sweep"], "axis 'density' has no value"),
+    (["device", "predict", "--model", "resnet50", "--gpu", "x100"], "unknown GPU 'x100'; choose one of: a100"),
+    (["device", "predict", "--model", "resnet50", "--gpu", "v100", "--precision", "bf16"], "has no bf16"),
+    (["device", "predict", "--model", "resnet50", "--gpu", "h100", "--batch", "0"], "at least 1"),
+    (["device", "predict", "--model", "resnet50", "--gpu", "cpu"], "measured, not modelled"),
+    (["device", "predict", "--model", "alexnet", "--gpu", "h100"], "alexnet"),
+    (["device", "show", "tpu"], "unknown GPU 'tpu'"),
+    (["run", "--gpu", "x100"], "unknown GPU 'x100'"),
+    (["run", "--gpu", "v100", "--precision", "bf16"], "has no bf16"),
+    (["run", "-t", "8x8-ib100-x100"], "unknown gpu 'x100'"),
+    (["run", "--compare-gpu", "h100"], "give --plot DIR"),
+    (["run", "--gpu", "h100", "--trace", "{root}/traces/cnn-digits-small.npz", "--compute-profile",
+      "{root}/traces/profiles/resnet50-h100-b32-fp32.json"], "does not match trace"),
+    (["collective", "-t", "100000x8-ib400x8", "--algo", "tree"], "--force"),
+    (["train", "--gpu", "h100", "--steps", "1"], "give --topology too"),
+    (["train", "--topology", "8x1-eth1", "--gpu", "x100", "--steps", "1"], "unknown GPU 'x100'"),
+    (["sweep", "--gpu", "x100", "-o", "{tmp}/sweep"], "unknown GPU 'x100'"),
 ]
 
 
@@ -38,7 +55,7 @@ def test_bad_input_is_one_error_line_and_exit_2(tmp_path: Path, args: list[str],
     empty_axis = tmp_path / "sweep.yaml"
     empty_axis.write_text("density:\n")
     before = sorted(tmp_path.iterdir())
-    argv = [a.format(tmp=tmp_path, binary=binary, empty_axis=empty_axis) for a in args]
+    argv = [a.format(tmp=tmp_path, binary=binary, empty_axis=empty_axis, root=ROOT) for a in args]
     r = run_cli(*argv, cwd=str(tmp_path), timeout=120)
     assert r.returncode == 2, (r.returncode, r.stderr[-2000:])
     lines = [ln for ln in r.stderr.splitlines() if ln.strip()]

@@ -16,6 +16,7 @@ from pathlib import Path
 import click
 import pytest
 from click.testing import CliRunner
+from conftest import free_port
 
 from arcsim.cli.main import cli
 
@@ -141,8 +142,9 @@ def test_runnable_examples_run(doc: str, tmp_path: Path, monkeypatch: pytest.Mon
             result = CliRunner().invoke(cli, argv[1:], env={"COLUMNS": "100"})
             assert result.exit_code == 0 and result.exception is None, f"{example}\n{result.output[-2000:]}"
         else:
-            done = subprocess.run([sys.executable, "-m", "torch.distributed.run", *argv[1:]], capture_output=True,
-                                  text=True, timeout=300)
+            port = ["--master_port", str(free_port())]  # not torchrun's fixed default: other tests may hold it
+            done = subprocess.run([sys.executable, "-m", "torch.distributed.run", *port, *argv[1:]],
+                                  capture_output=True, text=True, timeout=300)
             assert done.returncode == 0, f"{example}\n{done.stderr[-2000:]}"
         ran += 1
     if ran == 0:

@@ -250,7 +250,8 @@ def test_compress_scale_multiplies_measured_compression_only():
     from arcsim.run.analysis import Analysis, RunConfig
     from arcsim.run.candidates import step_timelines
 
-    analysis = Analysis(RunConfig(compressors=("topk",), policy="none", ratios=(0.01,)), announce=lambda _: None)
+    analysis = Analysis(RunConfig(compressors=("topk",), policy="none", ratios=(0.01,), gpu="cpu"),
+                        announce=lambda _: None)
     meas = analysis.measurement("topk", 0.01)
     plain, _, _ = step_timelines(meas, "ring", analysis.ctx, analysis.pricer)
     shared, _, _ = step_timelines(meas, "ring", dataclasses.replace(analysis.ctx, compress_scale=3.0), analysis.pricer)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import click
@@ -19,6 +20,7 @@ from arcsim.cli.common import (
     tables_wanted,
     write_json,
 )
+from arcsim.errors import ArcsimError
 from arcsim.netsim import ENGINES
 
 DEFAULT_TOPOLOGY = "8x8-ib100"
@@ -44,6 +46,14 @@ DEFAULT_TOPOLOGY = "8x8-ib100"
 @click.option("--ratios", default=",".join(f"{r:g}" for r in DEFAULT_RATIOS), show_default=True,
               help="Density grid for the speed/fidelity trade-off.")
 @click.option("--weights", default=None, help="Pick from the front by ASF with weights TIME,ERROR instead of the knee.")
+@click.option("--gpu", default=None, help="Price compute and compression on this GPU (arcsim device list); "
+                                          "default: the topology's, cpu for what this machine measures.")
+@click.option("--batch", "-b", type=click.IntRange(min=1), default=None,
+              help="Batch per GPU for the GPU's compute (default 32).")
+@click.option("--precision", type=click.Choice(["fp32", "bf16"]), default="fp32", show_default=True,
+              help="The GPU's compute: fp32 (TF32 convolutions, PyTorch's defaults) or bf16 autocast.")
+@click.option("--compare-gpu", default=None,
+              help="With --plot: also run on this GPU and draw both breakdowns side by side (breakdown-gpus.png).")
 @click.option("--compute-profile", type=click.Path(), default=None,
               help="Compute timings from this profile (arcsim trace profile) instead of the trace's own.")
 @click.option("--seed", default=0, show_default=True, type=click.IntRange(min=0))
@@ -56,8 +66,10 @@ DEFAULT_TOPOLOGY = "8x8-ib100"
 @scope_option
 def run(topology: str, trace: str | None, no_capture: bool, compressors: str, density: float, memory: str | None,
         engine: str, bucket_mb: float, policy: str, slack: float, ratios: str, weights: str | None,
-        compute_profile: str | None, seed: int, grid_steps: int | None, all_collectives: bool, json_out: str | None,
-        csv_out: str | None, plot_dir: str | None, scope: str) -> None:
+        gpu: str | None, batch: int | None, precision: str, compare_gpu: str | None, compute_profile: str | None,
+        seed: int,
+        grid_steps: int | None, all_collectives: bool, json_out: str | None, csv_out: str | None, plot_dir: str | None,
+        scope: str) -> None:
     """Predict the iteration time of every compressor and collective for a trace on a topology."""
     from arcsim.run import report
     from arcsim.run.analysis import Analysis, RunConfig
@@ -68,8 +80,14 @@ def run(topology: str, trace: str | None, no_capture: bool, compressors: str, de
                     density=density, memory=memory, engine=engine, bucket_mb=bucket_mb, policy=policy,
                     ratios=tuple(sorted(set(number_list(ratios, "--ratios")))), weights=w,  # type: ignore[arg-type]
                     compute_profile=compute_profile, slack=slack, seed=seed, allow_capture=not no_capture,
-                    grid_steps=grid_steps, options={"scope": scope})
+                    grid_steps=grid_steps, options={"scope": scope}, gpu=gpu, batch=batch, precision=precision)
     cfg.check()
+    if compare_gpu:
+        from arcsim.devices.catalog import device
+
+        device(compare_gpu)  # an unknown name fails before any work
+        if not plot_dir:
+            raise ArcsimError("--compare-gpu draws a chart: give --plot DIR too")
     with step_progress("capture", unit="train step") as capture_progress:
         analysis = Analysis(cfg, announce=note, capture_progress=capture_progress)
     with progress_bar(analysis.planned_measurements(), "measuring compressors on the trace", "run") as bar:
@@ -89,6 +107,12 @@ def run(topology: str, trace: str | None, no_capture: bool, compressors: str, de
         from arcsim.run.plots import write_plots
 
         written, skipped = write_plots(result, Path(plot_dir))
+        if compare_gpu:
+            from arcsim.run.plots import gpu_comparison
+
+            note(f"running again on {compare_gpu} for the side-by-side chart …")
+            other = Analysis(dataclasses.replace(cfg, gpu=compare_gpu), announce=note).run()
+            written.append(gpu_comparison([result, other], Path(plot_dir) / "breakdown-gpus.png"))
         for path in written:
             note(f"wrote {path}")
         for reason in skipped:

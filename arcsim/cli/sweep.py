@@ -14,7 +14,7 @@ from arcsim.errors import ArcsimError
 
 SWEEP_OPTIONS = {  # option → spec key; every value is a comma list, strings may hold {a,b} groups
     "topology": "topology", "bandwidth": "bandwidth", "latency": "latency", "ranks": "ranks", "trace": "trace",
-    "compressors": "compressor", "density": "density", "bucket_mb": "bucket_mb", "engine": "engine",
+    "compressors": "compressor", "density": "density", "bucket_mb": "bucket_mb", "engine": "engine", "gpu": "gpu",
 }
 
 
@@ -29,6 +29,8 @@ SWEEP_OPTIONS = {  # option → spec key; every value is a comma list, strings m
 @click.option("--density", "-d", default=None, help="Densities k/d, e.g. 1e-3,1e-2,0.1 (default 0.01).")
 @click.option("--bucket-mb", default=None, help="DDP bucket caps in MiB (default 25).")
 @click.option("--engine", default=None, help="Engines: analytic, des, or analytic,des for both (default analytic).")
+@click.option("--gpu", default=None, help="GPUs to price on, e.g. v100,h100 (default: the topology's; cpu: "
+                                          "as measured here).")
 @click.option("--memory", "-m", default=None, help="Error feedback for every compressor (default ef14).")
 @click.option("--seed", default=None, type=click.IntRange(min=0))
 @click.option("--out", "-o", default=None, type=OutputPath(directory=True),

@@ -42,8 +42,9 @@ from arcsim.errors import ArcsimError
 @click.option("--seeds", default="0", show_default=True, help="Seeds, comma-separated (≥ 3 to judge noise).")
 @click.option("--topology", "-t", default=None, help="Price every step on this topology (wall-clock axis).")
 @click.option("--engine", default="analytic", show_default=True, type=click.Choice(["analytic", "des"]))
+@click.option("--gpu", default=None, help="Price steps on this GPU instead of the topology's (cpu: as measured here).")
 @click.option("--compute-profile", type=click.Path(dir_okay=False), default=None,
-              help="Compute timings for pricing (default: measured here on the CPU).")
+              help="Compute timings for pricing (default: the topology's GPU, else measured here on the CPU).")
 @click.option("--target", default=None, type=float, help="Held-out accuracy to reach, e.g. 0.95.")
 @click.option("--out", "-o", default=None, type=OutputPath(directory=True),
               help="Results directory (default reports/train/<model>-<dataset>-d<density>); an existing one resumes.")
@@ -51,7 +52,7 @@ from arcsim.errors import ArcsimError
 @scope_option
 def train(model: str, dataset: str, workers: int, compressors: str, density: float, memory: str, steps: int,
           batch: int, lr: float | None, eval_every: int, seeds: str, topology: str | None, engine: str,
-          compute_profile: str | None, target: float | None, out: str | None, json_out: str | None,
+          gpu: str | None, compute_profile: str | None, target: float | None, out: str | None, json_out: str | None,
           scope: str) -> None:
     """Train W workers in one process through each compressor; accuracy against steps and predicted time."""
     from arcsim.train.experiment import run_experiment
@@ -72,14 +73,21 @@ def train(model: str, dataset: str, workers: int, compressors: str, density: flo
     cfg.check()
     if memory == "ef21m":
         note("EF21M carries its own momentum: SGD's momentum is off (the step is x ← x − γ·h̄)")
+    if gpu and not topology:
+        raise ArcsimError("--gpu prices the steps on a cluster: give --topology too")
     if topology:
+        from arcsim.devices.catalog import device
         from arcsim.topology import load_topology
 
-        load_topology(topology)  # a bad name fails before any training
+        topo = load_topology(topology)  # a bad name fails before any training
+        priced_on = device(gpu).name if gpu else topo.gpu
+        if priced_on and priced_on != "cpu" and not compute_profile:
+            note(f"each step is priced on {priced_on}: compute by the device model for {model} at batch {batch}, "
+                 f"compression by the kernel model (arcsim device show {priced_on})")
     directory = Path(out or f"reports/train/{model}-{dataset}-d{density:g}")
     started = time.perf_counter()
     with step_progress("training", unit="step") as progress:
-        history = run_experiment(cfg, directory, topology, engine, announce=note, progress=progress)
+        history = run_experiment(cfg, directory, topology, engine, announce=note, progress=progress, gpu=gpu)
     took = time.perf_counter() - started
     summary = summarise(history, target)
     summary.to_csv(directory / "summary.csv", index=False)

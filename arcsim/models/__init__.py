@@ -6,6 +6,7 @@ model's default dataset (torchvision's and GPT-2's published figures), checked b
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -43,9 +44,9 @@ class ModelEntry:
 
 MODELS: dict[str, ModelEntry] = {e.name: e for e in (
     ModelEntry("mlp", ("vector", "image"), "mnist1d", 0.05, 32, None,
-               lambda s: MLP(int(torch.tensor(s.shape).prod()), s.classes), "MLP, two hidden layers of 128"),
+               lambda s: MLP(math.prod(s.shape), s.classes), "MLP, two hidden layers of 128"),
     ModelEntry("mlp_wide", ("vector", "image"), "digits", 0.05, 32, None,
-               lambda s: MLP(int(torch.tensor(s.shape).prod()), s.classes, hidden=1024),
+               lambda s: MLP(math.prod(s.shape), s.classes, hidden=1024),
                "MLP, two hidden layers of 1024 (≈1.1 M parameters on digits: a network-bound validation case)"),
     ModelEntry("cnn", ("image",), "digits", 0.05, 32, None,
                lambda s: SmallCNN(s.shape[0], s.shape[1], s.classes), "small CNN: two 3×3 convs, pool, two fc"),

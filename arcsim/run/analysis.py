@@ -15,20 +15,24 @@ from arcsim.catalog import (
     COMPRESSORS,
     DEFAULT_RATIOS,
     INFO,
+    MODELS,
     POLICIES,
     check_compression,
     check_options,
 )
+from arcsim.devices.catalog import PRECISIONS, Device
+from arcsim.devices.predict import DEFAULT_GPU_BATCH, ComputePrediction
 from arcsim.errors import ArcsimError
 from arcsim.netsim import ENGINES
 from arcsim.pricing import Pricer
 from arcsim.run import decisions
 from arcsim.run.buckets import make_buckets
 from arcsim.run.candidates import Candidate, Context, candidates_for, evaluate
-from arcsim.run.compute import from_profile, from_trace
+from arcsim.run.compute import from_profile, from_trace, mapped
 from arcsim.run.measure import Measurement, measure
 from arcsim.topology import load_topology
 from arcsim.traces.format import open_trace
+from arcsim.traces.profile import load_profile
 from arcsim.traces.resolve import resolve_trace
 
 GRID_ALL_STEPS_ELEMENTS = 2e8  # steps × workers × elements above which the grid uses the first step only
@@ -58,6 +62,9 @@ class RunConfig:
     grid_steps: int | None = None       # trace steps for ratio-grid points (None: all, or 1 for large traces)
     compress_scale: float = 1.0         # measured compression × this: > 1 where ranks share cores (emulation)
     options: dict[str, Any] = field(default_factory=lambda: {"scope": "tensor"})  # each compressor takes its own
+    gpu: str | None = None              # catalogue device; None: the topology's, else compute as the trace measured
+    batch: int | None = None            # per GPU, for a GPU's compute (None: DEFAULT_GPU_BATCH)
+    precision: str = "fp32"             # fp32 or bf16 autocast, for a GPU's compute
 
     @property
     def scope(self) -> str:
@@ -66,6 +73,16 @@ class RunConfig:
     def check(self) -> None:
         check_compression(self.compressors, self.memory, RunError)
         check_options(self.compressors, self.options, RunError)
+        if self.precision not in PRECISIONS:
+            raise RunError(f"unknown precision {self.precision!r}; choose {' or '.join(PRECISIONS)}")
+        if self.gpu is not None:
+            from arcsim.devices.catalog import device
+
+            gpu = device(self.gpu)
+            if gpu.modelled:
+                gpu.check_precision(self.precision)
+        if self.batch is not None and self.batch < 1:
+            raise RunError(f"--batch is per GPU and at least 1, got {self.batch}")
         if self.policy not in POLICIES:
             raise RunError(f"unknown policy {self.policy!r}; choose one of {', '.join(POLICIES)}")
         if self.engine not in ENGINES:
@@ -128,14 +145,46 @@ class Analysis:
         self.topo = load_topology(cfg.topology)
         path = resolve_trace(cfg.trace, allow_capture=cfg.allow_capture, announce=announce, progress=capture_progress)
         self.trace = open_trace(path)
-        compute = from_profile(cfg.compute_profile, self.trace) if cfg.compute_profile else from_trace(self.trace)
+        self.notes_before: list[str] = []
+        self.gpu, self.compute_prediction = self._device()
+        if cfg.compute_profile:
+            compute = from_profile(cfg.compute_profile, self.trace)
+        elif self.compute_prediction is not None:
+            pred = self.compute_prediction
+            compute = mapped(pred.profile, self.trace, f"for {pred.device.name}",
+                             f"{pred.source} on {pred.device.full_name}, batch {pred.profile.batch} per GPU, "
+                             f"{pred.precision} ({pred.detail})")
+        else:
+            compute = from_trace(self.trace)
         buckets = make_buckets(self.trace.layers, compute.ready_s.tolist(), cfg.bucket_mb * 2**20)
-        source = "measured" if compute.device == "cpu" else "modelled"
-        self.ctx = Context(self.trace, self.topo, compute, buckets, cfg.engine, source, cfg.compress_scale)
+        source = "measured" if self.gpu is None else "modelled"
+        self.ctx = Context(self.trace, self.topo, compute, buckets, cfg.engine, source, cfg.compress_scale,
+                           self.gpu, cfg.scope)
         self.pricer = Pricer(self.topo, cfg.engine)
         self._measured: dict[tuple[str, float, int], Measurement] = {}
         self._cached: list[tuple[int, torch.Tensor]] | None = None
         self.timings: dict[str, float] = {}
+
+    def _device(self) -> tuple[Device | None, ComputePrediction | None]:
+        """The GPU this run prices compute and compression on (--gpu, else the topology's; a compute profile
+        from a catalogue GPU names its own), and its compute prediction; (None, None): all measured here."""
+        from arcsim.devices.catalog import device
+        from arcsim.devices.predict import device_of_profile, predict_compute
+
+        name = self.cfg.gpu or self.topo.gpu
+        if self.cfg.compute_profile:
+            if name is not None:
+                return (device(name) if device(name).modelled else None), None
+            return device_of_profile(load_profile(self.cfg.compute_profile), self.cfg.compute_profile), None
+        if name is None or not device(name).modelled:
+            return None, None
+        if self.trace.meta["model"] not in MODELS:
+            model = self.trace.meta["model"]
+            self.notes_before.append(f"the trace's model {model!r} is not in the zoo, so its compute on {name} "
+                                     "cannot be modelled: compute and compression as measured here")
+            return None, None
+        return device(name), predict_compute(self.trace.meta["model"], name, self.cfg.batch or DEFAULT_GPU_BATCH,
+                                             self.cfg.precision)
 
     def steps(self) -> Iterator[tuple[int, torch.Tensor]]:
         """The trace's steps as float32; held in memory (as stored) when they fit CACHE_BYTES, else streamed."""
@@ -230,13 +279,19 @@ class Analysis:
     def _dense_algo(self) -> str:
         return "measured" if "allreduce" in self.topo.calibration else "ring"
 
+    def _kernel_source(self) -> str:
+        from arcsim.devices.kernels import compress_seconds
+
+        assert self.gpu is not None
+        _, how = compress_seconds("topk", self.cfg.scope, 1, 1, self.gpu)
+        return f"memory passes and kernel launches per compressor, {how} (arcsim/devices/kernels.py)"
+
     def _assumptions(self) -> list[str]:
         t, topo, ctx = self.trace, self.topo, self.ctx
-        notes = [f"compute: {ctx.compute.source}",
+        notes = [*self.notes_before, f"compute: {ctx.compute.source}",
                  f"compression time: {ctx.compress_source}"
                  + (" on this CPU: one rank's slice through the real compressor and memory"
-                    if ctx.compress_source == "measured"
-                    else " for the GPU from per-element pass counts (arcsim/run/compress_cost.py)"),
+                    if ctx.gpu is None else f" on {ctx.gpu.full_name}: {self._kernel_source()}"),
                  f"selection scope {self.cfg.scope}: "
                  + ("k = max(1, ⌊ρ·n⌋) in every layer of n elements (topk, randk, gaussiank, star, var; "
                     "arctopk: rows per layer), as the reference implementations"

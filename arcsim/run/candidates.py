@@ -10,9 +10,9 @@ from typing import Any
 import numpy as np
 
 from arcsim.catalog import INFO
+from arcsim.devices.catalog import Device
 from arcsim.errors import ArcsimError
 from arcsim.pricing import Pricer, algorithms_for
-from arcsim.run import compress_cost
 from arcsim.run.buckets import Bucket
 from arcsim.run.compute import ComputeTimes
 from arcsim.run.measure import Measurement
@@ -69,6 +69,8 @@ class Context:
     engine: str
     compress_source: str       # "measured" or "modelled"
     compress_scale: float = 1.0  # measured compression × this (ranks sharing cores in an emulated cluster)
+    gpu: Device | None = None  # modelled compression prices kernels on this device (arcsim.devices.kernels)
+    scope: str = "tensor"      # the top-k family's selection scope (kernel counts differ per scope)
 
     @property
     def trace_file(self) -> Trace:
@@ -88,6 +90,15 @@ def main_op(meas: Measurement) -> str:
     return max(sizes, key=sizes.__getitem__)
 
 
+def gpu_compress_seconds(compressor: str, bucket: Bucket, ctx: Context) -> float:
+    """One bucket's compression on the context's GPU, by the kernel model."""
+    from arcsim.devices.kernels import compress_seconds
+
+    if ctx.gpu is None:
+        raise ArcsimError("modelled compression needs a GPU (--gpu, or a topology that names one)")
+    return compress_seconds(compressor, ctx.scope, bucket.numel, len(bucket.layers), ctx.gpu)[0]
+
+
 def step_timelines(meas: Measurement, collective: str, ctx: Context,
                    pricer: Pricer) -> tuple[list, np.ndarray, np.ndarray]:
     """Each step's iteration timeline with ``collective`` for the main op, and the per-bucket sums over
@@ -100,8 +111,7 @@ def step_timelines(meas: Measurement, collective: str, ctx: Context,
         if ctx.compress_source == "measured":
             comp = [c * ctx.compress_scale for c in meas.compress_s[s]]
         else:
-            comp = [compress_cost.modelled(meas.compressor, b.numel, len(recs), ctx.compute.device)
-                    for b, recs in zip(ctx.buckets, step_records, strict=True)]
+            comp = [gpu_compress_seconds(meas.compressor, b, ctx) for b in ctx.buckets]
         timelines.append(iteration(ctx.compute.forward_s, ctx.compute.backward_s, ready, comp, comm))
         comp_sum += np.asarray(comp)
         comm_sum += np.asarray(comm)

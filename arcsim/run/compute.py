@@ -9,7 +9,7 @@ import numpy as np
 
 from arcsim.errors import ArcsimError
 from arcsim.traces.format import Trace
-from arcsim.traces.profile import load_profile
+from arcsim.traces.profile import ComputeProfile, load_profile
 
 
 @dataclass(frozen=True)
@@ -30,20 +30,24 @@ def from_trace(trace: Trace) -> ComputeTimes:
 
 
 def from_profile(path: str | Path, trace: Trace) -> ComputeTimes:
-    """A compute profile's timings mapped onto the trace's layer table (names and sizes must agree)."""
+    """A compute profile file's timings mapped onto the trace's layer table (names and sizes must agree)."""
     prof = load_profile(path)
+    return mapped(prof, trace, str(path), f"profile {Path(path).name}: {prof.device_name}, batch {prof.batch} "
+                                          f"({prof.extra.get('precision', 'fp32')})")
+
+
+def mapped(prof: ComputeProfile, trace: Trace, where: str, source: str) -> ComputeTimes:
+    """``prof``'s timings on the trace's layer table (names and sizes must agree)."""
     timed = {la.name: la for la in prof.layers}
     for layer in trace.layers:
         row = timed.get(layer.name)
         if row is None or row.numel != layer.numel:
             found = "missing" if row is None else f"{row.numel:,} elements"
-            raise ArcsimError(f"compute profile {path} does not match trace {trace.path.name}: layer {layer.name} "
+            raise ArcsimError(f"compute profile {where} does not match trace {trace.path.name}: layer {layer.name} "
                               f"({layer.numel:,} elements) is {found} in the profile; profile the same model "
                               f"({trace.meta['model']})")
     if len(timed) != len(trace.layers):
-        raise ArcsimError(f"compute profile {path} has {len(timed)} layers, trace {trace.path.name} has "
+        raise ArcsimError(f"compute profile {where} has {len(timed)} layers, trace {trace.path.name} has "
                           f"{len(trace.layers)}; profile the same model ({trace.meta['model']})")
     ready = np.array([timed[la.name].ready_s for la in trace.layers])
-    return ComputeTimes(prof.forward_s, prof.backward_s, ready, prof.device,
-                        f"profile {Path(path).name}: {prof.device_name}, batch {prof.batch} "
-                        f"({prof.extra.get('precision', 'fp32')})")
+    return ComputeTimes(prof.forward_s, prof.backward_s, ready, prof.device, source)

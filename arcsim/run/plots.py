@@ -21,44 +21,65 @@ def _is_baseline(c: Candidate, result: RunResult) -> bool:
     return c.compressor == "dense" and c.collective == result.dense.collective
 
 
-def breakdown(result: RunResult, path: Path) -> Path:
+PARTS = (("compute (forward + backward)", "#4c72b0"), ("compression on the compute stream", "#dd8452"),
+         ("exposed communication", "#c44e52"))
+
+
+def _breakdown_rows(result: RunResult) -> tuple[list[str], list[tuple[float, float, float]]]:
+    """Labels and (compute, compression, exposed communication) ms of dense, each compressor's best, the policy."""
     best = [c for c in best_per_compressor(result) if not _is_baseline(c, result)]
-    rows: list[Candidate | None] = [result.dense, *best]
     labels = [f"dense fp32\n{result.dense.collective} (baseline)"] + [f"{c.compressor}\n{c.op} {c.collective}"
                                                                       for c in best]
-    policy = result.policy
-    if policy:
-        rows.append(None)
+    rows = [(c.compute_s * 1e3, c.compress_s * 1e3, c.exposed_comm_s * 1e3) for c in [result.dense, *best]]
+    if result.policy:
+        pol, compute = result.policy, result.dense.compute_s
         labels.append("policy (auto)\nper bucket")
-    fig = Figure(figsize=(9, 0.45 * len(rows) + 1.6))
-    ax = fig.subplots()
-    y = range(len(rows))
-    parts = (("compute (forward + backward)", "compute_s", "#4c72b0"),
-             ("compression on the compute stream", "compress_s", "#dd8452"),
-             ("exposed communication", "exposed_comm_s", "#c44e52"))
+        rows.append((compute * 1e3, (pol.iteration_s - compute - pol.exposed_comm_s) * 1e3, pol.exposed_comm_s * 1e3))
+    return labels, rows
+
+
+def _draw_breakdown(ax, labels: list[str], rows: list[tuple[float, float, float]], xmax: float) -> None:  # type: ignore[no-untyped-def]
+    y = list(range(len(rows)))
     left = [0.0] * len(rows)
-    for label, attr, colour in parts:
-        widths = []
-        for c in rows:
-            if c is None:
-                assert policy is not None  # the policy row is added only when there is one
-                pol = policy
-                compute = result.dense.compute_s
-                widths.append({"compute_s": compute, "exposed_comm_s": pol.exposed_comm_s,
-                               "compress_s": pol.iteration_s - compute - pol.exposed_comm_s}[attr] * 1e3)
-            else:
-                widths.append(getattr(c, attr) * 1e3)
-        ax.barh(list(y), widths, left=left, color=colour, label=label)
+    for k, (label, colour) in enumerate(PARTS):
+        widths = [r[k] for r in rows]
+        ax.barh(y, widths, left=left, color=colour, label=label)
         left = [a + b for a, b in zip(left, widths, strict=True)]
     for i, total in enumerate(left):
         ax.text(total, i, f" {total:.3g} ms", va="center", fontsize=8)
-    ax.set_yticks(list(y), labels, fontsize=8)
+    ax.set_yticks(y, labels, fontsize=8)
     ax.invert_yaxis()
     ax.set_xlabel("time per training iteration (ms)")
-    ax.set_xlim(0, max(left) * 1.18)
+    ax.set_xlim(0, xmax * 1.2)
+
+
+def breakdown(result: RunResult, path: Path) -> Path:
+    labels, rows = _breakdown_rows(result)
+    fig = Figure(figsize=(9, 0.45 * len(rows) + 1.6))
+    ax = fig.subplots()
+    _draw_breakdown(ax, labels, rows, max(sum(r) for r in rows))
     ax.set_title(f"Where one iteration's time goes, density {result.config.density:g}\n{_subtitle(result)}",
                  fontsize=10)
     ax.legend(loc="lower right", fontsize=8)
+    return save_png(fig, path)
+
+
+def gpu_comparison(results: list[RunResult], path: Path) -> Path:
+    """The iteration breakdown of each run side by side (one per GPU), each on its own time axis."""
+    drawn = [_breakdown_rows(r) for r in results]
+    fig = Figure(figsize=(6 * len(results), 0.45 * max(len(r) for _, r in drawn) + 2), layout="constrained")
+    axes = fig.subplots(1, len(results), squeeze=False)[0]
+    for ax, result, (labels, rows) in zip(axes, results, drawn, strict=True):
+        _draw_breakdown(ax, labels, rows, max(sum(r) for r in rows))
+        gpu = result.ctx.gpu.full_name if result.ctx.gpu else "compute as measured with the trace"
+        dense = result.dense.iteration_s * 1e3
+        best = min([*result.candidates, result.dense], key=lambda c: c.iteration_s)
+        ax.set_title(f"{gpu}\nfastest: {best.compressor} ({best.iteration_s * 1e3:.3g} ms vs dense {dense:.3g} ms)",
+                     fontsize=9)
+    axes[0].legend(loc="lower right", fontsize=7)
+    first = results[0]
+    fig.suptitle(f"Why compression pays on one GPU and not another: {_subtitle(first)}, density "
+                 f"{first.config.density:g}", fontsize=10)
     return save_png(fig, path)
 
 

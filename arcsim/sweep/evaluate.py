@@ -21,7 +21,7 @@ ANALYSES_KEPT = 2  # traces held in memory per process (each caches its steps)
 
 # the results table's columns, in order: the point, then what arcsim predicts for it
 POINT_COLUMNS = ("point_id", "topology", "bandwidth", "latency", "ranks", "trace", "compressor", "density",
-                 "bucket_mb", "engine", "memory", "seed")
+                 "bucket_mb", "engine", "gpu", "memory", "seed")
 RESULT_COLUMNS = ("topology_name", "nodes", "gpus_per_node", "world", "nic_gbps", "latency_us", "model", "params",
                   "trace_workers", "collective", "op", "iteration_s", "compute_s", "compress_s", "comm_s",
                   "exposed_comm_s", "dense_iteration_s", "speedup_vs_dense", "rel_error", "compression_gain",
@@ -56,20 +56,22 @@ def point_topology(point: Mapping[str, Any]) -> Topology:
         if topo.network.fabric == "fat-tree" and topo.network.nodes_per_leaf and nodes % topo.network.nodes_per_leaf:
             raise SweepError(f"ranks {ranks}: {topo.name} is a fat tree of {topo.network.nodes_per_leaf} nodes per "
                              "leaf; use a multiple of that many nodes")
-    return dataclasses.replace(topo, nodes=nodes, network=net, calibration=calib)
+    gpu = point.get("gpu") or topo.gpu
+    return dataclasses.replace(topo, nodes=nodes, network=net, calibration=calib, gpu=gpu)
 
 
 def _analysis(point: Mapping[str, Any]):
     from arcsim.run.analysis import Analysis, RunConfig
 
-    key = (point["trace"], point["bucket_mb"], point["memory"], point["seed"], point.get("compute_profile"))
+    gpu = point_topology(point).gpu or "cpu"  # the point's topology names the GPU compute is priced on
+    key = (point["trace"], point["bucket_mb"], point["memory"], point["seed"], point.get("compute_profile"), gpu)
     if key in _analyses:
         _analyses.move_to_end(key)
         return _analyses[key]
     cfg = RunConfig(trace=point["trace"], compressors=("dense",), memory=point["memory"],
                     bucket_mb=point["bucket_mb"], policy="none",
                     ratios=(1.0,), compute_profile=point.get("compute_profile"), seed=point["seed"],
-                    allow_capture=False)
+                    allow_capture=False, gpu=gpu)
     analysis = Analysis(cfg, announce=lambda _: None)
     _analyses[key] = analysis
     while len(_analyses) > ANALYSES_KEPT:
@@ -92,6 +94,7 @@ def evaluate_point(point: Mapping[str, Any]) -> dict[str, Any]:
     meta = analysis.trace.meta
     row = {k: point.get(k) for k in POINT_COLUMNS}
     row["memory"] = best.memory
+    row["gpu"] = topo.gpu or "cpu"
     row.update(topology_name=topo.name, nodes=topo.nodes, gpus_per_node=topo.gpus_per_node, world=topo.ranks,
                nic_gbps=topo.network.bandwidth_per_nic * 8 / 1e9, latency_us=topo.network.latency * 1e6,
                model=meta.get("model"), params=analysis.trace.elements, trace_workers=analysis.trace.workers)

@@ -140,8 +140,8 @@ def heatmap(df: pd.DataFrame, path: Path, slack: float | None = 0.25) -> Path:
     ax.set_xlabel("density k/d (fraction of gradient entries sent)")
     ax.set_ylabel("per-NIC bandwidth (Gb/s)")
     rule = "any error" if slack is None else f"error ≤ Top-K's × {1 + slack:g}"
-    _title(ax, f"Fastest compressor with {rule}, by bandwidth and density (label: speed-up over dense)", df,
-           held)
+    _title(ax, f"Fastest compressor with {rule}, by bandwidth and density\n(label: speed-up over dense on its "
+               "fastest collective)", df, held)
     handles = [plt.Rectangle((0, 0), 1, 1, color=colours[n]) for n in names]
     ax.legend(handles, names, title="fastest", bbox_to_anchor=(1.02, 1), loc="upper left", fontsize=8)
     return _finish(fig, path)
@@ -161,7 +161,7 @@ def speedup_vs_ranks(df: pd.DataFrame, path: Path) -> Path:
     ax.axhline(1.0, color="grey", lw=0.8, ls=":")
     _log_ticks_at(ax, sorted(df["world"].unique()), base=2)
     ax.set_xlabel("ranks (GPUs)")
-    ax.set_ylabel("speed-up over dense all-reduce (×)")
+    ax.set_ylabel("speed-up over dense fp32 on its fastest collective (×)")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8, title="compressor", loc="best")
     _title(ax, "Iteration speed-up over dense as the cluster grows", df, held)

@@ -38,6 +38,8 @@ AXES: dict[str, str] = {
     "density": "k/d in (0, 1] (ignored by dense, fp16 and powersgd's rank)",
     "bucket_mb": "DDP bucket cap, MiB of fp32",
     "engine": "analytic or des",
+    "gpu": "the GPU compute and compression are priced on (arcsim device list; cpu: as measured here); "
+           "default: the topology's",
 }
 SETTINGS: dict[str, str] = {  # single values, not swept
     "memory": f"error feedback for every compressor: {', '.join(MEMORIES)} (default ef14)",
@@ -182,7 +184,7 @@ def build_spec(raw: Mapping[str, Any], source: str = "command line") -> SweepSpe
     axes: dict[str, list[Any]] = {}
     defaults: dict[str, Any] = {"topology": DEFAULT_TOPOLOGY, "bandwidth": None, "latency": None, "ranks": None,
                                 "trace": None, "compressor": ["dense", "topk", "randk", "arctopk", "star", "powersgd"],
-                                "density": 0.01, "bucket_mb": 25.0, "engine": "analytic"}
+                                "density": 0.01, "bucket_mb": 25.0, "engine": "analytic", "gpu": None}
     for name in AXES:
         if name in raw and raw[name] is None and defaults[name] is not None:
             raise SweepError(f"{source}: axis {name!r} has no value; give one or more (e.g. {name}: "
@@ -233,10 +235,16 @@ def _normalise(name: str, value: Any, source: str) -> Any:
             if not (0 < x <= 1 if name == "density" else x > 0):
                 raise ValueError
             return x
-    except (TypeError, ValueError, ArcsimError):
+    except (TypeError, ValueError, OverflowError, ArcsimError):
         hint = {"bandwidth": "e.g. 100Gbit", "latency": "e.g. 5us", "ranks": "a whole number ≥ 2",
                 "density": "a number in (0, 1]", "bucket_mb": "a positive number"}[name]
         raise SweepError(f"{where}: cannot use {value!r} ({hint})") from None
+    if name == "gpu":
+        from arcsim.devices.catalog import devices
+
+        if str(value).lower() not in devices():
+            raise SweepError(f"{where}: unknown GPU {value!r}; choose one of: {', '.join(devices())}")
+        return str(value).lower()
     if name == "compressor" and value not in COMPRESSORS:
         raise SweepError(f"{where}: unknown compressor {value!r}; choose from {', '.join(COMPRESSORS)}")
     if name == "engine" and value not in ENGINES:

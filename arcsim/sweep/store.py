@@ -33,6 +33,8 @@ class ResultStore:
         wanted = spec.to_dict()
         if self.spec_path.exists():
             held = yaml.safe_load(self.spec_path.read_text())
+            if isinstance(held, dict) and "gpu" not in held and wanted.get("gpu") == [None]:
+                wanted.pop("gpu")  # recorded before sweeps had a gpu axis: the same sweep
             if held != wanted:
                 raise SweepError(f"{self.dir} holds a different sweep ({self.spec_path}); give a new --out, or "
                                  "delete that directory to start over")

@@ -3,6 +3,7 @@ whether the seeds' claims reproduce."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -11,7 +12,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from arcsim.devices.catalog import Device
 from arcsim.pricing import Pricer
+from arcsim.run.buckets import Bucket
 from arcsim.run.candidates import Context, candidates_for, step_timelines
 from arcsim.run.compute import ComputeTimes
 from arcsim.topology import Topology
@@ -26,10 +29,26 @@ def compute_times(setup: Setup) -> ComputeTimes:
                         f"{prof.device_name}, batch {prof.batch}")
 
 
+def priced_on(setup: Setup, topo: Topology) -> tuple[ComputeTimes, list[Bucket], Device | None]:
+    """Compute, buckets and GPU to price steps with: the topology's GPU (compute predicted for the trained
+    model and batch, bucket ready times from it) unless a GPU profile was given; else as measured here."""
+    from arcsim.devices.predict import device_of_profile, predict_compute
+
+    if setup.profile.device != "cpu" or topo.gpu is None or topo.gpu == "cpu":
+        return compute_times(setup), setup.buckets, device_of_profile(setup.profile, "given")
+    pred = predict_compute(setup.profile.model, topo.gpu, setup.profile.batch, "fp32", dataset=setup.data.name)
+    ready = {la.name: la.ready_s for la in pred.profile.layers}
+    compute = ComputeTimes(pred.profile.forward_s, pred.profile.backward_s,
+                           np.array([ready[la.name] for la in setup.layers]), "cuda",
+                           f"{pred.source} on {pred.device.full_name}, batch {setup.profile.batch}")
+    buckets = [dataclasses.replace(b, ready_s=max(ready[la.name] for la in b.layers)) for b in setup.buckets]
+    return compute, buckets, pred.device
+
+
 def price(hist: History, setup: Setup, topo: Topology, engine: str) -> tuple[str, np.ndarray]:
     """The fastest collective for this run's main op, and every step's predicted iteration time on ``topo``."""
-    compute = compute_times(setup)
-    ctx = Context(None, topo, compute, setup.buckets, engine, "measured" if compute.device == "cpu" else "modelled")
+    compute, buckets, gpu = priced_on(setup, topo)
+    ctx = Context(None, topo, compute, buckets, engine, "measured" if gpu is None else "modelled", gpu=gpu)
     pricer = Pricer(topo, engine)
     best = min(candidates_for(hist.measurement, ctx, pricer), key=lambda c: c.iteration_s)
     timelines, _, _ = step_timelines(hist.measurement, best.collective, ctx, pricer)

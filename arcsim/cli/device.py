@@ -1,0 +1,75 @@
+"""`arcsim device list | show | predict`: the GPU catalogue and what a step costs on each."""
+
+from __future__ import annotations
+
+import click
+from rich.table import Table
+
+from arcsim.catalog import MODELS
+from arcsim.cli.common import console, json_option, tables_wanted, write_json
+from arcsim.devices.catalog import PRECISIONS, device, devices
+from arcsim.units import format_duration
+
+
+@click.group("device")
+def device_group() -> None:
+    """GPUs arcsim can price a cluster's compute and compression on (devices/*.yaml)."""
+
+
+@device_group.command("list")
+@json_option
+def device_list(json_out: str | None) -> None:
+    """Every device in the catalogue with its datasheet figures."""
+    rows = [d.to_dict() for d in devices().values()]
+    write_json(rows, json_out)
+    if not tables_wanted(json_out):
+        return
+    table = Table(title="Devices (dense peaks, without sparsity)", caption="arcsim device show NAME: sources")
+    for col in ("name", "device", "fp32", "tf32", "bf16", "memory", "launch"):
+        table.add_column(col, justify="left" if col in ("name", "device") else "right", no_wrap=col == "name")
+    for d in devices().values():
+        peaks = [f"{d.peak_tflops[k]:g} TF" if k in d.peak_tflops else "–" for k in ("fp32", "tf32", "bf16")]
+        table.add_row(d.name, d.full_name, *peaks,
+                      f"{d.memory_bandwidth_GBps / 1e3:g} TB/s" if d.modelled else "–",
+                      f"{d.launch_us:g} µs" if d.modelled else "–")
+    console.print(table)
+
+
+@device_group.command("show")
+@click.argument("name")
+@json_option
+def device_show(name: str, json_out: str | None) -> None:
+    """One device: every figure and where it comes from."""
+    d = device(name)
+    write_json(d.to_dict(), json_out)
+    if not tables_wanted(json_out):
+        return
+    table = Table(title=d.full_name, show_header=False)
+    table.add_column(style="bold")
+    table.add_column()
+    for k, v in d.to_dict().items():
+        table.add_row(k, ", ".join(f"{p} {t:g} TFLOP/s" for p, t in v.items()) if isinstance(v, dict) else str(v))
+    console.print(table)
+
+
+@device_group.command("predict")
+@click.option("--model", required=True, help=f"One of: {', '.join(MODELS)}.")
+@click.option("--gpu", required=True, help="A catalogue device (arcsim device list).")
+@click.option("--batch", "-b", default=32, show_default=True, type=int, help="Batch per GPU.")
+@click.option("--precision", type=click.Choice(PRECISIONS), default="fp32", show_default=True,
+              help="fp32 (TF32 convolutions, as PyTorch's defaults) or bf16 autocast.")
+@click.option("--modelled", is_flag=True, help="Use the model even where a measured profile matches.")
+@json_option
+def device_predict(model: str, gpu: str, batch: int, precision: str, modelled: bool, json_out: str | None) -> None:
+    """Forward, backward and per-parameter gradient-ready times of one training step on one GPU."""
+    from arcsim.devices.predict import predict_compute
+
+    pred = predict_compute(model, gpu, batch, precision, modelled)
+    write_json(pred.to_dict(), json_out)
+    if not tables_wanted(json_out):
+        return
+    p = pred.profile
+    console.print(f"[bold]{model}[/], batch {batch} per GPU, {precision}, on {pred.device.full_name}: "
+                  f"forward {format_duration(p.forward_s)}, backward {format_duration(p.backward_s)}, "
+                  f"{len(p.layers)} parameter tensors")
+    console.print(f"  source: {pred.source} — {pred.detail}")

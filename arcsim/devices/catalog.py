@@ -1,0 +1,81 @@
+"""The device catalogue: one YAML file per accelerator under ``devices/`` (datasheet peaks, memory
+bandwidth and size, kernel-launch cost, and where each number comes from)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+import yaml
+
+from arcsim.errors import ArcsimError
+
+DEVICE_DIR = Path(__file__).resolve().parents[2] / "devices"
+PRECISIONS = ("fp32", "bf16")
+CPU = "cpu"
+
+
+@dataclass(frozen=True)
+class Device:
+    name: str
+    full_name: str
+    peak_tflops: dict[str, float]   # dense peak per number format: fp32, tf32, bf16, fp16
+    memory_bandwidth_GBps: float
+    memory_GB: float
+    launch_us: float
+    source: str
+    launch_source: str
+
+    @property
+    def modelled(self) -> bool:
+        """False for ``cpu``: what runs here is measured, not modelled."""
+        return self.name != CPU
+
+    @property
+    def bandwidth(self) -> float:
+        """Memory bandwidth in bytes/s."""
+        return self.memory_bandwidth_GBps * 1e9
+
+    def check_precision(self, precision: str) -> None:
+        if precision not in PRECISIONS:
+            raise ArcsimError(f"unknown precision {precision!r}; choose {' or '.join(PRECISIONS)}")
+        if precision not in self.peak_tflops:
+            raise ArcsimError(f"{self.name} ({self.full_name}) has no {precision} units; use --precision fp32")
+
+    def units(self, op_class: str, precision: str) -> str:
+        """The number format an operation of ``op_class`` runs in, as PyTorch runs it by default: bf16 on the
+        bf16 tensor cores; fp32 convolutions on TF32 (cuDNN's default) where the device has it, fp32 matrix
+        products at the fp32 rate (torch's default matmul precision, "highest")."""
+        self.check_precision(precision)
+        if precision == "bf16":
+            return "bf16"
+        return "tf32" if op_class == "conv" and "tf32" in self.peak_tflops else "fp32"
+
+    def peak(self, op_class: str, precision: str) -> float:
+        """FLOP/s of the units an ``op_class`` operation runs on in ``precision``."""
+        return self.peak_tflops[self.units(op_class, precision)] * 1e12
+
+    def to_dict(self) -> dict:
+        return {"name": self.name, "full_name": self.full_name, "peak_tflops": self.peak_tflops,
+                "memory_bandwidth_GBps": self.memory_bandwidth_GBps, "memory_GB": self.memory_GB,
+                "launch_us": self.launch_us, "source": self.source, "launch_source": self.launch_source}
+
+
+@lru_cache(maxsize=1)
+def devices() -> dict[str, Device]:
+    out = {}
+    for path in sorted(DEVICE_DIR.glob("*.yaml")):
+        raw = yaml.safe_load(path.read_text())
+        out[raw["name"]] = Device(raw["name"], raw["full_name"], {k: float(v) for k, v in raw["peak_tflops"].items()},
+                                  float(raw["memory_bandwidth_GBps"]), float(raw["memory_GB"]),
+                                  float(raw["launch_us"]), raw["source"], raw["launch_source"])
+    return out
+
+
+def device(name: str) -> Device:
+    """A catalogue device by name (case-insensitive), or one error line listing them."""
+    found = devices().get(name.lower())
+    if found is None:
+        raise ArcsimError(f"unknown GPU {name!r}; choose one of: {', '.join(devices())} (arcsim device list)")
+    return found

@@ -1,0 +1,191 @@
+"""Forward, backward and per-parameter gradient-ready times of a zoo model on a catalogue GPU, without one.
+
+Each counted operation (:mod:`arcsim.devices.workload`) costs
+
+    max(FLOPs / (peak of its class × e_class), bytes / (memory bandwidth × e_memory), host)
+
+— a roofline per operation class with efficiencies ``e`` fitted to measured profiles, and ``host`` the
+per-operation floor of eager PyTorch (the Python and dispatcher work that issues a kernel, which the GPU
+cannot beat when its kernels are small). bf16 (autocast) runs the tensor-core classes at the bf16 peak
+and moves half the bytes. A parameter's gradient is ready when the backward operations before its
+accumulation are done.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from arcsim.devices.catalog import DEVICE_DIR, Device
+from arcsim.devices.workload import OP_CLASSES, Workload, count_workload
+from arcsim.traces.profile import ComputeProfile, LayerTiming, load_profile
+
+FIT_FILE = DEVICE_DIR / "efficiency.json"
+PROFILE_DIR = Path(__file__).resolve().parents[2] / "traces" / "profiles"
+
+
+TENSOR_CLASSES = ("conv", "matmul", "attention")
+
+
+@dataclass(frozen=True)
+class Efficiency:
+    """Fractions of the datasheet peaks reached, per (operation class, precision), and the host's costs."""
+
+    tensor: dict[str, float]   # "conv/tf32", "matmul/fp32", "matmul/bf16", …: fraction of those units' peak
+    memory: float              # fraction of the memory bandwidth reached
+    host: float                # host time to issue one operation (eager PyTorch), in the machine's launch costs
+    hook: float                # host time per gradient-ready hook in backward (DDP's, a profiler's), likewise
+
+    def of(self, cls: str, units: str) -> float:
+        """Efficiency of ``cls`` on ``units``; a pair no profile showed (a convolution on fp32 units, where a
+        GPU lacks TF32) takes the fp32 matrix products' (CUDA cores either way)."""
+        return self.tensor.get(f"{cls}/{units}", self.tensor["matmul/fp32"])
+
+    def vector(self) -> np.ndarray:
+        return np.log([*(self.tensor[k] for k in _TENSOR_KEYS), self.memory, self.host, self.hook])
+
+    @classmethod
+    def from_vector(cls, v: np.ndarray) -> Efficiency:
+        x = np.exp(v)
+        n = len(_TENSOR_KEYS)
+        return cls(dict(zip(_TENSOR_KEYS, map(float, x[:n]), strict=True)), float(x[n]), float(x[n + 1]),
+                   float(x[n + 2]))
+
+    def to_dict(self) -> dict:
+        return {"tensor": self.tensor, "memory": self.memory, "host": self.host, "hook": self.hook}
+
+
+_TENSOR_KEYS = ("conv/tf32", "conv/bf16", "matmul/fp32", "matmul/bf16", "attention/fp32", "attention/bf16")
+
+
+def device_seconds(flops: np.ndarray, nbytes: np.ndarray, classes: np.ndarray, device: Device, precision: str,
+                   eff: Efficiency) -> np.ndarray:
+    """The GPU's time for each operation: the slower of its compute and its memory traffic (``classes``
+    index OP_CLASSES)."""
+    rate = np.array([device.peak(c, precision) * eff.of(c, device.units(c, precision)) if c in TENSOR_CLASSES
+                     else np.inf for c in OP_CLASSES])
+    scale = 0.5 if precision == "bf16" else 1.0
+    return np.maximum(flops / rate[classes], nbytes * scale / (device.bandwidth * eff.memory))
+
+
+def finish_times(work: Workload, phase: str, device: Device, precision: str, eff: Efficiency) -> np.ndarray:
+    """When each operation of ``phase`` ends, counted from the phase's start.
+
+    The host issues one operation every ``host`` launch costs of the machine (under bf16 autocast a
+    convolution or matrix product also issues a cast), plus, in backward, ``hook`` launch costs for each
+    gradient-ready hook; the GPU runs them in order as they arrive. The machine's launch cost (the
+    catalogue's ``launch_us``, measured) carries the host's speed from one machine to another.
+    free_i = max(free_{i−1}, issued_i) + d_i is a max-plus scan: free_i = S_i + max_{j≤i}(issued_j − S_{j−1})
+    with S the running sum of the device times d."""
+    flops, nbytes, classes = work.arrays(phase)
+    if not flops.size:
+        return np.zeros(0)
+    launch = device.launch_us * 1e-6
+    tensor = classes != OP_CLASSES.index("memory")
+    per_op = eff.host * launch * np.where(tensor & (precision == "bf16"), 2.0, 1.0)
+    after = eff.hook * launch * backward_hooks(work) if phase == "backward" else np.zeros(flops.size)
+    issued = np.cumsum(per_op) + np.concatenate([[0.0], np.cumsum(after)[:-1]])
+    d = device_seconds(flops, nbytes, classes, device, precision, eff)
+    total = np.cumsum(d)
+    return total + np.maximum.accumulate(issued - (total - d))
+
+
+def backward_hooks(work: Workload) -> np.ndarray:
+    """How many parameters become ready right after each backward operation."""
+    hooks = np.zeros(len(work.backward))
+    for after in work.ready_after.values():
+        hooks[max(after - 1, 0)] += 1
+    return hooks
+
+
+def phase_seconds(work: Workload, phase: str, device: Device, precision: str, eff: Efficiency) -> float:
+    ends = finish_times(work, phase, device, precision, eff)
+    return float(ends[-1]) if ends.size else 0.0
+
+
+def modelled_profile(work: Workload, device: Device, precision: str, eff: Efficiency) -> ComputeProfile:
+    device.check_precision(precision)
+    bwd = finish_times(work, "backward", device, precision, eff)
+    ready = {n: float(bwd[i - 1]) if i > 0 else 0.0 for n, i in work.ready_after.items()}
+    layers = [LayerTiming(n, work.numel[n], ready[n]) for n in work.order]
+    return ComputeProfile(work.model, work.batch, "model", device.full_name,
+                          phase_seconds(work, "forward", device, precision, eff), float(bwd[-1]) if bwd.size else 0.0,
+                          layers, "modelled", 0, extra={"precision": precision, "input_shape": list(work.input_shape)})
+
+
+# -- measured profiles and the fit ------------------------------------------------------------------
+@dataclass(frozen=True)
+class Measured:
+    path: Path
+    model: str
+    device: str          # catalogue name
+    batch: int
+    precision: str
+    forward_s: float
+    backward_s: float
+    dataset: str | None
+    input_size: int | None
+
+    def workload(self) -> Workload:
+        return count_workload(self.model, self.batch, self.dataset, self.input_size)
+
+
+def measured_profiles(device_name: str) -> list[Measured]:
+    """The shipped profiles measured on ``device_name`` (file names <model>-<device>-b<batch>-<precision>.json)."""
+    out = []
+    for path in sorted(PROFILE_DIR.glob(f"*-{device_name}-b*-*.json")):
+        prof = load_profile(path)
+        precision = "bf16" if str(prof.extra.get("precision", "")).startswith("bf16") else "fp32"
+        shape = prof.extra.get("input_shape") or []
+        size = int(shape[-1]) if len(shape) == 3 else (int(shape[0]) if prof.extra.get("dataset") == "synthetic-tokens"
+                                                        else None)
+        out.append(Measured(path, prof.model, device_name, prof.batch, precision, prof.forward_s, prof.backward_s,
+                            prof.extra.get("dataset"), size))
+    return out
+
+
+def find_measured(model: str, device_name: str, batch: int, precision: str) -> Measured | None:
+    for m in measured_profiles(device_name):
+        if (m.model, m.batch, m.precision) == (model, batch, precision):
+            return m
+    return None
+
+
+def _residuals(v: np.ndarray, cases: list[Measured], device: Device) -> np.ndarray:
+    eff = Efficiency.from_vector(v)
+    out = []
+    for m in cases:
+        w = m.workload()
+        out.append(math.log(phase_seconds(w, "forward", device, m.precision, eff) / m.forward_s))
+        out.append(math.log(phase_seconds(w, "backward", device, m.precision, eff) / m.backward_s))
+    return np.array(out)
+
+
+def fit(cases: list[Measured], device: Device, start: Efficiency | None = None) -> Efficiency:
+    """Efficiencies minimising the squared log error of forward and backward times over ``cases``."""
+    from scipy.optimize import least_squares
+
+    x0 = (start or Efficiency(dict.fromkeys(_TENSOR_KEYS, 0.5), 0.5, 2.0, 2.0)).vector()
+    n = len(_TENSOR_KEYS)
+    lower = np.log([1e-3] * (n + 1) + [1e-2, 1e-3])
+    upper = np.log([1.0] * (n + 1) + [100.0, 100.0])
+    result = least_squares(_residuals, np.clip(x0, lower + 1e-9, upper - 1e-9), bounds=(lower, upper),
+                           args=(cases, device))
+    return Efficiency.from_vector(result.x)
+
+
+def step_error(m: Measured, device: Device, eff: Efficiency) -> float:
+    """Relative error of the modelled forward + backward time against the measured one."""
+    w = m.workload()
+    pred = sum(phase_seconds(w, phase, device, m.precision, eff) for phase in ("forward", "backward"))
+    return float(pred / (m.forward_s + m.backward_s) - 1)
+
+
+def load_fit() -> tuple[Efficiency, dict]:
+    """The committed efficiencies (benchmarks/device_fit.py writes them) and what the fit measured."""
+    data = json.loads(FIT_FILE.read_text())
+    return Efficiency(**data["efficiency"]), data

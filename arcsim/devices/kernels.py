@@ -1,0 +1,90 @@
+"""Compression on a GPU: passes over memory and kernel launches per compressor, priced by the device.
+
+One bucket of ``numel`` fp32 elements in ``layers`` layers costs
+
+    passes × numel × 4 B / memory bandwidth + (per_layer × layers + fixed) × launch cost
+
+The counts (passes, per_layer, fixed) of each (compressor, scope) are fitted by non-negative least squares
+to kernel times measured on a GPU (``benchmarks/gpu_measure.py --parts compress`` → compress_times.json;
+``benchmarks/kernel_table.py`` turns that into ``devices/kernels/<device>.json``, with the device and torch
+version). A device with its own table is priced from its own counts (measured); any other from the H100's
+counts and its own datasheet bandwidth and launch cost (estimated). STAR's and VAR's leader does the
+selection, so the leader's time (on every rank's critical path) is the one used.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from arcsim.devices.catalog import DEVICE_DIR, Device
+from arcsim.errors import ArcsimError
+
+KERNEL_DIR = DEVICE_DIR / "kernels"
+ANCHOR = "h100"
+SCOPE_FREE = ("dense", "fp16", "powersgd")
+PRICED_AS = {"adaptive": "topk"}  # adaptive's default inner selector does its kernel work (estimated)
+
+
+@dataclass(frozen=True)
+class KernelCounts:
+    passes: float      # fp32 passes over the bucket's elements
+    per_layer: float   # launches per layer in the bucket
+    fixed: float       # launches per call
+
+    def seconds(self, numel: int, layers: int, device: Device) -> float:
+        return (self.passes * numel * 4 / device.bandwidth
+                + (self.per_layer * layers + self.fixed) * device.launch_us * 1e-6)
+
+
+def _key(compressor: str, scope: str | None) -> str:
+    return compressor if compressor in SCOPE_FREE or scope is None else f"{compressor}/{scope}"
+
+
+def fit_counts(rows: list[dict], device: Device) -> dict[str, KernelCounts]:
+    """Counts per (compressor, scope) from measured rows (numel, layers, compressor, variant, scope, ms);
+    a flat vector (one layer) counts for both scopes; STAR's non-leader rows are left out."""
+    from scipy.optimize import nnls
+
+    groups: dict[str, list[dict]] = {}
+    for r in rows:
+        if "other" in (r.get("variant") or ""):
+            continue
+        scopes = [r["scope"]] if r["scope"] else [None] if r["compressor"] in SCOPE_FREE else ["tensor", "bucket"]
+        for scope in scopes:
+            groups.setdefault(_key(r["compressor"], scope), []).append(r)
+    out = {}
+    for key, group in sorted(groups.items()):
+        a = np.array([[r["numel"] * 4 / device.bandwidth, r["layers"] * device.launch_us * 1e-6,
+                       device.launch_us * 1e-6] for r in group])
+        t = np.array([r["ms"] * 1e-3 for r in group])
+        weights = 1 / t  # relative error: small buckets count as much as large ones
+        x, _ = nnls(a * weights[:, None], t * weights)
+        out[key] = KernelCounts(*(float(v) for v in x))
+    return out
+
+
+def table_path(device_name: str) -> Path:
+    return KERNEL_DIR / f"{device_name}.json"
+
+
+def load_counts(device_name: str) -> tuple[dict[str, KernelCounts], dict]:
+    data = json.loads(table_path(device_name).read_text())
+    return {k: KernelCounts(**v) for k, v in data["counts"].items()}, data
+
+
+def compress_seconds(compressor: str, scope: str, numel: int, layers: int, device: Device) -> tuple[float, str]:
+    """Local compression work of one bucket on ``device``, and where its counts come from."""
+    own = table_path(device.name).exists()
+    counts, data = load_counts(device.name if own else ANCHOR)
+    key = _key(PRICED_AS.get(compressor, compressor), scope)
+    if key not in counts:
+        raise ArcsimError(f"no kernel counts for {key} on {device.name}; rerun benchmarks/gpu_measure.py --parts "
+                          "compress on a GPU and benchmarks/kernel_table.py")
+    how = (f"measured on {data['device_name']} (torch {data['torch']})" if own
+           else f"estimated: {data['device_name']}'s counts priced by {device.name}'s datasheet bandwidth and "
+                "launch cost")
+    return counts[key].seconds(numel, layers, device), how

@@ -1,0 +1,163 @@
+"""The device model (issue 14): catalogue, counted workloads against published figures, the fitted compute
+model and the kernel model against the shipped GPU measurements, and runs priced on a GPU."""
+
+from __future__ import annotations
+
+import json
+import statistics
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import run_cli
+
+from arcsim.devices.catalog import DEVICE_DIR, device, devices
+from arcsim.devices.compute import load_fit, measured_profiles, modelled_profile, step_error
+from arcsim.devices.kernels import load_counts
+from arcsim.devices.predict import predict_compute
+from arcsim.devices.workload import count_workload
+from arcsim.errors import ArcsimError
+from arcsim.topology import load_topology
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "benchmarks" / "results"
+
+
+def test_the_catalogue_has_the_promised_devices_each_with_its_sources():
+    assert {"v100", "a100", "h100", "h200", "b200", "l40s", "mi300x", "cpu"} <= set(devices())
+    for d in devices().values():
+        assert d.source and d.launch_source
+        if d.modelled:
+            assert d.peak_tflops["fp32"] > 0 and d.memory_bandwidth_GBps > 0 and d.launch_us > 0
+    assert "bf16" not in device("v100").peak_tflops and device("V100").name == "v100"
+    with pytest.raises(ArcsimError, match="has no bf16"):
+        device("v100").check_precision("bf16")
+    # the launch costs said to be measured are the ones the roofline runs measured
+    for gpu in ("h100", "h200"):
+        launch = json.loads((RESULTS / gpu / "roofline.json").read_text())["launch"]["host_us_per_launch"]
+        assert device(gpu).launch_us == pytest.approx(launch, rel=0.05)
+
+
+def test_counted_flops_match_the_published_figures():
+    """ResNet-50 4.09 GMACs and ViT-B/16 17.56 GMACs per 224² image (torchvision's model cards)."""
+    resnet = count_workload("resnet50", 1)
+    assert sum(o.flops for o in resnet.forward) / 2 / 1e9 == pytest.approx(4.09, rel=0.01)
+    vit = count_workload("vit_b_16", 1)
+    assert sum(o.flops for o in vit.forward) / 2 / 1e9 == pytest.approx(17.56, rel=0.01)
+    assert sum(o.flops for o in resnet.backward) == pytest.approx(2 * sum(o.flops for o in resnet.forward), rel=0.02)
+    assert {o.cls for o in vit.forward} >= {"conv", "matmul", "attention", "memory"}  # attention: one fused op
+
+
+def test_every_parameter_is_ready_once_in_backward_order():
+    w = count_workload("resnet18", 4)
+    assert sorted(w.order) == sorted(w.numel) and len(set(w.order)) == len(w.order)
+    after = [w.ready_after[n] for n in w.order]
+    assert after == sorted(after) and after[-1] <= len(w.backward)
+    assert w.order[0] == "fc.bias" or w.order[0] == "fc.weight"
+
+
+def test_a_modelled_profile_is_consistent_and_scales_with_the_datasheet():
+    eff, _ = load_fit()
+    work = count_workload("resnet50", 64)
+    h100 = modelled_profile(work, device("h100"), "fp32", eff)
+    ready = [la.ready_s for la in h100.layers]
+    assert ready == sorted(ready) and 0 < ready[-1] <= h100.backward_s
+    v100 = modelled_profile(work, device("v100"), "fp32", eff)
+    assert v100.forward_s > 2 * h100.forward_s  # 15.7 TFLOP/s fp32 units against TF32 tensor cores
+    assert modelled_profile(work, device("h100"), "fp32", eff).forward_s == h100.forward_s  # deterministic
+
+
+def test_the_committed_fit_is_what_the_shipped_profiles_give_and_meets_the_goal():
+    eff, data = load_fit()
+    h100 = device("h100")
+    some = [m for m in measured_profiles("h100") if m.model in ("resnet50", "vit_b_16")]
+    assert len(some) == 20
+    for m in some:  # the stored errors are this code on these files
+        key = f"{m.model}-b{m.batch}-{m.precision}"
+        assert step_error(m, h100, eff) == pytest.approx(data["in_sample"][key], abs=1e-9)
+    assert len(data["fitted_on"]) == 60
+    assert data["summary"]["leave_one_out"]["mean_abs"] <= 0.15  # the issue's goal, on held-out profiles
+    assert data["summary"]["leave_one_model_out"]["mean_abs_real_models"] <= 0.15
+    assert data["summary"]["transfer_h200"]["mean_abs_real_models"] <= 0.15
+
+
+def test_the_h100_fit_predicts_measured_h200_steps_of_real_models():
+    eff, _ = load_fit()
+    h200 = device("h200")
+    errors = [abs(step_error(m, h200, eff)) for m in measured_profiles("h200") if m.model in ("resnet18", "vit_b_16")]
+    assert len(errors) == 16 and statistics.fmean(errors) < 0.15
+
+
+def test_predict_uses_the_measured_profile_when_one_matches_else_the_model():
+    measured = predict_compute("resnet50", "h100", 32, "fp32")
+    shipped = json.loads((ROOT / "traces/profiles/resnet50-h100-b32-fp32.json").read_text())
+    assert measured.source == "measured" and measured.expected_error is None
+    assert measured.profile.forward_s == shipped["forward_s"]
+    modelled = predict_compute("resnet50", "h100", 32, "fp32", modelled=True)
+    assert modelled.source == "modelled" and 0 < modelled.expected_error < 0.5
+    assert "leave-one-out" in modelled.detail
+    other = predict_compute("resnet50", "a100", 48, "bf16")
+    assert other.source == "modelled" and "another GPU" in other.detail
+
+
+def test_device_cli_list_show_and_predict_json():
+    listing = json.loads(run_cli("device", "list", "--json", "-").stdout)
+    assert {d["name"] for d in listing} == set(devices())
+    r = run_cli("device", "predict", "--model", "vit_b_16", "--gpu", "h100", "--batch", "48", "--json", "-")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert {"forward_s", "backward_s", "layers", "source"} <= set(out) and out["source"] == "modelled"
+    assert len(out["layers"]) == 152 and out["forward_s"] > 0
+    r = run_cli("device", "predict", "--model", "resnet50", "--gpu", "h100", "--batch", "32")
+    assert "measured — traces/profiles/resnet50-h100-b32-fp32.json" in " ".join(r.stdout.split())
+
+
+def _kernel_errors(gpu: str, counts_of: str) -> list[float]:
+    counts, _ = load_counts(counts_of)
+    dev = device(gpu)
+    rows = json.loads((RESULTS / gpu / "compress_times.json").read_text())["compressors"]
+    out = []
+    for r in rows:
+        if "other" in (r["variant"] or ""):
+            continue
+        scope = None if r["compressor"] in ("dense", "fp16", "powersgd") else r["scope"] or "bucket"
+        key = r["compressor"] if scope is None else f"{r['compressor']}/{scope}"
+        out.append(counts[key].seconds(r["numel"], r["layers"], dev) / (r["ms"] * 1e-3) - 1)
+    return out
+
+
+def test_kernel_tables_fit_their_measurements_and_the_h100_counts_carry_to_the_h200():
+    for gpu in ("h100", "h200"):
+        table = json.loads((DEVICE_DIR / "kernels" / f"{gpu}.json").read_text())
+        errors = _kernel_errors(gpu, gpu)
+        assert len(errors) == 297
+        assert statistics.fmean(abs(e) for e in errors) == pytest.approx(table["fit_mean_abs_error"], rel=1e-6)
+        assert table["fit_mean_abs_error"] < 0.25
+    assert statistics.fmean(abs(e) for e in _kernel_errors("h200", "h100")) < 0.3
+
+
+def test_topologies_name_their_gpu_and_the_grammar_takes_one():
+    assert load_topology("8x8-ib400x8").gpu == "h100" and load_topology("8x8-ib100").gpu == "a100"
+    assert load_topology("8x8-ib100-h200").gpu == "h200" and load_topology("8x8-ib100").ranks == 64
+    assert load_topology("4x8-ib100").gpu is None
+    with pytest.raises(ArcsimError, match="unknown gpu 'x9'"):
+        load_topology("8x8-ib100-x9")
+
+
+def test_a_run_on_a_gpu_is_deterministic_and_says_what_it_assumed(tmp_path):
+    args = ("run", "-c", "dense,topk,star", "--ratios", "0.01", "--policy", "none", "--gpu", "h100")
+    outs = []
+    for i in range(2):
+        r = run_cli(*args, "--json", str(tmp_path / f"{i}.json"))
+        assert r.returncode == 0, r.stderr
+        data = json.loads((tmp_path / f"{i}.json").read_text())
+        data.pop("timings_s")
+        outs.append(data)
+    assert outs[0] == outs[1]
+    text = " ".join(r.stdout.split())
+    assert "compute: measured on NVIDIA H100 SXM5 80GB, batch 32 per GPU" in text  # cnn-h100-b32-fp32.json
+    assert "compression time: modelled on NVIDIA H100 SXM5 80GB" in text and "measured on NVIDIA H100" in text
+    shipped = json.loads((ROOT / "traces/profiles/cnn-h100-b32-fp32.json").read_text())
+    for c in outs[0]["candidates"]:
+        assert c["compute_s"] == pytest.approx(shipped["forward_s"] + shipped["backward_s"])
+    assert np.isfinite([c["compress_s"] for c in outs[0]["candidates"]]).all()
