@@ -352,3 +352,14 @@ def test_the_point_count_says_why_it_is_below_the_product_of_the_axes():
     assert len(points) == 6  # dense once per bandwidth, topk twice
     assert "8 combinations, 2 fewer points" in spec.count_note(len(points))
     assert build_spec({"compressor": "topk", "density": "0.01,0.1"}).count_note(2) == ""
+
+
+def test_the_gpu_axis_prices_each_point_on_its_gpu(tmp_path):
+    spec = build_spec({"compressor": "dense", "gpu": "v100,h100,cpu"})
+    run_sweep(spec, tmp_path / "g", workers=1, announce=lambda _: None)
+    df = load_results(tmp_path / "g")
+    assert sorted(df["gpu"]) == ["cpu", "h100", "v100"]
+    compute = dict(zip(df["gpu"], df["compute_s"], strict=True))
+    shipped = json.loads((ROOT / "traces/profiles/cnn-h100-b32-fp32.json").read_text())
+    assert compute["h100"] == pytest.approx(shipped["forward_s"] + shipped["backward_s"])  # measured profile
+    assert len(set(compute.values())) == 3  # the V100 is modelled, cpu is the trace's own capture

@@ -65,12 +65,13 @@ def breakdown(result: RunResult, path: Path) -> Path:
 
 
 def gpu_comparison(results: list[RunResult], path: Path) -> Path:
-    """The iteration breakdown of each run side by side (one per GPU), each on its own time axis."""
+    """The iteration breakdown of each run side by side (one per GPU), on one time axis."""
     drawn = [_breakdown_rows(r) for r in results]
     fig = Figure(figsize=(6 * len(results), 0.45 * max(len(r) for _, r in drawn) + 2), layout="constrained")
     axes = fig.subplots(1, len(results), squeeze=False)[0]
+    longest = max(sum(row) for _, rows in drawn for row in rows)
     for ax, result, (labels, rows) in zip(axes, results, drawn, strict=True):
-        _draw_breakdown(ax, labels, rows, max(sum(r) for r in rows))
+        _draw_breakdown(ax, labels, rows, longest)
         gpu = result.ctx.gpu.full_name if result.ctx.gpu else "compute as measured with the trace"
         dense = result.dense.iteration_s * 1e3
         best = min([*result.candidates, result.dense], key=lambda c: c.iteration_s)
@@ -78,7 +79,7 @@ def gpu_comparison(results: list[RunResult], path: Path) -> Path:
                      fontsize=9)
     axes[0].legend(loc="lower right", fontsize=7)
     first = results[0]
-    fig.suptitle(f"Why compression pays on one GPU and not another: {_subtitle(first)}, density "
+    fig.suptitle(f"Where one iteration's time goes on each GPU: {_subtitle(first)}, density "
                  f"{first.config.density:g}", fontsize=10)
     return save_png(fig, path)
 
