@@ -111,7 +111,9 @@ def run(topology: str, trace: str | None, no_capture: bool, compressors: str, de
             from arcsim.run.plots import gpu_comparison
 
             note(f"running again on {compare_gpu} for the side-by-side chart …")
-            other = Analysis(dataclasses.replace(cfg, gpu=compare_gpu), announce=note).run()
+            again = Analysis(dataclasses.replace(cfg, gpu=compare_gpu), announce=note)
+            again.share_measurements(analysis)  # the compressors ran on the trace once
+            other = again.run()
             written.append(gpu_comparison([result, other], Path(plot_dir) / "breakdown-gpus.png"))
         for path in written:
             note(f"wrote {path}")

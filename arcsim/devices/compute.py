@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
@@ -134,7 +136,8 @@ class Measured:
         return count_workload(self.model, self.batch, self.dataset, self.input_size)
 
 
-def measured_profiles(device_name: str) -> list[Measured]:
+@lru_cache(maxsize=16)
+def measured_profiles(device_name: str) -> tuple[Measured, ...]:
     """The shipped profiles measured on ``device_name`` (file names <model>-<device>-b<batch>-<precision>.json)."""
     out = []
     for path in sorted(PROFILE_DIR.glob(f"*-{device_name}-b*-*.json")):
@@ -145,7 +148,7 @@ def measured_profiles(device_name: str) -> list[Measured]:
                                                         else None)
         out.append(Measured(path, prof.model, device_name, prof.batch, precision, prof.forward_s, prof.backward_s,
                             prof.extra.get("dataset"), size))
-    return out
+    return tuple(out)
 
 
 def find_measured(model: str, device_name: str, batch: int, precision: str) -> Measured | None:
@@ -155,7 +158,7 @@ def find_measured(model: str, device_name: str, batch: int, precision: str) -> M
     return None
 
 
-def _residuals(v: np.ndarray, cases: list[Measured], device: Device) -> np.ndarray:
+def _residuals(v: np.ndarray, cases: Sequence[Measured], device: Device) -> np.ndarray:
     eff = Efficiency.from_vector(v)
     out = []
     for m in cases:
@@ -165,7 +168,7 @@ def _residuals(v: np.ndarray, cases: list[Measured], device: Device) -> np.ndarr
     return np.array(out)
 
 
-def fit(cases: list[Measured], device: Device, start: Efficiency | None = None) -> Efficiency:
+def fit(cases: Sequence[Measured], device: Device, start: Efficiency | None = None) -> Efficiency:
     """Efficiencies minimising the squared log error of forward and backward times over ``cases``."""
     from scipy.optimize import least_squares
 
@@ -185,6 +188,7 @@ def step_error(m: Measured, device: Device, eff: Efficiency) -> float:
     return float(pred / (m.forward_s + m.backward_s) - 1)
 
 
+@lru_cache(maxsize=1)
 def load_fit() -> tuple[Efficiency, dict]:
     """The committed efficiencies (benchmarks/device_fit.py writes them) and what the fit measured."""
     data = json.loads(FIT_FILE.read_text())

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
@@ -71,6 +72,7 @@ def table_path(device_name: str) -> Path:
     return KERNEL_DIR / f"{device_name}.json"
 
 
+@lru_cache(maxsize=16)
 def load_counts(device_name: str) -> tuple[dict[str, KernelCounts], dict]:
     data = json.loads(table_path(device_name).read_text())
     return {k: KernelCounts(**v) for k, v in data["counts"].items()}, data

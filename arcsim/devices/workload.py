@@ -161,10 +161,10 @@ def count_workload(model_name: str, batch: int, dataset: str | None = None,
                    input_size: int | None = None) -> Workload:
     """Count one fp32 training step of ``model_name`` at ``batch`` per GPU (meta tensors: nothing is computed)."""
     from arcsim.models import loss_fn, model_entry
-    from arcsim.models.datasets import make_dataset
+    from arcsim.models.datasets import data_spec
 
     entry = model_entry(model_name)
-    spec = make_dataset(dataset or entry.default_dataset, input_size).spec
+    spec = data_spec(dataset or entry.default_dataset, input_size)
     torch.manual_seed(0)
     with torch.device("meta"):
         model = entry.build(spec).train()

@@ -8,7 +8,6 @@ recorded in trace metadata and shown by ``arcsim trace info``.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -77,27 +76,38 @@ class Digits(ArrayDataset):
     name = "digits"
     description = "scikit-learn's 1,797 handwritten digits, 8×8, 10 classes (80/20 split)"
 
+    @staticmethod
+    def spec_for(size: int | None = None) -> DataSpec:
+        if size not in (None, 8):
+            raise DatasetError("digits images are 8×8; drop --input-size")
+        return DataSpec("image", (1, 8, 8), 10)
+
     def __init__(self, size: int | None = None) -> None:
         from sklearn.datasets import load_digits
 
-        if size not in (None, 8):
-            raise DatasetError("digits images are 8×8; drop --input-size")
+        spec = self.spec_for(size)
         raw = load_digits()
-        x = (raw.data.astype(np.float32) / 16.0 - 0.5).reshape(-1, 1, 8, 8)
-        super().__init__(*_split(x, raw.target, 0.2, seed=0), DataSpec("image", (1, 8, 8), 10))
+        x = (raw.data.astype(np.float32) / 16.0 - 0.5).reshape(-1, *spec.shape)
+        super().__init__(*_split(x, raw.target, 0.2, seed=0), spec)
 
 
 class MNIST1D(ArrayDataset):
     name = "mnist1d"
     description = "MNIST-1D (Greydanus 2020) generated locally by the mnist1d package: 40-sample signals, 10 classes"
 
+    @staticmethod
+    def spec_for(size: int | None = None) -> DataSpec:
+        if size not in (None, 40):
+            raise DatasetError("MNIST-1D signals have 40 samples; drop --input-size")
+        return DataSpec("vector", (40,), 10)
+
     def __init__(self, size: int | None = None) -> None:
         from mnist1d.data import get_dataset_args, make_dataset
 
-        if size not in (None, 40):
-            raise DatasetError("MNIST-1D signals have 40 samples; drop --input-size")
+        spec = self.spec_for(size)
         data = make_dataset(get_dataset_args())
-        spec = DataSpec("vector", (data["x"].shape[1],), 10)
+        if data["x"].shape[1:] != spec.shape:
+            raise DatasetError(f"the mnist1d package made signals of {data['x'].shape[1]} samples, not 40")
         super().__init__(data["x"], data["y"], data["x_test"], data["y_test"], spec)
 
 
@@ -107,13 +117,18 @@ class SyntheticImages(Dataset):
     name = "synthetic-images"
     synthetic = True
 
-    def __init__(self, size: int | None = None, classes: int = 1000, seed: int = 0) -> None:
+    @staticmethod
+    def spec_for(size: int | None = None, classes: int = 1000) -> DataSpec:
         side = size or 224
         if side < 8:
             raise DatasetError(f"--input-size {side} is too small for images; use at least 8")
+        return DataSpec("image", (3, side, side), classes)
+
+    def __init__(self, size: int | None = None, classes: int = 1000, seed: int = 0) -> None:
+        self.spec = self.spec_for(size, classes)
+        side = self.spec.shape[1]
         gen = torch.Generator().manual_seed(seed)
         self.templates = torch.randn(classes, 3, 8, 8, generator=gen)
-        self.spec = DataSpec("image", (3, side, side), classes)
         self.description = f"seeded synthetic images 3×{side}×{side}, {classes} classes (templates + noise)"
 
     def draw(self, n: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
@@ -129,12 +144,17 @@ class SyntheticTokens(Dataset):
     name = "synthetic-tokens"
     synthetic = True
 
-    def __init__(self, size: int | None = None, vocab: int = 50257, seed: int = 0) -> None:
+    @staticmethod
+    def spec_for(size: int | None = None, vocab: int = 50257) -> DataSpec:
         length = size or 128
         if not 2 <= length <= 1024:
             raise DatasetError(f"--input-size {length} is not a usable sequence length; use 2 … 1024")
+        return DataSpec("tokens", (length,), vocab)
+
+    def __init__(self, size: int | None = None, vocab: int = 50257, seed: int = 0) -> None:
+        self.spec = self.spec_for(size, vocab)
+        length = self.spec.shape[0]
         self.successor = torch.randperm(vocab, generator=torch.Generator().manual_seed(seed))
-        self.spec = DataSpec("tokens", (length,), vocab)
         self.description = f"seeded synthetic token sequences of {length}, vocabulary {vocab} (Markov chain)"
 
     def draw(self, n: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
@@ -147,7 +167,7 @@ class SyntheticTokens(Dataset):
         return seq[:, :-1], seq[:, 1:]
 
 
-DATASETS: dict[str, Callable[[int | None], Dataset]] = {
+DATASETS: dict[str, type[Digits] | type[MNIST1D] | type[SyntheticImages] | type[SyntheticTokens]] = {
     cls.name: cls for cls in (Digits, MNIST1D, SyntheticImages, SyntheticTokens)}
 
 
@@ -155,3 +175,10 @@ def make_dataset(name: str, size: int | None = None) -> Dataset:
     if name not in DATASETS:
         raise DatasetError(f"unknown dataset {name!r}; choose one of: {', '.join(DATASETS)}")
     return DATASETS[name](size)
+
+
+def data_spec(name: str, size: int | None = None) -> DataSpec:
+    """What a model built for ``name`` must accept, without loading or generating any data."""
+    if name not in DATASETS:
+        raise DatasetError(f"unknown dataset {name!r}; choose one of: {', '.join(DATASETS)}")
+    return DATASETS[name].spec_for(size)

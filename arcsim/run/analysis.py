@@ -165,6 +165,14 @@ class Analysis:
         self._cached: list[tuple[int, torch.Tensor]] | None = None
         self.timings: dict[str, float] = {}
 
+    def share_measurements(self, other: Analysis) -> None:
+        """Reuse ``other``'s compressor runs (same trace and settings, another GPU or topology): bytes and
+        errors do not depend on the device; CPU-timed compression is used only where nothing is modelled."""
+        if (other.trace.path, other.cfg.memory, other.cfg.seed, other.cfg.options) != \
+                (self.trace.path, self.cfg.memory, self.cfg.seed, self.cfg.options):
+            raise RunError("measurements are shared only between runs of the same trace and compressor settings")
+        self._measured = other._measured
+
     def _device(self) -> tuple[Device | None, ComputePrediction | None]:
         """The GPU this run prices compute and compression on (--gpu, else the topology's; a compute profile
         from a catalogue GPU names its own), and its compute prediction; (None, None): all measured here."""
