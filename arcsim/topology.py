@@ -27,6 +27,7 @@ from arcsim.errors import TopologyError, UnitError
 from arcsim.units import format_bits, format_duration, format_rate, parse_duration, parse_rate
 
 FABRICS = ("switch", "fat-tree")
+DEFAULT_TOPOLOGY = "8x8-ib100"  # what every command prices on when none is named
 GRAMMAR = ("NxG-<fabric><Gbps>[x<NICs>][-<gpu>]  (fabric: ib, roce, eth; gpu: a catalogue device; e.g. 8x8-ib100, "
            "8x8-ib400x8-h100, 8x1-eth10)")
 _NAME_RE = re.compile(r"^(?P<n>\d+)x(?P<g>\d+)-(?P<fab>ib|roce|eth)(?P<gbps>\d+(?:\.\d+)?)(?:x(?P<nics>\d+))?"

@@ -37,10 +37,8 @@ from arcsim.collectives.limits import allow_any
 from arcsim.errors import ArcsimError
 from arcsim.netsim import ENGINES
 from arcsim.pricing import ALGO_CHOICES, price_collective
-from arcsim.topology import GRAMMAR, load_topology, preset_names
+from arcsim.topology import DEFAULT_TOPOLOGY, GRAMMAR, load_topology, preset_names
 from arcsim.units import format_bits, format_duration, format_rate, format_size, parse_duration, parse_size
-
-DEFAULT_TOPOLOGY = "8x8-ib100"
 
 MAX_MESSAGE_BYTES = 1e15  # 1 PB: no gradient message is larger; past it the answer is an overflow, not a time
 

@@ -22,8 +22,7 @@ from arcsim.cli.common import (
 )
 from arcsim.errors import ArcsimError
 from arcsim.netsim import ENGINES
-
-DEFAULT_TOPOLOGY = "8x8-ib100"
+from arcsim.topology import DEFAULT_TOPOLOGY
 
 
 @click.command("run")

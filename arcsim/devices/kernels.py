@@ -78,15 +78,26 @@ def load_counts(device_name: str) -> tuple[dict[str, KernelCounts], dict]:
     return {k: KernelCounts(**v) for k, v in data["counts"].items()}, data
 
 
-def compress_seconds(compressor: str, scope: str, numel: int, layers: int, device: Device) -> tuple[float, str]:
-    """Local compression work of one bucket on ``device``, and where its counts come from."""
-    own = table_path(device.name).exists()
-    counts, data = load_counts(device.name if own else ANCHOR)
+@lru_cache(maxsize=16)
+def counts_for(device_name: str) -> tuple[dict[str, KernelCounts], dict, bool]:
+    """The table a device is priced from: its own if measured (True), else the anchor's."""
+    own = table_path(device_name).exists()
+    return (*load_counts(device_name if own else ANCHOR), own)
+
+
+def compress_seconds(compressor: str, scope: str, numel: int, layers: int, device: Device) -> float:
+    """Local compression work of one bucket on ``device``."""
+    counts, _, _ = counts_for(device.name)
     key = _key(PRICED_AS.get(compressor, compressor), scope)
     if key not in counts:
         raise ArcsimError(f"no kernel counts for {key} on {device.name}; rerun benchmarks/gpu_measure.py --parts "
                           "compress on a GPU and benchmarks/kernel_table.py")
-    how = (f"measured on {data['device_name']} (torch {data['torch']})" if own
-           else f"estimated: {data['device_name']}'s counts priced by {device.name}'s datasheet bandwidth and "
-                "launch cost")
-    return counts[key].seconds(numel, layers, device), how
+    return counts[key].seconds(numel, layers, device)
+
+
+def kernel_source(device: Device) -> str:
+    """Where ``device``'s compression counts come from, for the output."""
+    _, data, own = counts_for(device.name)
+    if own:
+        return f"measured on {data['device_name']} (torch {data['torch']})"
+    return f"estimated: {data['device_name']}'s counts priced by {device.name}'s datasheet bandwidth and launch cost"

@@ -22,6 +22,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 from torch.utils.flop_counter import flop_registry
 
+from arcsim.models.datasets import DataSpec
+
 OP_CLASSES = ("conv", "matmul", "attention", "memory")
 _MATMUL = {"mm", "addmm", "bmm", "baddbmm", "matmul", "linear", "_addmm_activation"}
 _FREE = {"detach", "alias", "lift_fresh", "empty", "empty_like", "empty_strided", "set_", "resize_"}  # no kernel
@@ -156,15 +158,22 @@ def _fused_attention(recorder: _Recorder) -> Iterator[None]:
         F.scaled_dot_product_attention = original
 
 
-@lru_cache(maxsize=64)
 def count_workload(model_name: str, batch: int, dataset: str | None = None,
                    input_size: int | None = None) -> Workload:
-    """Count one fp32 training step of ``model_name`` at ``batch`` per GPU (meta tensors: nothing is computed)."""
-    from arcsim.models import loss_fn, model_entry
+    """Count one fp32 training step of ``model_name`` at ``batch`` per GPU (meta tensors: nothing is computed);
+    counted once per process for each (model, batch, input): the dataset named or defaulted alike."""
+    from arcsim.models import model_entry
     from arcsim.models.datasets import data_spec
 
     entry = model_entry(model_name)
-    spec = data_spec(dataset or entry.default_dataset, input_size)
+    return _count(model_name, batch, data_spec(dataset or entry.default_dataset, input_size))
+
+
+@lru_cache(maxsize=64)
+def _count(model_name: str, batch: int, spec: DataSpec) -> Workload:
+    from arcsim.models import loss_fn, model_entry
+
+    entry = model_entry(model_name)
     torch.manual_seed(0)
     with torch.device("meta"):
         model = entry.build(spec).train()

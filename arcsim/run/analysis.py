@@ -21,6 +21,7 @@ from arcsim.catalog import (
     check_options,
 )
 from arcsim.devices.catalog import PRECISIONS, Device
+from arcsim.devices.kernels import kernel_source
 from arcsim.devices.predict import DEFAULT_GPU_BATCH, ComputePrediction
 from arcsim.errors import ArcsimError
 from arcsim.netsim import ENGINES
@@ -30,7 +31,7 @@ from arcsim.run.buckets import make_buckets
 from arcsim.run.candidates import Candidate, Context, candidates_for, evaluate
 from arcsim.run.compute import from_profile, from_trace, mapped
 from arcsim.run.measure import Measurement, measure
-from arcsim.topology import load_topology
+from arcsim.topology import DEFAULT_TOPOLOGY, load_topology
 from arcsim.traces.format import open_trace
 from arcsim.traces.profile import load_profile
 from arcsim.traces.resolve import resolve_trace
@@ -45,7 +46,7 @@ class RunError(ArcsimError):
 
 @dataclass
 class RunConfig:
-    topology: str = "8x8-ib100"
+    topology: str = DEFAULT_TOPOLOGY
     trace: str | None = None
     compressors: tuple[str, ...] = COMPRESSORS
     density: float = 0.01
@@ -157,9 +158,8 @@ class Analysis:
         else:
             compute = from_trace(self.trace)
         buckets = make_buckets(self.trace.layers, compute.ready_s.tolist(), cfg.bucket_mb * 2**20)
-        source = "measured" if self.gpu is None else "modelled"
-        self.ctx = Context(self.trace, self.topo, compute, buckets, cfg.engine, source, cfg.compress_scale,
-                           self.gpu, cfg.scope)
+        self.ctx = Context(self.trace, self.topo, compute, buckets, cfg.engine, cfg.compress_scale, self.gpu,
+                           cfg.scope)
         self.pricer = Pricer(self.topo, cfg.engine)
         self._measured: dict[tuple[str, float, int], Measurement] = {}
         self._cached: list[tuple[int, torch.Tensor]] | None = None
@@ -287,19 +287,13 @@ class Analysis:
     def _dense_algo(self) -> str:
         return "measured" if "allreduce" in self.topo.calibration else "ring"
 
-    def _kernel_source(self) -> str:
-        from arcsim.devices.kernels import compress_seconds
-
-        assert self.gpu is not None
-        _, how = compress_seconds("topk", self.cfg.scope, 1, 1, self.gpu)
-        return f"memory passes and kernel launches per compressor, {how} (arcsim/devices/kernels.py)"
-
     def _assumptions(self) -> list[str]:
         t, topo, ctx = self.trace, self.topo, self.ctx
         notes = [*self.notes_before, f"compute: {ctx.compute.source}",
                  f"compression time: {ctx.compress_source}"
                  + (" on this CPU: one rank's slice through the real compressor and memory"
-                    if ctx.gpu is None else f" on {ctx.gpu.full_name}: {self._kernel_source()}"),
+                    if ctx.gpu is None else f" on {ctx.gpu.full_name}: memory passes and kernel launches per "
+                                            f"compressor, {kernel_source(ctx.gpu)} (arcsim/devices/kernels.py)"),
                  f"selection scope {self.cfg.scope}: "
                  + ("k = max(1, ⌊ρ·n⌋) in every layer of n elements (topk, randk, gaussiank, star, var; "
                     "arctopk: rows per layer), as the reference implementations"

@@ -11,6 +11,7 @@ import numpy as np
 
 from arcsim.catalog import INFO
 from arcsim.devices.catalog import Device
+from arcsim.devices.kernels import compress_seconds
 from arcsim.errors import ArcsimError
 from arcsim.pricing import Pricer, algorithms_for
 from arcsim.run.buckets import Bucket
@@ -67,10 +68,13 @@ class Context:
     compute: ComputeTimes
     buckets: list[Bucket]
     engine: str
-    compress_source: str       # "measured" or "modelled"
     compress_scale: float = 1.0  # measured compression × this (ranks sharing cores in an emulated cluster)
-    gpu: Device | None = None  # modelled compression prices kernels on this device (arcsim.devices.kernels)
+    gpu: Device | None = None  # compression modelled on this device (arcsim.devices.kernels); None: measured here
     scope: str = "tensor"      # the top-k family's selection scope (kernel counts differ per scope)
+
+    @property
+    def compress_source(self) -> str:
+        return "measured" if self.gpu is None else "modelled"
 
     @property
     def trace_file(self) -> Trace:
@@ -90,15 +94,6 @@ def main_op(meas: Measurement) -> str:
     return max(sizes, key=sizes.__getitem__)
 
 
-def gpu_compress_seconds(compressor: str, bucket: Bucket, ctx: Context) -> float:
-    """One bucket's compression on the context's GPU, by the kernel model."""
-    from arcsim.devices.kernels import compress_seconds
-
-    if ctx.gpu is None:
-        raise ArcsimError("modelled compression needs a GPU (--gpu, or a topology that names one)")
-    return compress_seconds(compressor, ctx.scope, bucket.numel, len(bucket.layers), ctx.gpu)[0]
-
-
 def step_timelines(meas: Measurement, collective: str, ctx: Context,
                    pricer: Pricer) -> tuple[list, np.ndarray, np.ndarray]:
     """Each step's iteration timeline with ``collective`` for the main op, and the per-bucket sums over
@@ -106,12 +101,11 @@ def step_timelines(meas: Measurement, collective: str, ctx: Context,
     algos = {main_op(meas): collective}
     timelines, comp_sum, comm_sum = [], np.zeros(len(ctx.buckets)), np.zeros(len(ctx.buckets))
     ready = [b.ready_s for b in ctx.buckets]
+    modelled = None if ctx.gpu is None else [  # the same every step: computed once
+        compress_seconds(meas.compressor, ctx.scope, b.numel, len(b.layers), ctx.gpu) for b in ctx.buckets]
     for s, step_records in enumerate(meas.records):
         comm = [sum(p.time_s for p in pricer.records(recs, algos)) for recs in step_records]
-        if ctx.compress_source == "measured":
-            comp = [c * ctx.compress_scale for c in meas.compress_s[s]]
-        else:
-            comp = [gpu_compress_seconds(meas.compressor, b, ctx) for b in ctx.buckets]
+        comp = modelled if modelled is not None else [c * ctx.compress_scale for c in meas.compress_s[s]]
         timelines.append(iteration(ctx.compute.forward_s, ctx.compute.backward_s, ready, comp, comm))
         comp_sum += np.asarray(comp)
         comm_sum += np.asarray(comm)

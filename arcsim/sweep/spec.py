@@ -23,9 +23,8 @@ import yaml
 from arcsim.catalog import COMPRESSORS, DENSITY_FREE, MEMORIES
 from arcsim.errors import ArcsimError
 from arcsim.netsim import ENGINES
+from arcsim.topology import DEFAULT_TOPOLOGY
 from arcsim.units import parse_duration, parse_rate
-
-DEFAULT_TOPOLOGY = "8x8-ib100"
 
 # axis name → what it is (for errors and `arcsim sweep --help`)
 AXES: dict[str, str] = {

@@ -17,6 +17,7 @@ from arcsim.pricing import Pricer
 from arcsim.run.buckets import Bucket
 from arcsim.run.candidates import Context, candidates_for, step_timelines
 from arcsim.run.compute import ComputeTimes
+from arcsim.run.report import OP_SHORT
 from arcsim.topology import Topology
 from arcsim.train.loop import History, Setup
 
@@ -48,11 +49,11 @@ def priced_on(setup: Setup, topo: Topology) -> tuple[ComputeTimes, list[Bucket],
 def price(hist: History, setup: Setup, topo: Topology, engine: str) -> tuple[str, np.ndarray]:
     """The fastest collective for this run's main op, and every step's predicted iteration time on ``topo``."""
     compute, buckets, gpu = priced_on(setup, topo)
-    ctx = Context(None, topo, compute, buckets, engine, "measured" if gpu is None else "modelled", gpu=gpu)
+    ctx = Context(None, topo, compute, buckets, engine, gpu=gpu)
     pricer = Pricer(topo, engine)
     best = min(candidates_for(hist.measurement, ctx, pricer), key=lambda c: c.iteration_s)
     timelines, _, _ = step_timelines(hist.measurement, best.collective, ctx, pricer)
-    op = {"allreduce": "AR", "allgather": "AG"}.get(best.op, best.op)
+    op = OP_SHORT.get(best.op, best.op)
     return f"{op} {best.collective}", np.array([t.iteration_s for t in timelines])
 
 
