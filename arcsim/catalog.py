@@ -31,12 +31,12 @@ class CompressorInfo:
 DESCRIPTORS: tuple[CompressorInfo, ...] = (
     CompressorInfo("dense", "all-reduce", "none", True, "none", (), "fp32 all-reduce, the baseline"),
     CompressorInfo("fp16", "all-reduce", "none", True, "none", (), "fp16 cast, half the bytes"),
-    CompressorInfo("topk", "all-gather", "top-k", False, "ef14", ("scope",),
-                   "each worker's k largest |x|; values and indices all-gathered"),
+    CompressorInfo("topk", "all-gather", "top-k", False, "ef14", ("scope", "packed"),
+                   "each worker's k largest |x|; values and indices all-gathered (packed in one)"),
     CompressorInfo("randk", "all-reduce", "random", False, "ef14", ("scope", "unbiased"),
                    "k indices from a shared seed; values all-reduced"),
-    CompressorInfo("gaussiank", "all-gather", "top-k", False, "ef14", ("scope",),
-                   "threshold from mean and std; counts, values and indices all-gathered"),
+    CompressorInfo("gaussiank", "all-gather", "top-k", False, "ef14", ("scope", "packed"),
+                   "threshold from mean and std; counts, then values and indices all-gathered (packed)"),
     CompressorInfo("arctopk", "all-reduce", "sketch", False, "ef14", ("scope", "rank", "block", "selector"),
                    "rows agreed through an all-reduced random sketch; values all-reduced"),
     CompressorInfo("star", "all-reduce", "leader", False, "ef14", ("scope",),
@@ -59,6 +59,7 @@ SYNTHETIC_KINDS = ("normal", "laplace", "t3", "correlated")
 MODELS = ("mlp", "mlp_wide", "cnn", "resnet18", "resnet50", "vit_b_16", "gpt2_small")
 DATASETS = ("digits", "mnist1d", "synthetic-images", "synthetic-tokens")
 POLICIES = ("auto", "none")
+FUSIONS = ("bucket", "model")  # DDP buckets, each compressed on its own; or the whole gradient as one vector
 DEFAULT_RATIOS = (1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 0.1, 0.3, 1.0)
 
 

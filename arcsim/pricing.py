@@ -1,20 +1,24 @@
-"""Price one collective on a topology: choose the algorithm(s), run the engine(s), report nccl-tests figures."""
+"""Price collectives on a topology as its library runs them: one path for `arcsim collective`, `run`, `sweep`
+and `train` (a calibrated op by its measured fit; otherwise the library's algorithm and protocol on either
+engine), reporting nccl-tests figures."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from arcsim.collectives import ALGORITHMS, build, busbw_factor, normalize_op
+from arcsim.collectives import ALGORITHM_NAMES, Schedule, build, busbw_factor, normalize_op
+from arcsim.collectives.libraries import Choice, get_library
 from arcsim.collectives.limits import TooMuchWork
 from arcsim.comm.log import CommRecord
 from arcsim.errors import CollectiveError
 from arcsim.netsim import ENGINES, estimate
 from arcsim.topology import Topology
 
-ALGO_CHOICES = ("ring", "tree", "rhd", "rd", "hierarchical", "chain", "auto", "all")
+ALGO_CHOICES = (*ALGORITHM_NAMES, "auto", "all")
 
 
 @dataclass(frozen=True)
@@ -28,33 +32,61 @@ class CollectiveResult:
     time_s: float
     algbw_Bps: float
     busbw_Bps: float
-    auto: bool  # chosen by 'auto' (cheapest by the closed form)
+    auto: bool  # chosen by the library (algorithm 'auto')
     steps: int
     messages: int
     detail: str
     events: int  # DES: SimPy events processed (0 for analytic)
     simulated_ranks: int  # DES: rank processes simulated (fewer than ranks when symmetry applies)
+    library: str = "ideal"
+    protocol: str = ""  # the library's protocol for this run (NCCL: LL, LL128, Simple; gloo: tcp)
 
     def to_dict(self) -> dict:
         return asdict(self)
 
 
-def algorithms_for(op: str) -> tuple[str, ...]:
-    return tuple(ALGORITHMS[normalize_op(op)])
+def algorithms_for(topo: Topology, op: str) -> tuple[str, ...]:
+    """The algorithms the topology's library offers for ``op``."""
+    return get_library(topo.library).algorithms(normalize_op(op))
 
 
-def cheapest_algorithm(topo: Topology, op: str, nbytes: float) -> str:
-    """The algorithm the closed form prices lowest for this size (what 'auto' picks), among those within the
-    work limits (arcsim.collectives.limits); refused only if none is."""
-    times, refused = {}, []
-    for algo in algorithms_for(op):
+@dataclass(frozen=True)
+class Plan:
+    """How the topology's library runs one collective, and what the closed form prices it at."""
+
+    choice: Choice
+    schedule: Schedule  # built on the links as the choice's protocol sees them
+    analytic_s: float   # the protocol's fixed cost + the closed form of the schedule
+
+    @property
+    def algo(self) -> str:
+        return self.choice.algo
+
+
+def plan(topo: Topology, op: str, algo: str, nbytes: float, chunks: int | None = None) -> Plan:
+    """The library's way to run ``op`` of ``nbytes`` (algorithm ``auto``: its own rule or its cheapest by the
+    closed form, among those within the work limits of arcsim.collectives.limits)."""
+    op = normalize_op(op)
+    lib = get_library(topo.library)
+    offered = lib.algorithms(op)
+    if algo != "auto" and algo not in offered:
+        would = plan(topo, op, "auto", nbytes).algo
+        raise CollectiveError(f"{lib.name} has no {algo} {op} (it offers {', '.join(offered)}; for {nbytes:.0f} bytes "
+                              f"it would use {would}); pick one of those or another --library")
+    choices = lib.choices(op, None if algo == "auto" else algo, nbytes, topo)
+    if chunks is not None:
+        choices = [dataclasses.replace(c, chunks=chunks) for c in choices]
+    plans, refused = [], []
+    for c in choices:
+        links = c.protocol.links(topo)
         try:
-            times[algo] = estimate(build(op, algo, nbytes, topo), topo, "analytic").time_s
+            schedule = build(op, c.algo, nbytes, links, c.chunks)
+            plans.append(Plan(c, schedule, c.protocol.base_s + estimate(schedule, links, "analytic").time_s))
         except TooMuchWork as exc:
             refused.append(str(exc))
-    if not times:
+    if not plans:
         raise TooMuchWork("; ".join(refused))
-    return min(times, key=times.__getitem__)
+    return min(plans, key=lambda p: p.analytic_s)
 
 
 def start_times(topo: Topology, compute_s: float) -> np.ndarray:
@@ -64,33 +96,44 @@ def start_times(topo: Topology, compute_s: float) -> np.ndarray:
 
 def price_collective(topo: Topology, op: str, algo: str, nbytes: float, engines: tuple[str, ...],
                      compute_s: float = 0.0, seed: int = 0,
-                     progress: Callable[[str, float, float], None] | None = None) -> list[CollectiveResult]:
-    """Every (algorithm, engine) asked for; ``progress(algorithm, fraction, events)`` follows long DES runs."""
+                     progress: Callable[[str, float, float], None] | None = None,
+                     chunks: int | None = None) -> list[CollectiveResult]:
+    """Every (algorithm, engine) asked for, as the topology's library runs it (a calibrated op by its fit);
+    ``progress(algorithm, fraction, events)`` follows long DES runs."""
     op = normalize_op(op)
     for engine in engines:
         if engine not in ENGINES:
             raise CollectiveError(f"unknown engine {engine!r}; choose one of {', '.join(ENGINES)} or both")
-    if algo == "all":
-        algos = list(algorithms_for(op))
-    elif algo == "auto":
-        algos = [cheapest_algorithm(topo, op, nbytes)]
-    else:
-        algos = [algo]
-    arrivals = start_times(topo, compute_s) if compute_s > 0 else None
     factor = busbw_factor(op, topo.ranks)
+
+    def result(algo_name: str, engine: str, time_s: float, steps: int = 0, messages: int = 0, detail: str = "",
+               events: int = 0, simulated_ranks: int = 0, protocol: str = "") -> CollectiveResult:
+        algbw = nbytes / time_s if time_s > 0 else float("inf")
+        return CollectiveResult(topology=topo.name, op=op, algo=algo_name, engine=engine, ranks=topo.ranks,
+                                bytes=float(nbytes), time_s=time_s, algbw_Bps=algbw, busbw_Bps=algbw * factor,
+                                auto=algo == "auto", steps=steps, messages=messages, detail=detail, events=events,
+                                simulated_ranks=simulated_ranks, library=topo.library, protocol=protocol)
+
+    fit = topo.calibration.get(op)
+    if fit is not None:  # measured: one line, whatever the algorithm or engine
+        return [result("measured", engine, fit.time(nbytes), detail=f"fit measured at {fit.ranks} ranks")
+                for engine in engines]
+    names = algorithms_for(topo, op) if algo == "all" else (algo,)
+    arrivals = start_times(topo, compute_s) if compute_s > 0 else None
     results = []
-    for name in algos:
-        schedule = build(op, name, nbytes, topo)
+    for name in names:
+        chosen = plan(topo, op, name, nbytes, chunks)
+        protocol, schedule = chosen.choice.protocol, chosen.schedule
         for engine in engines:
-            follow = None if progress is None else (lambda done, events, name=name: progress(name, done, events))
-            est = estimate(schedule, topo, engine, start_times=arrivals, seed=seed, progress=follow)
-            algbw = nbytes / est.time_s if est.time_s > 0 else float("inf")
-            results.append(CollectiveResult(
-                topology=topo.name, op=op, algo=name, engine=engine, ranks=topo.ranks, bytes=float(nbytes),
-                time_s=est.time_s, algbw_Bps=algbw, busbw_Bps=algbw * factor, auto=algo == "auto",
-                steps=schedule.step_count, messages=schedule.message_count, detail=schedule.detail,
-                events=est.events, simulated_ranks=est.simulated_ranks,
-            ))
+            if engine == "analytic" and arrivals is None:  # what plan() priced already
+                time_s, events, simulated = chosen.analytic_s, 0, 0
+            else:
+                follow = None if progress is None else (lambda done, events, a=chosen.algo: progress(a, done, events))
+                est = estimate(schedule, protocol.links(topo), engine, start_times=arrivals, seed=seed, progress=follow)
+                time_s, events, simulated = protocol.base_s + est.time_s, est.events, est.simulated_ranks
+            results.append(result(chosen.algo, engine, time_s, steps=schedule.step_count,
+                                  messages=schedule.message_count, detail=schedule.detail, events=events,
+                                  simulated_ranks=simulated, protocol=protocol.name))
     return results
 
 
@@ -101,13 +144,14 @@ class PricedRecord:
     algo: str
     bytes: float  # the collective's size in nccl-tests terms (all-gather: total output on this topology)
     time_s: float
+    protocol: str = ""
 
 
 class Pricer:
     """Prices collectives by (op, algorithm, bytes per rank) on one topology and engine, with a cache.
 
-    Ops the topology has measured (``calibration``, from arcsim calibrate) are priced by their fitted line
-    and reported with the algorithm "measured"; the others by the engine on the step description.
+    The same path as :func:`price_collective`: ops the topology has measured (``calibration``, from arcsim
+    calibrate) by their fitted line, reported with the algorithm "measured"; the others as its library runs them.
     """
 
     def __init__(self, topo: Topology, engine: str = "analytic") -> None:
@@ -120,16 +164,12 @@ class Pricer:
         if key not in self._cache:
             self._cache[key] = self._price(op, algo, bytes_per_rank)
         hit = self._cache[key]
-        return PricedRecord(op, tag, hit.algo, hit.bytes, hit.time_s)
+        return dataclasses.replace(hit, tag=tag)
 
     def _price(self, op: str, algo: str, bytes_per_rank: float) -> PricedRecord:
         nbytes = bytes_per_rank * (self.topo.ranks if op == "allgather" else 1)
-        fit = self.topo.calibration.get(normalize_op(op))
-        if fit is not None:  # a measured collective overrides the step model, whatever the algorithm
-            return PricedRecord(op, "", "measured", nbytes, fit.time(nbytes))
-        chosen = cheapest_algorithm(self.topo, op, nbytes) if algo == "auto" else algo
-        time_s = estimate(build(op, chosen, nbytes, self.topo), self.topo, self.engine).time_s
-        return PricedRecord(op, "", chosen, nbytes, time_s)
+        res = price_collective(self.topo, op, algo, nbytes, (self.engine,))[0]
+        return PricedRecord(op, "", res.algo, nbytes, res.time_s, res.protocol)
 
     def records(self, records: list[CommRecord], algorithms: dict[str, str] | None = None) -> list[PricedRecord]:
         chosen = algorithms or {}
@@ -142,6 +182,6 @@ def price_records(records: list[CommRecord], topo: Topology, engine: str = "anal
 
     Sizes are per rank, so a log recorded with P simulated workers prices on a topology with any rank
     count: an all-gather's total output is bytes_per_rank × the topology's ranks. ``algorithms`` maps
-    an op to an algorithm name (default 'auto', the cheapest by the closed form).
+    an op to an algorithm name (default 'auto': the topology's library decides).
     """
     return Pricer(topo, engine).records(records, algorithms)

@@ -13,6 +13,7 @@ The network seen by a message, as resources with a bandwidth each:
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 from collections.abc import Mapping
@@ -66,6 +67,7 @@ class Calibrated:
     bandwidth: float    # bytes/s
     r2: float = 1.0     # fit quality
     ranks: int = 0      # rank count it was measured at
+    library: str = ""   # the library that ran the measured collectives (calibrate: gloo)
 
     def time(self, nbytes: float) -> float:
         return self.latency + nbytes / self.bandwidth
@@ -85,6 +87,7 @@ class Topology:
     source: str = ""
     calibration: Mapping[str, Calibrated] = field(default_factory=dict)  # op → measured fit (arcsim calibrate)
     gpu: str | None = None  # the catalogue device its ranks are (devices/*.yaml); None: compute measured here
+    library: str = "ideal"  # the communication library (arcsim.collectives.libraries): nccl, gloo, mpi, ideal
 
     def __post_init__(self) -> None:
         _validate(self)
@@ -112,6 +115,22 @@ class Topology:
 
     def leaf_of_node(self, node: int) -> int:
         return node // self.network.nodes_per_leaf if self.network.fabric == "fat-tree" else 0
+
+    def with_overrides(self, bandwidth: float | None = None, latency: float | None = None,
+                       library: str | None = None, nodes: int | None = None, gpu: str | None = None) -> Topology:
+        """This topology with the network's per-NIC bandwidth and one-way latency, its library, node count or GPU
+        replaced; measured fits (calibration) scale with the bandwidth and latency they were measured at."""
+        net, calib = self.network, dict(self.calibration)
+        if bandwidth is not None:
+            scale = bandwidth / net.bandwidth_per_nic
+            net = dataclasses.replace(net, bandwidth_per_nic=bandwidth)
+            calib = {op: dataclasses.replace(c, bandwidth=c.bandwidth * scale) for op, c in calib.items()}
+        if latency is not None:
+            scale = latency / net.latency if net.latency > 0 else 1.0
+            net = dataclasses.replace(net, latency=latency)
+            calib = {op: dataclasses.replace(c, latency=c.latency * scale) for op, c in calib.items()}
+        return dataclasses.replace(self, network=net, calibration=calib, nodes=nodes or self.nodes,
+                                   gpu=gpu or self.gpu, library=library or self.library)
 
     # -- paths, vectorised for the closed-form engine ------------------------------------------------
     def link_arrays(self, src: np.ndarray, dst: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -182,6 +201,7 @@ class Topology:
             "nodes": self.nodes,
             "gpus_per_node": self.gpus_per_node,
             "gpu": self.gpu,
+            "library": self.library,
             "intra": {"kind": self.intra.kind, "bandwidth_Bps": self.intra.bandwidth,
                       "latency_s": self.intra.latency},
             "network": {
@@ -198,7 +218,7 @@ class Topology:
         }
         if self.calibration:
             out["calibration"] = {op: {"latency_s": c.latency, "bandwidth_Bps": c.bandwidth, "r2": c.r2,
-                                       "ranks": c.ranks} for op, c in self.calibration.items()}
+                                       "ranks": c.ranks, "library": c.library} for op, c in self.calibration.items()}
         if net.fabric == "fat-tree":
             out["network"]["nodes_per_leaf"] = net.nodes_per_leaf
             out["network"]["oversubscription"] = net.oversubscription
@@ -210,6 +230,7 @@ class Topology:
         rows = [
             ("ranks", f"{self.ranks} ({self.nodes} nodes × {self.gpus_per_node} GPUs)"),
             ("gpu", self.gpu or "none named (compute as measured with the trace)"),
+            ("library", _library_line(self.library)),
             ("intra-node", f"{self.intra.kind}: {format_rate(self.intra.bandwidth)} per GPU per direction, "
                            f"latency {format_duration(self.intra.latency)}"),
             ("inter-node", f"{net.kind}: {net.nics_per_node} NIC(s) per node × {format_bits(net.bandwidth_per_nic)}"
@@ -223,7 +244,8 @@ class Topology:
         ]
         for op, c in self.calibration.items():
             rows.append((f"measured {op}", f"{format_duration(c.latency)} + size / {format_rate(c.bandwidth)} "
-                                           f"(R² {c.r2:.4f}, {c.ranks} ranks)"))
+                                           f"(R² {c.r2:.4f}, {c.ranks} ranks"
+                                           + (f", run by {c.library})" if c.library else ")")))
         return rows
 
 
@@ -261,6 +283,10 @@ def _validate(t: Topology) -> None:
             raise bad(f"straggler rank {rank} is outside 0..{t.ranks - 1}")
         if not slow >= 1.0:
             raise bad(f"straggler slowdown for rank {rank} must be ≥ 1 (got {slow:g})")
+    from arcsim.collectives.libraries import LIBRARIES
+
+    if t.library not in LIBRARIES:
+        raise bad(f"unknown library {t.library!r}; choose one of {', '.join(LIBRARIES)}")
 
 
 # -- presets and lookup ------------------------------------------------------------------------------
@@ -331,6 +357,7 @@ def from_name(name: str) -> Topology:
                     "(built from the name grammar)",
         source="name grammar",
         gpu=_gpu(m["gpu"], name),
+        library="nccl",
     )
 
 
@@ -381,7 +408,8 @@ def from_dict(raw: Mapping[str, Any], source: str = "", default_name: str = "cus
         raise TopologyError(f"{source}: field 'stragglers' must map rank numbers to slowdown factors") from exc
     calibration = _calibration(reader.mapping("calibration", required=False) or {}, source)
     reader.reject_unknown({"name", "description", "nodes", "gpus_per_node", "intra", "network", "gamma",
-                           "stragglers", "jitter", "calibration", "gpu"})
+                           "stragglers", "jitter", "calibration", "gpu",
+                           "library"})
     intra_reader.reject_unknown({"kind", "bandwidth", "latency"})
     net_reader.reject_unknown({"kind", "nics_per_node", "bandwidth_per_nic", "latency", "fabric",
                                "nodes_per_leaf", "oversubscription"})
@@ -398,7 +426,14 @@ def from_dict(raw: Mapping[str, Any], source: str = "", default_name: str = "cus
         source=source,
         calibration=calibration,
         gpu=_gpu(reader.text("gpu", default="") or None, source),
+        library=reader.text("library", default="ideal"),
     )
+
+
+def _library_line(name: str) -> str:
+    from arcsim.collectives.libraries import get_library
+
+    return f"{name}: {get_library(name).summary}"
 
 
 def _gpu(name: str | None, where: str) -> str | None:
@@ -422,8 +457,9 @@ def _calibration(raw: Mapping[str, Any], source: str) -> dict[str, Calibrated]:
             raise TopologyError(f"{source}: calibration for {op!r}; measured ops are {', '.join(CALIBRATED_OPS)}")
         r = _FieldReader(fields, source, f"calibration.{op}.")
         out[op] = Calibrated(r.quantity("latency", parse_duration), r.quantity("bandwidth", parse_rate),
-                             r.number("r2", default=1.0), r.integer("ranks", default=0))
-        r.reject_unknown({"latency", "bandwidth", "r2", "ranks"})
+                             r.number("r2", default=1.0), r.integer("ranks", default=0),
+                             r.text("library", default=""))
+        r.reject_unknown({"latency", "bandwidth", "r2", "ranks", "library"})
     return out
 
 

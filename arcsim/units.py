@@ -73,6 +73,21 @@ def parse_duration(text: object) -> float:
     return _finite_nonnegative(float(m["num"]) / _TIME_DIVISOR[m["unit"]], "duration", s)
 
 
+_COUNT_SUFFIX = {"": 1.0, "k": 1e3, "m": 1e6, "b": 1e9, "g": 1e9, "t": 1e12}
+MAX_PARAMS = 1e13
+
+
+def parse_params(text: object) -> int:
+    """A parameter count: ``123M``, ``1.5B``, ``7e9`` (k, M, B or G, T are powers of 1000), 1 … 10T."""
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:e[+-]?[0-9]+)?)\s*([kmbgt]?)\s*", str(text).lower())
+    if not m:
+        raise UnitError(f"--params {text!r} is not a parameter count; write e.g. 125M, 1.5B or 7e9")
+    value = float(m[1]) * _COUNT_SUFFIX[m[2]]
+    if not 1 <= value <= MAX_PARAMS:
+        raise UnitError(f"--params {text!r} must be between 1 and 10T parameters")
+    return round(value)
+
+
 def _is_number(s: str) -> bool:
     try:
         float(s)

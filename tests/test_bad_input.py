@@ -36,6 +36,22 @@ CASES = [
     (["device", "predict", "--model", "alexnet", "--gpu", "h100"], "alexnet"),
     (["device", "show", "tpu"], "unknown GPU 'tpu'"),
     (["run", "--gpu", "x100"], "unknown GPU 'x100'"),
+    (["run", "--library", "mpich"], "unknown library 'mpich' for --library; choose one of nccl, gloo, mpi, ideal"),
+    (["collective", "--library", "gloo", "--algo", "tree"], "gloo has no tree allreduce (it offers ring, rhd"),
+    (["collective", "--op", "broadcast", "--algo", "binomial", "--chunks", "4", "--library", "ideal"],
+     "not pipelined"),
+    (["collective", "--algo", "tree", "--library", "ideal", "--chunks", "0"], "between 1 and 64"),
+    (["run", "--params", "0"], "between 1 and 10T"),
+    (["run", "--params", "seven"], "not a parameter count"),
+    (["run", "--params", "1M", "--trace", "x.npz"], "without --trace"),
+    (["run", "--layers", "4"], "--layers goes with --params"),
+    (["run", "--fusion", "layer"], "'layer' is not one of"),
+    (["run", "--bandwidth", "0Gbit"], "--bandwidth must be positive"),
+    (["sweep", "--library", "foo", "-o", "{tmp}/sw"], "unknown library 'foo'"),
+    (["sweep", "--fusion", "foo", "-o", "{tmp}/sw"], "unknown fusion 'foo'"),
+    (["sweep", "--params", "-5", "-o", "{tmp}/sw"], "not a parameter count"),
+    (["train", "--library", "gloo"], "--library prices the steps on a cluster"),
+    (["topo", "show", "{lib_yaml}"], "unknown library 'openmpi'"),
     (["run", "--gpu", "v100", "--precision", "bf16"], "has no bf16"),
     (["run", "-t", "8x8-ib100-x100"], "unknown gpu 'x100'"),
     (["run", "--compare-gpu", "h100"], "give --plot DIR"),
@@ -54,8 +70,12 @@ def test_bad_input_is_one_error_line_and_exit_2(tmp_path: Path, args: list[str],
     binary.write_bytes(BINARY)
     empty_axis = tmp_path / "sweep.yaml"
     empty_axis.write_text("density:\n")
+    lib_yaml = tmp_path / "lib.yaml"
+    lib_yaml.write_text((ROOT / "topologies" / "8x1-eth10.yaml").read_text().replace("library: nccl",
+                                                                                       "library: openmpi"))
     before = sorted(tmp_path.iterdir())
-    argv = [a.format(tmp=tmp_path, binary=binary, empty_axis=empty_axis, root=ROOT) for a in args]
+    argv = [a.format(tmp=tmp_path, binary=binary, empty_axis=empty_axis, root=ROOT, lib_yaml=lib_yaml)
+            for a in args]
     r = run_cli(*argv, cwd=str(tmp_path), timeout=120)
     assert r.returncode == 2, (r.returncode, r.stderr[-2000:])
     lines = [ln for ln in r.stderr.splitlines() if ln.strip()]

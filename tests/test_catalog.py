@@ -37,7 +37,7 @@ def test_each_descriptor_matches_its_compressor_class():
         assert params == accepted, (name, params, info.options)
         comm = InProcessComm(2)
         REGISTRY[name](0.25).compress(torch.randn(2, 64), comm, 1)
-        gathers_values = any(r.op == "allgather" and r.tag == "values" for r in comm.log.records)
+        gathers_values = any(r.op == "allgather" and "values" in r.tag for r in comm.log.records)
         assert gathers_values == (info.family == "all-gather"), name
 
 

@@ -25,7 +25,7 @@ def test_collective_json_single_engine():
 
 def test_collective_json_both_engines_is_a_list():
     r = run_cli("collective", "-t", "4x8-roce100", "--op", "allgather", "--algo", "hierarchical",
-                "--size", "64MiB", "--engine", "both", "--json", "-")
+                "--size", "64MiB", "--engine", "both", "--json", "-", "--library", "ideal")
     assert r.returncode == 0, r.stderr
     rows = json.loads(r.stdout)
     assert [row["engine"] for row in rows] == ["analytic", "des"]
@@ -35,11 +35,16 @@ def test_collective_json_both_engines_is_a_list():
 
 
 def test_auto_reports_its_choice_and_all_lists_every_algorithm():
-    auto = json.loads(run_cli("collective", "--json", "-").stdout)
-    every = json.loads(run_cli("collective", "--algo", "all", "--json", "-").stdout)
-    assert auto["auto"] is True
-    assert auto["time_s"] == pytest.approx(min(row["time_s"] for row in every))
-    assert {row["algo"] for row in every} == {"ring", "tree", "rhd", "rd", "hierarchical"}
+    for library, offered in (("ideal", {"ring", "tree", "rhd", "rd", "binomial", "hierarchical"}),
+                             ("nccl", {"ring", "tree"}), ("gloo", {"ring", "rhd"})):
+        auto = json.loads(run_cli("collective", "--json", "-", "--library", library).stdout)
+        every = json.loads(run_cli("collective", "--algo", "all", "--json", "-", "--library", library).stdout)
+        assert auto["auto"] is True and auto["library"] == library
+        if library == "gloo":  # a rule, not a search: gloo runs its ring even where halving-doubling is cheaper
+            assert auto["algo"] == "ring"
+        else:
+            assert auto["time_s"] == pytest.approx(min(row["time_s"] for row in every))
+        assert {row["algo"] for row in every} == offered
 
 
 def test_every_preset_op_and_algorithm_answers_with_both_engines():
@@ -69,7 +74,7 @@ def test_topo_show_json_and_table():
     (("collective", "--size", "1e6"), "unit"),
     (("collective", "--size", "12XB"), "cannot read size"),
     (("collective", "--op", "alltoall"), "unknown collective"),
-    (("collective", "--op", "broadcast", "--algo", "ring"), "does not exist for broadcast"),
+    (("collective", "--op", "broadcast", "--algo", "ring"), "nccl has no ring broadcast"),
     (("collective", "--algo", "bogus"), "Invalid value"),
     (("topo", "show", "missing.yaml"), "does not exist"),
 ])

@@ -10,7 +10,7 @@ from arcsim.collectives import ALGORITHMS, build, busbw_factor, make_step, norma
 from arcsim.collectives.tree import double_binary_trees
 from arcsim.errors import CollectiveError
 from arcsim.netsim import analytic
-from arcsim.pricing import cheapest_algorithm
+from arcsim.pricing import plan
 
 SIZES = [1e3, 1e6, 1e8]
 
@@ -33,10 +33,12 @@ def test_textbook_formulas_hold_exactly_on_a_flat_cluster(p, n):
     assert closed("allgather", "rd", t, n) == pytest.approx(lg * a + f * n * b, rel=1e-12)
     assert closed("reducescatter", "ring", t, n) == pytest.approx((p - 1) * a + f * n * b + f * n * gamma,
                                                                  rel=1e-12)
-    assert closed("broadcast", "tree", t, n) == pytest.approx(lg * (a + n * b), rel=1e-12)
+    assert closed("broadcast", "binomial", t, n) == pytest.approx(lg * (a + n * b), rel=1e-12)
     chain = build("broadcast", "chain", n, t)
     s = int(chain.detail.split()[0])
     assert closed("broadcast", "chain", t, n) == pytest.approx((p - 2 + s) * (a + n * b / s), rel=1e-12)
+    assert closed("broadcast", "flat", t, n) == pytest.approx(a + (p - 1) * n * b, rel=1e-12)
+    assert closed("allreduce", "binomial", t, n) == pytest.approx(2 * lg * (a + n * b) + lg * n * gamma, rel=1e-12)
     if p & (p - 1) == 0:  # the textbook forms of these two are for powers of two
         k = int(math.log2(p))
         assert closed("allreduce", "rhd", t, n) == pytest.approx(2 * k * a + 2 * f * n * b + f * n * gamma,
@@ -116,10 +118,10 @@ def test_auto_picks_the_cheapest_closed_form():
     for op in ALGORITHMS:
         for n in (1e3, 1e8):
             times = {a: closed(op, a, t, n) for a in ALGORITHMS[op]}
-            assert cheapest_algorithm(t, op, n) == min(times, key=times.get)
+            assert plan(t, op, "auto", n).algo == min(times, key=times.get)
     # small messages favour few steps, large ones bandwidth-optimal algorithms
-    assert cheapest_algorithm(flat(64), "allreduce", 1e3) in ("rd", "rhd", "tree")
-    assert cheapest_algorithm(flat(64), "allreduce", 1e9) in ("ring", "rhd", "hierarchical")
+    assert plan(flat(64), "allreduce", "auto", 1e3).algo in ("rd", "rhd", "tree")
+    assert plan(flat(64), "allreduce", "auto", 1e9).algo in ("ring", "rhd", "hierarchical")
 
 
 def test_bus_bandwidth_factors():

@@ -35,15 +35,22 @@ def test_a_commlog_prices_on_any_topology():
     comm = InProcessComm(8)
     d = 250_000
     make_compressor("dense").compress(torch.randn(8, d), comm, 0)
-    make_compressor("topk", 0.01).compress(torch.randn(8, d), comm, 0)
-    topo = load_topology("8x8-ib100")  # 64 ranks priced from 8 simulated workers
-    dense, values, indices = price_records(comm.log.records, topo, algorithms={"allreduce": "ring",
-                                                                                "allgather": "ring"})
+    x = torch.randn(8, d)
+    make_compressor("topk", 0.01).compress(x, comm, 0)
+    make_compressor("topk", 0.01, packed=False).compress(x, comm, 0)
+    topo = load_topology("8x8-ib100").with_overrides(library="ideal")  # 64 ranks priced from 8 simulated workers
+    dense, packed, values, indices = price_records(comm.log.records, topo, algorithms={"allreduce": "ring",
+                                                                                        "allgather": "ring"})
     expect = price_collective(topo, "allreduce", "ring", 4 * d, ("analytic",))[0].time_s
     assert dense.time_s == pytest.approx(expect) and dense.bytes == 4 * d
     assert values.bytes == 4 * 2500 * 64 and indices.bytes == values.bytes  # total output over 64 ranks
+    assert packed.tag == "values+indices" and packed.bytes == values.bytes + indices.bytes
+    # one message instead of two: the same bytes, one latency term of the ring fewer
+    ring_latency = 63 * topo.network.latency
+    assert packed.time_s == pytest.approx(values.time_s + indices.time_s - ring_latency, rel=1e-3)
     auto = price_records(comm.log.records, topo)
-    assert all(a.time_s <= p.time_s * (1 + 1e-12) for a, p in zip(auto, (dense, values, indices), strict=True))
+    assert all(a.time_s <= p.time_s * (1 + 1e-12)
+               for a, p in zip(auto, (dense, packed, values, indices), strict=True))
 
 
 @pytest.mark.parametrize("world", [2, 4])

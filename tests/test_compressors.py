@@ -36,7 +36,7 @@ def test_aggregate_is_the_mean_of_what_workers_contributed(name):
 @pytest.mark.parametrize("name", NAMES)
 def test_which_compressors_all_gather_indices(name):
     _, comm = run(name, grads()[0])
-    gathers_indices = any(r.op == "allgather" and r.tag == "indices" for r in comm.log.records)
+    gathers_indices = any(r.op == "allgather" and "indices" in r.tag for r in comm.log.records)
     if name in NO_INDEX_GATHER:
         assert not gathers_indices
         assert all(r.op != "allgather" or r.elements == 1 for r in comm.log.records)  # VAR: one norm per worker

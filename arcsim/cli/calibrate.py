@@ -9,6 +9,7 @@ import click
 
 from arcsim.cli.common import Count, OutputPath, json_option, note, write_json
 from arcsim.errors import ArcsimError
+from arcsim.files import write_atomic
 from arcsim.units import parse_size
 
 
@@ -19,12 +20,16 @@ from arcsim.units import parse_size
 @click.option("--ranks", "-p", type=Count(), default=None, help="Ranks to launch (not under torchrun).")
 @click.option("--bandwidth", "-b", default=None, help="Emulated cluster link rate, e.g. 1Gbit.")
 @click.option("--delay", default="0s", show_default=True, help="Emulated cluster one-way delay, e.g. 0.5ms.")
-@click.option("--sizes", default=None, help="Per-rank sizes, e.g. 4KB,64KB,1MB (default 1 KiB … 4 MiB, ×4).")
+@click.option("--burst", default=None, help="Emulated cluster tbf burst, e.g. 16kB (default: 2 packets or 1 ms of "
+                                           "tokens, the larger).")
+@click.option("--sizes", default=None,
+              help="Per-rank sizes, e.g. 4KB,64KB,1MB (default 1 KiB … 4 MiB, ×4); fits are against the size as "
+                   "nccl-tests counts it (all-gather: the total output, size × ranks).")
 @click.option("--repeats", default="5", show_default=True, type=Count(), help="Timed repeats per size (median).")
 @click.option("--out", "-o", required=True, type=OutputPath(), help="Topology YAML to write.")
 @json_option
 def calibrate(cluster: str | None, loopback: bool, ranks: int | None, bandwidth: str | None, delay: str,
-              sizes: str | None, repeats: int, out: str, json_out: str | None) -> None:
+              burst: str | None, sizes: str | None, repeats: int, out: str, json_out: str | None) -> None:
     """Measure all_reduce, all_gather and broadcast over sizes; fit α and bandwidth per collective."""
     from arcsim.testbed.calibrate import (
         DEFAULT_SIZES,
@@ -32,6 +37,7 @@ def calibrate(cluster: str | None, loopback: bool, ranks: int | None, bandwidth:
         fits_from,
         measure_in_job,
         run_microbench,
+        samples_text,
         topology_text,
         write_topology,
     )
@@ -57,11 +63,16 @@ def calibrate(cluster: str | None, loopback: bool, ranks: int | None, bandwidth:
         how = (f"{where}, {ranks} ranks" + (f", {bandwidth} per rank" if bandwidth else "")
                + (f", {delay} one way" if delay not in ("0", "0s") else ""))
         note(f"measuring all_reduce, all_gather and broadcast on {how} over {len(size_list)} sizes …")
-        measured = run_microbench(ranks, where, bandwidth, size_list, repeats, delay=delay)
+        measured = run_microbench(ranks, where, bandwidth, size_list, repeats, delay=delay,
+                                  burst=parse_size(burst) if burst else None, announce=note)
     fits = fits_from(measured, measured["world"])
     for fit in fits.values():
         note(describe(fit))
+        for warning in fit.warnings():
+            note(f"warning: {warning}")
     write_topology(path, topology_text(path.stem, measured["world"], fits, how))
-    note(f"wrote {path}")
+    samples = path.with_suffix(".samples.csv")
+    write_atomic(samples, samples_text(fits))
+    note(f"wrote {path} (raw medians in {samples})")
     write_json({"topology": str(path), "ranks": measured["world"], "how": how, "measured": measured,
                 "fits": {op: vars(fit) for op, fit in fits.items()}}, json_out)

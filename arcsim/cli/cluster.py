@@ -6,6 +6,7 @@ import click
 
 from arcsim.cli.common import Count, note
 from arcsim.testbed.cluster import PREFIX, EmulatedCluster, namespaces, teardown
+from arcsim.units import parse_size
 
 
 @click.group()
@@ -18,13 +19,15 @@ def cluster() -> None:
 @click.option("--bandwidth", "-b", required=True, help="Per-rank link rate, e.g. 1Gbit, 100Mbit.")
 @click.option("--delay", default="0s", show_default=True,
               help="One-way delay added by a user-space TUN forwarder, e.g. 0.5ms (0: a plain bridge).")
+@click.option("--burst", default=None, help="tbf burst, e.g. 16kB (default: 2 packets or 1 ms of tokens, the larger).")
 @click.option("--prefix", default=PREFIX, show_default=True, help="Namespace name prefix.")
-def cluster_up(ranks: int, bandwidth: str, delay: str, prefix: str) -> None:
+def cluster_up(ranks: int, bandwidth: str, delay: str, burst: str | None, prefix: str) -> None:
     """Build it and leave it up (tear down with `arcsim cluster down`)."""
-    c = EmulatedCluster(ranks, bandwidth, delay, prefix).up()
+    c = EmulatedCluster(ranks, bandwidth, delay, prefix, burst=parse_size(burst) if burst else None).up()
     link = f"{bandwidth} each way per rank" + (f", {delay} one way" if c.delay else "")
     note(f"up: {ranks} ranks in namespaces {c.ns(0)} … {c.ns(ranks - 1)} ({c.address(0)} …), hub in "
          f"{c.bridge_ns}, {link}; run a rank with: ip netns exec {c.ns(0)} CMD")
+    note(f"shaping: {c.knobs()}")
 
 
 @cluster.command("down")

@@ -168,3 +168,19 @@ def des_progress() -> Iterator[Callable[[str, float, float], None]]:
     finally:
         for bar in bars.values():
             bar.close()
+
+
+def _library_name(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    if value is None:
+        return None
+    from arcsim.collectives.libraries import LIBRARIES
+
+    if value.lower() not in LIBRARIES:
+        raise ArcsimError(f"unknown library {value!r} for --library; choose one of {', '.join(LIBRARIES)}")
+    return value.lower()
+
+
+library_option = click.option(
+    "--library", default=None, callback=_library_name,
+    help="How collectives run: nccl, gloo, mpi (Open MPI's tuned rules) or ideal (the cheapest algorithm on bare "
+         "links); default: the topology's (docs/collectives.md).")

@@ -19,6 +19,7 @@ from arcsim.cli.common import (
     des_progress,
     force_option,
     json_option,
+    library_option,
     note,
     progress_bar,
     scope_option,
@@ -105,48 +106,53 @@ def topo_show(spec: str, json_out: str | None) -> None:
 @click.option("--op", default="allreduce", show_default=True,
               help="allreduce, allgather, broadcast or reducescatter.")
 @click.option("--algo", type=click.Choice(ALGO_CHOICES), default="auto", show_default=True,
-              help="Algorithm; 'auto' picks the cheapest by the closed form, 'all' compares every one.")
+              help="Algorithm; 'auto': the library's own choice, 'all': every one the library offers.")
+@library_option
+@click.option("--chunks", type=int, default=None,
+              help="Pieces a pipelined algorithm (tree all-reduce, chain broadcast) sends in; default: the library's.")
 @click.option("--size", default="100MB", show_default=True,
-              help="Bytes per rank (all-gather: total output), e.g. 100MB or 64MiB.")
+              help="Bytes per rank; for all-gather the TOTAL output, as nccl-tests counts it (e.g. 100MB, 64MiB).")
 @click.option("--engine", type=click.Choice([*ENGINES, "both"]), default="analytic", show_default=True)
 @click.option("--compute", default="0s", show_default=True,
               help="Compute time before the collective; stragglers arrive slowdown × this (DES only).")
 @click.option("--seed", default=0, show_default=True, type=click.IntRange(min=0), help="Seed for latency jitter (DES).")
 @force_option
 @json_option
-def collective(topology: str, op: str, algo: str, size: str, engine: str, compute: str, seed: int, force: bool,
-               json_out: str | None) -> None:
+def collective(topology: str, op: str, algo: str, library: str | None, chunks: int | None, size: str, engine: str,
+               compute: str, seed: int, force: bool, json_out: str | None) -> None:
     """Price one collective on a topology with the closed form and/or the SimPy DES.
 
     \b
     Units: sizes in B/kB/MB/GB are decimal (MB = 10^6 B), KiB/MiB/GiB are binary
     (MiB = 2^20 B); rates in Gbps are 10^9 bit/s; durations in ns/us/ms/s.
     """
-    topo_obj = load_topology(topology)
+    topo_obj = load_topology(topology).with_overrides(library=library)
     nbytes = parse_size(size)
     if not 0 < nbytes <= MAX_MESSAGE_BYTES:
         raise ArcsimError(f"--size {size} is {'not positive' if nbytes <= 0 else 'beyond 1 PB'}; give the bytes one "
                           "rank sends, e.g. 100MB")
     engines = ENGINES if engine == "both" else (engine,)
     with allow_any(force), des_progress() as follow:
-        results = price_collective(topo_obj, op, algo, nbytes, engines, parse_duration(compute), seed, follow)
+        results = price_collective(topo_obj, op, algo, nbytes, engines, parse_duration(compute), seed, follow,
+                                   chunks)
     rows = [r.to_dict() for r in results]
     write_json(rows[0] if len(rows) == 1 else rows, json_out)
     if not tables_wanted(json_out):
         return
-    table = Table(title=f"{results[0].op} of {format_size(nbytes)} on {topo_obj.name} ({topo_obj.ranks} ranks)")
-    for col in ("algorithm", "engine", "time", "algbw", "busbw", "steps", "notes"):
+    table = Table(title=f"{results[0].op} of {format_size(nbytes)} on {topo_obj.name} ({topo_obj.ranks} ranks), "
+                        f"{topo_obj.library}")
+    for col in ("algorithm", "protocol", "engine", "time", "algbw", "busbw", "steps", "notes"):
         table.add_column(col, justify="right" if col in ("time", "algbw", "busbw", "steps") else "left")
     best = min(r.time_s for r in results)
     for r in results:
         notes = [r.detail] if r.detail else []
         if r.auto:
-            notes.append("chosen by auto")
+            notes.append(f"chosen by {r.library}")
         if r.engine == "des":
             notes.append(f"{r.events:,} events" + (f", {r.simulated_ranks}/{r.ranks} ranks simulated (symmetry)"
                                                    if r.simulated_ranks < r.ranks else ""))
         style = "bold green" if r.time_s == best and len(results) > 1 else None
-        table.add_row(r.algo, r.engine, format_duration(r.time_s), format_rate(r.algbw_Bps),
+        table.add_row(r.algo, r.protocol or "-", r.engine, format_duration(r.time_s), format_rate(r.algbw_Bps),
                       format_rate(r.busbw_Bps), str(r.steps), "; ".join(notes), style=style)
     console.print(table)
     if "analytic" in engines and not topo_obj.is_homogeneous:

@@ -7,11 +7,12 @@ from pathlib import Path
 
 import click
 
-from arcsim.catalog import COMPRESSORS, DEFAULT_RATIOS, MEMORIES, POLICIES
+from arcsim.catalog import COMPRESSORS, DEFAULT_RATIOS, FUSIONS, MEMORIES, POLICIES
 from arcsim.cli.common import (
     OutputPath,
     console,
     json_option,
+    library_option,
     note,
     number_list,
     progress_bar,
@@ -23,6 +24,7 @@ from arcsim.cli.common import (
 from arcsim.errors import ArcsimError
 from arcsim.netsim import ENGINES
 from arcsim.topology import DEFAULT_TOPOLOGY
+from arcsim.units import parse_duration, parse_params, parse_rate
 
 
 @click.command("run")
@@ -32,13 +34,25 @@ from arcsim.topology import DEFAULT_TOPOLOGY
               help="Gradient trace (.npz); a known model's name (resnet50.npz) is captured if missing. "
                    "Default: the shipped traces/cnn-digits-small.npz.")
 @click.option("--no-capture", is_flag=True, help="Stop instead of capturing a missing known-model trace.")
+@click.option("--params", default=None,
+              help="Instead of a trace: a synthetic model of this many fp32 parameters, e.g. 125M, 7B, 100B "
+                   "(message sizes exact, errors from a small synthetic sample; no compute).")
+@click.option("--layers", type=int, default=None, help="With --params: its number of equal layers (default 32).")
 @click.option("--compressors", "-c", default=",".join(COMPRESSORS), show_default=True,
               help="Comma-separated compressors to compare.")
 @click.option("--density", "-d", default=0.01, show_default=True, type=float, help="k/d for the candidate table.")
 @click.option("--memory", "-m", default=None, help=f"Error feedback for every compressor: {', '.join(MEMORIES)} "
                                                    "(default: ef14; none for dense and fp16).")
 @click.option("--engine", type=click.Choice(ENGINES), default="analytic", show_default=True)
+@library_option
+@click.option("--bandwidth", default=None, help="Per-NIC bandwidth instead of the topology's, e.g. 25Gbit.")
+@click.option("--latency", default=None,
+              help="One-way network latency per message instead of the topology's, e.g. 2us.")
 @click.option("--bucket-mb", default=25.0, show_default=True, type=float, help="DDP bucket cap (MiB of fp32).")
+@click.option("--fusion", type=click.Choice([*FUSIONS, "both"]), default="bucket", show_default=True,
+              help="bucket: DDP buckets, each compressed and sent as its gradients are ready; model: the whole "
+                   "gradient as one vector after backward (as the AR-Top-k and Gaussian-k reference code); both: "
+                   "also report what fusion changes.")
 @click.option("--policy", default="auto", show_default=True, help=f"One of: {', '.join(POLICIES)}.")
 @click.option("--slack", default=0.25, show_default=True, type=float,
               help="Policy: error allowed above Top-K's, relative.")
@@ -63,8 +77,10 @@ from arcsim.topology import DEFAULT_TOPOLOGY
 @click.option("--csv", "csv_out", type=OutputPath(), default=None, help="Write every point as CSV.")
 @click.option("--plot", "plot_dir", type=OutputPath(directory=True), default=None, help="Write PNG charts here.")
 @scope_option
-def run(topology: str, trace: str | None, no_capture: bool, compressors: str, density: float, memory: str | None,
-        engine: str, bucket_mb: float, policy: str, slack: float, ratios: str, weights: str | None,
+def run(topology: str, trace: str | None, no_capture: bool, params: str | None, layers: int | None,
+        compressors: str, density: float, memory: str | None,
+        engine: str, library: str | None, bandwidth: str | None, latency: str | None, bucket_mb: float,
+        fusion: str, policy: str, slack: float, ratios: str, weights: str | None,
         gpu: str | None, batch: int | None, precision: str, compare_gpu: str | None, compute_profile: str | None,
         seed: int,
         grid_steps: int | None, all_collectives: bool, json_out: str | None, csv_out: str | None, plot_dir: str | None,
@@ -79,7 +95,11 @@ def run(topology: str, trace: str | None, no_capture: bool, compressors: str, de
                     density=density, memory=memory, engine=engine, bucket_mb=bucket_mb, policy=policy,
                     ratios=tuple(sorted(set(number_list(ratios, "--ratios")))), weights=w,  # type: ignore[arg-type]
                     compute_profile=compute_profile, slack=slack, seed=seed, allow_capture=not no_capture,
-                    grid_steps=grid_steps, options={"scope": scope}, gpu=gpu, batch=batch, precision=precision)
+                    grid_steps=grid_steps, options={"scope": scope}, gpu=gpu, batch=batch, precision=precision,
+                    library=library, bandwidth=parse_rate(bandwidth) if bandwidth else None,
+                    latency=parse_duration(latency) if latency else None,
+                    fusion="bucket" if fusion == "both" else fusion,
+                    params=parse_params(params) if params is not None else None, layers=layers)
     cfg.check()
     if compare_gpu:
         from arcsim.devices.catalog import device
@@ -96,9 +116,20 @@ def run(topology: str, trace: str | None, no_capture: bool, compressors: str, de
 
         analysis.progress = progress
         result = analysis.run()
+    fused = None
+    if fusion == "both":
+        from arcsim.run.analysis import fusion_comparison
+
+        note("pricing again with the whole model fused into one vector …")
+        fused = fusion_comparison(analysis, result)
     if tables_wanted(json_out):
         report.render(result, console, every_collective=all_collectives)
-    write_json(report.to_json(result), json_out)
+        if fused is not None:
+            report.render_fusion(fused, console)
+    payload = report.to_json(result)
+    if fused is not None:
+        payload["fusion"] = fused
+    write_json(payload, json_out)
     if csv_out:
         report.write_csv(result, Path(csv_out))
         note(f"wrote {csv_out}")

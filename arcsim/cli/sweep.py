@@ -15,6 +15,7 @@ from arcsim.errors import ArcsimError
 SWEEP_OPTIONS = {  # option → spec key; every value is a comma list, strings may hold {a,b} groups
     "topology": "topology", "bandwidth": "bandwidth", "latency": "latency", "ranks": "ranks", "trace": "trace",
     "compressors": "compressor", "density": "density", "bucket_mb": "bucket_mb", "engine": "engine", "gpu": "gpu",
+    "library": "library", "fusion": "fusion", "params": "params",
 }
 
 
@@ -31,6 +32,9 @@ SWEEP_OPTIONS = {  # option → spec key; every value is a comma list, strings m
 @click.option("--engine", default=None, help="Engines: analytic, des, or analytic,des for both (default analytic).")
 @click.option("--gpu", default=None, help="GPUs to price on, e.g. v100,h100 (default: the topology's; cpu: "
                                           "as measured here).")
+@click.option("--library", default=None, help="Communication libraries, e.g. nccl,gloo (default: the topology's).")
+@click.option("--params", default=None, help="Synthetic models instead of traces, e.g. 125M,7B,100B.")
+@click.option("--fusion", default=None, help="bucket, model, or bucket,model for both (default bucket).")
 @click.option("--memory", "-m", default=None, help="Error feedback for every compressor (default ef14).")
 @click.option("--seed", default=None, type=click.IntRange(min=0))
 @click.option("--out", "-o", default=None, type=OutputPath(directory=True),

@@ -16,6 +16,7 @@ from arcsim.cli.common import (
     OutputPath,
     console,
     json_option,
+    library_option,
     note,
     number_list,
     scope_option,
@@ -43,6 +44,7 @@ from arcsim.errors import ArcsimError
 @click.option("--topology", "-t", default=None, help="Price every step on this topology (wall-clock axis).")
 @click.option("--engine", default="analytic", show_default=True, type=click.Choice(["analytic", "des"]))
 @click.option("--gpu", default=None, help="Price steps on this GPU instead of the topology's (cpu: as measured here).")
+@library_option
 @click.option("--compute-profile", type=click.Path(dir_okay=False), default=None,
               help="Compute timings for pricing (default: the topology's GPU, else measured here on the CPU).")
 @click.option("--target", default=None, type=float, help="Held-out accuracy to reach, e.g. 0.95.")
@@ -52,7 +54,8 @@ from arcsim.errors import ArcsimError
 @scope_option
 def train(model: str, dataset: str, workers: int, compressors: str, density: float, memory: str, steps: int,
           batch: int, lr: float | None, eval_every: int, seeds: str, topology: str | None, engine: str,
-          gpu: str | None, compute_profile: str | None, target: float | None, out: str | None, json_out: str | None,
+          gpu: str | None, library: str | None,
+          compute_profile: str | None, target: float | None, out: str | None, json_out: str | None,
           scope: str) -> None:
     """Train W workers in one process through each compressor; accuracy against steps and predicted time."""
     from arcsim.train.experiment import run_experiment
@@ -73,8 +76,9 @@ def train(model: str, dataset: str, workers: int, compressors: str, density: flo
     cfg.check()
     if memory == "ef21m":
         note("EF21M carries its own momentum: SGD's momentum is off (the step is x ← x − γ·h̄)")
-    if gpu and not topology:
-        raise ArcsimError("--gpu prices the steps on a cluster: give --topology too")
+    for flag, value in (("--gpu", gpu), ("--library", library)):
+        if value and not topology:
+            raise ArcsimError(f"{flag} prices the steps on a cluster: give --topology too")
     if topology:
         from arcsim.devices.catalog import device
         from arcsim.topology import load_topology
@@ -87,7 +91,8 @@ def train(model: str, dataset: str, workers: int, compressors: str, density: flo
     directory = Path(out or f"reports/train/{model}-{dataset}-d{density:g}")
     started = time.perf_counter()
     with step_progress("training", unit="step") as progress:
-        history = run_experiment(cfg, directory, topology, engine, announce=note, progress=progress, gpu=gpu)
+        history = run_experiment(cfg, directory, topology, engine, announce=note, progress=progress, gpu=gpu,
+                                 library=library)
     took = time.perf_counter() - started
     summary = summarise(history, target)
     summary.to_csv(directory / "summary.csv", index=False)

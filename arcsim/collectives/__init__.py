@@ -15,7 +15,8 @@ from arcsim.collectives.schedule import Schedule, Step, concat, make_step
 from arcsim.errors import CollectiveError
 from arcsim.topology import Topology
 
-__all__ = ["ALGORITHMS", "OPS", "Schedule", "Step", "build", "busbw_factor", "make_step", "normalize_op"]
+__all__ = ["ALGORITHMS", "ALGORITHM_NAMES", "OPS", "PIPELINED", "Schedule", "Step", "build", "busbw_factor",
+           "make_step", "normalize_op"]
 
 
 def _groups(topo: Topology) -> tuple[np.ndarray, np.ndarray]:
@@ -24,8 +25,22 @@ def _groups(topo: Topology) -> tuple[np.ndarray, np.ndarray]:
     return per_node, per_node.T.copy()
 
 
-def _flat(topo: Topology) -> np.ndarray:
-    return np.arange(topo.ranks).reshape(1, -1)
+def _rings(topo: Topology) -> np.ndarray:
+    """The rings a ring algorithm runs side by side over all ranks, one row each, each carrying 1/rows of the data.
+
+    One ring through the nodes in order when nodes have one NIC; otherwise one ring per NIC (as NCCL's
+    channels): ring j visits GPUs j+1 … j+g (mod g) of each node, so it leaves every node through NIC j
+    and enters the next through NIC j+1, and all NICs carry data at once.
+    """
+    g, nics = topo.gpus_per_node, topo.network.nics_per_node
+    if nics == 1 or topo.nodes == 1:
+        return np.arange(topo.ranks).reshape(1, -1)
+    nodes = np.arange(topo.nodes)[:, None] * g
+    return np.stack([(nodes + (j + 1 + np.arange(g)) % g).ravel() for j in range(nics)])
+
+
+Built = tuple["list[Step] | tuple[Step, ...]", str]  # the steps, and a note such as the chunk count chosen
+Builder = Callable[[Topology, float, "int | None"], Built]
 
 
 def _slowest_link(topo: Topology) -> tuple[float, float]:
@@ -35,17 +50,20 @@ def _slowest_link(topo: Topology) -> tuple[float, float]:
     return topo.intra.latency, 1.0 / topo.intra.bandwidth
 
 
-def _tree_all_reduce(topo: Topology, n: float) -> tuple[list[Step], str]:
-    p = topo.ranks
-    alpha, beta = _slowest_link(topo)
-    depth = int(np.ceil(np.log2(p + 1)))
-    chunks = tree.best_chunks(depth, n, alpha, beta)
-    return tree.double_binary_tree_all_reduce(p, n, chunks), f"{chunks} chunks per tree"
+def _tree_all_reduce(topo: Topology, n: float, chunks: int | None) -> Built:
+    """NCCL's tree: chains inside nodes under a double binary tree of nodes, each tree carrying n/2."""
+    trees = tree.node_chain_trees(topo.nodes, topo.gpus_per_node)
+    if chunks is None:
+        alpha, beta = _slowest_link(topo)
+        depth = topo.gpus_per_node - 1 + int(np.ceil(np.log2(topo.nodes + 1)))
+        chunks = tree.best_chunks(depth, n, alpha, beta)
+    return tree.pipelined_tree_all_reduce(trees, n, chunks), f"{chunks} chunks per tree"
 
 
-def _chain_broadcast(topo: Topology, n: float) -> tuple[list[Step], str]:
-    alpha, beta = _slowest_link(topo)
-    chunks = tree.best_chunks(topo.ranks - 2, n, alpha, beta)
+def _chain_broadcast(topo: Topology, n: float, chunks: int | None) -> Built:
+    if chunks is None:
+        alpha, beta = _slowest_link(topo)
+        chunks = tree.best_chunks(topo.ranks - 2, n, alpha, beta)
     return tree.chain_broadcast(topo.ranks, n, chunks), f"{chunks} chunks"
 
 
@@ -62,36 +80,36 @@ def _hierarchical_all_gather(topo: Topology, total: float) -> tuple[Step, ...]:
     return concat(ring.all_gather(rails, total / topo.gpus_per_node), ring.all_gather(per_node, total))
 
 
-Built = tuple["list[Step] | tuple[Step, ...]", str]  # the steps, and a note such as the chunk count chosen
-Builder = Callable[[Topology, float], Built]
-
-
 def _plain(fn: Callable[[Topology, float], list[Step] | tuple[Step, ...]]) -> Builder:
-    return lambda t, n: (fn(t, n), "")
+    return lambda t, n, chunks: (fn(t, n), "")
 
 
 ALGORITHMS: dict[str, dict[str, Builder]] = {
     "allreduce": {
-        "ring": _plain(lambda t, n: ring.all_reduce(_flat(t), n)),
+        "ring": _plain(lambda t, n: ring.all_reduce(_rings(t), n / len(_rings(t)))),
         "tree": _tree_all_reduce,
         "rhd": _plain(lambda t, n: recursive.halving_doubling_all_reduce(t.ranks, n)),
         "rd": _plain(lambda t, n: recursive.doubling_all_reduce(t.ranks, n)),
+        "binomial": _plain(lambda t, n: tree.binomial_reduce(t.ranks, n) + tree.binomial_broadcast(t.ranks, n)),
         "hierarchical": _plain(_hierarchical_all_reduce),
     },
     "allgather": {
-        "ring": _plain(lambda t, n: ring.all_gather(_flat(t), n)),
+        "ring": _plain(lambda t, n: ring.all_gather(_rings(t), n / len(_rings(t)))),
         "rd": _plain(lambda t, n: recursive.doubling_all_gather(t.ranks, n)),
         "hierarchical": _plain(_hierarchical_all_gather),
     },
     "broadcast": {
-        "tree": _plain(lambda t, n: tree.binomial_broadcast(t.ranks, n)),
+        "binomial": _plain(lambda t, n: tree.binomial_broadcast(t.ranks, n)),
+        "flat": _plain(lambda t, n: tree.flat_broadcast(t.ranks, n)),
         "chain": _chain_broadcast,
     },
     "reducescatter": {
-        "ring": _plain(lambda t, n: ring.reduce_scatter(_flat(t), n)),
+        "ring": _plain(lambda t, n: ring.reduce_scatter(_rings(t), n / len(_rings(t)))),
     },
 }
+PIPELINED = {("allreduce", "tree"), ("broadcast", "chain")}  # the algorithms that take a chunk count
 OPS = tuple(ALGORITHMS)
+ALGORITHM_NAMES = tuple(dict.fromkeys(a for table in ALGORITHMS.values() for a in table))
 _ALIASES = {"ar": "allreduce", "ag": "allgather", "bcast": "broadcast", "rs": "reducescatter"}
 
 
@@ -103,8 +121,11 @@ def normalize_op(op: str) -> str:
     return key
 
 
-def build(op: str, algo: str, nbytes: float, topo: Topology) -> Schedule:
-    """The step schedule of ``algo`` for ``op`` moving ``nbytes`` on ``topo`` (no 'auto' here)."""
+def build(op: str, algo: str, nbytes: float, topo: Topology, chunks: int | None = None) -> Schedule:
+    """The step schedule of ``algo`` for ``op`` moving ``nbytes`` on ``topo`` (no 'auto' here).
+
+    ``chunks`` fixes a pipelined algorithm's piece count (default: the count its closed form prices lowest).
+    """
     op = normalize_op(op)
     table = ALGORITHMS[op]
     if algo not in table:
@@ -112,8 +133,13 @@ def build(op: str, algo: str, nbytes: float, topo: Topology) -> Schedule:
                               f"{', '.join([*table, 'auto', 'all'])}")
     if not nbytes >= 0:
         raise CollectiveError(f"size must be ≥ 0 bytes (got {nbytes})")
+    if chunks is not None and (op, algo) not in PIPELINED:
+        raise CollectiveError(f"{algo} {op} is not pipelined, so it takes no chunk count; pipelined: "
+                              + ", ".join(f"{a} {o}" for o, a in sorted(PIPELINED)))
+    if chunks is not None and not 1 <= chunks <= tree.MAX_CHUNKS:
+        raise CollectiveError(f"a chunk count must be between 1 and {tree.MAX_CHUNKS} (got {chunks})")
     with limits.counting_stored(f"{algo} {op} on {topo.ranks:,} ranks"):
-        steps, detail = table[algo](topo, float(nbytes))
+        steps, detail = table[algo](topo, float(nbytes), chunks)
     return Schedule(op, algo, topo.ranks, float(nbytes), tuple(steps), detail)
 
 

@@ -1,4 +1,5 @@
-"""Tree and pipelined algorithms: double binary tree all-reduce, binomial and chain broadcast."""
+"""Tree and pipelined algorithms: pipelined (double binary) tree and binomial all-reduce; binomial, flat and
+chain broadcast."""
 
 from __future__ import annotations
 
@@ -66,23 +67,40 @@ def double_binary_trees(p: int) -> tuple[np.ndarray, np.ndarray]:
     return a, b
 
 
-def double_binary_tree_all_reduce(p: int, nbytes: float, chunks: int) -> list[Step]:
-    """Each tree reduces half the vector to its root, then broadcasts it back, pipelined in ``chunks`` pieces.
+def node_chain_trees(nodes: int, gpus_per_node: int) -> tuple[np.ndarray, np.ndarray]:
+    """NCCL's trees: a double binary tree over nodes, and inside each node a chain from its first GPU.
+
+    Rank ``n·g`` (the node's first GPU) hangs under the first GPU of its node's parent in each tree;
+    GPU i > 0 of a node hangs under GPU i − 1. With one GPU per node this is the double binary tree
+    over ranks.
+    """
+    g = gpus_per_node
+    out = []
+    for node_parent in double_binary_trees(nodes):
+        parent = np.arange(nodes * g) - 1  # the chain inside a node
+        heads = np.arange(nodes) * g
+        parent[heads] = np.where(node_parent >= 0, node_parent * g, -1)
+        out.append(parent)
+    return out[0], out[1]
+
+
+def pipelined_tree_all_reduce(trees: tuple[np.ndarray, ...], nbytes: float, chunks: int) -> list[Step]:
+    """Each tree reduces its share of the vector to its root, then broadcasts it back, in ``chunks`` pieces.
 
     Reduce: a rank of height h sends chunk j to its parent in step j + h. Broadcast: a rank of depth d
-    receives chunk j from its parent in step j + d − 1. Both trees run in the same steps.
+    receives chunk j from its parent in step j + d − 1. All trees run in the same steps.
     """
-    chunk = nbytes / 2 / chunks
-    trees = [(parent, *_depths_and_heights(parent)) for parent in double_binary_trees(p)]
-    up_starts = [(np.flatnonzero(par >= 0), height) for par, _, height in trees]
+    chunk = nbytes / len(trees) / chunks
+    shaped = [(parent, *_depths_and_heights(parent)) for parent in trees]
+    up_starts = [(np.flatnonzero(par >= 0), height) for par, _, height in shaped]
     up_len = max(chunks + int(h[v].max()) for v, h in up_starts)
-    down_len = max(chunks + int(d.max()) - 1 for _, d, _ in trees)
+    down_len = max(chunks + int(d.max()) - 1 for _, d, _ in shaped)
 
     def steps_for(length: int, starts_of, reduce: bool) -> list[Step]:
         out = []
         for t in range(length):
             srcs, dsts = [], []
-            for (par, depth, height), (v, _) in zip(trees, up_starts, strict=True):
+            for (par, depth, height), (v, _) in zip(shaped, up_starts, strict=True):
                 start = starts_of(depth, height)[v]
                 active = v[(t >= start) & (t < start + chunks)]
                 if reduce:
@@ -99,6 +117,22 @@ def double_binary_tree_all_reduce(p: int, nbytes: float, chunks: int) -> list[St
     up = steps_for(up_len, lambda depth, height: height, reduce=True)
     down = steps_for(down_len, lambda depth, height: depth - 1, reduce=False)
     return merge_repeats(up + down)
+
+
+def binomial_reduce(p: int, nbytes: float) -> list[Step]:
+    """To root 0, not pipelined: in step i every rank r with r mod 2^(i+1) = 2^i sends its partial sum to r − 2^i."""
+    steps = []
+    d = 1
+    while d < p:
+        src = np.arange(d, p, 2 * d)
+        steps.append(make_step(src, src - d, nbytes, nbytes))
+        d *= 2
+    return steps
+
+
+def flat_broadcast(p: int, nbytes: float) -> list[Step]:
+    """The root posts all p − 1 sends at once: one step, every message through its one uplink."""
+    return [make_step(np.zeros(p - 1, dtype=np.int64), np.arange(1, p), nbytes, 0.0)]
 
 
 def binomial_broadcast(p: int, nbytes: float) -> list[Step]:

@@ -209,6 +209,24 @@ class ScopedCompressor(Compressor):
         return selection_groups(d, layout, self.scope)
 
 
+class GatheringCompressor(ScopedCompressor):
+    """A top-k family member whose values and indices travel by all-gather: as ONE packed all-gather (the
+    int32 indices bit-cast beside the fp32 values, one message and one latency) or two (``packed=False``)."""
+
+    def __init__(self, density: float = 0.01, seed: int = 0, scope: str = "tensor", packed: bool = True) -> None:
+        super().__init__(density, seed, scope)
+        self.packed = bool(packed)
+
+    def gather(self, comm: Communicator, vals: torch.Tensor, idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Every worker's [k] values and indices: ([1, P, k] float32, [1, P, k] int32)."""
+        vals, idx = vals.float(), idx.to(torch.int32)
+        if not self.packed:
+            return comm.all_gather(vals, tag="values"), comm.all_gather(idx, tag="indices")
+        both = comm.all_gather(torch.cat([vals, idx.view(torch.float32)], dim=1), tag="values+indices")
+        k = vals.shape[1]
+        return both[..., :k], both[..., k:].contiguous().view(torch.int32)
+
+
 def flatten_layers(tensors: list[torch.Tensor]) -> tuple[torch.Tensor, tuple[Layer, ...]]:
     if not tensors:
         raise CompressionError("no tensors to compress")

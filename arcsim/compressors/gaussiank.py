@@ -7,8 +7,8 @@ selection is the last *evaluated* threshold's (the reference adjusts t a third t
 ``scope="tensor"`` (default, as the reference, which compresses tensor by tensor) thresholds every layer
 on its own statistics with its own k; ``"bucket"`` thresholds the whole bucket at once.
 Counts differ per worker, so they are all-gathered first and values and indices are all-gathered
-padded to the largest count (what an all-gather of equal-sized buffers must send). Achieved density
-is reported next to the requested one: on heavy tails it can miss k by a lot.
+(packed into one, as Top-K) padded to the largest count (what an all-gather of equal-sized buffers must
+send). Achieved density is reported next to the requested one: on heavy tails it can miss k by a lot.
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ import torch
 from arcsim.comm import Communicator
 from arcsim.compressors.base import (
     Compressed,
+    GatheringCompressor,
     Layer,
-    ScopedCompressor,
     SparseContribution,
     group_k,
     sparse_aggregate,
@@ -50,7 +50,7 @@ def gaussian_threshold(row: torch.Tensor, k: int, z: float) -> torch.Tensor:
     return evaluated
 
 
-class GaussianK(ScopedCompressor):
+class GaussianK(GatheringCompressor):
     name = "gaussiank"
 
     def picks(self, row: torch.Tensor, groups: list[tuple[int, int]], density: float) -> torch.Tensor:
@@ -75,7 +75,6 @@ class GaussianK(ScopedCompressor):
         for w, p in enumerate(picks):  # ragged rows; padding carries value 0 at index 0
             idx[w, :p.numel()] = p
             vals[w, :p.numel()] = x[w, p]
-        gathered_vals = comm.all_gather(vals, tag="values")
-        gathered_idx = comm.all_gather(idx.to(torch.int32), tag="indices")
+        gathered_vals, gathered_idx = self.gather(comm, vals, idx)
         agg = sparse_aggregate(x.shape[1], gathered_idx, gathered_vals, comm.world_size)
         return Compressed(agg, SparseContribution(idx, vals), counts[:, 0].to(torch.int64), index_based=True)

@@ -1,4 +1,5 @@
-"""Top-K: each worker keeps its own k largest |x|; values and indices travel by all-gather.
+"""Top-K: each worker keeps its own k largest |x|; values and indices travel by all-gather (packed into one by
+default, see :class:`~arcsim.compressors.base.GatheringCompressor`).
 
 ``scope="tensor"`` (default, as GRACE and the ARC-Top-K authors' Top-K baseline) keeps k = max(1, ⌊ρ·n⌋)
 of every layer of n elements; ``scope="bucket"`` keeps one k over the whole bucket.
@@ -11,15 +12,15 @@ import torch
 from arcsim.comm import Communicator
 from arcsim.compressors.base import (
     Compressed,
+    GatheringCompressor,
     Layer,
-    ScopedCompressor,
     SparseContribution,
     sparse_aggregate,
     topk_indices,
 )
 
 
-class TopK(ScopedCompressor):
+class TopK(GatheringCompressor):
     name = "topk"
 
     def compress(self, x: torch.Tensor, comm: Communicator, step: int,
@@ -27,8 +28,7 @@ class TopK(ScopedCompressor):
         rho = self.rho(density)
         idx = topk_indices(x, self.groups(x.shape[1], layout), rho)
         vals = x.gather(1, idx).float()
-        gathered_vals = comm.all_gather(vals, tag="values")
-        gathered_idx = comm.all_gather(idx.to(torch.int32), tag="indices")
+        gathered_vals, gathered_idx = self.gather(comm, vals, idx)
         agg = sparse_aggregate(x.shape[1], gathered_idx, gathered_vals, comm.world_size)
         selected = torch.full((x.shape[0],), idx.shape[1], device=x.device)
         return Compressed(agg, SparseContribution(idx, vals), selected, index_based=True)

@@ -3,23 +3,27 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import torch
 
 from arcsim.catalog import (
     COMPRESSORS,
     DEFAULT_RATIOS,
+    FUSIONS,
     INFO,
     MODELS,
     POLICIES,
     check_compression,
     check_options,
 )
+from arcsim.collectives.libraries import get_library
 from arcsim.devices.catalog import PRECISIONS, Device
 from arcsim.devices.kernels import kernel_source
 from arcsim.devices.predict import DEFAULT_GPU_BATCH, ComputePrediction
@@ -29,12 +33,13 @@ from arcsim.pricing import Pricer
 from arcsim.run import decisions
 from arcsim.run.buckets import make_buckets
 from arcsim.run.candidates import Candidate, Context, candidates_for, evaluate
-from arcsim.run.compute import from_profile, from_trace, mapped
+from arcsim.run.compute import ComputeTimes, from_profile, from_trace, mapped
 from arcsim.run.measure import Measurement, measure
 from arcsim.topology import DEFAULT_TOPOLOGY, load_topology
 from arcsim.traces.format import open_trace
+from arcsim.traces.params import DEFAULT_LAYERS, ParamsModel
 from arcsim.traces.profile import load_profile
-from arcsim.traces.resolve import resolve_trace
+from arcsim.traces.resolve import resolve_trace, trace_dir
 
 GRID_ALL_STEPS_ELEMENTS = 2e8  # steps × workers × elements above which the grid uses the first step only
 CACHE_BYTES = 4 * 2**30  # traces up to this size (as stored) are read once and kept in memory
@@ -66,6 +71,12 @@ class RunConfig:
     gpu: str | None = None              # catalogue device; None: the topology's, else compute as the trace measured
     batch: int | None = None            # per GPU, for a GPU's compute (None: DEFAULT_GPU_BATCH)
     precision: str = "fp32"             # fp32 or bf16 autocast, for a GPU's compute
+    library: str | None = None          # the communication library; None: the topology's
+    bandwidth: float | None = None      # per-NIC bandwidth override, bytes/s
+    latency: float | None = None        # one-way network latency override, s
+    fusion: str = "bucket"              # bucket: DDP buckets; model: the whole gradient as one vector
+    params: int | None = None           # a model of this many fp32 parameters instead of a trace (synthetic)
+    layers: int | None = None           # its layer count (default DEFAULT_LAYERS)
 
     @property
     def scope(self) -> str:
@@ -84,6 +95,21 @@ class RunConfig:
                 gpu.check_precision(self.precision)
         if self.batch is not None and self.batch < 1:
             raise RunError(f"--batch is per GPU and at least 1, got {self.batch}")
+        if self.params is not None:
+            if self.trace is not None or self.compute_profile:
+                raise RunError("--params prices a synthetic model: give it without --trace or --compute-profile")
+            ParamsModel(self.params, self.layers or min(DEFAULT_LAYERS, self.params))
+        elif self.layers is not None:
+            raise RunError("--layers goes with --params (the layer count of that synthetic model)")
+        if self.fusion not in FUSIONS:
+            raise RunError(f"unknown fusion {self.fusion!r}; choose {' or '.join(FUSIONS)}")
+        if self.library is not None:
+            from arcsim.collectives.libraries import get_library
+
+            get_library(self.library)
+        for label, value in (("--bandwidth", self.bandwidth), ("--latency", self.latency)):
+            if value is not None and not (value >= 0 if label == "--latency" else value > 0):
+                raise RunError(f"{label} must be {'≥ 0' if label == '--latency' else 'positive'} (got {value:g})")
         if self.policy not in POLICIES:
             raise RunError(f"unknown policy {self.policy!r}; choose one of {', '.join(POLICIES)}")
         if self.engine not in ENGINES:
@@ -143,12 +169,22 @@ class Analysis:
         cfg.check()
         self.cfg = cfg
         self.progress = progress or (lambda _: None)
-        self.topo = load_topology(cfg.topology)
-        path = resolve_trace(cfg.trace, allow_capture=cfg.allow_capture, announce=announce, progress=capture_progress)
+        self.topo = load_topology(cfg.topology).with_overrides(cfg.bandwidth, cfg.latency, cfg.library)
+        self.params = None if cfg.params is None else ParamsModel(cfg.params, cfg.layers or min(DEFAULT_LAYERS,
+                                                                                                  cfg.params))
+        if self.params is not None:
+            path = self.params.sample_trace(trace_dir(), cfg.seed)
+        else:
+            path = resolve_trace(cfg.trace, allow_capture=cfg.allow_capture, announce=announce,
+                                 progress=capture_progress)
         self.trace = open_trace(path)
         self.notes_before: list[str] = []
         self.gpu, self.compute_prediction = self._device()
-        if cfg.compute_profile:
+        scale = 1.0 if self.params is None else self.params.scale
+        if self.params is not None:
+            compute = ComputeTimes(0.0, 0.0, np.zeros(len(self.trace.layers)), "none",
+                                   "none: communication and compression only (--params has no compute model)")
+        elif cfg.compute_profile:
             compute = from_profile(cfg.compute_profile, self.trace)
         elif self.compute_prediction is not None:
             pred = self.compute_prediction
@@ -157,9 +193,10 @@ class Analysis:
                              f"{pred.precision} ({pred.detail})")
         else:
             compute = from_trace(self.trace)
-        buckets = make_buckets(self.trace.layers, compute.ready_s.tolist(), cfg.bucket_mb * 2**20)
-        self.ctx = Context(self.trace, self.topo, compute, buckets, cfg.engine, cfg.compress_scale, self.gpu,
-                           cfg.scope)
+        cap = float("inf") if cfg.fusion == "model" else cfg.bucket_mb * 2**20 / scale  # a sample's: scaled down
+        buckets = make_buckets(self.trace.layers, compute.ready_s.tolist(), cap)
+        self.ctx = Context(self.trace, self.topo, compute, buckets, cfg.engine, cfg.compress_scale * scale, self.gpu,
+                           cfg.scope, numel_scale=scale)
         self.pricer = Pricer(self.topo, cfg.engine)
         self._measured: dict[tuple[str, float, int], Measurement] = {}
         self._cached: list[tuple[int, torch.Tensor]] | None = None
@@ -171,6 +208,8 @@ class Analysis:
         if (other.trace.path, other.cfg.memory, other.cfg.seed, other.cfg.options) != \
                 (self.trace.path, self.cfg.memory, self.cfg.seed, self.cfg.options):
             raise RunError("measurements are shared only between runs of the same trace and compressor settings")
+        if self.ctx.gpu is None and other.ctx.gpu is not None:
+            return  # the other run modelled compression and timed nothing here: measure again, timed
         self._measured = other._measured
 
     def _device(self) -> tuple[Device | None, ComputePrediction | None]:
@@ -180,6 +219,8 @@ class Analysis:
         from arcsim.devices.predict import device_of_profile, predict_compute
 
         name = self.cfg.gpu or self.topo.gpu
+        if self.params is not None:  # no compute; compression modelled on the GPU when it is in the catalogue
+            return (device(name) if name is not None and device(name).modelled else None), None
         if self.cfg.compute_profile:
             if name is not None:
                 return (device(name) if device(name).modelled else None), None
@@ -225,9 +266,13 @@ class Analysis:
             started = time.perf_counter()
             self.progress(f"{compressor} @ {key[1]:g}")
             steps = self.steps() if key[2] == self.trace.steps else itertools.islice(self.steps(), key[2])
-            self._measured[key] = measure(steps, self.ctx.buckets, compressor, key[1],
-                                          self.cfg.memory if not INFO[compressor].density_free else None,
-                                          self.cfg.seed, self.cfg.options)
+            meas = measure(steps, self.ctx.buckets, compressor, key[1],
+                           self.cfg.memory if not INFO[compressor].density_free else None, self.cfg.seed,
+                           self.cfg.options, timed=self.ctx.gpu is None)
+            if self.params is not None:  # what the sample sent, at the full model's size
+                meas.records = [[[self.params.scale_record(r) for r in recs] for recs in step]
+                                for step in meas.records]
+            self._measured[key] = meas
             self.timings[f"measure {compressor} @ {key[1]:g} ({key[2]} steps)"] = time.perf_counter() - started
         return self._measured[key]
 
@@ -298,17 +343,20 @@ class Analysis:
                  + ("k = max(1, ⌊ρ·n⌋) in every layer of n elements (topk, randk, gaussiank, star, var; "
                     "arctopk: rows per layer), as the reference implementations"
                     if self.cfg.scope == "tensor" else "one k over each whole bucket") + " (--scope)",
-                 f"{len(ctx.buckets)} bucket(s) of ≤ {self.cfg.bucket_mb:g} MiB fp32; collectives priced by the "
+                 (f"{len(ctx.buckets)} bucket(s) of ≤ {self.cfg.bucket_mb:g} MiB fp32"
+                  if self.cfg.fusion == "bucket" else "fusion model: the whole gradient compressed and sent as one "
+                  "vector after backward (latency paid once, no overlap)")
+                 + f"; collectives as {topo.library} runs them ({get_library(topo.library).summary}), priced by the "
                  f"{self.cfg.engine} engine, one at a time in bucket order"
                  + (f"; measured fits for {', '.join(topo.calibration)} (arcsim calibrate) replace the step model"
                     if topo.calibration else "")]
-        if topo.ranks > t.workers:
+        if self.params is None and topo.ranks > t.workers:  # (a synthetic sample's note comes below)
             notes.append(f"the topology has {topo.ranks} ranks, the trace {t.workers} workers: bytes are per rank "
                          f"(all-gather outputs scale with {topo.ranks} ranks), and fidelity is measured over the "
                          f"{t.workers} captured workers, each standing for {topo.ranks / t.workers:g} ranks at the "
                          f"captured batch of {t.meta['batch_per_worker']} (more ranks average away more noise: "
                          f"the measured error is an upper estimate of the error on {topo.ranks} ranks)")
-        elif topo.ranks < t.workers:
+        elif self.params is None and topo.ranks < t.workers:
             notes.append(f"the topology has {topo.ranks} ranks, the trace {t.workers} workers: bytes are per rank, "
                          f"and fidelity is measured over all {t.workers} captured workers at the captured batch of "
                          f"{t.meta['batch_per_worker']} (fewer ranks average away less noise: the measured error is "
@@ -316,7 +364,36 @@ class Analysis:
         if self.grid_steps() < t.steps:
             notes.append(f"ratio-grid points other than --density were measured on the first {self.grid_steps()} "
                          f"of the trace's {t.steps} steps (large trace; --grid-steps to change)")
-        if t.meta.get("synthetic_data"):
+        if self.params is not None:
+            notes.append(f"SYNTHETIC model of {self.params.params:,} fp32 parameters in {self.params.layers} equal "
+                         f"layers: message sizes are the full model's; errors were measured on a "
+                         f"{self.params.sample_layer * self.params.layers:,}-element sample (1/{self.params.scale:,.0f}"
+                         f" of each layer) with synthetic heavy-tailed gradients, not a real model's; compression "
+                         + ("modelled on the GPU at full size" if self.ctx.gpu is not None else
+                            "timed on the sample here and scaled linearly"))
+        elif t.meta.get("synthetic_data"):
             notes.append("the trace's data is SYNTHETIC: its gradients have the model's structure, not real "
                          "training statistics")
         return notes
+
+
+def fusion_comparison(analysis: Analysis, bucketed: RunResult) -> list[dict[str, Any]]:
+    """Each compressor at --density with its fastest collective, bucket by bucket (``bucketed``) and with the
+    whole model fused into one vector (measured again: the compressor then selects over the whole gradient)."""
+    cfg = dataclasses.replace(analysis.cfg, fusion="model", policy="none", ratios=(analysis.cfg.density,))
+    fused = Analysis(cfg, announce=lambda _: None).run()
+
+    def best(result: RunResult) -> dict[str, Candidate]:
+        out: dict[str, Candidate] = {}
+        for c in [result.dense, *result.candidates]:
+            if c.compressor not in out or c.iteration_s < out[c.compressor].iteration_s:
+                out[c.compressor] = c
+        return out
+
+    per_bucket, whole = best(bucketed), best(fused)
+    return [{"compressor": name, "bucket_collective": b.collective, "bucket_iteration_s": b.iteration_s,
+             "bucket_comm_s": b.comm_s, "bucket_exposed_comm_s": b.exposed_comm_s, "buckets": len(b.bucket_comm_s),
+             "model_collective": whole[name].collective, "model_iteration_s": whole[name].iteration_s,
+             "model_comm_s": whole[name].comm_s, "model_exposed_comm_s": whole[name].exposed_comm_s,
+             "model_rel_error": whole[name].rel_error, "bucket_rel_error": b.rel_error}
+            for name, b in per_bucket.items() if name in whole]

@@ -71,6 +71,7 @@ class Context:
     compress_scale: float = 1.0  # measured compression × this (ranks sharing cores in an emulated cluster)
     gpu: Device | None = None  # compression modelled on this device (arcsim.devices.kernels); None: measured here
     scope: str = "tensor"      # the top-k family's selection scope (kernel counts differ per scope)
+    numel_scale: float = 1.0   # full-model elements per bucket element (--params runs on a scaled-down sample)
 
     @property
     def compress_source(self) -> str:
@@ -102,7 +103,8 @@ def step_timelines(meas: Measurement, collective: str, ctx: Context,
     timelines, comp_sum, comm_sum = [], np.zeros(len(ctx.buckets)), np.zeros(len(ctx.buckets))
     ready = [b.ready_s for b in ctx.buckets]
     modelled = None if ctx.gpu is None else [  # the same every step: computed once
-        compress_seconds(meas.compressor, ctx.scope, b.numel, len(b.layers), ctx.gpu) for b in ctx.buckets]
+        compress_seconds(meas.compressor, ctx.scope, round(b.numel * ctx.numel_scale), len(b.layers), ctx.gpu)
+        for b in ctx.buckets]
     for s, step_records in enumerate(meas.records):
         comm = [sum(p.time_s for p in pricer.records(recs, algos)) for recs in step_records]
         comp = modelled if modelled is not None else [c * ctx.compress_scale for c in meas.compress_s[s]]
@@ -129,7 +131,8 @@ def evaluate(meas: Measurement, collective: str, ctx: Context, pricer: Pricer) -
 
 
 def candidates_for(meas: Measurement, ctx: Context, pricer: Pricer) -> list[Candidate]:
-    """One candidate per algorithm of the main collective — one only ("measured") when it was calibrated."""
+    """One candidate per algorithm the library offers for the main collective — one only ("measured") when it was
+    calibrated."""
     op = main_op(meas)
-    algos = ("measured",) if op in ctx.topo.calibration else algorithms_for(op)
+    algos = ("measured",) if op in ctx.topo.calibration else algorithms_for(ctx.topo, op)
     return [evaluate(meas, algo, ctx, pricer) for algo in algos]

@@ -89,7 +89,7 @@ class BucketedCompression:
     ``step`` returns each bucket's aggregated update and what pricing and fidelity need for that step."""
 
     def __init__(self, buckets: list[Bucket], compressor: str, density: float, memory: str | None = None,
-                 seed: int = 0, options: Mapping[str, Any] | None = None) -> None:
+                 seed: int = 0, options: Mapping[str, Any] | None = None, timed: bool = True) -> None:
         self.buckets, self.compressor, self.density, self.seed = buckets, compressor, density, seed
         self.options = options_for(compressor, options or {})  # shared options (scope …) this one accepts
         self.memory = memory or default_memory(compressor)
@@ -98,6 +98,7 @@ class BucketedCompression:
         self.layouts = [b.layout() for b in buckets]
         self.comm: InProcessComm | None = None
         self.one_rank: dict[int, float] = {}  # per-rank compression seconds per bucket, timed on the first step
+        self.timed = timed  # False where compression is modelled (a catalogue GPU): nothing timed, NaN kept
 
     def step(self, step: int, g: torch.Tensor) -> tuple[list[torch.Tensor], dict[str, list]]:
         """Compress [W, d] gradients bucket by bucket; returns the [1, bucket] updates (in bucket order, which
@@ -130,8 +131,9 @@ class BucketedCompression:
             row["upd2"].append(float((out.float() - mean_g).pow(2).sum()))
             row["raw2"].append(float(mean_g.pow(2).sum()))
             if b.index not in self.one_rank:
-                self.one_rank[b.index] = _one_rank_seconds(x, self.compressor, self.density, self.memory,
-                                                           self.seed + b.index, self.options, self.layouts[b.index])
+                self.one_rank[b.index] = float("nan") if not self.timed else _one_rank_seconds(
+                    x, self.compressor, self.density, self.memory, self.seed + b.index, self.options,
+                    self.layouts[b.index])
             row["compress_s"].append(self.one_rank[b.index])
             for key in ("err2", "ref2", "gain", "selected"):
                 row[key].append(seen[key])
@@ -139,9 +141,11 @@ class BucketedCompression:
 
 
 def measure(steps: Iterable[tuple[int, torch.Tensor]], buckets: list[Bucket], compressor: str, density: float,
-            memory: str | None = None, seed: int = 0, options: Mapping[str, Any] | None = None) -> Measurement:
-    """Compress every bucket of every trace step; ``steps`` yields (training step, [W, d] float32)."""
-    bc = BucketedCompression(buckets, compressor, density, memory, seed, options)
+            memory: str | None = None, seed: int = 0, options: Mapping[str, Any] | None = None,
+            timed: bool = True) -> Measurement:
+    """Compress every bucket of every trace step; ``steps`` yields (training step, [W, d] float32). ``timed``:
+    also time one rank's compression here (skip it where compression is modelled on a GPU)."""
+    bc = BucketedCompression(buckets, compressor, density, memory, seed, options, timed)
     out = Measurement(compressor, density, bc.memory, sum(b.numel for b in buckets))
     for step, g in steps:
         _, row = bc.step(step, g)

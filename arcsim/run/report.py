@@ -78,8 +78,9 @@ def write_csv(result: RunResult, path: Path) -> None:
 
 def render(result: RunResult, console: Console, every_collective: bool = False) -> None:
     t, topo = result.ctx.trace_file, result.ctx.topo
-    console.print(f"[bold]arcsim run[/]: {t.meta['model']} ({t.elements:,} parameters, trace {t.path.name}, "
-                  f"{t.workers} workers × {t.steps} steps) on {topo.name} ({topo.ranks} ranks), "
+    source = "a synthetic sample" if "sample_of" in t.meta else f"trace {t.path.name}"
+    console.print(f"[bold]arcsim run[/]: {t.meta['model']} ({int(t.meta['params']):,} parameters, {source}, "
+                  f"{t.workers} workers × {t.steps} steps) on {topo.name} ({topo.ranks} ranks, {topo.library}), "
                   f"density {result.config.density:g}, {result.config.engine} engine")
     for note in result.assumptions:
         console.print(f"  [dim]• {note}[/]")
@@ -110,6 +111,22 @@ def render(result: RunResult, console: Console, every_collective: bool = False) 
     _render_crossover(result, console)
     _render_pareto(result, console)
     _render_timings(result, console)
+
+
+def render_fusion(rows: list[dict[str, Any]], console: Console) -> None:
+    """What fusing the whole model into one vector changes, compressor by compressor."""
+    table = Table(title="Fusion: DDP buckets against the whole model as one vector (--fusion both)",
+                  caption="ms per iteration with each compressor's fastest collective; the fused vector is sent "
+                          "after backward (no overlap) but pays each collective's latency once",
+                  box=box.SIMPLE_HEAD, collapse_padding=True, pad_edge=False, show_edge=False)
+    for col in ("compressor", "buckets", "bucket ms", "exposed", "model ms", "exposed ", "model/bucket", "error b/m"):
+        table.add_column(col, justify="left" if col == "compressor" else "right")
+    for r in sorted(rows, key=lambda r: r["bucket_iteration_s"]):
+        table.add_row(r["compressor"], str(r["buckets"]), _ms(r["bucket_iteration_s"]), _ms(r["bucket_exposed_comm_s"]),
+                      _ms(r["model_iteration_s"]), _ms(r["model_exposed_comm_s"]),
+                      f"{r['model_iteration_s'] / r['bucket_iteration_s']:.2f}×",
+                      f"{r['bucket_rel_error']:.3f}/{r['model_rel_error']:.3f}")
+    console.print(table)
 
 
 OP_SHORT = {"allreduce": "AR", "allgather": "AG", "broadcast": "BC", "reducescatter": "RS"}

@@ -21,7 +21,7 @@ ANALYSES_KEPT = 2  # traces held in memory per process (each caches its steps)
 
 # the results table's columns, in order: the point, then what arcsim predicts for it
 POINT_COLUMNS = ("point_id", "topology", "bandwidth", "latency", "ranks", "trace", "compressor", "density",
-                 "bucket_mb", "engine", "gpu", "memory", "seed")
+                 "bucket_mb", "engine", "gpu", "library", "fusion", "memory", "seed")
 RESULT_COLUMNS = ("topology_name", "nodes", "gpus_per_node", "world", "nic_gbps", "latency_us", "model", "params",
                   "trace_workers", "collective", "op", "iteration_s", "compute_s", "compress_s", "comm_s",
                   "exposed_comm_s", "dense_iteration_s", "speedup_vs_dense", "rel_error", "compression_gain",
@@ -34,17 +34,8 @@ _analyses: OrderedDict[tuple, Any] = OrderedDict()
 
 
 def point_topology(point: Mapping[str, Any]) -> Topology:
-    """The point's topology with its overrides: per-NIC bandwidth, latency, and ranks (whole nodes)."""
+    """The point's topology with its overrides: per-NIC bandwidth, latency, library, GPU and ranks (whole nodes)."""
     topo = load_topology(point["topology"])
-    net, calib = topo.network, dict(topo.calibration)
-    if point.get("bandwidth") is not None:
-        scale = point["bandwidth"] / net.bandwidth_per_nic
-        net = dataclasses.replace(net, bandwidth_per_nic=point["bandwidth"])
-        calib = {op: dataclasses.replace(c, bandwidth=c.bandwidth * scale) for op, c in calib.items()}
-    if point.get("latency") is not None:
-        scale = point["latency"] / net.latency if net.latency > 0 else 1.0
-        net = dataclasses.replace(net, latency=point["latency"])
-        calib = {op: dataclasses.replace(c, latency=c.latency * scale) for op, c in calib.items()}
     nodes = topo.nodes
     ranks = point.get("ranks")
     if ranks is not None:
@@ -56,22 +47,26 @@ def point_topology(point: Mapping[str, Any]) -> Topology:
         if topo.network.fabric == "fat-tree" and topo.network.nodes_per_leaf and nodes % topo.network.nodes_per_leaf:
             raise SweepError(f"ranks {ranks}: {topo.name} is a fat tree of {topo.network.nodes_per_leaf} nodes per "
                              "leaf; use a multiple of that many nodes")
-    gpu = point.get("gpu") or topo.gpu
-    return dataclasses.replace(topo, nodes=nodes, network=net, calibration=calib, gpu=gpu)
+    return topo.with_overrides(point.get("bandwidth"), point.get("latency"), point.get("library"), nodes,
+                               point.get("gpu"))
 
 
 def _analysis(point: Mapping[str, Any]):
     from arcsim.run.analysis import Analysis, RunConfig
 
     gpu = point_topology(point).gpu or "cpu"  # the point's topology names the GPU compute is priced on
-    key = (point["trace"], point["bucket_mb"], point["memory"], point["seed"], point.get("compute_profile"), gpu)
+    fusion = point.get("fusion") or "bucket"
+    key = (point["trace"], point.get("params"), point["bucket_mb"], point["memory"], point["seed"],
+           point.get("compute_profile"), gpu, fusion)
     if key in _analyses:
         _analyses.move_to_end(key)
         return _analyses[key]
-    cfg = RunConfig(trace=point["trace"], compressors=("dense",), memory=point["memory"],
+    synthetic = point.get("params") is not None
+    cfg = RunConfig(trace=None if synthetic else point["trace"], params=point.get("params"), compressors=("dense",),
+                    memory=point["memory"],
                     bucket_mb=point["bucket_mb"], policy="none",
                     ratios=(1.0,), compute_profile=point.get("compute_profile"), seed=point["seed"],
-                    allow_capture=False, gpu=gpu)
+                    allow_capture=False, gpu=gpu, fusion=fusion)
     analysis = Analysis(cfg, announce=lambda _: None)
     _analyses[key] = analysis
     while len(_analyses) > ANALYSES_KEPT:
@@ -95,9 +90,11 @@ def evaluate_point(point: Mapping[str, Any]) -> dict[str, Any]:
     row = {k: point.get(k) for k in POINT_COLUMNS}
     row["memory"] = best.memory
     row["gpu"] = topo.gpu or "cpu"
+    row["library"] = topo.library
+    row["fusion"] = point.get("fusion") or "bucket"
     row.update(topology_name=topo.name, nodes=topo.nodes, gpus_per_node=topo.gpus_per_node, world=topo.ranks,
                nic_gbps=topo.network.bandwidth_per_nic * 8 / 1e9, latency_us=topo.network.latency * 1e6,
-               model=meta.get("model"), params=analysis.trace.elements, trace_workers=analysis.trace.workers)
+               model=meta.get("model"), params=int(meta["params"]), trace_workers=analysis.trace.workers)
     # the candidate's own fields, written through (its speed-up is against a different baseline: not copied)
     row.update({k: v for k, v in best.to_dict().items() if k in CANDIDATE_COLUMNS})
     row.update(dense_iteration_s=dense.iteration_s, speedup_vs_dense=dense.iteration_s / best.iteration_s)

@@ -20,11 +20,11 @@ from typing import Any
 
 import yaml
 
-from arcsim.catalog import COMPRESSORS, DENSITY_FREE, MEMORIES
+from arcsim.catalog import COMPRESSORS, DENSITY_FREE, FUSIONS, MEMORIES
 from arcsim.errors import ArcsimError
 from arcsim.netsim import ENGINES
 from arcsim.topology import DEFAULT_TOPOLOGY
-from arcsim.units import parse_duration, parse_rate
+from arcsim.units import parse_duration, parse_params, parse_rate
 
 # axis name → what it is (for errors and `arcsim sweep --help`)
 AXES: dict[str, str] = {
@@ -33,13 +33,18 @@ AXES: dict[str, str] = {
     "latency": "network latency override, e.g. 2us, 50us",
     "ranks": "rank count: nodes = ranks / GPUs per node of the topology",
     "trace": "gradient trace (.npz); a known model's name (resnet18.npz) is captured if missing",
+    "params": "instead of a trace: a synthetic model of this many parameters, e.g. 125M, 7B (arcsim run --params)",
     "compressor": f"one of {', '.join(COMPRESSORS)}",
     "density": "k/d in (0, 1] (ignored by dense, fp16 and powersgd's rank)",
     "bucket_mb": "DDP bucket cap, MiB of fp32",
     "engine": "analytic or des",
     "gpu": "the GPU compute and compression are priced on (arcsim device list; cpu: as measured here); "
            "default: the topology's",
+    "library": "communication library: nccl, gloo, mpi or ideal; default: the topology's",
+    "fusion": "bucket (DDP buckets, each compressed and sent on its own) or model (the whole gradient as one "
+              "vector); default bucket",
 }
+OPTIONAL_AXES = ("library", "fusion", "params")  # later axes: out of a point's id when unset (older sweeps resume)
 SETTINGS: dict[str, str] = {  # single values, not swept
     "memory": f"error feedback for every compressor: {', '.join(MEMORIES)} (default ef14)",
     "seed": "seed for randomized compressors",
@@ -156,7 +161,9 @@ def _with_unit(name: str, value: Any) -> Any:
 
 def point_id(point: Mapping[str, Any]) -> str:
     """A short stable hash of a point's parameters."""
-    body = json.dumps({k: point[k] for k in sorted(point) if k != "point_id"}, sort_keys=True, default=str)
+    body = json.dumps({k: point[k] for k in sorted(point)
+                       if k != "point_id" and not (k in OPTIONAL_AXES and point[k] is None)},
+                      sort_keys=True, default=str)
     return hashlib.sha1(body.encode()).hexdigest()[:12]
 
 
@@ -183,7 +190,8 @@ def build_spec(raw: Mapping[str, Any], source: str = "command line") -> SweepSpe
     axes: dict[str, list[Any]] = {}
     defaults: dict[str, Any] = {"topology": DEFAULT_TOPOLOGY, "bandwidth": None, "latency": None, "ranks": None,
                                 "trace": None, "compressor": ["dense", "topk", "randk", "arctopk", "star", "powersgd"],
-                                "density": 0.01, "bucket_mb": 25.0, "engine": "analytic", "gpu": None}
+                                "density": 0.01, "bucket_mb": 25.0, "engine": "analytic", "gpu": None,
+                                "library": None, "fusion": None, "params": None}
     for name in AXES:
         if name in raw and raw[name] is None and defaults[name] is not None:
             raise SweepError(f"{source}: axis {name!r} has no value; give one or more (e.g. {name}: "
@@ -196,6 +204,8 @@ def build_spec(raw: Mapping[str, Any], source: str = "command line") -> SweepSpe
         axes[name] = [_normalise(name, v, source) for v in values]
         if len(set(map(str, axes[name]))) != len(axes[name]):
             raise SweepError(f"{source}: axis {name!r} repeats a value: {axes[name]}")
+    if any(v is not None for v in axes["params"]) and any(v is not None for v in axes["trace"]):
+        raise SweepError(f"{source}: give params (a synthetic model) or trace, not both")
     memory = str(raw.get("memory", "ef14"))
     if memory not in MEMORIES:
         raise SweepError(f"{source}: unknown memory {memory!r}; choose one of {', '.join(MEMORIES)}")
@@ -244,6 +254,19 @@ def _normalise(name: str, value: Any, source: str) -> Any:
         if str(value).lower() not in devices():
             raise SweepError(f"{where}: unknown GPU {value!r}; choose one of: {', '.join(devices())}")
         return str(value).lower()
+    if name == "params":
+        try:
+            return parse_params(value)
+        except ArcsimError as exc:
+            raise SweepError(f"{where}: {exc}") from None
+    if name == "library":
+        from arcsim.collectives.libraries import LIBRARIES
+
+        if str(value).lower() not in LIBRARIES:
+            raise SweepError(f"{where}: unknown library {value!r}; choose one of {', '.join(LIBRARIES)}")
+        return str(value).lower()
+    if name == "fusion" and value not in FUSIONS:
+        raise SweepError(f"{where}: unknown fusion {value!r}; choose {' or '.join(FUSIONS)}")
     if name == "compressor" and value not in COMPRESSORS:
         raise SweepError(f"{where}: unknown compressor {value!r}; choose from {', '.join(COMPRESSORS)}")
     if name == "engine" and value not in ENGINES:

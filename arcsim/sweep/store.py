@@ -15,7 +15,7 @@ import yaml
 
 from arcsim.files import AppendOnlyCSV, write_atomic
 from arcsim.sweep.evaluate import COLUMNS
-from arcsim.sweep.spec import SweepError, SweepSpec
+from arcsim.sweep.spec import OPTIONAL_AXES, SweepError, SweepSpec
 
 RESULTS = "results.csv"
 SPEC = "sweep.yaml"
@@ -33,8 +33,9 @@ class ResultStore:
         wanted = spec.to_dict()
         if self.spec_path.exists():
             held = yaml.safe_load(self.spec_path.read_text())
-            if isinstance(held, dict) and "gpu" not in held and wanted.get("gpu") == [None]:
-                wanted.pop("gpu")  # recorded before sweeps had a gpu axis: the same sweep
+            for later in ("gpu", *OPTIONAL_AXES):  # recorded before sweeps had these axes: the same sweep
+                if isinstance(held, dict) and later not in held and wanted.get(later) == [None]:
+                    wanted.pop(later)
             if held != wanted:
                 raise SweepError(f"{self.dir} holds a different sweep ({self.spec_path}); give a new --out, or "
                                  "delete that directory to start over")

@@ -16,6 +16,7 @@ import os
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,6 +32,8 @@ from arcsim.units import format_bits, format_duration
 
 DEFAULT_SIZES = tuple(4**i * 1024 for i in range(0, 7))   # 1 KiB … 4 MiB per rank
 SIZE_FACTOR = {"allreduce": lambda p: 1, "allgather": lambda p: p, "broadcast": lambda p: 1}
+MEASURED_LIBRARY = "gloo"  # the microbenchmark's process group
+POOR_RESIDUAL = 0.25
 
 
 @dataclass(frozen=True)
@@ -43,7 +46,19 @@ class Fit:
     points: list[tuple[float, float]]   # (collective size in bytes, median seconds)
 
     def calibrated(self, ranks: int) -> Calibrated:
-        return Calibrated(self.latency, self.bandwidth, self.r2, ranks)
+        return Calibrated(self.latency, self.bandwidth, self.r2, ranks, MEASURED_LIBRARY)
+
+    def warnings(self) -> list[str]:
+        """What makes this fit doubtful: a term pinned at zero, or a point far off the line."""
+        out = []
+        if self.latency == 0:
+            out.append(f"{self.op}: the fitted latency is pinned at 0 (the small sizes do not rise above the line); "
+                       "measure smaller sizes or more repeats")
+        if self.worst_rel_residual > POOR_RESIDUAL:
+            out.append(f"{self.op}: a point lies {self.worst_rel_residual:.0%} off the fitted line (over "
+                       f"{POOR_RESIDUAL:.0%}): small messages often cost more than the α–β line says; "
+                       "do not trust this fit outside the measured sizes")
+        return out
 
 
 def fit_line(points: list[tuple[float, float]], op: str) -> Fit:
@@ -93,12 +108,19 @@ def topology_text(name: str, world: int, fits: dict[str, Fit], how: str) -> str:
              "calibration:"]
     for op, f in fits.items():
         lines += [f"  {op}:", f"    latency: {f.latency * 1e6:.6g}us", f"    bandwidth: {f.bandwidth:.6g}B/s",
-                  f"    r2: {f.r2:.6f}", f"    ranks: {world}"]
+                  f"    r2: {f.r2:.6f}", f"    ranks: {world}", f"    library: {MEASURED_LIBRARY}"]
     return "\n".join(lines) + "\n"
 
 
+def samples_text(fits: dict[str, Fit]) -> str:
+    """The raw medians behind the fits, as CSV (kept beside the topology YAML)."""
+    rows = ["op,bytes,median_s"] + [f"{op},{n:.0f},{t:.9g}" for op, f in fits.items() for n, t in f.points]
+    return "\n".join(rows) + "\n"
+
+
 def run_microbench(ranks: int, where: str, bandwidth: str | None, sizes: tuple[int, ...], repeats: int,
-                   timeout: float = 1800, delay: str = "0s") -> dict:
+                   timeout: float = 1800, delay: str = "0s", burst: float | None = None,
+                   announce: Callable[[str], None] = print) -> dict:
     """Spawn one process per rank on loopback or in a new emulated cluster; returns rank 0's medians."""
     from arcsim.testbed.cluster import EmulatedCluster
 
@@ -106,7 +128,8 @@ def run_microbench(ranks: int, where: str, bandwidth: str | None, sizes: tuple[i
         return microbench(None, ranks, sizes, repeats, timeout)
     if bandwidth is None:
         raise ArcsimError("--cluster emulated needs --bandwidth (e.g. 1Gbit)")
-    with EmulatedCluster(ranks, bandwidth, delay) as cluster:
+    with EmulatedCluster(ranks, bandwidth, delay, burst=burst) as cluster:
+        announce(f"shaping: {cluster.knobs()}")
         return microbench(cluster, ranks, sizes, repeats, timeout)
 
 

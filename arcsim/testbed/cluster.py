@@ -111,7 +111,7 @@ class EmulatedCluster:
     """P ranks in their own namespaces behind a shaped bridge; a context manager that always cleans up."""
 
     def __init__(self, ranks: int, bandwidth: str | float, delay: str | float = 0.0, prefix: str = PREFIX,
-                 realtime: bool = True) -> None:
+                 realtime: bool = True, burst: float | None = None) -> None:
         if ranks < 2 or ranks > 64:
             raise ClusterError(f"--ranks must be 2 … 64, got {ranks}")
         self.rate = parse_rate(bandwidth) if isinstance(bandwidth, str) else float(bandwidth)  # bytes/s
@@ -123,6 +123,9 @@ class EmulatedCluster:
         self.ranks, self.prefix, self.realtime = ranks, prefix, realtime
         self.bridge_ns = f"{prefix}-br"  # the bridge, or with a delay the forwarder
         self.mtu = TUN_MTU if self.delay > 0 else MTU
+        if burst is not None and not burst >= self.mtu:
+            raise ClusterError(f"--burst must be at least one packet ({self.mtu} bytes), got {burst:g}")
+        self.burst = int(burst) if burst is not None else max(2 * self.mtu, int(self.rate / 1000))
         self._signals = contextlib.ExitStack()
         self._forwarder: subprocess.Popen | None = None
 
@@ -169,10 +172,20 @@ class EmulatedCluster:
             _ip("link", "set", "lo", "up", ns=ns)
             self._shape(ns, "eth0")
 
+    def knobs(self) -> str:
+        """The shaping settings that change measured times, in one line."""
+        line = (f"tbf rate {self.rate * 8 / 1e6:g} Mbit/s, burst {self.burst:,} B (a message up to the burst leaves "
+                "at line speed, so small collectives look faster than the rate)")
+        if self.delay > 0:
+            line += (f"; delay forwarder holds each packet {self.delay * 1e3:g} ms and serialises it at "
+                     f"{self.rate * 8 / 1e6:g} Mbit/s (store-and-forward: a large message pays its size twice "
+                     "at the rate, once into the forwarder and once out)")
+        return line
+
     def _shape(self, ns: str, dev: str) -> None:
-        burst = max(2 * self.mtu, int(self.rate / 1000))  # ≥ MTU, and ≥ one kernel tick of tokens at this rate
-        _tc(ns, "qdisc", "add", "dev", dev, "root", "tbf", "rate", f"{int(self.rate * 8)}bit", "burst", str(burst),
-            "latency", "100ms")
+        # default burst: ≥ 2 packets, and ≥ one kernel tick (1 ms) of tokens at this rate
+        _tc(ns, "qdisc", "add", "dev", dev, "root", "tbf", "rate", f"{int(self.rate * 8)}bit", "burst",
+            str(self.burst), "latency", "100ms")
 
     def _build_bridged(self) -> None:
         _ip("link", "add", "br0", "type", "bridge", ns=self.bridge_ns)

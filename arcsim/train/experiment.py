@@ -27,10 +27,12 @@ RUN_KEYS = ("model", "dataset", "workers", "density", "memory", "steps", "batch"
             "bucket_mb", "compute_profile", "scope")
 
 
-def run_key(cfg: TrainConfig, topology: str | None, engine: str, gpu: str | None = None) -> dict[str, Any]:
+def run_key(cfg: TrainConfig, topology: str | None, engine: str, gpu: str | None = None,
+            library: str | None = None) -> dict[str, Any]:
     raw = dataclasses.asdict(cfg)
     key = {**{k: raw[k] for k in RUN_KEYS}, "topology": topology, "engine": engine}
-    return {**key, "gpu": gpu} if gpu else key  # older directories (no gpu override) still resume
+    overrides = {"gpu": gpu, "library": library}
+    return key | {k: v for k, v in overrides.items() if v}  # older directories (no overrides) still resume
 
 
 def open_dir(out: Path, key: dict[str, Any], steps: int) -> set[tuple[str, int]]:
@@ -79,15 +81,16 @@ def append_history(out: Path, rows: list[dict[str, Any]]) -> None:
 
 def run_experiment(cfg: TrainConfig, out: Path, topology: str | None = None, engine: str = "analytic",
                    announce: Callable[[str], None] = print,
-                   progress: Callable[[int, int], None] | None = None, gpu: str | None = None) -> pd.DataFrame:
-    """Train every (compressor, seed) not yet in ``out``; returns the whole history. ``gpu`` overrides the
-    topology's GPU for pricing ("cpu": as measured here)."""
+                   progress: Callable[[int, int], None] | None = None, gpu: str | None = None,
+                   library: str | None = None) -> pd.DataFrame:
+    """Train every (compressor, seed) not yet in ``out``; returns the whole history. ``gpu`` and ``library``
+    override the topology's GPU ("cpu": as measured here) and communication library for pricing."""
     cfg.check()
-    topo: Topology | None = load_topology(topology) if topology else None
-    if topo is not None and gpu is not None:
-        topo = dataclasses.replace(topo, gpu=gpu.lower())
+    topo: Topology | None = None
+    if topology:
+        topo = load_topology(topology).with_overrides(library=library, gpu=gpu.lower() if gpu else None)
     setup = prepare(cfg)  # every check before the directory is touched
-    done = open_dir(out, run_key(cfg, topology, engine, gpu), cfg.steps)
+    done = open_dir(out, run_key(cfg, topology, engine, gpu, library), cfg.steps)
     todo = [(c, s) for s in cfg.seeds for c in cfg.compressors if (c, s) not in done]
     if len(todo) < len(cfg.seeds) * len(cfg.compressors):
         announce(f"resuming: {len(cfg.seeds) * len(cfg.compressors) - len(todo)} runs are already in "
