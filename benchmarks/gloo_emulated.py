@@ -29,10 +29,11 @@ def main() -> None:
     parser.add_argument("--sizes", default="4096,65536,1048576")
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--burst", type=float, default=None, help="tbf burst in bytes (default: the cluster's)")
     parser.add_argument("--out", default="benchmarks/results/emulated/gloo_collectives.csv")
     args = parser.parse_args()
     sizes = tuple(int(s) for s in args.sizes.split(","))
-    runs = [run_microbench(args.ranks, "emulated", args.bandwidth, sizes, args.repeats)["median_s"]
+    runs = [run_microbench(args.ranks, "emulated", args.bandwidth, sizes, args.repeats, burst=args.burst)["median_s"]
             for _ in range(args.runs)]
     topo = Topology(f"emulated-{args.ranks}", args.ranks, 1, IntraLink("none", 1e12, 0.0),
                     Network("ethernet", 1, parse_rate(args.bandwidth), BRIDGE_LATENCY_S))
