@@ -25,7 +25,15 @@ import numpy as np
 import yaml
 
 from arcsim.errors import TopologyError, UnitError
-from arcsim.units import format_bits, format_duration, format_rate, parse_duration, parse_rate
+from arcsim.units import (
+    format_bits,
+    format_duration,
+    format_rate,
+    format_size,
+    parse_duration,
+    parse_rate,
+    parse_size,
+)
 
 FABRICS = ("switch", "fat-tree")
 DEFAULT_TOPOLOGY = "8x8-ib100"  # what every command prices on when none is named
@@ -60,16 +68,36 @@ class Network:
 
 
 @dataclass(frozen=True)
+class Band:
+    """A measured line for collectives of at most ``up_to`` bytes (the small-message regime)."""
+
+    up_to: float        # bytes, as nccl-tests count the size
+    latency: float      # s
+    bandwidth: float    # bytes/s
+
+
+@dataclass(frozen=True)
 class Calibrated:
-    """A measured collective: time = latency + size / bandwidth (size as nccl-tests count it)."""
+    """A measured collective: time = latency + size / bandwidth (size as nccl-tests count it), with its own
+    line for small messages when they were measured apart (``small``)."""
 
     latency: float      # s
     bandwidth: float    # bytes/s
     r2: float = 1.0     # fit quality
     ranks: int = 0      # rank count it was measured at
     library: str = ""   # the library that ran the measured collectives (calibrate: gloo)
+    small: Band | None = None
+
+    def scaled(self, bandwidth: float = 1.0, latency: float = 1.0) -> Calibrated:
+        """The same fits on a network ``bandwidth`` times as fast and with ``latency`` times the latency."""
+        small = None if self.small is None else Band(self.small.up_to, self.small.latency * latency,
+                                                     self.small.bandwidth * bandwidth)
+        return dataclasses.replace(self, latency=self.latency * latency, bandwidth=self.bandwidth * bandwidth,
+                                   small=small)
 
     def time(self, nbytes: float) -> float:
+        if self.small is not None and nbytes <= self.small.up_to:
+            return self.small.latency + nbytes / self.small.bandwidth
         return self.latency + nbytes / self.bandwidth
 
 
@@ -124,11 +152,11 @@ class Topology:
         if bandwidth is not None:
             scale = bandwidth / net.bandwidth_per_nic
             net = dataclasses.replace(net, bandwidth_per_nic=bandwidth)
-            calib = {op: dataclasses.replace(c, bandwidth=c.bandwidth * scale) for op, c in calib.items()}
+            calib = {op: c.scaled(bandwidth=scale) for op, c in calib.items()}
         if latency is not None:
             scale = latency / net.latency if net.latency > 0 else 1.0
             net = dataclasses.replace(net, latency=latency)
-            calib = {op: dataclasses.replace(c, latency=c.latency * scale) for op, c in calib.items()}
+            calib = {op: c.scaled(latency=scale) for op, c in calib.items()}
         return dataclasses.replace(self, network=net, calibration=calib, nodes=nodes or self.nodes,
                                    gpu=gpu or self.gpu, library=library or self.library)
 
@@ -218,7 +246,9 @@ class Topology:
         }
         if self.calibration:
             out["calibration"] = {op: {"latency_s": c.latency, "bandwidth_Bps": c.bandwidth, "r2": c.r2,
-                                       "ranks": c.ranks, "library": c.library} for op, c in self.calibration.items()}
+                                       "ranks": c.ranks, "library": c.library,
+                                       "small": None if c.small is None else dataclasses.asdict(c.small)}
+                                  for op, c in self.calibration.items()}
         if net.fabric == "fat-tree":
             out["network"]["nodes_per_leaf"] = net.nodes_per_leaf
             out["network"]["oversubscription"] = net.oversubscription
@@ -245,7 +275,11 @@ class Topology:
         for op, c in self.calibration.items():
             rows.append((f"measured {op}", f"{format_duration(c.latency)} + size / {format_rate(c.bandwidth)} "
                                            f"(R² {c.r2:.4f}, {c.ranks} ranks"
-                                           + (f", run by {c.library})" if c.library else ")")))
+                                           + (f", run by {c.library})" if c.library else ")")
+                                           + ("" if c.small is None else
+                                              f"; up to {format_size(c.small.up_to)}: "
+                                              f"{format_duration(c.small.latency)} + size / "
+                                              f"{format_rate(c.small.bandwidth)}")))
         return rows
 
 
@@ -456,10 +490,17 @@ def _calibration(raw: Mapping[str, Any], source: str) -> dict[str, Calibrated]:
         if op not in CALIBRATED_OPS:
             raise TopologyError(f"{source}: calibration for {op!r}; measured ops are {', '.join(CALIBRATED_OPS)}")
         r = _FieldReader(fields, source, f"calibration.{op}.")
+        small_raw = r.mapping("small", required=False)
+        small = None
+        if small_raw is not None:
+            b = _FieldReader(small_raw, source, f"calibration.{op}.small.")
+            small = Band(b.quantity("up_to", parse_size), b.quantity("latency", parse_duration),
+                         b.quantity("bandwidth", parse_rate))
+            b.reject_unknown({"up_to", "latency", "bandwidth"})
         out[op] = Calibrated(r.quantity("latency", parse_duration), r.quantity("bandwidth", parse_rate),
                              r.number("r2", default=1.0), r.integer("ranks", default=0),
-                             r.text("library", default=""))
-        r.reject_unknown({"latency", "bandwidth", "r2", "ranks", "library"})
+                             r.text("library", default=""), small)
+        r.reject_unknown({"latency", "bandwidth", "r2", "ranks", "library", "small"})
     return out
 
 

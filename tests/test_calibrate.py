@@ -28,6 +28,30 @@ def test_fit_keeps_latency_non_negative_and_refuses_one_size():
         fit_line([(1e3, 1e-3), (1e3, 2e-3)], "broadcast")
 
 
+def test_small_messages_get_their_own_band_and_are_priced_by_it(tmp_path):
+    """Small collectives at twice the large messages' line: one line misses them by ~2×, two bands do not."""
+    alpha, bandwidth = 200e-6, 12.5e6
+    sizes = [1024 * 4**i for i in range(7)]  # 1 KiB … 4 MiB, the default grid
+    measured = {"median_s": {op: {str(n): (alpha + n / bandwidth) * (2.0 if n <= 65536 else 1.0) for n in sizes}
+                             for op in ("allreduce", "allgather", "broadcast")}}
+    fits = fits_from(measured, 2)
+    ar = fits["allreduce"]
+    assert ar.small is not None and ar.bandwidth == pytest.approx(bandwidth, rel=1e-6)
+    single = fit_line(ar.points, "allreduce")
+    assert single.worst_rel_residual > 0.25  # what one line does to this regime
+    path = tmp_path / "banded.yaml"
+    path.write_text(topology_text("banded", 2, fits, "test"))
+    topo = load_topology(str(path))
+    cal = topo.calibration["allreduce"]
+    assert cal.library == "gloo" and cal.small is not None
+    for n in sizes:
+        truth = (alpha + n / bandwidth) * (2.0 if n <= 65536 else 1.0)
+        assert Pricer(topo).price("allreduce", n).time_s == pytest.approx(truth, rel=0.02), n
+    slow = topo.with_overrides(bandwidth=topo.network.bandwidth_per_nic / 2).calibration["allreduce"]
+    assert slow.small.bandwidth == pytest.approx(cal.small.bandwidth / 2)  # both bands follow an override
+    assert any("off the fitted line" in w for w in single.warnings())
+
+
 def test_written_topology_loads_and_measured_collectives_price_by_their_fit(tmp_path):
     measured = {"median_s": {"allreduce": {"1000": 1e-3 + 1e3 / 1e7, "100000": 1e-3 + 1e5 / 1e7},
                              "allgather": {"1000": 2e-3 + 4e3 / 5e6, "100000": 2e-3 + 4e5 / 5e6},

@@ -11,6 +11,7 @@ operations still price sensibly.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -27,13 +28,14 @@ from arcsim.errors import ArcsimError
 from arcsim.files import write_atomic
 from arcsim.processes import free_port
 from arcsim.testbed import MICROBENCH
-from arcsim.topology import Calibrated, load_topology
-from arcsim.units import format_bits, format_duration
+from arcsim.topology import Band, Calibrated, load_topology
+from arcsim.units import format_bits, format_duration, format_size
 
 DEFAULT_SIZES = tuple(4**i * 1024 for i in range(0, 7))   # 1 KiB … 4 MiB per rank
 SIZE_FACTOR = {"allreduce": lambda p: 1, "allgather": lambda p: p, "broadcast": lambda p: 1}
 MEASURED_LIBRARY = "gloo"  # the microbenchmark's process group
 POOR_RESIDUAL = 0.25
+SMALL_BAND_BYTES = 65536.0  # collectives up to this size (nccl-tests counting) get their own line
 
 
 @dataclass(frozen=True)
@@ -44,9 +46,11 @@ class Fit:
     r2: float
     worst_rel_residual: float
     points: list[tuple[float, float]]   # (collective size in bytes, median seconds)
+    small: Fit | None = None            # the small-message band's own line (sizes ≤ SMALL_BAND_BYTES)
 
     def calibrated(self, ranks: int) -> Calibrated:
-        return Calibrated(self.latency, self.bandwidth, self.r2, ranks, MEASURED_LIBRARY)
+        band = None if self.small is None else Band(SMALL_BAND_BYTES, self.small.latency, self.small.bandwidth)
+        return Calibrated(self.latency, self.bandwidth, self.r2, ranks, MEASURED_LIBRARY, band)
 
     def warnings(self) -> list[str]:
         """What makes this fit doubtful: a term pinned at zero, or a point far off the line."""
@@ -58,7 +62,19 @@ class Fit:
             out.append(f"{self.op}: a point lies {self.worst_rel_residual:.0%} off the fitted line (over "
                        f"{POOR_RESIDUAL:.0%}): small messages often cost more than the α–β line says; "
                        "do not trust this fit outside the measured sizes")
-        return out
+        return out + ([] if self.small is None else self.small.warnings())
+
+
+def fit_bands(points: list[tuple[float, float]], op: str) -> Fit:
+    """One line for sizes above SMALL_BAND_BYTES and its own for the small-message regime, when each side has
+    at least two sizes (small collectives cost more than the large messages' α–β line says); else one line."""
+    small = [p for p in points if p[0] <= SMALL_BAND_BYTES]
+    large = [p for p in points if p[0] > SMALL_BAND_BYTES]
+    if len({n for n, _ in small}) < 2 or len({n for n, _ in large}) < 2:
+        return fit_line(points, op)
+    main = fit_line(large, op)
+    band = fit_line(small, f"{op} (≤ {format_size(SMALL_BAND_BYTES)})")
+    return dataclasses.replace(main, points=list(points), small=band)
 
 
 def fit_line(points: list[tuple[float, float]], op: str) -> Fit:
@@ -79,7 +95,7 @@ def fit_line(points: list[tuple[float, float]], op: str) -> Fit:
 
 def fits_from(measured: dict, world: int) -> dict[str, Fit]:
     """Per-collective fits from a microbenchmark result (median seconds by per-rank bytes)."""
-    return {op: fit_line([(float(size) * SIZE_FACTOR[op](world), t) for size, t in by.items()], op)
+    return {op: fit_bands([(float(size) * SIZE_FACTOR[op](world), t) for size, t in by.items()], op)
             for op, by in measured["median_s"].items()}
 
 
@@ -109,6 +125,9 @@ def topology_text(name: str, world: int, fits: dict[str, Fit], how: str) -> str:
     for op, f in fits.items():
         lines += [f"  {op}:", f"    latency: {f.latency * 1e6:.6g}us", f"    bandwidth: {f.bandwidth:.6g}B/s",
                   f"    r2: {f.r2:.6f}", f"    ranks: {world}", f"    library: {MEASURED_LIBRARY}"]
+        if f.small is not None:
+            lines += ["    small:", f"      up_to: {SMALL_BAND_BYTES:.0f}B",
+                      f"      latency: {f.small.latency * 1e6:.6g}us", f"      bandwidth: {f.small.bandwidth:.6g}B/s"]
     return "\n".join(lines) + "\n"
 
 
@@ -191,5 +210,6 @@ def write_topology(path: Path, text: str) -> None:
 
 
 def describe(fit: Fit) -> str:
-    return (f"{fit.op}: {format_duration(fit.latency)} + size / {format_bits(fit.bandwidth)}, "
+    line = (f"{fit.op}: {format_duration(fit.latency)} + size / {format_bits(fit.bandwidth)}, "
             f"R² {fit.r2:.4f}, worst residual {fit.worst_rel_residual:.1%}")
+    return line if fit.small is None else f"{line}; {describe(fit.small)}"
