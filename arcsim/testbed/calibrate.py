@@ -67,13 +67,17 @@ class Fit:
 
 def fit_bands(points: list[tuple[float, float]], op: str) -> Fit:
     """One line for sizes above SMALL_BAND_BYTES and its own for the small-message regime, when each side has
-    at least two sizes (small collectives cost more than the large messages' α–β line says); else one line."""
+    at least two sizes and the small ones grow with size (small collectives cost more than the large
+    messages' α–β line says); else one line."""
     small = [p for p in points if p[0] <= SMALL_BAND_BYTES]
     large = [p for p in points if p[0] > SMALL_BAND_BYTES]
     if len({n for n, _ in small}) < 2 or len({n for n, _ in large}) < 2:
         return fit_line(points, op)
     main = fit_line(large, op)
-    band = fit_line(small, f"{op} (≤ {format_size(SMALL_BAND_BYTES)})")
+    try:
+        band = fit_line(small, f"{op} (≤ {format_size(SMALL_BAND_BYTES)})")
+    except ArcsimError:  # flat (latency-bound) or noisy small sizes: no line of their own, one line for all
+        return fit_line(points, op)
     return dataclasses.replace(main, points=list(points), small=band)
 
 
