@@ -139,3 +139,17 @@ def test_cli_end_to_end_with_seeds_topology_and_target(tmp_path):
                     "--workers", "4", "--batch", "8", "--seeds", "0,1,2", "--topology", "8x1-eth1", "-o", str(out),
                     timeout=600)
     assert again.returncode == 0 and "resuming: 12 runs are already" in again.stderr
+
+
+def test_model_fusion_trains_one_bucket_and_each_library_prices_it(tmp_path):
+    """--fusion model: the whole gradient is one bucket (compressed and sent once per step); the library
+    changes the price, never the training."""
+    fused = TrainConfig(**SMALL, compressors=("topk",), bucket_mb=0.001, fusion="model")
+    assert len(prepare(fused).buckets) == 1
+    assert len(prepare(TrainConfig(**SMALL, compressors=("topk",), bucket_mb=0.001)).buckets) > 1
+    runs = {lib: run_experiment(fused, tmp_path / lib, "8x1-eth10", announce=lambda _: None, library=lib)
+            for lib in ("nccl", "gloo")}
+    assert runs["nccl"]["loss"].tolist() == runs["gloo"]["loss"].tolist()
+    assert runs["gloo"]["time_s"].iloc[-1] > runs["nccl"]["time_s"].iloc[-1]  # a round trip + software per step
+    with pytest.raises(ArcsimError, match="unknown fusion"):
+        TrainConfig(**SMALL, fusion="layer").check()

@@ -10,7 +10,7 @@ from pathlib import Path
 import click
 from rich.table import Table
 
-from arcsim.catalog import COMPRESSORS, DATASETS, MEMORIES, MODELS
+from arcsim.catalog import COMPRESSORS, DATASETS, FUSIONS, MEMORIES, MODELS
 from arcsim.cli.common import (
     Count,
     OutputPath,
@@ -45,6 +45,8 @@ from arcsim.errors import ArcsimError
 @click.option("--engine", default="analytic", show_default=True, type=click.Choice(["analytic", "des"]))
 @click.option("--gpu", default=None, help="Price steps on this GPU instead of the topology's (cpu: as measured here).")
 @library_option
+@click.option("--fusion", type=click.Choice(FUSIONS), default="bucket", show_default=True,
+              help="bucket: DDP buckets; model: the whole gradient compressed as one vector (as arcsim run).")
 @click.option("--compute-profile", type=click.Path(dir_okay=False), default=None,
               help="Compute timings for pricing (default: the topology's GPU, else measured here on the CPU).")
 @click.option("--target", default=None, type=float, help="Held-out accuracy to reach, e.g. 0.95.")
@@ -54,7 +56,7 @@ from arcsim.errors import ArcsimError
 @scope_option
 def train(model: str, dataset: str, workers: int, compressors: str, density: float, memory: str, steps: int,
           batch: int, lr: float | None, eval_every: int, seeds: str, topology: str | None, engine: str,
-          gpu: str | None, library: str | None,
+          gpu: str | None, library: str | None, fusion: str,
           compute_profile: str | None, target: float | None, out: str | None, json_out: str | None,
           scope: str) -> None:
     """Train W workers in one process through each compressor; accuracy against steps and predicted time."""
@@ -72,7 +74,8 @@ def train(model: str, dataset: str, workers: int, compressors: str, density: flo
     cfg = TrainConfig(model=model, dataset=dataset, workers=workers,
                       compressors=tuple(c.strip() for c in compressors.split(",") if c.strip()), density=density,
                       memory=memory, steps=steps, batch=batch, lr=lr, eval_every=eval_every,
-                      seeds=number_list(seeds, "--seeds", int), compute_profile=compute_profile, scope=scope)
+                      seeds=number_list(seeds, "--seeds", int), compute_profile=compute_profile, scope=scope,
+                      fusion=fusion)
     cfg.check()
     if memory == "ef21m":
         note("EF21M carries its own momentum: SGD's momentum is off (the step is x ← x − γ·h̄)")

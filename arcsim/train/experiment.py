@@ -31,7 +31,7 @@ def run_key(cfg: TrainConfig, topology: str | None, engine: str, gpu: str | None
             library: str | None = None) -> dict[str, Any]:
     raw = dataclasses.asdict(cfg)
     key = {**{k: raw[k] for k in RUN_KEYS}, "topology": topology, "engine": engine}
-    overrides = {"gpu": gpu, "library": library}
+    overrides = {"gpu": gpu, "library": library, "fusion": None if cfg.fusion == "bucket" else cfg.fusion}
     return key | {k: v for k, v in overrides.items() if v}  # older directories (no overrides) still resume
 
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from arcsim.catalog import check_compression
+from arcsim.catalog import FUSIONS, check_compression
 from arcsim.compressors.base import Layer
 from arcsim.errors import ArcsimError
 from arcsim.models import loss_fn, model_entry
@@ -43,6 +43,7 @@ class TrainConfig:
     bucket_mb: float = 25.0
     compute_profile: str | None = None  # compute timings for pricing (default: measured here, on the CPU)
     scope: str = "tensor"         # top-k family: k per layer or per bucket
+    fusion: str = "bucket"        # bucket: DDP buckets; model: the whole gradient as one vector
 
     def check(self) -> None:
         model_entry(self.model)
@@ -58,6 +59,8 @@ class TrainConfig:
             raise ArcsimError(f"--lr must be positive, got {self.lr}")
         if not self.seeds:
             raise ArcsimError("--seeds is empty; give at least one, e.g. 0,1,2")
+        if self.fusion not in FUSIONS:
+            raise ArcsimError(f"unknown fusion {self.fusion!r}; choose {' or '.join(FUSIONS)}")
 
 
 @dataclass
@@ -116,7 +119,8 @@ def prepare(cfg: TrainConfig) -> Setup:
         layers.append(Layer(name, tuple(params[name].shape), offset))
         offset += params[name].numel()
     ready = {la.name: la.ready_s for la in profile.layers}
-    buckets = make_buckets(layers, [ready.get(la.name, profile.backward_s) for la in layers], cfg.bucket_mb * 2**20)
+    cap = float("inf") if cfg.fusion == "model" else cfg.bucket_mb * 2**20
+    buckets = make_buckets(layers, [ready.get(la.name, profile.backward_s) for la in layers], cap)
     return Setup(data, tuple(layers), buckets, profile)
 
 
