@@ -13,6 +13,7 @@ the protocol sees them (:meth:`Protocol.links`).
 from __future__ import annotations
 
 import dataclasses
+import math
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
@@ -51,7 +52,7 @@ class Protocol:
 
         if self.chunk_bytes <= 0:
             return None
-        return int(min(MAX_CHUNKS, max(1, -(-nbytes / pieces_of // self.chunk_bytes))))
+        return min(MAX_CHUNKS, max(1, math.ceil(nbytes / pieces_of / self.chunk_bytes)))
 
 
 BARE = Protocol("")
