@@ -38,6 +38,9 @@ def test_textbook_formulas_hold_exactly_on_a_flat_cluster(p, n):
     s = int(chain.detail.split()[0])
     assert closed("broadcast", "chain", t, n) == pytest.approx((p - 2 + s) * (a + n * b / s), rel=1e-12)
     assert closed("broadcast", "flat", t, n) == pytest.approx(a + (p - 1) * n * b, rel=1e-12)
+    if p & (p - 1) == 0:  # gloo's eager binomial: a rank at depth k sends to its log2 p − k children at once
+        k = int(math.log2(p))
+        assert closed("broadcast", "eager", t, n) == pytest.approx(k * a + k * (k + 1) / 2 * n * b, rel=1e-12)
     assert closed("allreduce", "binomial", t, n) == pytest.approx(2 * lg * (a + n * b) + lg * n * gamma, rel=1e-12)
     if p & (p - 1) == 0:  # the textbook forms of these two are for powers of two
         k = int(math.log2(p))

@@ -26,9 +26,10 @@ def test_des_matches_closed_form_on_a_flat_cluster(op, algo, p, n):
 
 
 PIPELINED = {("allreduce", "tree"), ("broadcast", "chain")}
+UNEVEN = PIPELINED | {("broadcast", "eager")}  # ranks leave their steps at different times over unequal links
 
 
-@pytest.mark.parametrize(("op", "algo"), [c for c in CASES if c not in PIPELINED])
+@pytest.mark.parametrize(("op", "algo"), [c for c in CASES if c not in UNEVEN])
 @pytest.mark.parametrize("shape", [(2, 4, 4), (4, 8, 8), (4, 4, 1), (3, 8, 2)])
 @pytest.mark.parametrize("n", [1e4, 1e8])
 def test_des_matches_closed_form_on_multi_gpu_nodes(op, algo, shape, n):
@@ -43,6 +44,16 @@ def test_tree_pipeline_on_multi_gpu_nodes_is_bounded_by_the_closed_form(shape, n
     """The closed form charges every step its slowest message; in the DES fast edges run ahead a little."""
     a, d = both("allreduce", "tree", multi(*shape), n)
     assert 0.85 * a <= d <= a * (1 + 1e-9)
+
+
+@pytest.mark.parametrize("shape", [(2, 4, 4), (4, 8, 8), (4, 4, 1), (3, 8, 2)])
+@pytest.mark.parametrize("n", [1e4, 1e8])
+def test_eager_broadcast_on_multi_gpu_nodes_differs_from_the_lockstep_bound_both_ways(shape, n):
+    """gloo's eager binomial over NVLink + NIC: in the DES a rank fed over NVLink forwards before its step's
+    NIC messages finish (faster than the lockstep closed form), and a later step's sends then share a NIC
+    with an earlier step's still in flight (slower); measured within 0.3–1.35× of the closed form."""
+    a, d = both("broadcast", "eager", multi(*shape), n)
+    assert 0.3 * a <= d <= 1.35 * a
 
 
 def test_pipeline_over_unequal_links_runs_at_its_slowest_link_in_the_des():

@@ -101,6 +101,7 @@ ALGORITHMS: dict[str, dict[str, Builder]] = {
     "broadcast": {
         "binomial": _plain(lambda t, n: tree.binomial_broadcast(t.ranks, n)),
         "flat": _plain(lambda t, n: tree.flat_broadcast(t.ranks, n)),
+        "eager": _plain(lambda t, n: tree.eager_binomial_broadcast(t.ranks, n)),
         "chain": _chain_broadcast,
     },
     "reducescatter": {

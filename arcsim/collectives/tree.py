@@ -130,6 +130,27 @@ def binomial_reduce(p: int, nbytes: float) -> list[Step]:
     return steps
 
 
+def eager_binomial_broadcast(p: int, nbytes: float) -> list[Step]:
+    """gloo's broadcast: the binomial tree in which rank v receives from v minus its highest bit and sends to
+    v + 2^i for every i above that bit — and posts all those sends at once, so a rank's children share
+    its uplink. Step k: every rank holding the data for k hops (k one-bits) sends to all its children."""
+    ranks = np.arange(p)
+    ones = np.array([bin(v).count("1") for v in range(p)])
+    top = np.array([v.bit_length() for v in range(p)])  # children differ in a bit above the highest set one
+    steps = []
+    for k in range(int(ones.max())):
+        src, dst = [], []
+        for v in ranks[ones == k]:
+            i = top[v]
+            while v + (1 << i) < p:
+                src.append(v)
+                dst.append(v + (1 << i))
+                i += 1
+        if src:
+            steps.append(make_step(src, dst, nbytes, 0.0))
+    return steps
+
+
 def flat_broadcast(p: int, nbytes: float) -> list[Step]:
     """The root posts all p − 1 sends at once: one step, every message through its one uplink."""
     return [make_step(np.zeros(p - 1, dtype=np.int64), np.arange(1, p), nbytes, 0.0)]

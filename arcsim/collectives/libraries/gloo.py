@@ -1,8 +1,9 @@
 """gloo as PyTorch's ProcessGroupGloo runs it over TCP (gloo/allreduce.cc, allgather.cc, broadcast.cc).
 
 All-reduce: ring by default (gloo's reduce-scatter + all-gather ring); halving-doubling is offered.
-All-gather: ring. Broadcast: the root posts a send to every other rank at once, so all p − 1 copies
-leave through its one uplink (≈ (p − 1)·S/B; measured ≈ 3·S/B at p = 4 on the emulated cluster).
+All-gather: ring. Broadcast: a binomial tree in which every rank posts all its sends at once (gloo's
+sends are asynchronous), so a rank's children share its uplink: 3·S/B at p = 4 (measured ≈ 3·S/B on
+the emulated cluster), 6·S/B at 8, against log2 p · S/B for a binomial tree sent one child at a time.
 
 Transport: each ring step is a TCP send the receiver must post a buffer for, so a step costs about a
 round trip (2 × the one-way latency) plus gloo's software time, and TCP/IP headers and flows sharing a
@@ -21,12 +22,12 @@ EFFICIENCY = 0.9  # 1448-byte segments under 66 bytes of headers, and ACK/flow s
 TCP = Protocol("tcp", latency_scale=2.0, step_overhead_s=STEP_OVERHEAD_S, efficiency=EFFICIENCY)
 
 OFFERED = {"allreduce": ("ring", "rhd"), "allgather": ("ring",), "reducescatter": ("ring",),
-           "broadcast": ("flat",)}
+           "broadcast": ("eager",)}
 
 
 class Gloo(Library):
     name = "gloo"
-    summary = "gloo over TCP: ring all-reduce and all-gather, flat broadcast; a round trip + software per step"
+    summary = "gloo over TCP: ring all-reduce and all-gather, eager binomial broadcast; a round trip + software a step"
     source = "facebookincubator/gloo (allreduce.cc, allgather.cc, broadcast.cc); per-step costs measured here"
 
     def algorithms(self, op: str) -> tuple[str, ...]:
