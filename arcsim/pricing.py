@@ -10,7 +10,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from arcsim.collectives import ALGORITHM_NAMES, Schedule, build, busbw_factor, normalize_op
+from arcsim.collectives import ALGORITHM_NAMES, PIPELINED, Schedule, build, busbw_factor, normalize_op
 from arcsim.collectives.libraries import Choice, get_library
 from arcsim.collectives.limits import TooMuchWork
 from arcsim.comm.log import CommRecord
@@ -77,10 +77,16 @@ def plan(topo: Topology, op: str, algo: str, nbytes: float, chunks: int | None =
     if chunks is not None:
         choices = [dataclasses.replace(c, chunks=chunks) for c in choices]
     plans, refused = [], []
+    built: dict[tuple[str, int | None], Schedule] = {}  # protocols share a schedule unless it prices its chunks
     for c in choices:
         links = c.protocol.links(topo)
+        shareable = c.chunks is not None or (op, c.algo) not in PIPELINED
         try:
-            schedule = build(op, c.algo, nbytes, links, c.chunks)
+            schedule = built.get((c.algo, c.chunks)) if shareable else None
+            if schedule is None:
+                schedule = build(op, c.algo, nbytes, links, c.chunks)
+                if shareable:
+                    built[(c.algo, c.chunks)] = schedule
             plans.append(Plan(c, schedule, c.protocol.base_s + estimate(schedule, links, "analytic").time_s))
         except TooMuchWork as exc:
             refused.append(str(exc))
