@@ -15,10 +15,12 @@ from arcsim.testbed.cluster import namespaces
 
 @pytest.mark.skipif(not netns_available(), reason="needs root and network namespaces")
 def test_validate_writes_a_consistent_report(tmp_path):
-    r = run_cli("validate", "--ranks", "2", "--bandwidth", "200Mbit", "--delay", "0.5ms", "-c", "dense,topk,arctopk",
-                "--model", "mlp", "--steps", "6", "--out", str(tmp_path), timeout=600)
+    args = ("validate", "--ranks", "2", "--bandwidth", "200Mbit", "--delay", "0.5ms", "-c", "dense,topk,arctopk",
+            "--model", "mlp", "--steps", "6", "--repeats", "2", "--out", str(tmp_path))
+    r = run_cli(*args, timeout=600)
     assert r.returncode == 0, r.stderr[-2000:]
-    assert "MAPE" in r.stdout
+    said = " ".join(r.stdout.split())  # the table wraps at 100 columns
+    assert "MAPE" in said and "predictions inside the measured spread" in said
     rows = pd.read_csv(tmp_path / "validation.csv")
     assert list(rows["compressor"]) == ["dense", "topk", "arctopk"]
     assert set(rows["bandwidth"]) == {"200Mbit+0.5ms"}  # the delayed link (TUN forwarder) was used
@@ -26,9 +28,16 @@ def test_validate_writes_a_consistent_report(tmp_path):
     assert (rows["measured_s"] > 0).all() and (rows["predicted_s"] > 0).all()
     assert (rows["measured_p10_s"] <= rows["measured_s"]).all() and (rows["measured_s"] <= rows["measured_p90_s"]).all()
     assert ((rows["predicted_s"] / rows["measured_s"] - 1 - rows["error"]).abs() < 1e-9).all()
+    assert (rows["runs"] == 2).all() and ((rows["measured"] - rows["measured_s"] * 1e3).abs() < 1e-9).all()
+    assert (rows["spread_min"] <= rows["measured"]).all() and (rows["measured"] <= rows["spread_max"]).all()
+    assert (rows["inside_spread"] == ((rows["spread_min"] <= rows["predicted"])
+                                     & (rows["predicted"] <= rows["spread_max"]))).all()
     assert (tmp_path / "validation.png").read_bytes()[:4] == b"\x89PNG"
     assert (tmp_path / "validation" / "topo-2r-200Mbit.yaml").exists()
     assert namespaces() == []
+    again = run_cli(*args, timeout=120)  # the same settings: the finished case is kept, nothing measured again
+    assert again.returncode == 0 and "already" in again.stderr
+    assert pd.read_csv(tmp_path / "validation.csv")["measured"].tolist() == rows["measured"].tolist()
 
 
 @pytest.mark.parametrize(("args", "fragment"), [
@@ -70,3 +79,15 @@ def test_emulated_ranks_sharing_cores_slow_compression_down(monkeypatch):
 
     monkeypatch.setattr(validate.os, "cpu_count", lambda: 2)
     assert [validate.core_sharing(r) for r in (1, 2, 4, 8)] == [1.0, 1.0, 2.0, 4.0]
+
+
+def test_finished_cases_resume_only_with_the_same_settings(tmp_path):
+    from arcsim.testbed.validate import ValidateConfig, finished_cases, keep_case
+
+    cfg = ValidateConfig(out_dir=tmp_path)
+    (tmp_path / "validation").mkdir()
+    keep_case(cfg, [{"ranks": 2, "bandwidth": "1Gbit", "compressor": "dense", "measured": 1.0}])
+    with (tmp_path / "validation" / "cases.jsonl").open("a") as fh:
+        fh.write('{"settings": {"cut off by a kill')  # a half-written line is measured again
+    assert list(finished_cases(cfg)) == [(2, "1Gbit")]
+    assert finished_cases(ValidateConfig(out_dir=tmp_path, steps=99)) == {}  # other settings: start over

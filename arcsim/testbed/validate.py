@@ -4,8 +4,11 @@ For every (ranks, bandwidth): build the emulated cluster; calibrate its collecti
 worker in every rank (compute as run with all ranks competing for the cores, then real DDP steps with
 each compressor's comm hook); tear the cluster down; capture a trace of the same model with that many
 workers (once per rank count); predict each compressor's iteration with `arcsim run` on the calibrated
-topology with the measured compute profile. The case's row pairs the median measured iteration (with
-its 10th–90th percentile spread) with the prediction.
+topology with the measured compute profile. The training is repeated ``repeats`` times in fresh
+processes: a case's measured iteration is the median over the repeats of each repeat's median, its
+spread the repeats' min–max (run-to-run noise), and the MAPE is over these medians; a second figure
+counts the predictions inside the spread. Finished cases are kept in ``validation/cases.jsonl`` and a
+validation run again with the same settings resumes after them.
 """
 
 from __future__ import annotations
@@ -46,11 +49,13 @@ class ValidateConfig:
     out_dir: Path = Path("reports")
     calib_sizes: tuple[int, ...] = tuple(256 * 4**i for i in range(8))  # 256 B … 4 MiB: latency and bandwidth
     calib_repeats: int = 9
+    repeats: int = 3  # DDP trainings per case, each in fresh processes
 
 
 def _case(cfg: ValidateConfig, ranks: int, bandwidth: str, work: Path,
-          note: Callable[[str], None]) -> tuple[Path, Path, dict[str, list[float]]]:
-    """Calibrate and measure one (ranks, bandwidth) case; returns (topology, compute profile, times)."""
+          note: Callable[[str], None]) -> tuple[Path, Path, list[dict[str, Any]]]:
+    """Calibrate and measure one (ranks, bandwidth) case; returns (topology, compute profile, times of every
+    repeat)."""
     from arcsim.processes import free_port
     from arcsim.testbed.calibrate import collect, fits_from, microbench, topology_text, write_topology
     from arcsim.testbed.cluster import EmulatedCluster, wait_for
@@ -60,18 +65,20 @@ def _case(cfg: ValidateConfig, ranks: int, bandwidth: str, work: Path,
     with EmulatedCluster(ranks, bandwidth, cfg.delay) as cluster:
         note(f"[{tag}] calibrating collectives …")
         measured = microbench(cluster, ranks, cfg.calib_sizes, cfg.calib_repeats)
-        note(f"[{tag}] training {cfg.model} with {', '.join(cfg.compressors)} ({cfg.steps} steps each) …")
-        argv = [sys.executable, "-m", VALIDATE_WORKER, str(work / f"{tag}.json"), str(work / f"{tag}-")]
-        port = free_port()
-        procs = [cluster.spawn(r, argv, port=port, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-                 for r in range(ranks)]
-        collect(procs, 1800, wait_for)
+        for k in range(cfg.repeats):
+            note(f"[{tag}] training {cfg.model} with {', '.join(cfg.compressors)} ({cfg.steps} steps each), "
+                 f"run {k + 1} of {cfg.repeats} …")
+            argv = [sys.executable, "-m", VALIDATE_WORKER, str(work / f"{tag}.json"), str(work / f"{tag}-r{k}-")]
+            port = free_port()
+            procs = [cluster.spawn(r, argv, port=port, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+                     for r in range(ranks)]
+            collect(procs, 1800, wait_for)
     topo = cfg.out_dir / "validation" / f"topo-{tag}.yaml"
     write_topology(topo, topology_text(topo.stem, ranks, fits_from(measured, ranks),
                                        f"emulated cluster, {ranks} ranks, {link_label(cfg, bandwidth)}"))
-    times = json.loads((work / f"{tag}-times.json").read_text())
+    times = [json.loads((work / f"{tag}-r{k}-times.json").read_text()) for k in range(cfg.repeats)]
     profile = cfg.out_dir / "validation" / f"compute-{tag}.json"
-    profile.write_text((work / f"{tag}-profile.json").read_text())
+    profile.write_text((work / f"{tag}-r0-profile.json").read_text())  # compute as the first run measured it
     return topo, profile, times
 
 
@@ -111,21 +118,29 @@ def _predict(cfg: ValidateConfig, topo: Path, trace: Path, profile: Path,
 
 
 def compare(cfg: ValidateConfig, ranks: int, label: str, topo: Path, trace: Path, profile: Path,
-            times: dict[str, Any], compress_scale: float = 1.0) -> list[dict[str, Any]]:
-    """Predict every compressor of one measured case and pair it with the measurement."""
+            runs: list[dict[str, Any]], compress_scale: float = 1.0) -> list[dict[str, Any]]:
+    """Predict every compressor of one measured case and pair it with the measurement: the median over the
+    runs of each run's median iteration, the runs' min–max as the spread, and the pooled 10th–90th
+    percentiles of single iterations."""
     predicted = _predict(cfg, topo, trace, profile, compress_scale)
     rows = []
     for name in cfg.compressors:
-        t = np.asarray(times[name]["iteration_s"])
+        medians = [float(np.median(run[name]["iteration_s"])) for run in runs]
+        pooled = np.concatenate([np.asarray(run[name]["iteration_s"]) for run in runs])
+        measured, lo, hi = float(np.median(medians)), min(medians), max(medians)
         p = predicted[name]
         rows.append({"ranks": ranks, "bandwidth": label, "model": cfg.model, "compressor": name,
                      "density": cfg.density if name not in ("dense", "fp16") else 1.0,
                      "collective": "allgather" if name in AG_FAMILY else "allreduce",
-                     "measured_s": float(np.median(t)), "measured_p10_s": float(np.percentile(t, 10)),
-                     "measured_p90_s": float(np.percentile(t, 90)), "predicted_s": p["iteration_s"],
-                     "error": p["iteration_s"] / float(np.median(t)) - 1, "predicted_compute_s": p["compute_s"],
-                     "predicted_compress_s": p["compress_s"], "predicted_comm_s": p["comm_s"], "steps": len(t),
-                     "measured_hook_s": float(np.median(times[name]["hook_s"])), "compress_scale": compress_scale})
+                     "measured": measured * 1e3, "predicted": p["iteration_s"] * 1e3,
+                     "spread_min": lo * 1e3, "spread_max": hi * 1e3, "runs": len(runs),
+                     "inside_spread": lo <= p["iteration_s"] <= hi,
+                     "measured_s": measured, "measured_p10_s": float(np.percentile(pooled, 10)),
+                     "measured_p90_s": float(np.percentile(pooled, 90)), "predicted_s": p["iteration_s"],
+                     "error": p["iteration_s"] / measured - 1, "predicted_compute_s": p["compute_s"],
+                     "predicted_compress_s": p["compress_s"], "predicted_comm_s": p["comm_s"],
+                     "steps": len(pooled) // len(runs), "compress_scale": compress_scale,
+                     "measured_hook_s": float(np.median([np.median(run[name]["hook_s"]) for run in runs]))})
     return rows
 
 
@@ -137,21 +152,65 @@ def worker_config(cfg: ValidateConfig) -> dict[str, Any]:
 
 
 def run_validation(cfg: ValidateConfig, note: Callable[[str], None] = print) -> list[dict[str, Any]]:
-    """Every (ranks, bandwidth) case on the emulated cluster."""
+    """Every (ranks, bandwidth) case on the emulated cluster; cases finished by an earlier run with the same
+    settings (``validation/cases.jsonl``) are kept, not measured again."""
     from arcsim.testbed.cluster import check_available
 
     check_available()
     (cfg.out_dir / "validation").mkdir(parents=True, exist_ok=True)
+    done = finished_cases(cfg)
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory() as tmp:
         for ranks in cfg.ranks:
+            todo = [b for b in cfg.bandwidths if (ranks, link_label(cfg, b)) not in done]
+            rows += [r for b in cfg.bandwidths if (ranks, link_label(cfg, b)) in done
+                     for r in done[(ranks, link_label(cfg, b))]]
+            if not todo:
+                note(f"{ranks} ranks: every link rate is in {cases_path(cfg)} already")
+                continue
             note(f"capturing a {cfg.model} trace with {ranks} workers …")
             trace = _trace(cfg, ranks)
-            for bandwidth in cfg.bandwidths:
-                topo, profile, times = _case(cfg, ranks, bandwidth, Path(tmp), note)
-                rows += compare(cfg, ranks, link_label(cfg, bandwidth), topo, trace, profile, times,
-                                core_sharing(ranks))
-    return rows
+            for bandwidth in todo:
+                topo, profile, runs = _case(cfg, ranks, bandwidth, Path(tmp), note)
+                case = compare(cfg, ranks, link_label(cfg, bandwidth), topo, trace, profile, runs,
+                               core_sharing(ranks))
+                keep_case(cfg, case)
+                rows += case
+    order = {(r, link_label(cfg, b)): i for i, (r, b) in enumerate((r, b) for r in cfg.ranks for b in cfg.bandwidths)}
+    return sorted(rows, key=lambda row: order[(row["ranks"], row["bandwidth"])])
+
+
+def cases_path(cfg: ValidateConfig) -> Path:
+    return cfg.out_dir / "validation" / "cases.jsonl"
+
+
+def _settings(cfg: ValidateConfig) -> dict[str, Any]:
+    """What a finished case depends on besides its ranks and link: a resumed run must match all of it."""
+    return {**worker_config(cfg), "delay": cfg.delay, "repeats": cfg.repeats,
+            "calib_sizes": list(cfg.calib_sizes), "calib_repeats": cfg.calib_repeats}
+
+
+def keep_case(cfg: ValidateConfig, rows: list[dict[str, Any]]) -> None:
+    """Append one finished case (all its rows) as one JSON line: a kill between cases loses nothing."""
+    line = json.dumps({"settings": _settings(cfg), "rows": rows}, default=float)
+    with cases_path(cfg).open("a") as fh:
+        fh.write(line + "\n")
+
+
+def finished_cases(cfg: ValidateConfig) -> dict[tuple[int, str], list[dict[str, Any]]]:
+    """(ranks, link label) → rows of the cases an earlier run with these settings finished."""
+    path, out = cases_path(cfg), {}
+    if not path.exists():
+        return {}
+    for line in path.read_text().splitlines():
+        try:
+            case = json.loads(line)
+        except json.JSONDecodeError:  # a line cut off by a kill: that case is measured again
+            continue
+        if case.get("settings") == _settings(cfg) and case.get("rows"):
+            first = case["rows"][0]
+            out[(int(first["ranks"]), str(first["bandwidth"]))] = case["rows"]
+    return out
 
 
 def link_label(cfg: ValidateConfig, bandwidth: str) -> str:
@@ -175,15 +234,20 @@ def validate_measured(cfg: ValidateConfig, measured: Path, topology: Path,
             setattr(cfg, key, config[key])
     times = json.loads(times_path.read_text())
     cfg.compressors = tuple(times)
+    runs = [times]
     ranks = int(json.loads(profile.read_text())["extra"]["ranks"])
     (cfg.out_dir / "validation").mkdir(parents=True, exist_ok=True)
     note(f"capturing a {cfg.model} trace with {ranks} workers …")
-    return compare(cfg, ranks, topology.stem, topology, _trace(cfg, ranks), profile, times)
+    return compare(cfg, ranks, topology.stem, topology, _trace(cfg, ranks), profile, runs)
 
 
 def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    """MAPE, and whether the predicted faster of all-gather and all-reduce matches the measured one."""
+    """MAPE over the cases' medians, the share of predictions inside the measured spread, the MAPE per
+    compressor, and whether the predicted faster of all-gather and all-reduce matches the measured one."""
     mape = float(np.mean([abs(r["error"]) for r in rows])) if rows else float("nan")
+    inside = sum(bool(r.get("inside_spread")) for r in rows)
+    per_compressor = {name: float(np.mean([abs(r["error"]) for r in rows if r["compressor"] == name]))
+                      for name in dict.fromkeys(r["compressor"] for r in rows)}
     checks = []
     for key in sorted({(r["ranks"], r["bandwidth"]) for r in rows}):
         case = [r for r in rows if (r["ranks"], r["bandwidth"]) == key]
@@ -200,7 +264,8 @@ def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
                        "measured_faster": "allgather" if measured_ag else "allreduce",
                        "predicted_faster": "allgather" if predicted_ag else "allreduce",
                        "counts": gap > 0.10, "agrees": measured_ag == predicted_ag})
-    return {"mape": mape, "cases": len(rows), "ag_ar": checks}
+    return {"mape": mape, "cases": len(rows), "inside_spread": inside, "mape_by_compressor": per_compressor,
+            "ag_ar": checks}
 
 
 def write_outputs(rows: list[dict[str, Any]], out_dir: Path) -> tuple[Path, Path]:
@@ -223,9 +288,9 @@ def write_outputs(rows: list[dict[str, Any]], out_dir: Path) -> tuple[Path, Path
         for j, (ranks, bandwidth) in enumerate(settings):
             pts = [r for r in rows if r["compressor"] == name and (r["ranks"], r["bandwidth"]) == (ranks, bandwidth)]
             if pts:
-                ax.errorbar([r["measured_s"] * 1e3 for r in pts], [r["predicted_s"] * 1e3 for r in pts],
-                            xerr=[[(r["measured_s"] - r["measured_p10_s"]) * 1e3 for r in pts],
-                                  [(r["measured_p90_s"] - r["measured_s"]) * 1e3 for r in pts]],
+                ax.errorbar([r["measured"] for r in pts], [r["predicted"] for r in pts],
+                            xerr=[[r["measured"] - r["spread_min"] for r in pts],
+                                  [r["spread_max"] - r["measured"] for r in pts]],
                             fmt=MARKERS[j % len(MARKERS)], ms=6, capsize=2, color=PALETTE[i % len(PALETTE)])
     colour_keys = [Line2D([], [], color=PALETTE[i % len(PALETTE)], marker="o", ls="", label=n)
                    for i, n in enumerate(names)]
@@ -237,12 +302,13 @@ def write_outputs(rows: list[dict[str, Any]], out_dir: Path) -> tuple[Path, Path
     ax.fill_between([lo, hi], [lo * 0.9, hi * 0.9], [lo * 1.1, hi * 1.1], color="grey", alpha=0.15, label="±10%")
     ax.set_xscale("log")
     ax.set_yscale("log")
-    ax.set_xlabel("measured iteration time (ms; median, bars 10th–90th percentile)")
+    ax.set_xlabel(f"measured iteration time (ms; median of {rows[0]['runs']} runs, bars: their min–max)")
     ax.set_ylabel("arcsim's predicted iteration time (ms)")
     s = summary(rows)
     ax.set_title(f"Validation on the emulated cluster: {rows[0]['model']}, "
                  f"{len({(r['ranks'], r['bandwidth']) for r in rows})} cluster settings\nMAPE {s['mape']:.1%} "
-                 f"over {s['cases']} cases", fontsize=10)
+                 f"over {s['cases']} cases' medians; {s['inside_spread']} of {s['cases']} inside the measured spread",
+                 fontsize=10)
     lines = ax.legend(loc="upper left", fontsize=8)
     ax.add_artist(lines)
     ax.legend(handles=colour_keys + marker_keys, loc="lower right", fontsize=8, title="colour: compressor; "
