@@ -95,6 +95,21 @@ def test_more_bandwidth_never_slows_the_network_down():
         assert (comm[:-1] > comm[1:]).all()
 
 
+def test_library_fusion_and_params_axes_price_as_arcsim_run_does():
+    spec = build_spec({"compressor": "dense,topk", "library": "nccl,gloo", "fusion": "bucket,model",
+                       "topology": "8x1-eth10"})
+    df = pd.DataFrame(map(evaluate_point, spec.points()))
+    assert set(df["library"]) == {"nccl", "gloo"} and set(df["fusion"]) == {"bucket", "model"}
+    for _, rows in df.groupby(["compressor", "fusion"]):
+        by = rows.set_index("library")["comm_s"]
+        assert by["gloo"] > by["nccl"]  # a round trip + software per step, 90 % of the line
+    synthetic = pd.DataFrame(map(evaluate_point, build_spec({"compressor": "dense", "params": "2B"}).points()))
+    assert synthetic["params"].tolist() == [2_000_000_000] and synthetic["model"].tolist() == ["synthetic-2B"]
+    assert synthetic["bytes_per_rank"].tolist() == [8e9]
+    old = build_spec({"compressor": "dense"}).points()[0]["point_id"]
+    assert old == build_spec({"compressor": "dense", "library": None}).points()[0]["point_id"]  # ids kept
+
+
 # -- running, interrupting and resuming ----------------------------------------------------------------
 def test_interrupted_sweep_keeps_finished_rows_and_resumes_without_recomputing(tmp_path, monkeypatch):
     spec = build_spec({"compressor": "dense,topk,randk", "density": "0.01,0.1", "bandwidth": "10Gbit,100Gbit"})
