@@ -2,13 +2,21 @@
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 from arcsim.processes import free_port
 from arcsim.topology import IntraLink, Network, Topology
+
+# the measurement cache of this test session only (arcsim.run.cache): subprocesses inherit it
+if "ARCSIM_CACHE_DIR" not in os.environ:
+    os.environ["ARCSIM_CACHE_DIR"] = tempfile.mkdtemp(prefix="arcsim-test-cache-")
+    atexit.register(shutil.rmtree, os.environ["ARCSIM_CACHE_DIR"], True)
 
 
 def flat(p: int, gbps: float = 10.0, latency: float = 20e-6, gamma: float = 0.0, **kw) -> Topology:

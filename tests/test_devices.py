@@ -147,8 +147,8 @@ def test_topologies_name_their_gpu_and_the_grammar_takes_one():
 def test_a_run_on_a_gpu_is_deterministic_and_says_what_it_assumed(tmp_path):
     args = ("run", "-c", "dense,topk,star", "--ratios", "0.01", "--policy", "none", "--gpu", "h100")
     outs = []
-    for i in range(2):
-        r = run_cli(*args, "--json", str(tmp_path / f"{i}.json"))
+    for i in range(2):  # each from its own empty measurement cache: both compute everything
+        r = run_cli(*args, "--json", str(tmp_path / f"{i}.json"), env={"ARCSIM_CACHE_DIR": str(tmp_path / f"c{i}")})
         assert r.returncode == 0, r.stderr
         data = json.loads((tmp_path / f"{i}.json").read_text())
         data.pop("timings_s")

@@ -281,3 +281,23 @@ def test_a_compressor_off_its_requested_density_is_said_once():
     notes = density_notes([cand("arctopk", 0.01, 0.022), cand("arctopk", 0.01, 0.022, "tree"),
                            cand("topk", 0.01, 0.0105), cand("dense", None, 1.0)])
     assert len(notes) == 1 and "arctopk reached density 0.022 where 0.01 was asked" in notes[0]
+
+
+def test_a_second_run_reads_the_measurements_from_the_cache_and_answers_the_same(tmp_path):
+    env = {"ARCSIM_CACHE_DIR": str(tmp_path / "cache")}
+    first, second = tmp_path / "a.json", tmp_path / "b.json"
+    args = ("run", "-c", "dense,topk,arctopk", "--ratios", "0.01", "--policy", "none")
+    assert run_cli(*args, "--json", str(first), env=env).returncode == 0
+    again = run_cli(*args, "-t", "8x8-ib400x8", "--library", "gloo", "--json", str(second), env=env)
+    assert again.returncode == 0, again.stderr
+    a, b = json.loads(first.read_text()), json.loads(second.read_text())
+    assert any("were cached from an earlier run" in note for note in b["assumptions"])
+    assert not any("cached" in note for note in a["assumptions"])
+    rows = {c["compressor"]: c for c in a["candidates"]}
+    for c in b["candidates"]:  # the same measurements: bytes and errors identical, the price differs
+        assert c["rel_error"] == rows[c["compressor"]]["rel_error"]
+        assert c["bytes_per_rank"] == rows[c["compressor"]]["bytes_per_rank"]
+    info = json.loads(run_cli("cache", "info", "--json", "-", env=env).stdout)
+    assert info["measurements"] >= 3 and info["directory"] == env["ARCSIM_CACHE_DIR"]
+    assert run_cli("cache", "clear", env=env).returncode == 0
+    assert json.loads(run_cli("cache", "info", "--json", "-", env=env).stdout)["measurements"] == 0

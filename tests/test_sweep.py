@@ -82,7 +82,9 @@ def test_a_point_is_priced_exactly_as_arcsim_run_prices_it():
         row = rows[name]
         assert row["collective"] == best.collective
         assert row["comm_s"] == pytest.approx(best.comm_s, rel=1e-9)  # pricing is deterministic
-        assert row["rel_error"] == pytest.approx(best.rel_error, rel=1e-9)  # so is the seeded compressor
+        # so is the seeded compressor (to float summation order: a measurement cached by a 1-thread sweep
+        # worker and one computed with the default threads differ in the 8th digit)
+        assert row["rel_error"] == pytest.approx(best.rel_error, rel=1e-6)
         assert row["bytes_per_rank"] == best.bytes_per_rank
     assert rows["topk"]["op"] == "allgather" and rows["arctopk"]["op"] == "allreduce"
 

@@ -10,6 +10,7 @@ from rich.table import Table
 
 from arcsim import __version__
 from arcsim.catalog import COMPRESSORS, MEMORIES, SYNTHETIC_KINDS
+from arcsim.cli.cache import cache_group
 from arcsim.cli.calibrate import calibrate as calibrate_command
 from arcsim.cli.cluster import cluster as cluster_group
 from arcsim.cli.common import (
@@ -249,6 +250,7 @@ cli.add_command(validate_command)
 cli.add_command(sweep_command)
 cli.add_command(plot_command)
 cli.add_command(train_command)
+cli.add_command(cache_group)
 
 
 def main() -> None:

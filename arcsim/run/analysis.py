@@ -30,7 +30,7 @@ from arcsim.devices.predict import DEFAULT_GPU_BATCH, ComputePrediction
 from arcsim.errors import ArcsimError
 from arcsim.netsim import ENGINES
 from arcsim.pricing import Pricer
-from arcsim.run import decisions
+from arcsim.run import cache, decisions
 from arcsim.run.buckets import make_buckets
 from arcsim.run.candidates import Candidate, Context, candidates_for, evaluate
 from arcsim.run.compute import ComputeTimes, from_profile, from_trace, mapped
@@ -199,6 +199,8 @@ class Analysis:
                            cfg.scope, numel_scale=scale)
         self.pricer = Pricer(self.topo, cfg.engine)
         self._measured: dict[tuple[str, float, int], Measurement] = {}
+        self._hash: str | None = None  # the trace file's content hash, for the measurement cache
+        self.cached = 0  # measurements read from the cache instead of run
         self._cached: list[tuple[int, torch.Tensor]] | None = None
         self.timings: dict[str, float] = {}
 
@@ -260,21 +262,35 @@ class Analysis:
         return compressor, dens, self.trace.steps if full else self.grid_steps()
 
     def measurement(self, compressor: str, density: float, grid: bool = False) -> Measurement:
-        """The compressor measured on the trace (cached); grid points may use fewer steps (``grid_steps``)."""
+        """The compressor measured on the trace (kept in memory, and on disk by arcsim.run.cache); grid points
+        may use fewer steps (``grid_steps``)."""
         key = self._key(compressor, density, grid)
         if key not in self._measured:
             started = time.perf_counter()
             self.progress(f"{compressor} @ {key[1]:g}")
-            steps = self.steps() if key[2] == self.trace.steps else itertools.islice(self.steps(), key[2])
-            meas = measure(steps, self.ctx.buckets, compressor, key[1],
-                           self.cfg.memory if not INFO[compressor].density_free else None, self.cfg.seed,
-                           self.cfg.options, timed=self.ctx.gpu is None)
+            memory = self.cfg.memory if not INFO[compressor].density_free else None
+            timed = self.ctx.gpu is None
+            name = cache.key(self._trace_hash(), self.ctx.buckets, compressor, key[1], memory, self.cfg.seed,
+                             self.cfg.options, key[2], timed)
+            meas = cache.load(name)
+            if meas is not None:
+                self.cached += 1
+            else:
+                steps = self.steps() if key[2] == self.trace.steps else itertools.islice(self.steps(), key[2])
+                meas = measure(steps, self.ctx.buckets, compressor, key[1], memory, self.cfg.seed, self.cfg.options,
+                               timed=timed)
+                cache.save(name, meas)
             if self.params is not None:  # what the sample sent, at the full model's size
                 meas.records = [[[self.params.scale_record(r) for r in recs] for recs in step]
                                 for step in meas.records]
             self._measured[key] = meas
             self.timings[f"measure {compressor} @ {key[1]:g} ({key[2]} steps)"] = time.perf_counter() - started
         return self._measured[key]
+
+    def _trace_hash(self) -> str:
+        if self._hash is None:
+            self._hash = cache.trace_hash(self.trace.path)
+        return self._hash
 
     def planned_measurements(self) -> int:
         keys = {self._key(c, self.cfg.density, False) for c in self.cfg.compressors}
@@ -364,6 +380,9 @@ class Analysis:
         if self.grid_steps() < t.steps:
             notes.append(f"ratio-grid points other than --density were measured on the first {self.grid_steps()} "
                          f"of the trace's {t.steps} steps (large trace; --grid-steps to change)")
+        if self.cached:
+            notes.append(f"{self.cached} of {len(self._measured)} compressor measurements were cached from an earlier "
+                         f"run on the same trace and settings ({cache.cache_dir()}; `arcsim cache clear` to drop them)")
         if self.params is not None:
             notes.append(f"SYNTHETIC model of {self.params.params:,} fp32 parameters in {self.params.layers} equal "
                          f"layers: message sizes are the full model's; errors were measured on a "
