@@ -15,7 +15,6 @@ import dataclasses
 import math
 
 from arcsim.collectives.libraries.base import Choice, Library, Protocol
-from arcsim.errors import CollectiveError
 from arcsim.topology import Topology
 
 PROTOCOLS = ("LL", "LL128", "Simple")
@@ -42,7 +41,7 @@ def _intra_kind(topo: Topology) -> str:
     return "nvlink" if topo.intra.kind.lower() in ("nvlink", "nvswitch") else "pcie"
 
 
-def protocol(op: str, algo: str, proto: int, nbytes: float, topo: Topology) -> Protocol:
+def protocol(algo: str, proto: int, topo: Topology) -> Protocol:
     """NCCL's cost terms for one (algorithm, protocol) on ``topo``, as link overrides."""
     family = "ring" if algo in ("ring", "chain") else "tree"
     multi_node = topo.nodes > 1
@@ -89,13 +88,11 @@ class Nccl(Library):
         out = []
         for a in algos:
             for p in range(len(PROTOCOLS)):
-                proto = protocol(op, a, p, nbytes, topo)
+                proto = protocol(a, p, topo)
                 if a in PIPELINE_DEPTH:
                     chunks = proto.chunks(nbytes, 2.0 if a == "tree" else 1.0) or 1
                     proto = pipelined(proto, PIPELINE_DEPTH[a](topo), chunks)
                     out.append(Choice(a, proto, chunks))
                 else:
                     out.append(Choice(a, proto))
-        if not out:
-            raise CollectiveError(f"nccl has no {op}")
         return out
