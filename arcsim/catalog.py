@@ -91,6 +91,10 @@ def check_options(compressors: tuple[str, ...], options: Mapping[str, Any], erro
         raise error(scope_message(options["scope"]))
 
 
+def fusion_message(fusion: object) -> str:
+    return f"unknown fusion {fusion!r}; choose {' or '.join(FUSIONS)}"
+
+
 def scope_message(scope: object) -> str:
     return (f"unknown scope {scope!r}; choose tensor (k per layer, as the reference implementations) or "
             "bucket (one k over the whole bucket)")

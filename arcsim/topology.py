@@ -317,10 +317,10 @@ def _validate(t: Topology) -> None:
             raise bad(f"straggler rank {rank} is outside 0..{t.ranks - 1}")
         if not slow >= 1.0:
             raise bad(f"straggler slowdown for rank {rank} must be ≥ 1 (got {slow:g})")
-    from arcsim.collectives.libraries import LIBRARIES
+    from arcsim.collectives.libraries import LIBRARIES, unknown_library
 
     if t.library not in LIBRARIES:
-        raise bad(f"unknown library {t.library!r}; choose one of {', '.join(LIBRARIES)}")
+        raise bad(unknown_library(t.library))
 
 
 # -- presets and lookup ------------------------------------------------------------------------------

@@ -173,11 +173,9 @@ def des_progress() -> Iterator[Callable[[str, float, float], None]]:
 def _library_name(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
     if value is None:
         return None
-    from arcsim.collectives.libraries import LIBRARIES
+    from arcsim.collectives.libraries import get_library
 
-    if value.lower() not in LIBRARIES:
-        raise ArcsimError(f"unknown library {value!r} for --library; choose one of {', '.join(LIBRARIES)}")
-    return value.lower()
+    return get_library(value, " for --library").name
 
 
 library_option = click.option(

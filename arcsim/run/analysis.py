@@ -22,6 +22,7 @@ from arcsim.catalog import (
     POLICIES,
     check_compression,
     check_options,
+    fusion_message,
 )
 from arcsim.collectives.libraries import get_library
 from arcsim.devices.catalog import PRECISIONS, Device
@@ -78,6 +79,12 @@ class RunConfig:
     params: int | None = None           # a model of this many fp32 parameters instead of a trace (synthetic)
     layers: int | None = None           # its layer count (default DEFAULT_LAYERS)
 
+    def params_model(self) -> ParamsModel | None:
+        """The synthetic model --params asks for (None: a trace run)."""
+        if self.params is None:
+            return None
+        return ParamsModel(self.params, self.layers or min(DEFAULT_LAYERS, self.params))
+
     @property
     def scope(self) -> str:
         return str(self.options.get("scope", "tensor"))
@@ -98,18 +105,17 @@ class RunConfig:
         if self.params is not None:
             if self.trace is not None or self.compute_profile:
                 raise RunError("--params prices a synthetic model: give it without --trace or --compute-profile")
-            ParamsModel(self.params, self.layers or min(DEFAULT_LAYERS, self.params))
+            self.params_model()  # checks the layer count
         elif self.layers is not None:
             raise RunError("--layers goes with --params (the layer count of that synthetic model)")
         if self.fusion not in FUSIONS:
-            raise RunError(f"unknown fusion {self.fusion!r}; choose {' or '.join(FUSIONS)}")
+            raise RunError(fusion_message(self.fusion))
         if self.library is not None:
-            from arcsim.collectives.libraries import get_library
-
             get_library(self.library)
-        for label, value in (("--bandwidth", self.bandwidth), ("--latency", self.latency)):
-            if value is not None and not (value >= 0 if label == "--latency" else value > 0):
-                raise RunError(f"{label} must be {'≥ 0' if label == '--latency' else 'positive'} (got {value:g})")
+        if self.bandwidth is not None and not self.bandwidth > 0:
+            raise RunError(f"--bandwidth must be positive (got {self.bandwidth:g})")
+        if self.latency is not None and not self.latency >= 0:
+            raise RunError(f"--latency must be ≥ 0 (got {self.latency:g})")
         if self.policy not in POLICIES:
             raise RunError(f"unknown policy {self.policy!r}; choose one of {', '.join(POLICIES)}")
         if self.engine not in ENGINES:
@@ -170,8 +176,7 @@ class Analysis:
         self.cfg = cfg
         self.progress = progress or (lambda _: None)
         self.topo = load_topology(cfg.topology).with_overrides(cfg.bandwidth, cfg.latency, cfg.library)
-        self.params = None if cfg.params is None else ParamsModel(cfg.params, cfg.layers or min(DEFAULT_LAYERS,
-                                                                                                  cfg.params))
+        self.params = cfg.params_model()
         if self.params is not None:
             path = self.params.sample_trace(trace_dir(), cfg.seed)
         else:

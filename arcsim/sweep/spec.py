@@ -20,7 +20,7 @@ from typing import Any
 
 import yaml
 
-from arcsim.catalog import COMPRESSORS, DENSITY_FREE, FUSIONS, MEMORIES
+from arcsim.catalog import COMPRESSORS, DENSITY_FREE, FUSIONS, MEMORIES, fusion_message
 from arcsim.errors import ArcsimError
 from arcsim.netsim import ENGINES
 from arcsim.topology import DEFAULT_TOPOLOGY
@@ -260,13 +260,14 @@ def _normalise(name: str, value: Any, source: str) -> Any:
         except ArcsimError as exc:
             raise SweepError(f"{where}: {exc}") from None
     if name == "library":
-        from arcsim.collectives.libraries import LIBRARIES
+        from arcsim.collectives.libraries import get_library
 
-        if str(value).lower() not in LIBRARIES:
-            raise SweepError(f"{where}: unknown library {value!r}; choose one of {', '.join(LIBRARIES)}")
-        return str(value).lower()
+        try:
+            return get_library(str(value)).name
+        except ArcsimError as exc:
+            raise SweepError(f"{where}: {exc}") from None
     if name == "fusion" and value not in FUSIONS:
-        raise SweepError(f"{where}: unknown fusion {value!r}; choose {' or '.join(FUSIONS)}")
+        raise SweepError(f"{where}: {fusion_message(value)}")
     if name == "compressor" and value not in COMPRESSORS:
         raise SweepError(f"{where}: unknown compressor {value!r}; choose from {', '.join(COMPRESSORS)}")
     if name == "engine" and value not in ENGINES:

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from arcsim.catalog import FUSIONS, check_compression
+from arcsim.catalog import FUSIONS, check_compression, fusion_message
 from arcsim.compressors.base import Layer
 from arcsim.errors import ArcsimError
 from arcsim.models import loss_fn, model_entry
@@ -60,7 +60,7 @@ class TrainConfig:
         if not self.seeds:
             raise ArcsimError("--seeds is empty; give at least one, e.g. 0,1,2")
         if self.fusion not in FUSIONS:
-            raise ArcsimError(f"unknown fusion {self.fusion!r}; choose {' or '.join(FUSIONS)}")
+            raise ArcsimError(fusion_message(self.fusion))
 
 
 @dataclass

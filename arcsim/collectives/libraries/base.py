@@ -5,9 +5,9 @@ runs (its own selection rule), and with which :class:`Protocol`. A protocol is h
 transport pays for a step of the algorithm: a fixed cost per collective, a per-step latency in place of
 the bare link latency, and the fraction of link bandwidth the payload gets. Inside a node a GPU
 library's per-hop latency replaces the link's (it is set by the protocol's synchronisation, not a
-wire); between nodes the link's latency counts when it is larger (a long or shaped network). The step schedule itself is
-the algorithm's one description in :mod:`arcsim.collectives`, priced by either engine on the links as
-the protocol sees them (:meth:`Protocol.links`).
+wire); between nodes the link's latency counts when it is larger (a long or shaped network). The step
+schedule itself is the algorithm's one description in :mod:`arcsim.collectives`, priced by either
+engine on the links as the protocol sees them (:meth:`Protocol.links`).
 """
 
 from __future__ import annotations
@@ -71,10 +71,12 @@ class Library(ABC):
     name: str
     summary: str  # one line: what it models
     source: str   # where its rules come from
+    offered: dict[str, tuple[str, ...]]  # op → the algorithms it implements, its default first (or override
+    #                                       algorithms(), as ideal does with the whole catalogue)
 
-    @abstractmethod
     def algorithms(self, op: str) -> tuple[str, ...]:
         """The algorithms it offers for ``op`` (normalised op name)."""
+        return self.offered[op]
 
     @abstractmethod
     def choices(self, op: str, algo: str | None, nbytes: float, topo: Topology) -> list[Choice]:

@@ -28,10 +28,8 @@ OFFERED = {"allreduce": ("ring", "rhd"), "allgather": ("ring",), "reducescatter"
 class Gloo(Library):
     name = "gloo"
     summary = "gloo over TCP: ring all-reduce and all-gather, eager binomial broadcast; a round trip + software a step"
+    offered = OFFERED
     source = "facebookincubator/gloo (allreduce.cc, allgather.cc, broadcast.cc); per-step costs measured here"
 
-    def algorithms(self, op: str) -> tuple[str, ...]:
-        return OFFERED[op]
-
     def choices(self, op: str, algo: str | None, nbytes: float, topo: Topology) -> list[Choice]:
-        return [Choice(algo or OFFERED[op][0], TCP)]
+        return [Choice(algo or self.offered[op][0], TCP)]

@@ -12,7 +12,7 @@ class Ideal(Library):
     source = "Thakur, Rabenseifner & Gropp (2005); the textbook α–β(–γ) costs"
 
     def algorithms(self, op: str) -> tuple[str, ...]:
-        from arcsim.collectives import ALGORITHMS
+        from arcsim.collectives import ALGORITHMS  # the catalogue imports this package: read it when asked
 
         return tuple(ALGORITHMS[op])
 

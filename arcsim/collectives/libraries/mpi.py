@@ -38,10 +38,8 @@ def _default(op: str, nbytes: float, p: int) -> tuple[str, float]:
 class Mpi(Library):
     name = "mpi"
     summary = "Open MPI tuned: recursive doubling then ring all-reduce, Bruck/ring all-gather, binomial/pipelined bcast"
+    offered = OFFERED
     source = "open-mpi/ompi ompi/mca/coll/tuned/coll_tuned_decision_fixed.c (3.1)"
-
-    def algorithms(self, op: str) -> tuple[str, ...]:
-        return OFFERED[op]
 
     def choices(self, op: str, algo: str | None, nbytes: float, topo: Topology) -> list[Choice]:
         rule, segment = _default(op, nbytes, topo.ranks)

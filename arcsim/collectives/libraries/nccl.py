@@ -78,10 +78,8 @@ def pipelined(proto: Protocol, depth: int, chunks: int) -> Protocol:
 class Nccl(Library):
     name = "nccl"
     summary = "NCCL 2.30: ring or tree all-reduce, ring all-gather, pipelined-ring broadcast; LL/LL128/Simple"
+    offered = OFFERED
     source = "NVIDIA/nccl v2.30.7 src/graph/tuning.cc (latencies, bandwidth factors), src/include/device.h"
-
-    def algorithms(self, op: str) -> tuple[str, ...]:
-        return OFFERED[op]
 
     def choices(self, op: str, algo: str | None, nbytes: float, topo: Topology) -> list[Choice]:
         algos = self.algorithms(op) if algo is None else (algo,)
