@@ -55,8 +55,8 @@ def _tree_all_reduce(topo: Topology, n: float, chunks: int | None) -> Built:
     trees = tree.node_chain_trees(topo.nodes, topo.gpus_per_node)
     if chunks is None:
         alpha, beta = _slowest_link(topo)
-        depth = topo.gpus_per_node - 1 + int(np.ceil(np.log2(topo.nodes + 1)))
-        chunks = tree.best_chunks(depth, n, alpha, beta)
+        levels = tree.node_tree_depth(topo.nodes, topo.gpus_per_node) + 1
+        chunks = tree.best_chunks(levels, n, alpha, beta)
     return tree.pipelined_tree_all_reduce(trees, n, chunks), f"{chunks} chunks per tree"
 
 
@@ -84,9 +84,18 @@ def _plain(fn: Callable[[Topology, float], list[Step] | tuple[Step, ...]]) -> Bu
     return lambda t, n, chunks: (fn(t, n), "")
 
 
+def _over_rings(fn: Callable[[np.ndarray, float], list[Step]]) -> Builder:
+    """A ring algorithm on the topology's rings, each carrying its share of the data."""
+    def steps(t: Topology, n: float) -> list[Step]:
+        rings = _rings(t)
+        return fn(rings, n / len(rings))
+
+    return _plain(steps)
+
+
 ALGORITHMS: dict[str, dict[str, Builder]] = {
     "allreduce": {
-        "ring": _plain(lambda t, n: ring.all_reduce(_rings(t), n / len(_rings(t)))),
+        "ring": _over_rings(ring.all_reduce),
         "tree": _tree_all_reduce,
         "rhd": _plain(lambda t, n: recursive.halving_doubling_all_reduce(t.ranks, n)),
         "rd": _plain(lambda t, n: recursive.doubling_all_reduce(t.ranks, n)),
@@ -94,7 +103,7 @@ ALGORITHMS: dict[str, dict[str, Builder]] = {
         "hierarchical": _plain(_hierarchical_all_reduce),
     },
     "allgather": {
-        "ring": _plain(lambda t, n: ring.all_gather(_rings(t), n / len(_rings(t)))),
+        "ring": _over_rings(ring.all_gather),
         "rd": _plain(lambda t, n: recursive.doubling_all_gather(t.ranks, n)),
         "hierarchical": _plain(_hierarchical_all_gather),
     },
@@ -105,7 +114,7 @@ ALGORITHMS: dict[str, dict[str, Builder]] = {
         "chain": _chain_broadcast,
     },
     "reducescatter": {
-        "ring": _plain(lambda t, n: ring.reduce_scatter(_rings(t), n / len(_rings(t)))),
+        "ring": _over_rings(ring.reduce_scatter),
     },
 }
 PIPELINED = {("allreduce", "tree"), ("broadcast", "chain")}  # the algorithms that take a chunk count

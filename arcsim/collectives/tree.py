@@ -1,5 +1,5 @@
-"""Tree and pipelined algorithms: pipelined (double binary) tree and binomial all-reduce; binomial, flat and
-chain broadcast."""
+"""Tree and pipelined algorithms: pipelined (double binary) tree and binomial all-reduce; binomial, eager
+binomial, flat and chain broadcast."""
 
 from __future__ import annotations
 
@@ -82,6 +82,11 @@ def node_chain_trees(nodes: int, gpus_per_node: int) -> tuple[np.ndarray, np.nda
         parent[heads] = np.where(node_parent >= 0, node_parent * g, -1)
         out.append(parent)
     return out[0], out[1]
+
+
+def node_tree_depth(nodes: int, gpus_per_node: int) -> int:
+    """Hops from the root of :func:`node_chain_trees` to its farthest rank: the chain, then the node tree."""
+    return gpus_per_node - 1 + math.ceil(math.log2(nodes + 1)) - 1
 
 
 def pipelined_tree_all_reduce(trees: tuple[np.ndarray, ...], nbytes: float, chunks: int) -> list[Step]:

@@ -12,9 +12,9 @@ or settings arcsim does not model (SHARP switches, NVLink SHARP, one GPU per nod
 from __future__ import annotations
 
 import dataclasses
-import math
 
 from arcsim.collectives.libraries.base import Choice, Library, Protocol
+from arcsim.collectives.tree import node_tree_depth
 from arcsim.topology import Topology
 
 PROTOCOLS = ("LL", "LL128", "Simple")
@@ -61,7 +61,7 @@ def protocol(algo: str, proto: int, topo: Topology) -> Protocol:
 
 
 PIPELINE_DEPTH = {  # hops from the root to the farthest rank
-    "tree": lambda t: t.gpus_per_node - 1 + math.ceil(math.log2(t.nodes + 1)) - 1,
+    "tree": lambda t: node_tree_depth(t.nodes, t.gpus_per_node),
     "chain": lambda t: t.ranks - 1,
 }
 
