@@ -27,6 +27,7 @@ from arcsim.comm.log import CommRecord
 from arcsim.compressors.base import Layer
 from arcsim.errors import ArcsimError
 from arcsim.traces.format import SCHEMA_VERSION, TraceWriter
+from arcsim.traces.synthetic import block_scales
 
 SAMPLE_ELEMENTS = 2**18  # what the compressors run on, across all layers
 SAMPLE_WORKERS = 4
@@ -87,8 +88,7 @@ class ParamsModel:
                 "torch_version": torch.__version__, "seed": seed,
                 "command": f"arcsim run --params {self.params} --layers {self.layers}",
                 "sample_of": {"params": self.params, "layers": self.layers, "scale": self.scale}}
-        blocks = np.random.default_rng([seed, 0xB10C]).lognormal(0.0, 1.5, size=-(-d // 64))
-        shape = np.repeat(blocks, 64)[:d]
+        shape = block_scales(d, seed, spread=1.5)
         with TraceWriter(path, json.loads(json.dumps(meta)), layers, "fp32") as writer:
             for step in range(SAMPLE_STEPS):
                 rng = np.random.default_rng([seed, step])

@@ -28,6 +28,12 @@ BLOCK = 64
 BYTES_PER_ELEMENT = 16  # a step's fp32 gradients, the fp64 draw they come from, and the compressor's scratch
 
 
+def block_scales(elements: int, seed: int, spread: float) -> np.ndarray:
+    """A log-normal scale (spread σ) per block of BLOCK elements, fixed by ``seed``, repeated over its elements."""
+    scales = np.random.default_rng([seed, 0xB10C]).lognormal(0.0, spread, size=-(-elements // BLOCK))
+    return np.repeat(scales, BLOCK)[:elements]
+
+
 def synthetic_steps(kind: str, workers: int, elements: int, steps: int, seed: int = 0, shared: float = 0.8,
                     spread: float = 1.5) -> Iterator[tuple[int, torch.Tensor]]:
     """Yield (step, gradients [workers, elements]) for ``steps`` steps."""
@@ -46,8 +52,7 @@ def synthetic_steps(kind: str, workers: int, elements: int, steps: int, seed: in
         raise CompressionError(f"{workers} workers × {elements:,} elements need about {need / 2**30:,.0f} GiB at "
                                f"once (more than this machine's {have / 2**30:.0f} GiB); use "
                                "fewer --elements or --workers")
-    scales = np.random.default_rng([seed, 0xB10C]).lognormal(0.0, spread, size=-(-elements // BLOCK))
-    block_scale = np.repeat(scales, BLOCK)[:elements]
+    block_scale = block_scales(elements, seed, spread)
     block_scale /= np.sqrt(np.mean(block_scale**2))
     for step in range(steps):
         rng = np.random.default_rng([seed, step])
