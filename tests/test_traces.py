@@ -298,4 +298,4 @@ def test_a_trace_of_zero_gradients_is_one_error_line_not_error_zero(tmp_path):
     path = _write(tmp_path / "zero.npz", np.zeros((2, 2, 64), dtype=np.float32))
     r = run_cli("run", "--trace", str(path), "-c", "topk", "--ratios", "0.1", cwd=str(tmp_path))
     assert r.returncode == 2, r.stderr[-1500:]
-    assert r.stderr.strip().splitlines()[-1].startswith("error: every gradient in zero.npz is zero")
+    assert r.stderr.strip().splitlines()[-1].startswith("error: every gradient in trace zero.npz is zero")

@@ -24,6 +24,7 @@ from arcsim.cli.common import (
 from arcsim.errors import ArcsimError
 from arcsim.netsim import ENGINES
 from arcsim.topology import DEFAULT_TOPOLOGY
+from arcsim.traces.training import TrainingConfig
 from arcsim.units import parse_duration, parse_params, parse_rate
 
 
@@ -38,6 +39,16 @@ from arcsim.units import parse_duration, parse_params, parse_rate
               help="Instead of a trace: a synthetic model of this many fp32 parameters, e.g. 125M, 7B, 100B "
                    "(message sizes exact, errors from a small synthetic sample; no compute).")
 @click.option("--layers", type=int, default=None, help="With --params: its number of equal layers (default 32).")
+@click.option("--live", is_flag=True,
+              help="Instead of a trace: train --model data-parallel here and feed each step's gradients straight "
+                   "to the compressors (no file; memory does not grow with --steps).")
+@click.option("--model", default=None, help="With --live: a model of the zoo (arcsim trace capture --help lists them).")
+@click.option("--dataset", default=None, help="With --live: its dataset (default: the model's own).")
+@click.option("--workers", "-w", type=int, default=4, show_default=True, help="With --live: data-parallel workers.")
+@click.option("--steps", type=int, default=3, show_default=True,
+              help="With --live: training steps measured (after one untimed warm-up step).")
+@click.option("--device", "live_device", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True,
+              help="With --live: where training runs; cuda also measures compute and compression there (CUDA events).")
 @click.option("--compressors", "-c", default=",".join(COMPRESSORS), show_default=True,
               help="Comma-separated compressors to compare.")
 @click.option("--density", "-d", default=0.01, show_default=True, type=float, help="k/d for the candidate table.")
@@ -78,6 +89,7 @@ from arcsim.units import parse_duration, parse_params, parse_rate
 @click.option("--plot", "plot_dir", type=OutputPath(directory=True), default=None, help="Write PNG charts here.")
 @scope_option
 def run(topology: str, trace: str | None, no_capture: bool, params: str | None, layers: int | None,
+        live: bool, model: str | None, dataset: str | None, workers: int, steps: int, live_device: str,
         compressors: str, density: float, memory: str | None,
         engine: str, library: str | None, bandwidth: str | None, latency: str | None, bucket_mb: float,
         fusion: str, policy: str, slack: float, ratios: str, weights: str | None,
@@ -90,6 +102,7 @@ def run(topology: str, trace: str | None, no_capture: bool, params: str | None, 
     from arcsim.run.analysis import Analysis, RunConfig
 
     w = number_list(weights, "--weights") if weights else None
+    training = live_training(live, model, dataset, workers, steps, live_device, batch, seed)
     cfg = RunConfig(topology=topology, trace=trace, compressors=tuple(c.strip() for c in compressors.split(",")
                                                                        if c.strip()),
                     density=density, memory=memory, engine=engine, bucket_mb=bucket_mb, policy=policy,
@@ -99,7 +112,7 @@ def run(topology: str, trace: str | None, no_capture: bool, params: str | None, 
                     library=library, bandwidth=parse_rate(bandwidth) if bandwidth else None,
                     latency=parse_duration(latency) if latency else None,
                     fusion="bucket" if fusion == "both" else fusion,
-                    params=parse_params(params) if params is not None else None, layers=layers)
+                    params=parse_params(params) if params is not None else None, layers=layers, live=training)
     cfg.check()
     if compare_gpu:
         from arcsim.devices.catalog import device
@@ -107,7 +120,7 @@ def run(topology: str, trace: str | None, no_capture: bool, params: str | None, 
         device(compare_gpu)  # an unknown name fails before any work
         if not plot_dir:
             raise ArcsimError("--compare-gpu draws a chart: give --plot DIR too")
-    with step_progress("capture", unit="train step") as capture_progress:
+    with step_progress("training" if live else "capture", unit="train step") as capture_progress:
         analysis = Analysis(cfg, announce=note, capture_progress=capture_progress)
     with progress_bar(analysis.planned_measurements(), "measuring compressors on the trace", "run") as bar:
         def progress(label: str) -> None:
@@ -150,3 +163,16 @@ def run(topology: str, trace: str | None, no_capture: bool, params: str | None, 
         for reason in skipped:
             note(f"no chart: {reason}")
 
+
+
+def live_training(live: bool, model: str | None, dataset: str | None, workers: int, steps: int, live_device: str,
+                  batch: int | None, seed: int) -> TrainingConfig | None:
+    """The live training --live asks for (None without it); --model and --dataset go with --live only."""
+    if not live:
+        if model or dataset:
+            raise ArcsimError("--model and --dataset choose what --live trains: add --live (or give --trace)")
+        return None
+    if not model:
+        raise ArcsimError("--live needs --model, e.g. --live --model resnet18 (arcsim trace capture --help lists them)")
+    return TrainingConfig(model=model, dataset=dataset, workers=workers, steps=steps, warmup=1, batch=batch,
+                          device=live_device, seed=seed)

@@ -15,8 +15,9 @@ from arcsim.errors import ArcsimError
 SWEEP_OPTIONS = {  # option → spec key; every value is a comma list, strings may hold {a,b} groups
     "topology": "topology", "bandwidth": "bandwidth", "latency": "latency", "ranks": "ranks", "trace": "trace",
     "compressors": "compressor", "density": "density", "bucket_mb": "bucket_mb", "engine": "engine", "gpu": "gpu",
-    "library": "library", "fusion": "fusion", "params": "params",
+    "library": "library", "fusion": "fusion", "params": "params", "live": "live",
 }
+LIVE_OPTIONS = {"live_workers": "live_workers", "live_steps": "live_steps", "live_device": "live_device"}
 
 
 @click.command("sweep")
@@ -35,6 +36,10 @@ SWEEP_OPTIONS = {  # option → spec key; every value is a comma list, strings m
 @click.option("--library", default=None, help="Communication libraries, e.g. nccl,gloo (default: the topology's).")
 @click.option("--params", default=None, help="Synthetic models instead of traces, e.g. 125M,7B,100B.")
 @click.option("--fusion", default=None, help="bucket, model, or bucket,model for both (default bucket).")
+@click.option("--live", default=None, help="Zoo models trained here instead of traces (arcsim run --live), e.g. cnn.")
+@click.option("--live-workers", default=None, type=int, help="With --live: data-parallel workers (default 4).")
+@click.option("--live-steps", default=None, type=int, help="With --live: training steps measured (default 3).")
+@click.option("--live-device", default=None, type=click.Choice(["cpu", "cuda"]), help="With --live (default cpu).")
 @click.option("--memory", "-m", default=None, help="Error feedback for every compressor (default ef14).")
 @click.option("--seed", default=None, type=click.IntRange(min=0))
 @click.option("--out", "-o", default=None, type=OutputPath(directory=True),
@@ -55,7 +60,7 @@ def sweep(spec_file: str | None, out: str | None, scheduler: str | None, workers
     from arcsim.sweep.spec import build_spec, load_yaml_spec, merge
 
     raw = load_yaml_spec(Path(spec_file)) if spec_file else {}
-    cli_values: dict[str, Any] = {SWEEP_OPTIONS[k]: v for k, v in axes.items()}
+    cli_values: dict[str, Any] = {{**SWEEP_OPTIONS, **LIVE_OPTIONS}[k]: v for k, v in axes.items()}
     cli_values.update(memory=memory, seed=seed)
     spec = build_spec(merge(raw, cli_values), source=spec_file or "command line")
     points = spec.points()

@@ -35,15 +35,18 @@ from arcsim.run import cache, decisions
 from arcsim.run.buckets import make_buckets
 from arcsim.run.candidates import Candidate, Context, candidates_for, evaluate
 from arcsim.run.compute import ComputeTimes, from_profile, from_trace, mapped
-from arcsim.run.measure import Measurement, measure
+from arcsim.run.measure import Measurement, measure, measure_many
 from arcsim.topology import DEFAULT_TOPOLOGY, load_topology
-from arcsim.traces.format import open_trace
+from arcsim.traces.format import GradientSource, Trace, open_trace
+from arcsim.traces.live import LiveSource
 from arcsim.traces.params import DEFAULT_LAYERS, ParamsModel
 from arcsim.traces.profile import load_profile
 from arcsim.traces.resolve import resolve_trace, trace_dir
+from arcsim.traces.training import TrainingConfig
 
 GRID_ALL_STEPS_ELEMENTS = 2e8  # steps × workers × elements above which the grid uses the first step only
 CACHE_BYTES = 4 * 2**30  # traces up to this size (as stored) are read once and kept in memory
+LIVE_MEMORY_BYTES = 4 * 2**30  # live training: the compressors measured in one pass hold about this much state
 
 
 class RunError(ArcsimError):
@@ -78,6 +81,7 @@ class RunConfig:
     fusion: str = "bucket"              # bucket: DDP buckets; model: the whole gradient as one vector
     params: int | None = None           # a model of this many fp32 parameters instead of a trace (synthetic)
     layers: int | None = None           # its layer count (default DEFAULT_LAYERS)
+    live: TrainingConfig | None = None  # gradients from live data-parallel training instead of a trace
 
     def params_model(self) -> ParamsModel | None:
         """The synthetic model --params asks for (None: a trace run)."""
@@ -102,6 +106,13 @@ class RunConfig:
                 gpu.check_precision(self.precision)
         if self.batch is not None and self.batch < 1:
             raise RunError(f"--batch is per GPU and at least 1, got {self.batch}")
+        if self.live is not None:
+            if self.trace is not None or self.params is not None:
+                raise RunError("--live trains the model here: give it without --trace or --params")
+            self.live.check()
+            if self.live.device == "cuda" and self.gpu is not None:
+                raise RunError("--live --device cuda measures compute and compression on this GPU; --gpu would "
+                               "price them on a catalogue GPU instead: give one of the two")
         if self.params is not None:
             if self.trace is not None or self.compute_profile:
                 raise RunError("--params prices a synthetic model: give it without --trace or --compute-profile")
@@ -171,18 +182,24 @@ class Analysis:
 
     def __init__(self, cfg: RunConfig, progress: Callable[[str], None] | None = None,
                  announce: Callable[[str], None] = print,
-                 capture_progress: Callable[[int, int], None] | None = None) -> None:
+                 capture_progress: Callable[[int, int], None] | None = None,
+                 source: GradientSource | None = None) -> None:
+        """``source``: the gradients of an earlier Analysis of the same trace or live training (not re-read)."""
         cfg.check()
         self.cfg = cfg
         self.progress = progress or (lambda _: None)
         self.topo = load_topology(cfg.topology).with_overrides(cfg.bandwidth, cfg.latency, cfg.library)
         self.params = cfg.params_model()
-        if self.params is not None:
-            path = self.params.sample_trace(trace_dir(), cfg.seed)
+        self.trace: GradientSource
+        if source is not None:
+            self.trace = source
+        elif cfg.live is not None:
+            self.trace = LiveSource(cfg.live, capture_progress)
         else:
-            path = resolve_trace(cfg.trace, allow_capture=cfg.allow_capture, announce=announce,
-                                 progress=capture_progress)
-        self.trace = open_trace(path)
+            path = (self.params.sample_trace(trace_dir(), cfg.seed) if self.params is not None else
+                    resolve_trace(cfg.trace, allow_capture=cfg.allow_capture, announce=announce,
+                                  progress=capture_progress))
+            self.trace = open_trace(path)
         self.notes_before: list[str] = []
         self.gpu, self.compute_prediction = self._device()
         scale = 1.0 if self.params is None else self.params.scale
@@ -212,8 +229,10 @@ class Analysis:
     def share_measurements(self, other: Analysis) -> None:
         """Reuse ``other``'s compressor runs (same trace and settings, another GPU or topology): bytes and
         errors do not depend on the device; CPU-timed compression is used only where nothing is modelled."""
-        if (other.trace.path, other.cfg.memory, other.cfg.seed, other.cfg.options) != \
-                (self.trace.path, self.cfg.memory, self.cfg.seed, self.cfg.options):
+        same = other.trace is self.trace or (isinstance(other.trace, Trace) and isinstance(self.trace, Trace)
+                                             and other.trace.path == self.trace.path)
+        if not same or (other.cfg.memory, other.cfg.seed, other.cfg.options) != \
+                (self.cfg.memory, self.cfg.seed, self.cfg.options):
             raise RunError("measurements are shared only between runs of the same trace and compressor settings")
         if self.ctx.gpu is None and other.ctx.gpu is not None:
             return  # the other run modelled compression and timed nothing here: measure again, timed
@@ -225,6 +244,8 @@ class Analysis:
         from arcsim.devices.catalog import device
         from arcsim.devices.predict import device_of_profile, predict_compute
 
+        if self.cfg.live is not None and self.cfg.live.device == "cuda":
+            return None, None  # measured on the GPU that trains: compute, and compression with CUDA events
         name = self.cfg.gpu or self.topo.gpu
         if self.params is not None:  # no compute; compression modelled on the GPU when it is in the catalogue
             return (device(name) if name is not None and device(name).modelled else None), None
@@ -245,7 +266,7 @@ class Analysis:
     def steps(self) -> Iterator[tuple[int, torch.Tensor]]:
         """The trace's steps as float32; held in memory (as stored) when they fit CACHE_BYTES, else streamed."""
         t = self.trace
-        if t.steps * t.workers * t.elements * t.dtype.itemsize > CACHE_BYTES:
+        if not isinstance(t, Trace) or t.steps * t.workers * t.elements * t.dtype.itemsize > CACHE_BYTES:
             yield from t.steps_iter()
             return
         if self._cached is None:
@@ -268,40 +289,69 @@ class Analysis:
 
     def measurement(self, compressor: str, density: float, grid: bool = False) -> Measurement:
         """The compressor measured on the trace (kept in memory, and on disk by arcsim.run.cache); grid points
-        may use fewer steps (``grid_steps``)."""
+        may use fewer steps (``grid_steps``). Live training measures several in one pass (``_measure_live``)."""
         key = self._key(compressor, density, grid)
-        if key not in self._measured:
-            started = time.perf_counter()
-            self.progress(f"{compressor} @ {key[1]:g}")
-            memory = self.cfg.memory if not INFO[compressor].density_free else None
-            timed = self.ctx.gpu is None
-            name = cache.key(self._trace_hash(), self.ctx.buckets, compressor, key[1], memory, self.cfg.seed,
-                             self.cfg.options, key[2], timed)
-            meas = cache.load(name)
-            if meas is not None:
-                self.cached += 1
-            else:
-                steps = self.steps() if key[2] == self.trace.steps else itertools.islice(self.steps(), key[2])
-                meas = measure(steps, self.ctx.buckets, compressor, key[1], memory, self.cfg.seed, self.cfg.options,
-                               timed=timed)
-                cache.save(name, meas)
-            if self.params is not None:  # what the sample sent, at the full model's size
-                meas.records = [[[self.params.scale_record(r) for r in recs] for recs in step]
-                                for step in meas.records]
+        if key in self._measured:
+            return self._measured[key]
+        if isinstance(self.trace, LiveSource):
+            self._measure_live(key)
+            return self._measured[key]
+        started = time.perf_counter()
+        self.progress(f"{compressor} @ {key[1]:g}")
+        memory = self._memory(compressor)
+        timed = self.ctx.gpu is None
+        name = cache.key(self._trace_hash(), self.ctx.buckets, compressor, key[1], memory, self.cfg.seed,
+                         self.cfg.options, key[2], timed)
+        meas = cache.load(name)
+        if meas is not None:
+            self.cached += 1
+        else:
+            steps = self.steps() if key[2] == self.trace.steps else itertools.islice(self.steps(), key[2])
+            meas = measure(steps, self.ctx.buckets, compressor, key[1], memory, self.cfg.seed, self.cfg.options,
+                           timed=timed)
+            cache.save(name, meas)
+        if self.params is not None:  # what the sample sent, at the full model's size
+            meas.records = [[[self.params.scale_record(r) for r in recs] for recs in step]
+                            for step in meas.records]
+        self._measured[key] = meas
+        self.timings[f"measure {compressor} @ {key[1]:g} ({key[2]} steps)"] = time.perf_counter() - started
+        return meas
+
+    def _memory(self, compressor: str) -> str | None:
+        return self.cfg.memory if not INFO[compressor].density_free else None
+
+    def _measure_live(self, wanted: tuple[str, float, int]) -> None:
+        """One pass of live training measures ``wanted`` and, alongside it, the other planned measurements of
+        as many steps, as many as fit LIVE_MEMORY_BYTES (each keeps error-feedback state for every worker)."""
+        live = self.trace
+        assert isinstance(live, LiveSource)
+        room = max(1, int(LIVE_MEMORY_BYTES // (2 * live.workers * live.elements * 4)))
+        group = [wanted, *(k for k in self.planned_keys() if k[2] == wanted[2] and k != wanted
+                           and k not in self._measured)][:room]
+        started = time.perf_counter()
+        for compressor, density, _ in group:
+            self.progress(f"{compressor} @ {density:g}")
+        steps = itertools.islice(live.steps_iter(), wanted[2])
+        which = [(c, d, self._memory(c)) for c, d, _ in group]
+        for key, meas in zip(group, measure_many(steps, self.ctx.buckets, which, self.cfg.seed, self.cfg.options,
+                                                 timed=self.ctx.gpu is None), strict=True):
             self._measured[key] = meas
-            self.timings[f"measure {compressor} @ {key[1]:g} ({key[2]} steps)"] = time.perf_counter() - started
-        return self._measured[key]
+        self.timings[f"measure live pass {live.passes}: {len(group)} compressor runs ({wanted[2]} steps)"] = \
+            time.perf_counter() - started
 
     def _trace_hash(self) -> str:
         if self._hash is None:
             self._hash = cache.trace_hash(self.trace.path)
         return self._hash
 
+    def planned_keys(self) -> list[tuple[str, float, int]]:
+        """Every measurement a run makes: dense, each compressor at --density, then the ratio grid."""
+        keys = [self._key("dense", 1.0, False), *(self._key(c, self.cfg.density, False) for c in self.cfg.compressors),
+                *(self._key(c, r, True) for c in self.cfg.compressors for r in self.cfg.ratios)]
+        return list(dict.fromkeys(keys))
+
     def planned_measurements(self) -> int:
-        keys = {self._key(c, self.cfg.density, False) for c in self.cfg.compressors}
-        keys |= {self._key(c, r, True) for c in self.cfg.compressors for r in self.cfg.ratios}
-        keys.add(self._key("dense", 1.0, False))
-        return len(keys)
+        return len(self.planned_keys())
 
     def run(self) -> RunResult:
         started = time.perf_counter()
@@ -315,7 +365,7 @@ class Analysis:
         cfg = self.cfg
         dense_meas = self.measurement("dense", 1.0)
         if not any(r > 0 for step in dense_meas.ref2 for r in step):
-            raise RunError(f"every gradient in {self.trace.path.name} is zero, so no compressor's error can be "
+            raise RunError(f"every gradient in {self.trace.label} is zero, so no compressor's error can be "
                            "measured; capture the trace from a model that is training")
         # the baseline a user would run: dense fp32 on its fastest collective (the ring ratio stays as an extra)
         dense = min(candidates_for(dense_meas, self.ctx, self.pricer), key=lambda c: c.iteration_s)
@@ -353,11 +403,16 @@ class Analysis:
     def _dense_algo(self) -> str:
         return "measured" if "allreduce" in self.topo.calibration else "ring"
 
+    def _timed_on(self) -> str:
+        """Where compression is timed when it is measured: the GPU of a live CUDA run, else this CPU."""
+        live = self.cfg.live is not None and self.cfg.live.device == "cuda"
+        return f"{self.trace.meta['device_name']} (CUDA events)" if live else "this CPU"
+
     def _assumptions(self) -> list[str]:
         t, topo, ctx = self.trace, self.topo, self.ctx
         notes = [*self.notes_before, f"compute: {ctx.compute.source}",
                  f"compression time: {ctx.compress_source}"
-                 + (" on this CPU: one rank's slice through the real compressor and memory"
+                 + (f" on {self._timed_on()}: one rank's slice through the real compressor and memory"
                     if ctx.gpu is None else f" on {ctx.gpu.full_name}: memory passes and kernel launches per "
                                             f"compressor, {kernel_source(ctx.gpu)} (arcsim/devices/kernels.py)"),
                  f"selection scope {self.cfg.scope}: "
@@ -371,15 +426,16 @@ class Analysis:
                  f"{self.cfg.engine} engine, one at a time in bucket order"
                  + (f"; measured fits for {', '.join(topo.calibration)} (arcsim calibrate) replace the step model"
                     if topo.calibration else "")]
+        src, done = ("live training", "trained") if t.meta.get("live") else ("the trace", "captured")
         if self.params is None and topo.ranks > t.workers:  # (a synthetic sample's note comes below)
-            notes.append(f"the topology has {topo.ranks} ranks, the trace {t.workers} workers: bytes are per rank "
+            notes.append(f"the topology has {topo.ranks} ranks, {src} {t.workers} workers: bytes are per rank "
                          f"(all-gather outputs scale with {topo.ranks} ranks), and fidelity is measured over the "
-                         f"{t.workers} captured workers, each standing for {topo.ranks / t.workers:g} ranks at the "
-                         f"captured batch of {t.meta['batch_per_worker']} (more ranks average away more noise: "
+                         f"{t.workers} {done} workers, each standing for {topo.ranks / t.workers:g} ranks at the "
+                         f"{done} batch of {t.meta['batch_per_worker']} (more ranks average away more noise: "
                          f"the measured error is an upper estimate of the error on {topo.ranks} ranks)")
         elif self.params is None and topo.ranks < t.workers:
-            notes.append(f"the topology has {topo.ranks} ranks, the trace {t.workers} workers: bytes are per rank, "
-                         f"and fidelity is measured over all {t.workers} captured workers at the captured batch of "
+            notes.append(f"the topology has {topo.ranks} ranks, {src} {t.workers} workers: bytes are per rank, "
+                         f"and fidelity is measured over all {t.workers} {done} workers at the {done} batch of "
                          f"{t.meta['batch_per_worker']} (fewer ranks average away less noise: the measured error is "
                          f"a lower estimate of the error on {topo.ranks} ranks)")
         if self.grid_steps() < t.steps:

@@ -19,7 +19,7 @@ from arcsim.run.compute import ComputeTimes
 from arcsim.run.measure import Measurement
 from arcsim.run.timeline import iteration
 from arcsim.topology import Topology
-from arcsim.traces.format import Trace
+from arcsim.traces.format import GradientSource
 
 DETAIL = ("bucket_compress_s", "bucket_comm_s", "measurement")  # kept on the object, not in its rows
 
@@ -63,7 +63,7 @@ class Candidate:
 class Context:
     """What every candidate is priced against."""
 
-    trace: Trace | None        # None when the gradients come from live training (arcsim train)
+    trace: GradientSource | None  # a trace or live DP training (arcsim run); None: arcsim train's own
     topo: Topology
     compute: ComputeTimes
     buckets: list[Bucket]
@@ -78,10 +78,10 @@ class Context:
         return "measured" if self.gpu is None else "modelled"
 
     @property
-    def trace_file(self) -> Trace:
-        """The trace an `arcsim run` read (reports and charts describe it; live training has none)."""
+    def trace_file(self) -> GradientSource:
+        """The gradient source an `arcsim run` read (reports and charts describe it; arcsim train has none)."""
         if self.trace is None:
-            raise ArcsimError("this result came from live training, not a trace; it has no trace to describe")
+            raise ArcsimError("this result came from arcsim train, not arcsim run; it has no trace to describe")
         return self.trace
 
 

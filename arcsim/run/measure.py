@@ -3,12 +3,12 @@
 Each bucket has its own compressor and memory state, as a DDP comm hook keeps per-bucket state. For
 every (step, bucket): the CommLog records (priced later on any topology), the squared aggregate error
 and reference norm (so whole-model errors are exact sums), the compression gain ||C(u)||/||u|| of
-Tyagi & Swany, and one rank's compression time (timed on the first step, on one worker's slice).
+Tyagi & Swany, and one rank's compression time (timed on the first step, on one worker's slice, with CUDA events where
+the gradients are on a GPU).
 """
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -24,6 +24,7 @@ from arcsim.compressors import make_compressor
 from arcsim.compressors.base import Compressed
 from arcsim.compressors.memory import make_memory
 from arcsim.run.buckets import Bucket
+from arcsim.traces.timing import Clock
 
 
 def default_memory(compressor: str) -> str:
@@ -145,11 +146,20 @@ def measure(steps: Iterable[tuple[int, torch.Tensor]], buckets: list[Bucket], co
             timed: bool = True) -> Measurement:
     """Compress every bucket of every trace step; ``steps`` yields (training step, [W, d] float32). ``timed``:
     also time one rank's compression here (skip it where compression is modelled on a GPU)."""
-    bc = BucketedCompression(buckets, compressor, density, memory, seed, options, timed)
-    out = Measurement(compressor, density, bc.memory, sum(b.numel for b in buckets))
+    return measure_many(steps, buckets, [(compressor, density, memory)], seed, options, timed)[0]
+
+
+def measure_many(steps: Iterable[tuple[int, torch.Tensor]], buckets: list[Bucket],
+                 which: list[tuple[str, float, str | None]], seed: int = 0, options: Mapping[str, Any] | None = None,
+                 timed: bool = True) -> list[Measurement]:
+    """:func:`measure` for several (compressor, density, memory) at once, in ONE pass over ``steps``: each
+    step is given to all of them before the next is asked for (live training yields one step at a time)."""
+    runs = [BucketedCompression(buckets, c, d, m, seed, options, timed) for c, d, m in which]
+    elements = sum(b.numel for b in buckets)
+    out = [Measurement(bc.compressor, bc.density, bc.memory, elements) for bc in runs]
     for step, g in steps:
-        _, row = bc.step(step, g)
-        out.add(row)
+        for bc, meas in zip(runs, out, strict=True):
+            meas.add(bc.step(step, g)[1])
         del g
     return out
 
@@ -169,9 +179,14 @@ def _one_rank_seconds(x: torch.Tensor, compressor: str, density: float, memory: 
     comm = SoloComm(x.shape[0], leader=True)  # a leader's work (AR-Top-K) is on every rank's critical path
     mine = x[0:1].clone()
     mem.step(mine.clone(), comp, comm, 0, layout)
+    clock = Clock(x.device)  # CUDA events on a GPU (kernels are asynchronous), the host clock on the CPU
     times: list[float] = []
     while len(times) < TIMING_CALLS[0] or (len(times) < TIMING_CALLS[1] and sum(times) < TIMING_BUDGET_S):
-        started = time.perf_counter()
-        mem.step(mine.clone(), comp, comm, len(times) + 1, layout)
-        times.append(time.perf_counter() - started)
+        arg = mine.clone()
+        clock.finish()
+        started = clock.mark()
+        mem.step(arg, comp, comm, len(times) + 1, layout)
+        ended = clock.mark()
+        clock.finish()
+        times.append(clock.seconds(started, ended))
     return float(np.median(times))

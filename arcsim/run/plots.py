@@ -14,7 +14,7 @@ from arcsim.run.report import best_per_compressor
 
 def _subtitle(result: RunResult) -> str:
     t, topo = result.ctx.trace_file, result.ctx.topo
-    return f"{t.meta['model']} (trace {t.path.name}) on {topo.name}, {topo.ranks} ranks"
+    return f"{t.meta['model']} ({t.label}) on {topo.name}, {topo.ranks} ranks"
 
 
 def _is_baseline(c: Candidate, result: RunResult) -> bool:

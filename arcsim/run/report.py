@@ -35,7 +35,8 @@ def to_json(result: RunResult) -> dict[str, Any]:
     t, cfg = result.ctx.trace_file, result.config
     return {
         "topology": {"name": result.ctx.topo.name, "ranks": result.ctx.topo.ranks},
-        "trace": {"path": str(t.path), "model": t.meta["model"], "workers": t.workers, "steps": t.steps,
+        "trace": {"path": None if t.meta.get("live") else str(t.path), "live": bool(t.meta.get("live")),
+                  "model": t.meta["model"], "workers": t.workers, "steps": t.steps,
                   "elements": t.elements, "synthetic_data": t.meta["synthetic_data"]},
         "config": {"density": cfg.density, "engine": cfg.engine, "bucket_mb": cfg.bucket_mb, "policy": cfg.policy,
                    "memory": cfg.memory or "default (ef14; none for dense, fp16)", "ratios": list(cfg.ratios),
@@ -78,7 +79,7 @@ def write_csv(result: RunResult, path: Path) -> None:
 
 def render(result: RunResult, console: Console, every_collective: bool = False) -> None:
     t, topo = result.ctx.trace_file, result.ctx.topo
-    source = "a synthetic sample" if "sample_of" in t.meta else f"trace {t.path.name}"
+    source = "a synthetic sample" if "sample_of" in t.meta else t.label
     console.print(f"[bold]arcsim run[/]: {t.meta['model']} ({int(t.meta['params']):,} parameters, {source}, "
                   f"{t.workers} workers × {t.steps} steps) on {topo.name} ({topo.ranks} ranks, {topo.library}), "
                   f"density {result.config.density:g}, {result.config.engine} engine")
@@ -141,7 +142,7 @@ def _render_timings(result: RunResult, console: Console) -> None:
     measuring = {k.removeprefix("measure "): v for k, v in result.timings.items() if k.startswith("measure ")}
     rest = result.timings.get("pricing, policy, front and crossover", 0.0)
     slowest = sorted(measuring.items(), key=lambda kv: -kv[1])[:3]
-    console.print(f"[dim]analysis took {sum(measuring.values()) + rest:.1f} s: running compressors on the trace "
+    console.print(f"[dim]analysis took {sum(measuring.values()) + rest:.1f} s: running compressors on the gradients "
                   f"{sum(measuring.values()):.1f} s ({len(measuring)} runs; slowest "
                   + ", ".join(f"{k} {v:.1f} s" for k, v in slowest) + f"), pricing and the rest {rest:.1f} s[/]")
 

@@ -56,7 +56,8 @@ def _analysis(point: Mapping[str, Any]):
 
     gpu = point_topology(point).gpu or "cpu"  # the point's topology names the GPU compute is priced on
     fusion = point.get("fusion") or "bucket"
-    key = (point["trace"], point.get("params"), point["bucket_mb"], point["memory"], point["seed"],
+    live = _live(point)
+    key = (point["trace"], point.get("params"), repr(live), point["bucket_mb"], point["memory"], point["seed"],
            point.get("compute_profile"), gpu, fusion)
     if key in _analyses:
         _analyses.move_to_end(key)
@@ -66,12 +67,23 @@ def _analysis(point: Mapping[str, Any]):
                     memory=point["memory"],
                     bucket_mb=point["bucket_mb"], policy="none",
                     ratios=(1.0,), compute_profile=point.get("compute_profile"), seed=point["seed"],
-                    allow_capture=False, gpu=gpu, fusion=fusion)
+                    allow_capture=False, gpu=None if live is not None and live.device == "cuda" else gpu,
+                    fusion=fusion, live=live)
     analysis = Analysis(cfg, announce=lambda _: None)
     _analyses[key] = analysis
     while len(_analyses) > ANALYSES_KEPT:
         _analyses.popitem(last=False)
     return analysis
+
+
+def _live(point: Mapping[str, Any]):
+    """The live training a point asks for (None: a trace or a synthetic model)."""
+    from arcsim.traces.training import TrainingConfig
+
+    if point.get("live") is None:
+        return None
+    return TrainingConfig(model=point["live"], workers=point["live_workers"], steps=point["live_steps"], warmup=1,
+                          device=point["live_device"], seed=point["seed"])
 
 
 def evaluate_point(point: Mapping[str, Any]) -> dict[str, Any]:
@@ -92,6 +104,9 @@ def evaluate_point(point: Mapping[str, Any]) -> dict[str, Any]:
     row["gpu"] = topo.gpu or "cpu"
     row["library"] = topo.library
     row["fusion"] = point.get("fusion") or "bucket"
+    if point.get("live") is not None:  # the trace column names the gradients' source
+        row["trace"] = (f"live:{point['live']} ({point['live_workers']} workers × {point['live_steps']} steps, "
+                        f"{point['live_device']})")
     row.update(topology_name=topo.name, nodes=topo.nodes, gpus_per_node=topo.gpus_per_node, world=topo.ranks,
                nic_gbps=topo.network.bandwidth_per_nic * 8 / 1e9, latency_us=topo.network.latency * 1e6,
                model=meta.get("model"), params=int(meta["params"]), trace_workers=analysis.trace.workers)

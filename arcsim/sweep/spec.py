@@ -43,14 +43,20 @@ AXES: dict[str, str] = {
     "library": "communication library: nccl, gloo, mpi or ideal; default: the topology's",
     "fusion": "bucket (DDP buckets, each compressed and sent on its own) or model (the whole gradient as one "
               "vector); default bucket",
+    "live": "instead of a trace: a zoo model trained data-parallel here, its gradients fed straight to the "
+            "compressors (arcsim run --live), e.g. resnet18; see live_workers, live_steps, live_device",
 }
-OPTIONAL_AXES = ("library", "fusion", "params")  # later axes: out of a point's id when unset (older sweeps resume)
+OPTIONAL_AXES = ("library", "fusion", "params", "live")  # later axes: not in a point's id when unset
 SETTINGS: dict[str, str] = {  # single values, not swept
     "memory": f"error feedback for every compressor: {', '.join(MEMORIES)} (default ef14)",
     "seed": "seed for randomized compressors",
     "compute_profile": "compute timings from this profile instead of the trace's own",
     "out": "results directory",
+    "live_workers": "with live: data-parallel workers (default 4)",
+    "live_steps": "with live: training steps measured after one warm-up step (default 3)",
+    "live_device": "with live: cpu or cuda (cuda also times compute and compression there; default cpu)",
 }
+LIVE_DEFAULTS = {"live_workers": 4, "live_steps": 3, "live_device": "cpu"}
 
 
 class SweepError(ArcsimError):
@@ -113,6 +119,7 @@ class SweepSpec:
     compute_profile: str | None = None
     out: str | None = None
     source: str = "command line"
+    live_settings: dict[str, Any] | None = None  # live_workers, live_steps, live_device when the live axis is used
 
     def points(self) -> list[dict[str, Any]]:
         """The product of the axes, each point with its id, in a stable order. Dense and fp16 ignore the
@@ -124,6 +131,8 @@ class SweepSpec:
             free = p["compressor"] in DENSITY_FREE
             p.update(density=1.0 if free else p["density"], memory=self.memory, seed=self.seed,
                      compute_profile=self.compute_profile)
+            if p["live"] is not None:
+                p.update(self.live_settings or LIVE_DEFAULTS)
             p["point_id"] = point_id(p)
             if p["point_id"] not in seen:
                 seen.add(p["point_id"])
@@ -146,7 +155,8 @@ class SweepSpec:
     def to_dict(self) -> dict[str, Any]:
         """The spec as a sweep file takes it back: bandwidths and latencies with their units (10Gbit, 5us)."""
         axes = {name: [_with_unit(name, v) for v in values] for name, values in self.axes.items()}
-        return {**axes, "memory": self.memory, "seed": self.seed, "compute_profile": self.compute_profile}
+        return {**axes, "memory": self.memory, "seed": self.seed, "compute_profile": self.compute_profile,
+                **(self.live_settings or {})}
 
 
 def _with_unit(name: str, value: Any) -> Any:
@@ -191,7 +201,7 @@ def build_spec(raw: Mapping[str, Any], source: str = "command line") -> SweepSpe
     defaults: dict[str, Any] = {"topology": DEFAULT_TOPOLOGY, "bandwidth": None, "latency": None, "ranks": None,
                                 "trace": None, "compressor": ["dense", "topk", "randk", "arctopk", "star", "powersgd"],
                                 "density": 0.01, "bucket_mb": 25.0, "engine": "analytic", "gpu": None,
-                                "library": None, "fusion": None, "params": None}
+                                "library": None, "fusion": None, "params": None, "live": None}
     for name in AXES:
         if name in raw and raw[name] is None and defaults[name] is not None:
             raise SweepError(f"{source}: axis {name!r} has no value; give one or more (e.g. {name}: "
@@ -204,8 +214,11 @@ def build_spec(raw: Mapping[str, Any], source: str = "command line") -> SweepSpe
         axes[name] = [_normalise(name, v, source) for v in values]
         if len(set(map(str, axes[name]))) != len(axes[name]):
             raise SweepError(f"{source}: axis {name!r} repeats a value: {axes[name]}")
-    if any(v is not None for v in axes["params"]) and any(v is not None for v in axes["trace"]):
-        raise SweepError(f"{source}: give params (a synthetic model) or trace, not both")
+    sources = [name for name in ("trace", "params", "live") if any(v is not None for v in axes[name])]
+    if len(sources) > 1:
+        raise SweepError(f"{source}: give one of trace, params (a synthetic model) and live (training here), "
+                         f"not {' and '.join(sources)}")
+    live_settings = _live_settings(raw, source) if sources == ["live"] else None
     memory = str(raw.get("memory", "ef14"))
     if memory not in MEMORIES:
         raise SweepError(f"{source}: unknown memory {memory!r}; choose one of {', '.join(MEMORIES)}")
@@ -215,7 +228,25 @@ def build_spec(raw: Mapping[str, Any], source: str = "command line") -> SweepSpe
         raise SweepError(f"{source}: seed must be a whole number") from None
     profile = raw.get("compute_profile")
     return SweepSpec(axes, memory=memory, seed=seed, compute_profile=str(profile) if profile else None,
-                     out=str(raw["out"]) if raw.get("out") else None, source=source)
+                     out=str(raw["out"]) if raw.get("out") else None, source=source, live_settings=live_settings)
+
+
+def _live_settings(raw: Mapping[str, Any], source: str) -> dict[str, Any]:
+    """live_workers, live_steps and live_device, checked as `arcsim run --live` checks them."""
+    from arcsim.traces.training import TrainingConfig
+
+    got: dict[str, Any] = {k: raw.get(k) if raw.get(k) is not None else v for k, v in LIVE_DEFAULTS.items()}
+    try:
+        got["live_workers"], got["live_steps"] = int(got["live_workers"]), int(got["live_steps"])
+    except (TypeError, ValueError):
+        raise SweepError(f"{source}: live_workers and live_steps are whole numbers") from None
+    try:
+        TrainingConfig(model="cnn", workers=got["live_workers"], steps=got["live_steps"],
+                       device=str(got["live_device"])).check()
+    except ArcsimError as exc:
+        raise SweepError(f"{source}: {exc}".replace("--workers", "live_workers").replace("--steps", "live_steps")
+                         ) from None
+    return got
 
 
 def _normalise(name: str, value: Any, source: str) -> Any:
@@ -266,6 +297,11 @@ def _normalise(name: str, value: Any, source: str) -> Any:
             return get_library(str(value)).name
         except ArcsimError as exc:
             raise SweepError(f"{where}: {exc}") from None
+    if name == "live":
+        from arcsim.models import MODELS
+
+        if value not in MODELS:
+            raise SweepError(f"{where}: unknown model {value!r}; choose one of: {', '.join(MODELS)}")
     if name == "fusion" and value not in FUSIONS:
         raise SweepError(f"{where}: {fusion_message(value)}")
     if name == "compressor" and value not in COMPRESSORS:

@@ -22,7 +22,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import torch
@@ -118,6 +118,28 @@ class TraceWriter:
                 self.tmp.unlink()
 
 
+class GradientSource(Protocol):
+    """What `arcsim run` reads gradients and timings from: a trace file (:class:`Trace`) or live training
+    (:class:`arcsim.traces.live.LiveSource`)."""
+
+    path: Path
+    meta: dict[str, Any]
+    layers: tuple[Layer, ...]
+    forward_s: np.ndarray
+    backward_s: np.ndarray
+    ready_s: np.ndarray
+
+    @property
+    def label(self) -> str: ...
+    @property
+    def steps(self) -> int: ...
+    @property
+    def workers(self) -> int: ...
+    @property
+    def elements(self) -> int: ...
+    def steps_iter(self) -> Iterator[tuple[int, torch.Tensor]]: ...
+
+
 @dataclass
 class Trace:
     """An opened, validated trace. Gradients stay on disk; ``steps_iter()`` reads one step at a time."""
@@ -132,6 +154,10 @@ class Trace:
     backward_s: np.ndarray
     ready_s: np.ndarray
     _data_offset: int | None  # where gradient bytes start in the file (stored members), else None
+
+    @property
+    def label(self) -> str:
+        return f"trace {self.path.name}"
 
     @property
     def steps(self) -> int:

@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 
-class _Clock:
+class Clock:
     """Marks on the host clock (CPU) or CUDA events (GPU); ``seconds(a, b)`` after ``finish()``."""
 
     def __init__(self, device: torch.device) -> None:
@@ -51,7 +51,7 @@ class ComputeTimer:
     """Times one forward + backward; parameters without a gradient in a step are absent from ``ready_s``."""
 
     def __init__(self, model: nn.Module, device: torch.device) -> None:
-        self.clock = _Clock(device)
+        self.clock = Clock(device)
         self.marks: dict[str, object] = {}
         self.order: list[str] = []
         self.handles = [p.register_post_accumulate_grad_hook(self._hook(name))

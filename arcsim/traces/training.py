@@ -1,0 +1,161 @@
+"""Data-parallel training of W workers simulated in one process: the source of real gradients.
+
+At every training step all W workers compute gradients at the SAME parameters on DISJOINT shards of
+one global batch; their average is applied with SGD (momentum 0.9), exactly what DDP does. Recorded
+steps (after ``warmup`` steps, then every ``every``) yield each worker's gradient, so later recorded
+steps see a model that has trained, not a fresh initialisation. Each worker keeps its own BatchNorm
+batch statistics (DDP without SyncBN). Forward, backward and each parameter's ready time are timed
+per worker (CUDA events on a GPU, the host clock on the CPU).
+
+A trace capture writes the recorded steps to a file; ``arcsim run --live`` feeds them straight to the
+compressors (:mod:`arcsim.traces.live`). Memory does not grow with the number of steps: one step's
+[W, d] gradients at a time.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+
+import torch
+
+from arcsim.compressors.base import Layer
+from arcsim.errors import ArcsimError
+from arcsim.models import count_params, loss_fn, model_entry
+from arcsim.models.datasets import make_dataset
+from arcsim.traces.profile import resolve_device
+from arcsim.traces.timing import ComputeTimer, StepTiming
+
+
+@dataclass
+class TrainingConfig:
+    """What data-parallel training produces gradients from (a capture and a live run alike)."""
+
+    model: str
+    dataset: str | None = None
+    workers: int = 8
+    steps: int = 3
+    every: int = 1
+    warmup: int = 0
+    batch: int | None = None        # per worker; the model's default when None
+    device: str = "cpu"
+    seed: int = 0
+    lr: float | None = None
+    input_size: int | None = None
+
+    def check(self) -> None:
+        """Refuse bad settings before any work; an unknown model or a missing CUDA device included."""
+        model_entry(self.model)
+        for name in ("steps", "every"):
+            if getattr(self, name) < 1:
+                raise ArcsimError(f"--{name} must be at least 1, got {getattr(self, name)}")
+        if self.workers < 2:
+            raise ArcsimError(f"--workers must be at least 2 (fidelity compares workers' gradients), got "
+                              f"{self.workers}")
+        if self.warmup < 0:
+            raise ArcsimError(f"--warmup must be ≥ 0, got {self.warmup}")
+        if self.batch is not None and self.batch < 1:
+            raise ArcsimError(f"--batch must be at least 1, got {self.batch}")
+        if self.lr is not None and not self.lr > 0:
+            raise ArcsimError(f"--lr must be positive, got {self.lr}")
+        resolve_device(self.device)
+
+    @property
+    def total_steps(self) -> int:
+        return self.warmup + (self.steps - 1) * self.every + 1
+
+    def recorded(self, t: int) -> bool:
+        return t >= self.warmup and (t - self.warmup) % self.every == 0
+
+    @property
+    def recorded_steps(self) -> list[int]:
+        return [t for t in range(self.total_steps) if self.recorded(t)]
+
+
+@dataclass
+class RecordedStep:
+    step: int                   # the training step
+    grads: torch.Tensor         # [workers, d] float32 on the training device, layers in backward order
+    losses: list[float]         # each worker's loss
+    timings: list[StepTiming]   # each worker's forward/backward/ready times
+
+    def median_timing(self, layers: tuple[Layer, ...]) -> tuple[float, float, list[float]]:
+        """Median over the workers of forward, backward and each layer's ready time."""
+        end = statistics.median(tm.backward_s for tm in self.timings)
+        return (statistics.median(tm.forward_s for tm in self.timings), end,
+                [statistics.median(tm.ready_s.get(la.name, end) for tm in self.timings) for la in layers])
+
+
+class DataParallelSteps:
+    """Iterate to train; yields each recorded step. ``layers`` (backward order) is known after the first."""
+
+    def __init__(self, cfg: TrainingConfig, progress: Callable[[int, int], None] | None = None) -> None:
+        cfg.check()
+        self.cfg = cfg
+        self.entry = model_entry(cfg.model)
+        self.data = make_dataset(cfg.dataset or self.entry.default_dataset, cfg.input_size)
+        self.device = resolve_device(cfg.device)
+        self.batch = cfg.batch or self.entry.default_batch
+        self.progress = progress
+        self.layers: tuple[Layer, ...] = ()
+        self.params = 0
+
+    def __iter__(self) -> Iterator[RecordedStep]:
+        cfg, dev, ds = self.cfg, self.device, self.data
+        torch.manual_seed(cfg.seed)
+        model = self.entry.build(ds.spec).to(dev).train()
+        self.params = count_params(model)
+        params = dict(model.named_parameters())
+        opt = torch.optim.SGD(model.parameters(), lr=cfg.lr or self.entry.lr, momentum=0.9)
+        gen = torch.Generator().manual_seed(cfg.seed)
+        timer = ComputeTimer(model, dev)
+        buf: torch.Tensor | None = None  # [workers, d]: the step being recorded (reused: one step in memory)
+        try:
+            for t in range(cfg.total_steps):
+                x, y = ds.draw(cfg.workers * self.batch, gen)
+                avg = {name: torch.zeros_like(p) for name, p in params.items()}
+                losses: list[float] = []
+                timings: list[StepTiming] = []
+                for xw, yw in zip(x.chunk(cfg.workers), y.chunk(cfg.workers), strict=True):
+                    model.zero_grad(set_to_none=True)
+                    xw, yw = xw.to(dev), yw.to(dev)
+
+                    def forward(xw: torch.Tensor = xw, yw: torch.Tensor = yw) -> torch.Tensor:
+                        return loss_fn(ds.spec.kind, model(xw), yw)
+
+                    loss, timing = timer.run(forward)
+                    if not self.layers:  # backward order, fixed by the first backward
+                        order = timing.order + [n for n in params if n not in timing.order]
+                        self.layers = _layout(order, params)
+                    for name, p in params.items():
+                        if p.grad is not None:
+                            avg[name] += p.grad / cfg.workers
+                    if cfg.recorded(t):
+                        if buf is None:
+                            buf = torch.empty(cfg.workers, sum(la.numel for la in self.layers), device=dev)
+                        torch.cat([_grad(params[la.name]) for la in self.layers], out=buf[len(losses)])
+                        losses.append(float(loss))
+                        timings.append(timing)
+                if cfg.recorded(t):
+                    assert buf is not None  # a recorded step filled it
+                    yield RecordedStep(t, buf, losses, timings)
+                for name, p in params.items():
+                    p.grad = avg[name]
+                opt.step()
+                if self.progress:
+                    self.progress(t + 1, cfg.total_steps)
+        finally:
+            timer.close()
+
+
+def _grad(p: torch.Tensor) -> torch.Tensor:
+    return torch.zeros(p.numel(), device=p.device) if p.grad is None else p.grad.detach().reshape(-1).float()
+
+
+def _layout(order: list[str], params: Mapping[str, torch.Tensor]) -> tuple[Layer, ...]:
+    layers, offset = [], 0
+    for name in order:
+        layers.append(Layer(name, tuple(params[name].shape), offset))
+        offset += params[name].numel()
+    return tuple(layers)
