@@ -9,6 +9,7 @@ existing trace instead (e.g. traces/resnet50.npz).
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import subprocess
 import sys
@@ -60,9 +61,9 @@ def main() -> None:
         print(f"{'command':<48} {'peak RSS':>10} {'RSS / file':>11} {'wall':>8}")
         arcsim = [sys.executable, "-m", "arcsim"]
         for label, argv in (("import arcsim.cli (baseline)", [sys.executable, "-c", "import arcsim.cli"]),
-                            ("arcsim trace info --json", [*arcsim, "trace", "info", str(path), "--json"]),
+                            ("arcsim trace info --json", [*arcsim, "trace", "info", str(path), "--json", os.devnull]),
                             ("arcsim compress -c topk --trace", [*arcsim, "compress", "-c", "topk", "--trace",
-                                                                 str(path), "--json"])):
+                                                                 str(path), "--json", os.devnull])):
             rss, wall = peak_rss(argv)
             verdict = "ok" if rss < GOAL else f"MISSED by {rss / GOAL - 1:.0%}"
             print(f"{label:<48} {rss / 1e9:>8.2f} GB {rss / size:>11.2f} {wall:>7.1f}s  {verdict}")

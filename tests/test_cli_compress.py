@@ -66,3 +66,31 @@ def test_bad_input_is_one_line_and_exit_2(args, fragment):
     assert r.returncode == 2, r.stderr
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and fragment in lines[0], r.stderr
+
+
+@pytest.mark.parametrize(("name", "memory"), [("dense", "none"), ("topk", "ef14"), ("arctopk", "ef14"),
+                                              ("star", "ef14"), ("gaussiank", "ef14"), ("topk", "ef21")])
+def test_a_trace_compressed_a_group_of_layers_at_a_time_measures_what_the_whole_vector_does(name, memory):
+    """compress_streamed (what `arcsim compress --trace` runs, to stay in memory) against compress_steps on whole
+    steps: per-layer selections see the same tensors, so every figure agrees, the global top-k overlap too."""
+    from arcsim.catalog import options_for
+    from arcsim.compressors import make_compressor
+    from arcsim.compressors.memory import make_memory
+    from arcsim.compressors.session import compress_steps, compress_streamed
+    from arcsim.traces.format import open_trace
+    from arcsim.traces.resolve import resolve_trace
+
+    trace = open_trace(resolve_trace(None))
+    opts = options_for(name, {"scope": "tensor"})
+    whole = list(compress_steps(trace.steps_iter(), make_compressor(name, 0.01, **opts), make_memory(memory),
+                                trace.layout()))
+    streamed = list(compress_streamed(trace, lambda _: (make_compressor(name, 0.01, **opts), make_memory(memory)),
+                                      group_bytes=20_000))  # the shipped CNN's layers in several groups
+    assert len(streamed) == len(whole) == trace.steps
+    for a, b in zip(whole, streamed, strict=True):
+        for field in ("rel_error", "update_error", "energy_captured", "density_achieved", "density_aggregate"):
+            assert getattr(b, field) == pytest.approx(getattr(a, field), rel=1e-5, abs=1e-7), field
+        assert b.overlap_topk == pytest.approx(a.overlap_topk) if a.overlap_topk is not None else b.overlap_topk is None
+        assert b.dense_step == a.dense_step
+        if name != "gaussiank":  # its all-gather pads to the largest count per group, not per vector
+            assert b.bytes_per_rank == a.bytes_per_rank

@@ -189,9 +189,9 @@ def compress(compressor: str, density: float, memory: str | None, seed: int, ran
              spread: float, json_out: str | None, scope: str) -> None:
     """Run a compressor with error feedback on real tensors and measure every step."""
     from arcsim.catalog import INFO, options_for
-    from arcsim.compressors import make_compressor  # torch: imported only by the commands that need it
-    from arcsim.compressors.memory import make_memory
-    from arcsim.compressors.session import compress_steps
+    from arcsim.compressors import Compressor, make_compressor  # torch: imported by the commands that need it
+    from arcsim.compressors.memory import Memory, make_memory
+    from arcsim.compressors.session import compress_steps, compress_streamed
     from arcsim.traces.format import open_trace
     from arcsim.traces.resolve import resolve_trace
     from arcsim.traces.synthetic import synthetic_steps
@@ -202,7 +202,6 @@ def compress(compressor: str, density: float, memory: str | None, seed: int, ran
     mem = make_memory(memory)
     if trace is not None and synthetic is not None:
         raise ArcsimError("give either --trace or --synthetic, not both")
-    layout = None
     if synthetic is not None:
         batches = synthetic_steps(synthetic, workers, elements, steps, seed, shared, spread)
         source = f"synthetic:{synthetic}"
@@ -211,13 +210,18 @@ def compress(compressor: str, density: float, memory: str | None, seed: int, ran
         with step_progress("capture", unit="train step") as progress:
             path = resolve_trace(trace, allow_capture=not no_capture, announce=note, progress=progress)
         tr = open_trace(path)
-        steps, workers, elements, layout = tr.steps, tr.workers, tr.elements, tr.layout()
-        batches = tr.steps_iter()
+        steps, workers, elements = tr.steps, tr.workers, tr.elements
         source = str(path)
         title_source = f"{path.name} ({tr.meta['model']}, {workers} workers × {elements:,} elements, {steps} steps)"
+
+        def per_group(index: int) -> tuple[Compressor, Memory]:
+            return (make_compressor(compressor, density, seed=seed + index, rank=rank,
+                                    **options_for(compressor, {"scope": scope})), make_memory(memory))
+
     rows = []
-    with progress_bar(steps, f"{compressor}/{memory}", "step") as bar:
-        for metrics in compress_steps(batches, comp, mem, layout):
+    with progress_bar(steps, f"{compressor}/{memory}", "step") as bar:  # a trace: a group of layers at a time
+        measured = (compress_steps(batches, comp, mem) if synthetic is not None else compress_streamed(tr, per_group))
+        for metrics in measured:
             rows.append(metrics)
             bar.update()
     dense_bytes = 4 * elements

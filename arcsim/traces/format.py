@@ -219,21 +219,28 @@ class Trace:
 
     def step_chunks(self, index: int, chunk: int = 1 << 20) -> Iterator[torch.Tensor]:
         """Step ``index`` as float32 column chunks [workers, ≤ chunk]: memory O(workers × chunk)."""
-        if self._data_offset is None:  # compressed member: no random access, take the whole step
+        yield from self.step_columns(index, [(lo, min(lo + chunk, self.elements))
+                                             for lo in range(0, self.elements, chunk)])
+
+    def step_columns(self, index: int, ranges: list[tuple[int, int]]) -> Iterator[torch.Tensor]:
+        """Step ``index``'s columns [lo, hi) of every worker, range by range, as float32 [workers, hi − lo]:
+        memory O(workers × (hi − lo)) for a stored trace; a compressed one is read whole (no random access)."""
+        if self._data_offset is None:
             _, g = next(self.steps_iter(index, index + 1))
-            yield from g.split(chunk, dim=1)
+            for lo, hi in ranges:
+                yield g[:, lo:hi]
             return
         dtype = torch.float16 if self.dtype == np.float16 else torch.float32
         size = self.dtype.itemsize
         base = self._data_offset + index * self._step_bytes()
         with open(self.path, "rb", buffering=0) as fh:
-            for lo in range(0, self.elements, chunk):
-                width = min(chunk, self.elements - lo)
-                out = torch.empty(self.workers, width, dtype=dtype)
+            for lo, hi in ranges:
+                out = torch.empty(self.workers, hi - lo, dtype=dtype)
                 for w in range(self.workers):
                     fh.seek(base + (w * self.elements + lo) * size)
                     self._read_into(fh, out[w])
                 g = out.float()
+                del out
                 self._check_finite(g, index)
                 yield g
 
