@@ -47,9 +47,13 @@ class CompressionState:
         self.make(0)  # refuse bad names, ratios and options now
         make_memory(self.memory)
 
+    def options_for_compressor(self) -> dict:
+        """The options this state's compressor is made with (rank included when set)."""
+        rank = {} if self.rank is None else {"rank": self.rank}
+        return {**options_for(self.compressor, {"scope": self.scope}), **self.options, **rank}
+
     def make(self, seed: int) -> Compressor:
-        options = {**options_for(self.compressor, {"scope": self.scope}), **self.options}
-        return make_compressor(self.compressor, self.density, seed=seed, rank=self.rank, **options)
+        return make_compressor(self.compressor, self.density, seed=seed, **self.options_for_compressor())
 
     @property
     def comm(self) -> DistributedComm:

@@ -46,6 +46,9 @@ def test_timeline_by_hand():
     assert t.iteration_s == 5.5 and t.exposed_comm_s == pytest.approx(0.5)  # compute stream ends at 5
     hidden = iteration(1.0, 3.0, [1.0, 2.0], [0.0, 0.0], [0.1, 0.1])
     assert hidden.iteration_s == 4.0 and hidden.exposed_comm_s == 0.0
+    # the optimizer step waits for the last communication: it adds after it, it does not hide it
+    stepped = iteration(1.0, 3.0, [1.0, 2.0], [0.5, 0.5], [2.0, 1.0], after_s=0.75)
+    assert stepped.iteration_s == 6.25 and stepped.compute_s == 4.75 and stepped.exposed_comm_s == pytest.approx(0.5)
 
 
 @settings(max_examples=60, deadline=None)
@@ -258,6 +261,10 @@ def test_compress_scale_multiplies_measured_compression_only():
     for a, b in zip(plain, shared, strict=True):
         assert b.compress_s == pytest.approx(3 * a.compress_s) and b.comm_s == a.comm_s
         assert b.iteration_s > a.iteration_s
+    by_name = dataclasses.replace(analysis.ctx, compress_scale={"topk": 2.0, "arctopk": 5.0})
+    assert by_name.scale_for("topk") == 2.0 and by_name.scale_for("randk") == 1.0  # per compressor, 1 if unnamed
+    for a, b in zip(plain, step_timelines(meas, "ring", by_name, analysis.pricer)[0], strict=True):
+        assert b.compress_s == pytest.approx(2 * a.compress_s)
 
 
 @pytest.mark.parametrize(("topology", "word"), [("8x8-ib100", "upper estimate"), ("4x1-eth25", "lower estimate")])

@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
 
+import numpy as np
 import pandas as pd
 import pytest
 from conftest import free_port, netns_available, run_cli
 
 from arcsim.testbed.cluster import namespaces
+from arcsim.testbed.validate_worker import PHASES
 
 
 @pytest.mark.skipif(not netns_available(), reason="needs root and network namespaces")
@@ -67,6 +70,21 @@ def test_real_cluster_path_under_torchrun_on_loopback(tmp_path):
     rows = pd.read_csv(tmp_path / "o" / "validation.csv")
     assert list(rows["compressor"]) == ["dense", "topk"] and (rows["ranks"] == 2).all()
     assert (rows["bandwidth"] == "cluster").all() and (rows["predicted_s"] > 0).all()
+    # compression as run: measured per compressor in the worker, and what the prediction was scaled by
+    extra = json.loads((d / "real-profile.json").read_text())["extra"]
+    assert set(extra["compress_scale"]) == {"dense", "topk"} and min(extra["compress_scale"].values()) >= 1
+    assert (rows["compress_scale_source"] == "measured as run").all()
+    assert rows["compress_scale"].tolist() == [extra["compress_scale"][c] for c in rows["compressor"]]
+    # where the iterations went: the phases are every rank's, and they add up to the iteration
+    times = json.loads((d / "real-times.json").read_text())
+    for name in ("dense", "topk"):
+        phases = times[name]["phases"]
+        assert len(phases["before_hook_s"]) == 2 and len(phases["collectives_s"]) == 5
+        assert all(len(calls) == 1 for calls in phases["collectives_s"])  # one (packed) collective per hook
+        per_rank = np.sum([phases[k] for k in PHASES], axis=0)  # [rank, iteration]
+        assert np.allclose(per_rank.max(axis=0), times[name]["iteration_s"])
+        assert min(min(v) for v in phases["hook_comm_s"]) > 0
+    assert (rows["measured_hook_comm_s"] > 0).all() and (rows["measured_arrival_skew_s"] >= 0).all()
 
 
 def test_measured_needs_a_topology(tmp_path):
@@ -91,3 +109,25 @@ def test_finished_cases_resume_only_with_the_same_settings(tmp_path):
         fh.write('{"settings": {"cut off by a kill')  # a half-written line is measured again
     assert list(finished_cases(cfg)) == [(2, "1Gbit")]
     assert finished_cases(ValidateConfig(out_dir=tmp_path, steps=99)) == {}  # other settings: start over
+
+
+def test_the_arrival_skew_is_the_last_rank_against_the_mean():
+    from arcsim.testbed.validate import measured_phases
+
+    run = {"phases": {"before_hook_s": [[1.0, 2.0, 3.0], [3.0, 2.0, 1.0]],  # [rank][iteration]
+                      "hook_local_s": [[1.0] * 3, [2.0] * 3], "hook_comm_s": [[5.0] * 3, [5.0] * 3],
+                      "after_hook_s": [[0.5] * 3, [0.5] * 3]}}
+    got = measured_phases([run, run])
+    assert got["measured_arrival_skew_s"] == 1.0  # per iteration max − mean: 1, 0, 1 → median 1
+    assert got["measured_hook_local_s"] == 1.5 and got["measured_hook_comm_s"] == 5.0
+    assert measured_phases([{"iteration_s": [1.0]}]) == {}  # a run from before phases were timed
+
+
+def test_a_case_keeps_the_median_repeat_and_the_median_compression_factors():
+    from arcsim.testbed.validate import median_profile
+
+    def profile(work: float, topk: float) -> dict:
+        return {"forward_s": work, "backward_s": 0.0, "extra": {"after_backward_s": 0.0,
+                                                                "compress_scale": {"topk": topk, "dense": 1.0}}}
+    got = median_profile([profile(3.0, 1.3), profile(1.0, 2.8), profile(2.0, 2.4)])
+    assert got["forward_s"] == 2.0 and got["extra"]["compress_scale"] == {"topk": 2.4, "dense": 1.0}

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
@@ -24,8 +25,10 @@ from arcsim.cli.common import (
 from arcsim.errors import ArcsimError
 from arcsim.netsim import ENGINES
 from arcsim.topology import DEFAULT_TOPOLOGY
-from arcsim.traces.training import TrainingConfig
 from arcsim.units import parse_duration, parse_params, parse_rate
+
+if TYPE_CHECKING:  # torch stays unimported until a command needs it
+    from arcsim.traces.training import TrainingConfig
 
 
 @click.command("run")
@@ -172,6 +175,8 @@ def live_training(live: bool, model: str | None, dataset: str | None, workers: i
         if model or dataset:
             raise ArcsimError("--model and --dataset choose what --live trains: add --live (or give --trace)")
         return None
+    from arcsim.traces.training import TrainingConfig
+
     if not model:
         raise ArcsimError("--live needs --model, e.g. --live --model resnet18 (arcsim trace capture --help lists them)")
     return TrainingConfig(model=model, dataset=dataset, workers=workers, steps=steps, warmup=1, batch=batch,

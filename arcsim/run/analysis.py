@@ -70,7 +70,8 @@ class RunConfig:
     seed: int = 0
     allow_capture: bool = True
     grid_steps: int | None = None       # trace steps for ratio-grid points (None: all, or 1 for large traces)
-    compress_scale: float = 1.0         # measured compression × this: > 1 where ranks share cores (emulation)
+    compress_scale: float | dict[str, float] = 1.0  # measured compression × this, or per compressor (> 1 where
+    #                                                ranks share cores: emulation)
     options: dict[str, Any] = field(default_factory=lambda: {"scope": "tensor"})  # each compressor takes its own
     gpu: str | None = None              # catalogue device; None: the topology's, else compute as the trace measured
     batch: int | None = None            # per GPU, for a GPU's compute (None: DEFAULT_GPU_BATCH)
@@ -138,7 +139,8 @@ class RunConfig:
             raise RunError(f"--bucket-mb must be positive, got {self.bucket_mb}")
         if self.weights is not None and (len(self.weights) != 2 or min(self.weights) < 0 or sum(self.weights) <= 0):
             raise RunError("--weights takes two non-negative numbers TIME,ERROR, not both zero (e.g. 1,1)")
-        if not self.compress_scale > 0:
+        scales = self.compress_scale.values() if isinstance(self.compress_scale, dict) else [self.compress_scale]
+        if not all(s > 0 for s in scales):
             raise RunError(f"compress_scale must be positive, got {self.compress_scale}")
         if not self.slack >= 0:
             raise RunError(f"--slack must be ≥ 0, got {self.slack}")
@@ -217,7 +219,7 @@ class Analysis:
             compute = from_trace(self.trace)
         cap = float("inf") if cfg.fusion == "model" else cfg.bucket_mb * 2**20 / scale  # a sample's: scaled down
         buckets = make_buckets(self.trace.layers, compute.ready_s.tolist(), cap)
-        self.ctx = Context(self.trace, self.topo, compute, buckets, cfg.engine, cfg.compress_scale * scale, self.gpu,
+        self.ctx = Context(self.trace, self.topo, compute, buckets, cfg.engine, cfg.compress_scale, self.gpu,
                            cfg.scope, numel_scale=scale)
         self.pricer = Pricer(self.topo, cfg.engine)
         self._measured: dict[tuple[str, float, int], Measurement] = {}

@@ -4,6 +4,7 @@ timeline, its fidelity, and its compression and communication per bucket kept ap
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -68,10 +69,16 @@ class Context:
     compute: ComputeTimes
     buckets: list[Bucket]
     engine: str
-    compress_scale: float = 1.0  # measured compression × this (ranks sharing cores in an emulated cluster)
+    compress_scale: float | Mapping[str, float] = 1.0  # measured compression × this (or per compressor: ranks
+    #                                                   sharing cores in an emulated cluster)
     gpu: Device | None = None  # compression modelled on this device (arcsim.devices.kernels); None: measured here
     scope: str = "tensor"      # the top-k family's selection scope (kernel counts differ per scope)
     numel_scale: float = 1.0   # full-model elements per bucket element (--params runs on a scaled-down sample)
+
+    def scale_for(self, compressor: str) -> float:
+        """What ``compressor``'s measured compression time is multiplied by (a --params sample's size ratio too)."""
+        scale = self.compress_scale
+        return (scale if isinstance(scale, float | int) else scale.get(compressor, 1.0)) * self.numel_scale
 
     @property
     def compress_source(self) -> str:
@@ -107,8 +114,9 @@ def step_timelines(meas: Measurement, collective: str, ctx: Context,
         for b in ctx.buckets]
     for s, step_records in enumerate(meas.records):
         comm = [sum(p.time_s for p in pricer.records(recs, algos)) for recs in step_records]
-        comp = modelled if modelled is not None else [c * ctx.compress_scale for c in meas.compress_s[s]]
-        timelines.append(iteration(ctx.compute.forward_s, ctx.compute.backward_s, ready, comp, comm))
+        comp = modelled if modelled is not None else [c * ctx.scale_for(meas.compressor) for c in meas.compress_s[s]]
+        timelines.append(iteration(ctx.compute.forward_s, ctx.compute.backward_s, ready, comp, comm,
+                                   ctx.compute.after_s))
         comp_sum += np.asarray(comp)
         comm_sum += np.asarray(comm)
     return timelines, comp_sum, comm_sum

@@ -19,6 +19,7 @@ class ComputeTimes:
     ready_s: np.ndarray     # per trace layer (backward order), from the start of backward
     device: str             # "cpu", "cuda"
     source: str             # for the output: where these numbers were measured
+    after_s: float = 0.0    # after the last communication: optimizer step, DDP's copies back (profiles that say)
 
 
 def from_trace(trace: GradientSource) -> ComputeTimes:
@@ -51,4 +52,4 @@ def mapped(prof: ComputeProfile, trace: GradientSource, where: str, source: str)
         raise ArcsimError(f"compute profile {where} has {len(timed)} layers, {trace.label} has "
                           f"{len(trace.layers)}; profile the same model ({trace.meta['model']})")
     ready = np.array([timed[la.name].ready_s for la in trace.layers])
-    return ComputeTimes(prof.forward_s, prof.backward_s, ready, prof.device, source)
+    return ComputeTimes(prof.forward_s, prof.backward_s, ready, prof.device, source, prof.after_backward_s)

@@ -124,7 +124,8 @@ def policy(cands: Sequence[Candidate], ctx: Context, slack: float) -> Policy:
     ready = [b.ready_s for b in ctx.buckets]
     timeline = iteration(ctx.compute.forward_s, ctx.compute.backward_s, ready,
                          [c.bucket_compress_s[b.index] for c, b in zip(chosen, ctx.buckets, strict=True)],
-                         [c.bucket_comm_s[b.index] for c, b in zip(chosen, ctx.buckets, strict=True)])
+                         [c.bucket_comm_s[b.index] for c, b in zip(chosen, ctx.buckets, strict=True)],
+                         ctx.compute.after_s)
     measured = [(c.measurement, b.index) for c, b in zip(chosen, ctx.buckets, strict=True)
                 if c.measurement is not None]
     err = sum(m.err2_bucket(i) for m, i in measured)

@@ -132,7 +132,7 @@ class BucketedCompression:
             row["upd2"].append(float((out.float() - mean_g).pow(2).sum()))
             row["raw2"].append(float(mean_g.pow(2).sum()))
             if b.index not in self.one_rank:
-                self.one_rank[b.index] = float("nan") if not self.timed else _one_rank_seconds(
+                self.one_rank[b.index] = float("nan") if not self.timed else one_rank_seconds(
                     x, self.compressor, self.density, self.memory, self.seed + b.index, self.options,
                     self.layouts[b.index])
             row["compress_s"].append(self.one_rank[b.index])
@@ -168,7 +168,7 @@ TIMING_BUDGET_S = 0.02  # per bucket: cheap compressions are repeated until this
 TIMING_CALLS = (3, 15)  # … within these bounds on the number of timed calls
 
 
-def _one_rank_seconds(x: torch.Tensor, compressor: str, density: float, memory: str, seed: int,
+def one_rank_seconds(x: torch.Tensor, compressor: str, density: float, memory: str, seed: int,
                       options: Mapping[str, Any], layout) -> float:
     """One rank's compression work on its own slice: a fresh compressor and memory over a SoloComm
     (collectives become copies), warmed up once, then the median of 3–15 timed steps (as many as fit in

@@ -4,8 +4,10 @@ Model (what a DDP comm hook on a GPU does):
 - compression runs on the compute stream, so each bucket's compression delays the rest of backward;
 - a bucket's communication starts when it is compressed and the previous bucket's communication has
   finished (one collective at a time, in bucket order, as NCCL's single stream does);
-- the iteration ends when both backward and the last communication are done. Exposed communication is
-  what remains after the compute stream (forward, backward, compression) has finished.
+- the iteration ends when both backward and the last communication are done, and then the work that needs
+  the reduced gradients (``after_s``: the optimizer step and DDP's copy of each bucket's result back into
+  the gradients, where a profile measured them). Exposed communication is what remains after the compute
+  stream (forward, backward, compression) has finished.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from dataclasses import dataclass
 @dataclass(frozen=True)
 class Timeline:
     iteration_s: float
-    compute_s: float          # forward + backward
+    compute_s: float          # forward + backward (+ the work after the last communication)
     compress_s: float         # total compression on the compute stream
     comm_s: float             # total communication time, overlapped or not
     exposed_comm_s: float     # iteration − (compute + compression)
@@ -26,8 +28,9 @@ class Timeline:
 
 
 def iteration(forward_s: float, backward_s: float, ready_s: Sequence[float], compress_s: Sequence[float],
-              comm_s: Sequence[float]) -> Timeline:
-    """Buckets in order; ``ready_s`` from the start of backward (non-decreasing)."""
+              comm_s: Sequence[float], after_s: float = 0.0) -> Timeline:
+    """Buckets in order; ``ready_s`` from the start of backward (non-decreasing); ``after_s`` follows the last
+    communication and the backward both."""
     shift = 0.0
     link_free = 0.0
     starts, ends = [], []
@@ -39,5 +42,5 @@ def iteration(forward_s: float, backward_s: float, ready_s: Sequence[float], com
         ends.append(link_free)
     compute_end = forward_s + backward_s + shift
     end = max(compute_end, link_free)
-    return Timeline(end, forward_s + backward_s, shift, float(sum(comm_s)), end - compute_end, tuple(starts),
-                    tuple(ends))
+    return Timeline(end + after_s, forward_s + backward_s + after_s, shift, float(sum(comm_s)), end - compute_end,
+                    tuple(starts), tuple(ends))

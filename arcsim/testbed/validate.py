@@ -78,8 +78,22 @@ def _case(cfg: ValidateConfig, ranks: int, bandwidth: str, work: Path,
                                        f"emulated cluster, {ranks} ranks, {link_label(cfg, bandwidth)}"))
     times = [json.loads((work / f"{tag}-r{k}-times.json").read_text()) for k in range(cfg.repeats)]
     profile = cfg.out_dir / "validation" / f"compute-{tag}.json"
-    profile.write_text((work / f"{tag}-r0-profile.json").read_text())  # compute as the first run measured it
+    profile.write_text(json.dumps(median_profile([json.loads((work / f"{tag}-r{k}-profile.json").read_text())
+                                                  for k in range(cfg.repeats)])))
     return topo, profile, times
+
+
+def median_profile(profiles: list[dict[str, Any]]) -> dict[str, Any]:
+    """One compute profile from every repeat's: the one whose compute (forward, backward and what follows) is the
+    median, with each compressor's compression-as-run factor the median over the repeats."""
+    def work(p: dict[str, Any]) -> float:
+        return p["forward_s"] + p["backward_s"] + p["extra"].get("after_backward_s", 0.0)
+
+    chosen = sorted(profiles, key=work)[(len(profiles) - 1) // 2]
+    scales = [p["extra"]["compress_scale"] for p in profiles if "compress_scale" in p["extra"]]
+    if scales:
+        chosen["extra"]["compress_scale"] = {c: float(np.median([s[c] for s in scales])) for c in scales[0]}
+    return chosen
 
 
 def _trace(cfg: ValidateConfig, ranks: int) -> Path:
@@ -98,7 +112,7 @@ def core_sharing(ranks: int) -> float:
 
 
 def _predict(cfg: ValidateConfig, topo: Path, trace: Path, profile: Path,
-             compress_scale: float = 1.0) -> dict[str, dict[str, float]]:
+             compress_scale: float | dict[str, float] = 1.0) -> dict[str, dict[str, float]]:
     import torch
 
     from arcsim.run.analysis import Analysis, RunConfig
@@ -118,10 +132,14 @@ def _predict(cfg: ValidateConfig, topo: Path, trace: Path, profile: Path,
 
 
 def compare(cfg: ValidateConfig, ranks: int, label: str, topo: Path, trace: Path, profile: Path,
-            runs: list[dict[str, Any]], compress_scale: float = 1.0) -> list[dict[str, Any]]:
+            runs: list[dict[str, Any]], sharing: float = 1.0) -> list[dict[str, Any]]:
     """Predict every compressor of one measured case and pair it with the measurement: the median over the
     runs of each run's median iteration, the runs' min–max as the spread, and the pooled 10th–90th
-    percentiles of single iterations."""
+    percentiles of single iterations. Compression is scaled by what the worker measured of it as run
+    (``compress_scale`` in the profile); a profile without it by ``sharing`` (ranks ÷ cores)."""
+    extra = json.loads(profile.read_text()).get("extra", {})
+    measured_scale, where = extra.get("compress_scale"), extra.get("machine", "unknown")
+    compress_scale = {c: measured_scale.get(c, sharing) for c in cfg.compressors} if measured_scale else sharing
     predicted = _predict(cfg, topo, trace, profile, compress_scale)
     rows = []
     for name in cfg.compressors:
@@ -129,7 +147,7 @@ def compare(cfg: ValidateConfig, ranks: int, label: str, topo: Path, trace: Path
         pooled = np.concatenate([np.asarray(run[name]["iteration_s"]) for run in runs])
         measured, lo, hi = float(np.median(medians)), min(medians), max(medians)
         p = predicted[name]
-        rows.append({"ranks": ranks, "bandwidth": label, "model": cfg.model, "compressor": name,
+        rows.append({"ranks": ranks, "bandwidth": label, "machine": where, "model": cfg.model, "compressor": name,
                      "density": cfg.density if name not in ("dense", "fp16") else 1.0,
                      "collective": "allgather" if name in AG_FAMILY else "allreduce",
                      "measured": measured * 1e3, "predicted": p["iteration_s"] * 1e3,
@@ -139,9 +157,28 @@ def compare(cfg: ValidateConfig, ranks: int, label: str, topo: Path, trace: Path
                      "measured_p90_s": float(np.percentile(pooled, 90)), "predicted_s": p["iteration_s"],
                      "error": p["iteration_s"] / measured - 1, "predicted_compute_s": p["compute_s"],
                      "predicted_compress_s": p["compress_s"], "predicted_comm_s": p["comm_s"],
-                     "steps": len(pooled) // len(runs), "compress_scale": compress_scale,
-                     "measured_hook_s": float(np.median([np.median(run[name]["hook_s"]) for run in runs]))})
+                     "steps": len(pooled) // len(runs),
+                     "compress_scale": compress_scale if isinstance(compress_scale, float) else compress_scale[name],
+                     "compress_scale_source": "measured as run" if measured_scale else "ranks ÷ cores",
+                     "measured_hook_s": float(np.median([np.median(run[name]["hook_s"]) for run in runs])),
+                     **measured_phases([run[name] for run in runs])})
     return rows
+
+
+def measured_phases(runs: list[dict[str, Any]]) -> dict[str, float]:
+    """Where a compressor's measured iterations went (median over runs, ranks and iterations of each phase the
+    worker times), and the arrival skew at the hook's first collective: per iteration, the last rank's
+    arrival at the hook minus the mean arrival."""
+    from arcsim.testbed.validate_worker import PHASES
+
+    runs = [run for run in runs if "phases" in run]  # measured before the worker timed phases: none
+    if not runs:
+        return {}
+    out = {f"measured_{name}": float(np.median([np.median(run["phases"][name]) for run in runs])) for name in PHASES}
+    skews = [np.median(np.max(b, axis=0) - np.mean(b, axis=0)) for b in
+             (np.asarray(run["phases"]["before_hook_s"]) for run in runs)]
+    out["measured_arrival_skew_s"] = float(np.median(skews))
+    return out
 
 
 def worker_config(cfg: ValidateConfig) -> dict[str, Any]:
@@ -305,8 +342,8 @@ def write_outputs(rows: list[dict[str, Any]], out_dir: Path) -> tuple[Path, Path
     ax.set_xlabel(f"measured iteration time (ms; median of {rows[0]['runs']} runs, bars: their min–max)")
     ax.set_ylabel("arcsim's predicted iteration time (ms)")
     s = summary(rows)
-    ax.set_title(f"Validation on the emulated cluster: {rows[0]['model']}, "
-                 f"{len({(r['ranks'], r['bandwidth']) for r in rows})} cluster settings\nMAPE {s['mape']:.1%} "
+    ax.set_title(f"Validation: {rows[0]['model']}, {len({(r['ranks'], r['bandwidth']) for r in rows})} cluster "
+                 f"settings on {rows[0].get('machine', 'an unnamed machine')}\nMAPE {s['mape']:.1%} "
                  f"over {s['cases']} cases' medians; {s['inside_spread']} of {s['cases']} inside the measured spread",
                  fontsize=10)
     lines = ax.legend(loc="upper left", fontsize=8)

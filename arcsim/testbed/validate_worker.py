@@ -6,18 +6,24 @@
    (``no_sync``), all ranks at once — on 2 cores the ranks compete, so a solo profile would be wrong.
    Measured before and after the compressors, and the faster of the two kept (a transient slowdown of
    the machine must not become the model's compute).
-2. DDP's own per-iteration work: real DDP steps with a hook that communicates nothing (bucket copies,
-   hook dispatch, reducer bookkeeping); its median minus the compute is the framework overhead.
-3. For each compressor: real DDP training steps with arcsim's comm hook (``none``: DDP's all-reduce);
-   every rank times each iteration; rank 0 writes the per-iteration maxima over ranks.
+2. DDP's own per-iteration work: real DDP steps with a hook that communicates nothing but returns a copy
+   (bucket copies both ways, hook dispatch, reducer bookkeeping); its median minus the compute is the
+   framework overhead.
+3. Compression as run (``compression_as_run``): how much longer each compressor's local work takes with
+   all ranks compressing at once after a backward than arcsim's one-rank timing says.
+4. For each compressor: real DDP training steps with arcsim's comm hook (``none``: DDP's all-reduce);
+   every rank times each iteration and its phases (before the hook, the hook's local work, its
+   collectives, after the hook); rank 0 writes the per-iteration maxima over ranks and every rank's phases.
 
-Rank 0 writes the compute profile with the optimizer step and DDP's overhead folded into ``forward_s``
-(both are serial work on the critical path; ``extra`` keeps them apart).
+Rank 0 writes the compute profile: the optimizer step and DDP's overhead as ``extra["after_backward_s"]``,
+which arcsim's timeline places after the last communication (they need the reduced gradients).
 """
 
 from __future__ import annotations
 
 import json
+import os
+import platform
 import sys
 import time
 from pathlib import Path
@@ -26,7 +32,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from arcsim.comm.distributed import run_gloo_job
+from arcsim.comm.distributed import DistributedComm, run_gloo_job
 from arcsim.hooks import CompressionState, compression_hook
 from arcsim.models import loss_fn, model_entry
 from arcsim.models.datasets import make_dataset
@@ -83,72 +89,194 @@ def compute_profile(cfg: dict, rank: int, world: int) -> ComputeProfile:
     med = table.median(dim=0).values.tolist()
     timer.close()
     params = dict(net.named_parameters())
-    return ComputeProfile(cfg["model"], cfg["batch"], "cpu", device_name(torch.device("cpu")),
-                          med[0] + med[2], med[1],
+    return ComputeProfile(cfg["model"], cfg["batch"], "cpu", device_name(torch.device("cpu")), med[0], med[1],
                           [LayerTiming(n, params[n].numel(), med[3 + j]) for j, n in enumerate(order)], "profile",
                           cfg["steps"], extra={"note": "measured in the emulated cluster with all ranks running, "
-                                                         "slowest rank per step; forward_s includes the optimizer "
+                                                         "slowest rank per step; after_backward_s is the optimizer "
                                                          "step and DDP's own overhead (ddp_overhead_s)",
-                                               "ranks": world, "optimizer_s": med[2]})
+                                               "ranks": world, "optimizer_s": med[2], "after_backward_s": med[2],
+                                               "machine": machine()})
+
+
+def machine() -> str:
+    """This machine, for the report: its CPU model (Linux names it in /proc/cpuinfo) and core count."""
+    model = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return f"{model}, {os.cpu_count()} cores"
 
 
 def _no_communication(state, bucket):  # unannotated: DDP checks annotations, and this module defers them
+    """A hook that communicates nothing but returns a new tensor, as arcsim's hooks do: DDP then copies it
+    back into the bucket, so the framework's own cost includes that copy."""
     fut = torch.futures.Future()
-    fut.set_result(bucket.buffer())
+    fut.set_result(bucket.buffer().clone())
     return fut
 
 
-def train_times(cfg: dict, compressor: str, rank: int, world: int) -> tuple[list[float], list[float]]:
-    """Per-iteration times (slowest rank) and, for diagnosis, the time spent inside the hook (this rank).
+class TimedComm(DistributedComm):
+    """DistributedComm that adds the seconds spent inside collectives (waiting for peers included) to ``spent``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.spent = 0.0
+        self.calls: list[float] = []  # this iteration's collectives, in order
+
+    def _timed(self, call, *args, **kwargs):  # unannotated: the three collectives return different things
+        started = time.perf_counter()
+        out = call(*args, **kwargs)
+        took = time.perf_counter() - started
+        self.spent += took
+        self.calls.append(took)
+        return out
+
+    def all_reduce(self, t: torch.Tensor, op: str = "mean", tag: str = "") -> torch.Tensor:
+        return self._timed(super().all_reduce, t, op, tag)
+
+    def all_gather(self, t: torch.Tensor, tag: str = "") -> torch.Tensor:
+        return self._timed(super().all_gather, t, tag)
+
+    def broadcast(self, t: torch.Tensor, src: int, tag: str = "") -> torch.Tensor:
+        return self._timed(super().broadcast, t, src, tag)
+
+
+PHASES = ("before_hook_s", "hook_local_s", "hook_comm_s", "after_hook_s")
+
+
+def train_times(cfg: dict, compressor: str, rank: int, world: int) -> tuple[list[float], list[float], dict]:
+    """Per-iteration times (slowest rank), the time spent inside the hook (this rank), and every rank's
+    per-iteration phases: before the first hook call (forward, backward up to the bucket), the hook's local
+    work, its collectives (waiting for the other ranks included) and what follows the hook (rest of backward,
+    DDP's copies, the optimizer step).
 
     ``compressor`` "noop" runs DDP with a hook that communicates nothing (the framework's own cost)."""
     entry, ds, net = _setup(cfg)
     ddp = DDP(net, bucket_cap_mb=cfg["bucket_mb"])
-    in_hook = [0.0]
+    in_hook, first_call = [0.0], [0.0]
+    comm = TimedComm()
     if compressor == "noop":
         ddp.register_comm_hook(None, _no_communication)
     elif compressor != "none":
         memory = "none" if compressor in ("dense", "fp16") else cfg["memory"]
+        state = CompressionState(compressor, cfg["density"], memory, seed=cfg["seed"])
+        state._comm = comm  # the hook's collectives, timed
 
         def timed_hook(state, bucket):  # unannotated: DDP checks annotations, and this module defers them
             started = time.perf_counter()
+            first_call[0] = first_call[0] or started
             fut = compression_hook(state, bucket)
             in_hook[0] += time.perf_counter() - started
             return fut
 
-        ddp.register_comm_hook(CompressionState(compressor, cfg["density"], memory, seed=cfg["seed"]), timed_hook)
+        ddp.register_comm_hook(state, timed_hook)
     opt = torch.optim.SGD(ddp.parameters(), lr=entry.lr, momentum=0.9)
     batches = _batches(ds, cfg, rank, world)
-    times, hooks = [], []
+    times, hooks, phases, calls = [], [], [], []
     for i in range(cfg["warmup"] + cfg["steps"]):
         x, y = next(batches)
         dist.barrier()
-        in_hook[0] = 0.0
+        in_hook[0], first_call[0], comm.spent, comm.calls = 0.0, 0.0, 0.0, []
         started = time.perf_counter()
         opt.zero_grad(set_to_none=True)
         loss_fn(ds.spec.kind, ddp(x), y).backward()
         opt.step()
         if i >= cfg["warmup"]:
-            times.append(time.perf_counter() - started)
+            took = time.perf_counter() - started
+            before = (first_call[0] - started) if first_call[0] else took
+            times.append(took)
             hooks.append(in_hook[0])
-    return _max_over_ranks(times), hooks
+            phases.append([before, in_hook[0] - comm.spent, comm.spent, took - before - in_hook[0]])
+            calls.append(list(comm.calls))
+    table = torch.tensor(phases, dtype=torch.float64)
+    every = [torch.empty_like(table) for _ in range(world)]
+    dist.all_gather(every, table)
+    by_rank = {name: [t[:, j].tolist() for t in every] for j, name in enumerate(PHASES)}  # [rank][iteration]
+    by_rank["collectives_s"] = calls  # this rank's, per iteration
+    return _max_over_ranks(times), hooks, by_rank
+
+
+COMPRESS_REPEATS = 11  # timed compressions per compressor, after one untimed
+
+
+def compression_as_run(cfg: dict, rank: int, world: int) -> dict[str, float]:
+    """How much longer each compressor's local work takes in training than arcsim times it alone, per compressor.
+
+    After a backward, from a barrier until the LAST rank has compressed (a second barrier), with all ranks
+    compressing at once in their own roles (as in the hook; collectives become local copies), less what the
+    two barriers cost on idle ranks; over rank 0's one-rank timing (``arcsim.run.measure``'s hot loop, the
+    other ranks waiting). A property of the machine, like compute as run: ranks sharing cores, the work a
+    backward leaves behind, caches the backward filled with other data; near 1 where each rank has its own
+    cores. (Subtracting the same bracket after a backward with nothing in it instead drops what the backward
+    leaves behind, which the hook does pay: measured, it under-predicts the 4-rank cases by 12–43 %.)"""
+    from arcsim.comm.solo import SoloComm
+    from arcsim.compressors.base import layout_of
+    from arcsim.compressors.memory import make_memory
+    from arcsim.run.measure import one_rank_seconds
+
+    _, ds, net = _setup(cfg)
+    ddp = DDP(net, bucket_cap_mb=cfg["bucket_mb"])
+    params = list(net.parameters())
+    layout = layout_of([tuple(p.shape) for p in params])
+    batches = _batches(ds, cfg, rank, world)
+
+    def bracketed(work, after_backward: bool = True) -> tuple[float, torch.Tensor]:  # work(step, gradient)
+        """Median over repeats of the slowest rank's barrier-to-barrier time around ``work``, and a gradient."""
+        times = []
+        g = torch.zeros(1, sum(p.numel() for p in params))
+        for k in range(1 + COMPRESS_REPEATS):
+            if after_backward:
+                x, y = next(batches)
+                net.zero_grad(set_to_none=True)
+                with ddp.no_sync():
+                    loss_fn(ds.spec.kind, ddp(x), y).backward()
+                g = torch.cat([p.grad.reshape(-1) for p in params]).view(1, -1)
+            dist.barrier()
+            started = time.perf_counter()
+            work(k, g)
+            dist.barrier()  # until the LAST rank is done, as the hook's next collective waits for it
+            times.append(time.perf_counter() - started)
+        return float(torch.tensor(_max_over_ranks(times[1:])).median()), g
+
+    empty, _ = bracketed(lambda k, g: None, after_backward=False)
+    scales = {}
+    for name in cfg["compressors"]:
+        if name == "none":
+            continue
+        memory = "none" if name in ("dense", "fp16") else cfg["memory"]
+        state = CompressionState(name, cfg["density"], memory, seed=cfg["seed"])
+        comp, mem, solo = state.make(cfg["seed"]), make_memory(memory), SoloComm(world, rank)
+        took, g = bracketed(lambda k, g, comp=comp, mem=mem, solo=solo: mem.step(g, comp, solo, k, layout))
+        if rank == 0:
+            alone = one_rank_seconds(g.expand(world, -1), name, cfg["density"], memory, cfg["seed"],
+                                     state.options_for_compressor(), layout)
+            scales[name] = max(took - empty, alone) / alone
+        dist.barrier()
+    return scales
 
 
 def run(cfg: dict, prefix: str) -> None:
     """This rank's part: compute before, DDP's own overhead, every compressor, compute after; rank 0 writes."""
     rank, world = dist.get_rank(), dist.get_world_size()
     before = compute_profile(cfg, rank, world)
-    noop, _ = train_times(cfg, "noop", rank, world)
+    noop, _, _ = train_times(cfg, "noop", rank, world)
+    compress_scale = compression_as_run(cfg, rank, world)
     results = {}
     for c in cfg["compressors"]:
-        times, hooks = train_times(cfg, c, rank, world)
-        results[c] = {"iteration_s": times, "hook_s": hooks}
+        times, hooks, phases = train_times(cfg, c, rank, world)
+        results[c] = {"iteration_s": times, "hook_s": hooks, "phases": phases}
     after = compute_profile(cfg, rank, world)
-    profile = min(before, after, key=lambda p: p.forward_s + p.backward_s)
-    overhead = max(0.0, float(torch.tensor(noop).median()) - profile.forward_s - profile.backward_s)
-    profile.forward_s += overhead
-    profile.extra.update(ddp_overhead_s=overhead, compute_before_s=before.forward_s + before.backward_s,
-                         compute_after_s=after.forward_s + after.backward_s)
+    profile = min(before, after, key=lambda p: p.forward_s + p.backward_s + p.after_backward_s)
+    work = profile.forward_s + profile.backward_s + profile.after_backward_s
+    overhead = max(0.0, float(torch.tensor(noop).median()) - work)
+    profile.extra.update(ddp_overhead_s=overhead, after_backward_s=profile.after_backward_s + overhead,
+                         compute_before_s=before.forward_s + before.backward_s + before.after_backward_s,
+                         compute_after_s=after.forward_s + after.backward_s + after.after_backward_s,
+                         compress_scale=compress_scale)
     if rank == 0:
         with open(prefix + "profile.json", "w") as fh:
             json.dump(profile.to_json(), fh)

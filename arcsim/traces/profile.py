@@ -50,6 +50,12 @@ class ComputeProfile:
     def to_json(self) -> dict[str, Any]:
         return {"schema_version": PROFILE_SCHEMA, **asdict(self)}
 
+    @property
+    def after_backward_s(self) -> float:
+        """Work that waits for the last bucket's communication (the optimizer step, DDP's copies of the results
+        back into the gradients), where the profile measured it (``extra``; arcsim validate's worker does)."""
+        return float(self.extra.get("after_backward_s", 0.0))
+
     @classmethod
     def from_json(cls, data: dict[str, Any], where: str) -> ComputeProfile:
         if data.get("schema_version") != PROFILE_SCHEMA:
