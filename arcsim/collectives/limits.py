@@ -15,10 +15,10 @@ from contextvars import ContextVar
 from arcsim.errors import CollectiveError
 
 STORED_MESSAGES = 50_000_000      # closed form: about 1.6 GB of step arrays
-DES_EVENTS = 50_000_000           # DES: about ten minutes at ~80,000 events/s on one core
+DES_EVENTS = 50_000_000           # DES: about six minutes at ~150,000 events/s on one core
 PROGRESS_EVENTS = 1_000_000       # DES runs estimated above this show progress
 EVENTS_PER_MESSAGE = 6            # measured: 5.96 (tree, 512 ranks) and 5.98 (tree, 2,048 ranks)
-EVENTS_PER_SECOND = 80_000        # measured on a 2-core CPU (8,192-rank tree: 12.5 M events in ~180 s)
+EVENTS_PER_SECOND = 150_000       # measured on a 2-core CPU (10,240-rank tree: 6.35 M events in 35 s)
 
 _unlimited: ContextVar[bool] = ContextVar("unlimited", default=False)
 _stored: ContextVar[list[int] | None] = ContextVar("stored", default=None)

@@ -15,14 +15,15 @@ as many flows as its physical twin. The result is identical to simulating every 
 
 from __future__ import annotations
 
+import gc
 from collections import defaultdict
-from collections.abc import Callable, Generator, Hashable
+from collections.abc import Callable, Generator, Hashable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import simpy
-from simpy.events import NORMAL
 
 from arcsim.collectives import limits
 from arcsim.collectives.schedule import Schedule
@@ -31,16 +32,25 @@ from arcsim.netsim.fluid import FluidNetwork
 from arcsim.topology import Topology
 
 
-class _CountingEnvironment(simpy.Environment):
-    """A SimPy environment that counts the events it schedules."""
+def _events_scheduled(env: simpy.Environment) -> int:
+    """Events ``env`` has scheduled: SimPy numbers each one from its ``_eid`` counter (read, not overridden:
+    a counting ``schedule`` override cost 1.3 µs per event, ~8 s of a 10,240-rank tree)."""
+    counter = env._eid  # type: ignore[attr-defined]
+    return int(next(counter))
 
-    def __init__(self) -> None:
-        super().__init__()
-        self.scheduled = 0
 
-    def schedule(self, event, priority=NORMAL, delay=0) -> None:  # type: ignore[override]
-        self.scheduled += 1
-        super().schedule(event, priority, delay)
+@contextmanager
+def _no_cyclic_gc() -> Iterator[None]:
+    """Python's cyclic collector off while the simulation runs: its full collections walk every live plan,
+    event and closure, so they cost more the larger the run (a 10,240-rank tree: 81.8 s with it, 38.1 s
+    without, the same 376 MB peak — the simulation leaves no cycles worth collecting meanwhile)."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 @dataclass(frozen=True)
@@ -87,7 +97,7 @@ def simulate(schedule: Schedule, topo: Topology, start_times: np.ndarray | None 
     reps = period * topo.gpus_per_node  # ranks simulated: those of the first `period` nodes
     events = expected_events(schedule, reps)
     limits.check_des(f"{schedule.algo} {schedule.op} on {p:,} ranks", events)
-    env = _CountingEnvironment()
+    env = simpy.Environment()
     net = FluidNetwork(env, topo.capacity)
     rng = np.random.default_rng(seed)
     plans = _plans(schedule, topo, period, reps)
@@ -148,16 +158,17 @@ def simulate(schedule: Schedule, topo: Topology, start_times: np.ndarray | None 
     for r in range(reps):
         env.process(rank(r))
     horizon = schedule_time(schedule, topo) if progress is not None and events > limits.PROGRESS_EVENTS else 0.0
-    if progress is not None and horizon > 0:
-        progress(0.0, events)
-        for hundredth in range(1, 101):
-            env.run(until=horizon * hundredth / 100)
-            progress(hundredth / 100, events)
-    env.run()
+    with _no_cyclic_gc():
+        if progress is not None and horizon > 0:
+            progress(0.0, events)
+            for hundredth in range(1, 101):
+                env.run(until=horizon * hundredth / 100)
+                progress(hundredth / 100, events)
+        env.run()
     if np.isnan(finish).any():
         stuck = np.flatnonzero(np.isnan(finish))[:5].tolist()
         raise RuntimeError(f"DES deadlock in {schedule.op}/{schedule.algo}: ranks {stuck} never finished")
-    return DesResult(float(finish.max()), env.scheduled, reps, finish + t0)
+    return DesResult(float(finish.max()), _events_scheduled(env), reps, finish + t0)
 
 
 def expected_events(schedule: Schedule, simulated_ranks: int) -> float:
