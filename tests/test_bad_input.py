@@ -57,7 +57,7 @@ CASES = [
     (["run", "--compare-gpu", "h100"], "give --plot DIR"),
     (["run", "--gpu", "h100", "--trace", "{root}/traces/cnn-digits-small.npz", "--compute-profile",
       "{root}/traces/profiles/resnet50-h100-b32-fp32.json"], "does not match trace"),
-    (["collective", "-t", "8192x8-ib400x8", "--algo", "tree", "--engine", "des"], "DES would process about"),
+    (["collective", "-t", "16384x8-ib400x8", "--algo", "tree", "--engine", "des"], "DES would process about"),
     (["train", "--gpu", "h100", "--steps", "1"], "give --topology too"),
     (["train", "--topology", "8x1-eth1", "--gpu", "x100", "--steps", "1"], "unknown GPU 'x100'"),
     (["sweep", "--gpu", "x100", "-o", "{tmp}/sweep"], "unknown GPU 'x100'"),

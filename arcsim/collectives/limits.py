@@ -17,7 +17,7 @@ from arcsim.errors import CollectiveError
 STORED_MESSAGES = 50_000_000      # closed form: about 1.6 GB of step arrays
 DES_EVENTS = 50_000_000           # DES: about six minutes at ~150,000 events/s on one core
 PROGRESS_EVENTS = 1_000_000       # DES runs estimated above this show progress
-EVENTS_PER_MESSAGE = 6            # measured: 5.96 (tree, 512 ranks) and 5.98 (tree, 2,048 ranks)
+EVENTS_PER_MESSAGE = 3.4          # measured: 3.37 (tree, 1,024 ranks) and 3.34 (tree, 10,240 ranks)
 EVENTS_PER_SECOND = 150_000       # measured on a 2-core CPU (10,240-rank tree: 6.35 M events in 35 s)
 
 _unlimited: ContextVar[bool] = ContextVar("unlimited", default=False)

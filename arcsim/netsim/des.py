@@ -20,6 +20,7 @@ from collections import defaultdict
 from collections.abc import Callable, Generator, Hashable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -104,7 +105,7 @@ def simulate(schedule: Schedule, topo: Topology, start_times: np.ndarray | None 
     offsets = np.concatenate([[0], np.cumsum([s.repeat for s in schedule.steps])]).astype(np.int64)
     repeats = [s.repeat for s in schedule.steps]
 
-    position = np.full(reps, -1, dtype=np.int64)
+    position = [-1] * reps  # the step each simulated rank has reached (a list: read per message)
     waiters: list[dict[int, list[Callable[[], None]]]] = [defaultdict(list) for _ in range(reps)]
     pending: dict[tuple[int, int, int], list] = {}  # (position, src, dst) -> [event, uses]
     finish = np.full(reps, np.nan)
@@ -118,24 +119,22 @@ def simulate(schedule: Schedule, topo: Topology, start_times: np.ndarray | None 
             del pending[key]
         return entry[0]
 
+    def arrive(send: _Send, done: simpy.Event, _: simpy.Event) -> None:
+        net.send(send.path, send.nbytes, done)  # the message's own event fires when its bytes are across
+
+    def start(send: _Send, done: simpy.Event) -> None:
+        latency = send.latency
+        if topo.jitter:
+            latency *= 1.0 + topo.jitter * rng.exponential()
+        env.timeout(latency).callbacks.append(partial(arrive, send, done))
+
     def launch(k: int, src: int, send: _Send) -> simpy.Event:
         done = message_done((k, src, send.dst))
         receiver = send.dst % reps
-
-        def start() -> None:
-            latency = send.latency
-            if topo.jitter:
-                latency *= 1.0 + topo.jitter * rng.exponential()
-            wait = env.timeout(latency)
-            def on_arrival(_: simpy.Event, send=send, done=done) -> None:
-                net.send(send.path, send.nbytes).callbacks.append(lambda _: done.succeed())
-
-            wait.callbacks.append(on_arrival)
-
         if position[receiver] >= k:
-            start()
+            start(send, done)
         else:
-            waiters[receiver][k].append(start)
+            waiters[receiver][k].append(partial(start, send, done))
         return done
 
     def rank(r: int) -> Generator[simpy.Event, Any, None]:

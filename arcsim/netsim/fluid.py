@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Callable, Hashable, Sequence
+from functools import partial
 from typing import Any
 
 import simpy
@@ -33,9 +34,10 @@ class FluidNetwork:
         self._bandwidth: dict[Hashable, float] = {}
         self._users: dict[Hashable, set[_Flow]] = defaultdict(set)
 
-    def send(self, path: Sequence[Hashable], nbytes: float) -> simpy.Event:
-        """An event that fires when ``nbytes`` have crossed ``path``."""
-        done = self.env.event()
+    def send(self, path: Sequence[Hashable], nbytes: float, done: simpy.Event | None = None) -> simpy.Event:
+        """An event that fires when ``nbytes`` have crossed ``path``: ``done`` when given (one event fewer
+        than chaining a new one to it), else a new one."""
+        done = self.env.event() if done is None else done
         if nbytes <= 0:
             done.succeed()
             return done
@@ -51,26 +53,26 @@ class FluidNetwork:
         return done
 
     def _rebalance(self, flows: set[_Flow]) -> None:
-        now = self.env.now
+        now, bandwidth, users = self.env.now, self._bandwidth, self._users
         for f in flows:
             f.remaining -= f.rate * (now - f.last)
             f.last = now
-            f.rate = min(self._bandwidth[k] / len(self._users[k]) for k in f.path)
+            rate = float("inf")
+            for key in f.path:  # the most crowded resource sets the pace (a loop: this is the hot path)
+                rate = min(rate, bandwidth[key] / len(users[key]))
+            f.rate = rate
             f.token += 1
-            wake = self.env.timeout(max(f.remaining, 0.0) / f.rate)
-            wake.callbacks.append(self._make_finisher(f, f.token))
+            wake = self.env.timeout(max(f.remaining, 0.0) / rate)
+            wake.callbacks.append(partial(self._finish, f, f.token))
 
-    def _make_finisher(self, flow: _Flow, token: int) -> Callable[[simpy.Event], None]:
-        def finish(_: simpy.Event) -> None:
-            if token != flow.token:
-                return  # the flow's rate changed since this wake-up was set
-            affected: set[_Flow] = set()
-            for key in flow.path:
-                users = self._users[key]
-                users.discard(flow)
-                affected |= users
-            flow.done.succeed()
-            if affected:
-                self._rebalance(affected)
-
-        return finish
+    def _finish(self, flow: _Flow, token: int, _: simpy.Event) -> None:
+        if token != flow.token:
+            return  # the flow's rate changed since this wake-up was set
+        affected: set[_Flow] = set()
+        for key in flow.path:
+            users = self._users[key]
+            users.discard(flow)
+            affected |= users
+        flow.done.succeed()
+        if affected:
+            self._rebalance(affected)
