@@ -125,9 +125,11 @@ def test_the_arrival_skew_is_the_last_rank_against_the_mean():
 
 def test_a_case_keeps_the_median_repeat_and_the_median_compression_factors():
     from arcsim.testbed.validate import median_profile
+    from arcsim.traces.profile import ComputeProfile
 
     def profile(work: float, topk: float) -> dict:
-        return {"forward_s": work, "backward_s": 0.0, "extra": {"after_backward_s": 0.0,
-                                                                "compress_scale": {"topk": topk, "dense": 1.0}}}
+        return ComputeProfile("mlp", 32, "cpu", "test", work, 0.0, [], "profile",
+                              extra={"after_backward_s": 0.0,
+                                     "compress_scale": {"topk": topk, "dense": 1.0}}).to_json()
     got = median_profile([profile(3.0, 1.3), profile(1.0, 2.8), profile(2.0, 2.4)])
     assert got["forward_s"] == 2.0 and got["extra"]["compress_scale"] == {"topk": 2.4, "dense": 1.0}

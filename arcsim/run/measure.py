@@ -169,7 +169,7 @@ TIMING_CALLS = (3, 15)  # … within these bounds on the number of timed calls
 
 
 def one_rank_seconds(x: torch.Tensor, compressor: str, density: float, memory: str, seed: int,
-                      options: Mapping[str, Any], layout) -> float:
+                     options: Mapping[str, Any], layout) -> float:
     """One rank's compression work on its own slice: a fresh compressor and memory over a SoloComm
     (collectives become copies), warmed up once, then the median of 3–15 timed steps (as many as fit in
     TIMING_BUDGET_S) — so fixed per-call costs count in full instead of being shared by the W workers

@@ -86,10 +86,10 @@ def _case(cfg: ValidateConfig, ranks: int, bandwidth: str, work: Path,
 def median_profile(profiles: list[dict[str, Any]]) -> dict[str, Any]:
     """One compute profile from every repeat's: the one whose compute (forward, backward and what follows) is the
     median, with each compressor's compression-as-run factor the median over the repeats."""
-    def work(p: dict[str, Any]) -> float:
-        return p["forward_s"] + p["backward_s"] + p["extra"].get("after_backward_s", 0.0)
+    from arcsim.traces.profile import ComputeProfile
 
-    chosen = sorted(profiles, key=work)[(len(profiles) - 1) // 2]
+    chosen = sorted(profiles, key=lambda p: ComputeProfile.from_json(p, "a repeat's profile").compute_s)[
+        (len(profiles) - 1) // 2]
     scales = [p["extra"]["compress_scale"] for p in profiles if "compress_scale" in p["extra"]]
     if scales:
         chosen["extra"]["compress_scale"] = {c: float(np.median([s[c] for s in scales])) for c in scales[0]}

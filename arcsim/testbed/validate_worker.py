@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import json
 import os
-import platform
 import sys
 import time
 from pathlib import Path
@@ -99,16 +98,20 @@ def compute_profile(cfg: dict, rank: int, world: int) -> ComputeProfile:
 
 
 def machine() -> str:
-    """This machine, for the report: its CPU model (Linux names it in /proc/cpuinfo) and core count."""
-    model = platform.processor() or platform.machine()
+    """This machine, for the report: its CPU model where Linux names it (/proc/cpuinfo; else what traces call
+    the CPU) and its core count."""
+    model = device_name(torch.device("cpu"))
     try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+        model = next((line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")), model)
     except OSError:
         pass
     return f"{model}, {os.cpu_count()} cores"
+
+
+def _memory(cfg: dict, compressor: str) -> str:
+    """The error feedback a compressor runs with here: none for the uncompressed ones."""
+    return "none" if compressor in ("dense", "fp16") else cfg["memory"]
 
 
 def _no_communication(state, bucket):  # unannotated: DDP checks annotations, and this module defers them
@@ -120,19 +123,16 @@ def _no_communication(state, bucket):  # unannotated: DDP checks annotations, an
 
 
 class TimedComm(DistributedComm):
-    """DistributedComm that adds the seconds spent inside collectives (waiting for peers included) to ``spent``."""
+    """DistributedComm that records the seconds each collective takes (waiting for peers included)."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.spent = 0.0
         self.calls: list[float] = []  # this iteration's collectives, in order
 
     def _timed(self, call, *args, **kwargs):  # unannotated: the three collectives return different things
         started = time.perf_counter()
         out = call(*args, **kwargs)
-        took = time.perf_counter() - started
-        self.spent += took
-        self.calls.append(took)
+        self.calls.append(time.perf_counter() - started)
         return out
 
     def all_reduce(self, t: torch.Tensor, op: str = "mean", tag: str = "") -> torch.Tensor:
@@ -162,8 +162,7 @@ def train_times(cfg: dict, compressor: str, rank: int, world: int) -> tuple[list
     if compressor == "noop":
         ddp.register_comm_hook(None, _no_communication)
     elif compressor != "none":
-        memory = "none" if compressor in ("dense", "fp16") else cfg["memory"]
-        state = CompressionState(compressor, cfg["density"], memory, seed=cfg["seed"])
+        state = CompressionState(compressor, cfg["density"], _memory(cfg, compressor), seed=cfg["seed"])
         state._comm = comm  # the hook's collectives, timed
 
         def timed_hook(state, bucket):  # unannotated: DDP checks annotations, and this module defers them
@@ -180,7 +179,7 @@ def train_times(cfg: dict, compressor: str, rank: int, world: int) -> tuple[list
     for i in range(cfg["warmup"] + cfg["steps"]):
         x, y = next(batches)
         dist.barrier()
-        in_hook[0], first_call[0], comm.spent, comm.calls = 0.0, 0.0, 0.0, []
+        in_hook[0], first_call[0], comm.calls = 0.0, 0.0, []
         started = time.perf_counter()
         opt.zero_grad(set_to_none=True)
         loss_fn(ds.spec.kind, ddp(x), y).backward()
@@ -190,7 +189,8 @@ def train_times(cfg: dict, compressor: str, rank: int, world: int) -> tuple[list
             before = (first_call[0] - started) if first_call[0] else took
             times.append(took)
             hooks.append(in_hook[0])
-            phases.append([before, in_hook[0] - comm.spent, comm.spent, took - before - in_hook[0]])
+            spent = sum(comm.calls)
+            phases.append([before, in_hook[0] - spent, spent, took - before - in_hook[0]])
             calls.append(list(comm.calls))
     table = torch.tensor(phases, dtype=torch.float64)
     every = [torch.empty_like(table) for _ in range(world)]
@@ -247,7 +247,7 @@ def compression_as_run(cfg: dict, rank: int, world: int) -> dict[str, float]:
     for name in cfg["compressors"]:
         if name == "none":
             continue
-        memory = "none" if name in ("dense", "fp16") else cfg["memory"]
+        memory = _memory(cfg, name)
         state = CompressionState(name, cfg["density"], memory, seed=cfg["seed"])
         comp, mem, solo = state.make(cfg["seed"]), make_memory(memory), SoloComm(world, rank)
         took, g = bracketed(lambda k, g, comp=comp, mem=mem, solo=solo: mem.step(g, comp, solo, k, layout))
@@ -270,12 +270,10 @@ def run(cfg: dict, prefix: str) -> None:
         times, hooks, phases = train_times(cfg, c, rank, world)
         results[c] = {"iteration_s": times, "hook_s": hooks, "phases": phases}
     after = compute_profile(cfg, rank, world)
-    profile = min(before, after, key=lambda p: p.forward_s + p.backward_s + p.after_backward_s)
-    work = profile.forward_s + profile.backward_s + profile.after_backward_s
-    overhead = max(0.0, float(torch.tensor(noop).median()) - work)
+    profile = min(before, after, key=lambda p: p.compute_s)
+    overhead = max(0.0, float(torch.tensor(noop).median()) - profile.compute_s)
     profile.extra.update(ddp_overhead_s=overhead, after_backward_s=profile.after_backward_s + overhead,
-                         compute_before_s=before.forward_s + before.backward_s + before.after_backward_s,
-                         compute_after_s=after.forward_s + after.backward_s + after.after_backward_s,
+                         compute_before_s=before.compute_s, compute_after_s=after.compute_s,
                          compress_scale=compress_scale)
     if rank == 0:
         with open(prefix + "profile.json", "w") as fh:

@@ -51,6 +51,11 @@ class ComputeProfile:
         return {"schema_version": PROFILE_SCHEMA, **asdict(self)}
 
     @property
+    def compute_s(self) -> float:
+        """All the compute an iteration does in series: forward, backward and what follows them."""
+        return self.forward_s + self.backward_s + self.after_backward_s
+
+    @property
     def after_backward_s(self) -> float:
         """Work that waits for the last bucket's communication (the optimizer step, DDP's copies of the results
         back into the gradients), where the profile measured it (``extra``; arcsim validate's worker does)."""
