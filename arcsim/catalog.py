@@ -61,6 +61,7 @@ DATASETS = ("digits", "mnist1d", "synthetic-images", "synthetic-tokens")
 POLICIES = ("auto", "none")
 FUSIONS = ("bucket", "model")  # DDP buckets, each compressed on its own; or the whole gradient as one vector
 DEFAULT_RATIOS = (1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 0.1, 0.3, 1.0)
+LIVE_DEFAULTS = {"workers": 4, "steps": 3, "device": "cpu"}  # run --live, and a sweep's live settings
 
 
 def check_compression(compressors: tuple[str, ...], memory: str | None, error: type[Exception]) -> None:

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 import click
 
-from arcsim.catalog import COMPRESSORS, DEFAULT_RATIOS, FUSIONS, MEMORIES, POLICIES
+from arcsim.catalog import COMPRESSORS, DEFAULT_RATIOS, FUSIONS, LIVE_DEFAULTS, MEMORIES, POLICIES
 from arcsim.cli.common import (
     OutputPath,
     console,
@@ -47,10 +47,12 @@ if TYPE_CHECKING:  # torch stays unimported until a command needs it
                    "to the compressors (no file; memory does not grow with --steps).")
 @click.option("--model", default=None, help="With --live: a model of the zoo (arcsim trace capture --help lists them).")
 @click.option("--dataset", default=None, help="With --live: its dataset (default: the model's own).")
-@click.option("--workers", "-w", type=int, default=4, show_default=True, help="With --live: data-parallel workers.")
-@click.option("--steps", type=int, default=3, show_default=True,
+@click.option("--workers", "-w", type=int, default=LIVE_DEFAULTS["workers"], show_default=True,
+              help="With --live: data-parallel workers.")
+@click.option("--steps", type=int, default=LIVE_DEFAULTS["steps"], show_default=True,
               help="With --live: training steps measured (after one untimed warm-up step).")
-@click.option("--device", "live_device", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True,
+@click.option("--device", "live_device", type=click.Choice(["cpu", "cuda"]), default=LIVE_DEFAULTS["device"],
+              show_default=True,
               help="With --live: where training runs; cuda also measures compute and compression there (CUDA events).")
 @click.option("--compressors", "-c", default=",".join(COMPRESSORS), show_default=True,
               help="Comma-separated compressors to compare.")
@@ -175,9 +177,8 @@ def live_training(live: bool, model: str | None, dataset: str | None, workers: i
         if model or dataset:
             raise ArcsimError("--model and --dataset choose what --live trains: add --live (or give --trace)")
         return None
-    from arcsim.traces.training import TrainingConfig
+    from arcsim.traces.training import live_config
 
     if not model:
         raise ArcsimError("--live needs --model, e.g. --live --model resnet18 (arcsim trace capture --help lists them)")
-    return TrainingConfig(model=model, dataset=dataset, workers=workers, steps=steps, warmup=1, batch=batch,
-                          device=live_device, seed=seed)
+    return live_config(model, workers, steps, live_device, seed, dataset, batch)

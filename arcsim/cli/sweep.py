@@ -9,6 +9,7 @@ from typing import Any
 
 import click
 
+from arcsim.catalog import LIVE_DEFAULTS
 from arcsim.cli.common import OutputPath, Verbosity, json_option, note, write_json
 from arcsim.errors import ArcsimError
 
@@ -37,9 +38,12 @@ LIVE_OPTIONS = {"live_workers": "live_workers", "live_steps": "live_steps", "liv
 @click.option("--params", default=None, help="Synthetic models instead of traces, e.g. 125M,7B,100B.")
 @click.option("--fusion", default=None, help="bucket, model, or bucket,model for both (default bucket).")
 @click.option("--live", default=None, help="Zoo models trained here instead of traces (arcsim run --live), e.g. cnn.")
-@click.option("--live-workers", default=None, type=int, help="With --live: data-parallel workers (default 4).")
-@click.option("--live-steps", default=None, type=int, help="With --live: training steps measured (default 3).")
-@click.option("--live-device", default=None, type=click.Choice(["cpu", "cuda"]), help="With --live (default cpu).")
+@click.option("--live-workers", default=None, type=int,
+              help=f"With --live: data-parallel workers (default {LIVE_DEFAULTS['workers']}).")
+@click.option("--live-steps", default=None, type=int,
+              help=f"With --live: training steps measured (default {LIVE_DEFAULTS['steps']}).")
+@click.option("--live-device", default=None, type=click.Choice(["cpu", "cuda"]),
+              help=f"With --live (default {LIVE_DEFAULTS['device']}).")
 @click.option("--memory", "-m", default=None, help="Error feedback for every compressor (default ef14).")
 @click.option("--seed", default=None, type=click.IntRange(min=0))
 @click.option("--out", "-o", default=None, type=OutputPath(directory=True),

@@ -111,7 +111,7 @@ class RunConfig:
             if self.trace is not None or self.params is not None:
                 raise RunError("--live trains the model here: give it without --trace or --params")
             self.live.check()
-            if self.live.device == "cuda" and self.gpu is not None:
+            if self.live.on_gpu and self.gpu is not None:
                 raise RunError("--live --device cuda measures compute and compression on this GPU; --gpu would "
                                "price them on a catalogue GPU instead: give one of the two")
         if self.params is not None:
@@ -246,7 +246,7 @@ class Analysis:
         from arcsim.devices.catalog import device
         from arcsim.devices.predict import device_of_profile, predict_compute
 
-        if self.cfg.live is not None and self.cfg.live.device == "cuda":
+        if self.cfg.live is not None and self.cfg.live.on_gpu:
             return None, None  # measured on the GPU that trains: compute, and compression with CUDA events
         name = self.cfg.gpu or self.topo.gpu
         if self.params is not None:  # no compute; compression modelled on the GPU when it is in the catalogue
@@ -407,8 +407,8 @@ class Analysis:
 
     def _timed_on(self) -> str:
         """Where compression is timed when it is measured: the GPU of a live CUDA run, else this CPU."""
-        live = self.cfg.live is not None and self.cfg.live.device == "cuda"
-        return f"{self.trace.meta['device_name']} (CUDA events)" if live else "this CPU"
+        on_gpu = self.cfg.live is not None and self.cfg.live.on_gpu
+        return f"{self.trace.meta['device_name']} (CUDA events)" if on_gpu else "this CPU"
 
     def _assumptions(self) -> list[str]:
         t, topo, ctx = self.trace, self.topo, self.ctx

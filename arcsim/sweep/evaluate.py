@@ -67,7 +67,7 @@ def _analysis(point: Mapping[str, Any]):
                     memory=point["memory"],
                     bucket_mb=point["bucket_mb"], policy="none",
                     ratios=(1.0,), compute_profile=point.get("compute_profile"), seed=point["seed"],
-                    allow_capture=False, gpu=None if live is not None and live.device == "cuda" else gpu,
+                    allow_capture=False, gpu=None if live is not None and live.on_gpu else gpu,
                     fusion=fusion, live=live)
     analysis = Analysis(cfg, announce=lambda _: None)
     _analyses[key] = analysis
@@ -78,12 +78,11 @@ def _analysis(point: Mapping[str, Any]):
 
 def _live(point: Mapping[str, Any]):
     """The live training a point asks for (None: a trace or a synthetic model)."""
-    from arcsim.traces.training import TrainingConfig
+    from arcsim.traces.training import live_config
 
     if point.get("live") is None:
         return None
-    return TrainingConfig(model=point["live"], workers=point["live_workers"], steps=point["live_steps"], warmup=1,
-                          device=point["live_device"], seed=point["seed"])
+    return live_config(point["live"], point["live_workers"], point["live_steps"], point["live_device"], point["seed"])
 
 
 def evaluate_point(point: Mapping[str, Any]) -> dict[str, Any]:

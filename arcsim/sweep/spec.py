@@ -20,7 +20,7 @@ from typing import Any
 
 import yaml
 
-from arcsim.catalog import COMPRESSORS, DENSITY_FREE, FUSIONS, MEMORIES, fusion_message
+from arcsim.catalog import COMPRESSORS, DENSITY_FREE, FUSIONS, LIVE_DEFAULTS, MEMORIES, fusion_message
 from arcsim.errors import ArcsimError
 from arcsim.netsim import ENGINES
 from arcsim.topology import DEFAULT_TOPOLOGY
@@ -52,11 +52,12 @@ SETTINGS: dict[str, str] = {  # single values, not swept
     "seed": "seed for randomized compressors",
     "compute_profile": "compute timings from this profile instead of the trace's own",
     "out": "results directory",
-    "live_workers": "with live: data-parallel workers (default 4)",
-    "live_steps": "with live: training steps measured after one warm-up step (default 3)",
-    "live_device": "with live: cpu or cuda (cuda also times compute and compression there; default cpu)",
+    "live_workers": f"with live: data-parallel workers (default {LIVE_DEFAULTS['workers']})",
+    "live_steps": f"with live: training steps measured after one warm-up step (default {LIVE_DEFAULTS['steps']})",
+    "live_device": "with live: cpu or cuda (cuda also times compute and compression there; default "
+                   f"{LIVE_DEFAULTS['device']})",
 }
-LIVE_DEFAULTS = {"live_workers": 4, "live_steps": 3, "live_device": "cpu"}
+LIVE_SETTINGS = {f"live_{k}": v for k, v in LIVE_DEFAULTS.items()}  # live_workers, live_steps, live_device
 
 
 class SweepError(ArcsimError):
@@ -132,7 +133,7 @@ class SweepSpec:
             p.update(density=1.0 if free else p["density"], memory=self.memory, seed=self.seed,
                      compute_profile=self.compute_profile)
             if p["live"] is not None:
-                p.update(self.live_settings or LIVE_DEFAULTS)
+                p.update(self.live_settings or LIVE_SETTINGS)
             p["point_id"] = point_id(p)
             if p["point_id"] not in seen:
                 seen.add(p["point_id"])
@@ -235,7 +236,7 @@ def _live_settings(raw: Mapping[str, Any], source: str) -> dict[str, Any]:
     """live_workers, live_steps and live_device, checked as `arcsim run --live` checks them."""
     from arcsim.traces.training import TrainingConfig
 
-    got: dict[str, Any] = {k: raw.get(k) if raw.get(k) is not None else v for k, v in LIVE_DEFAULTS.items()}
+    got: dict[str, Any] = {k: raw.get(k) if raw.get(k) is not None else v for k, v in LIVE_SETTINGS.items()}
     try:
         got["live_workers"], got["live_steps"] = int(got["live_workers"]), int(got["live_steps"])
     except (TypeError, ValueError):

@@ -62,6 +62,10 @@ class TrainingConfig:
         resolve_device(self.device)
 
     @property
+    def on_gpu(self) -> bool:
+        return self.device == "cuda"
+
+    @property
     def total_steps(self) -> int:
         return self.warmup + (self.steps - 1) * self.every + 1
 
@@ -71,6 +75,14 @@ class TrainingConfig:
     @property
     def recorded_steps(self) -> list[int]:
         return [t for t in range(self.total_steps) if self.recorded(t)]
+
+
+def live_config(model: str, workers: int, steps: int, device: str, seed: int, dataset: str | None = None,
+                batch: int | None = None) -> TrainingConfig:
+    """The training `arcsim run --live` (and a sweep's live axis) runs: one untimed warm-up step, so the
+    timed steps are not the first call's (allocation, kernel selection)."""
+    return TrainingConfig(model=model, dataset=dataset, workers=workers, steps=steps, warmup=1, batch=batch,
+                          device=device, seed=seed)
 
 
 @dataclass
