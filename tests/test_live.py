@@ -90,3 +90,14 @@ def test_a_sweep_over_live_training_names_the_source(tmp_path):
     assert (df["iteration_s"] > 0).all()
     bad = run_cli("sweep", "--live", "mlp", "--trace", "x.npz", "--out", str(tmp_path / "t"))
     assert bad.returncode == 2 and "not trace and live" in bad.stderr
+
+
+def test_a_second_pricing_of_a_live_run_reuses_its_gradients(tmp_path):
+    """--compare-gpu and --fusion both price the same live training again: they share its source (a new
+    source was refused as 'another trace' by share_measurements)."""
+    r = run_cli("run", "--live", "--model", "mlp", "--dataset", "mnist1d", "--workers", "2", "--steps", "1",
+                "-c", "dense,topk", "--ratios", "0.01", "--policy", "none", "--plot", str(tmp_path),
+                "--compare-gpu", "h100", "--fusion", "both")
+    assert r.returncode == 0, r.stderr
+    assert (tmp_path / "breakdown-gpus.png").read_bytes()[:4] == b"\x89PNG"
+    assert "whole model as one vector" in " ".join(r.stdout.split())

@@ -159,7 +159,7 @@ def run(topology: str, trace: str | None, no_capture: bool, params: str | None, 
             from arcsim.run.plots import gpu_comparison
 
             note(f"running again on {compare_gpu} for the side-by-side chart …")
-            again = Analysis(dataclasses.replace(cfg, gpu=compare_gpu), announce=note)
+            again = Analysis(dataclasses.replace(cfg, gpu=compare_gpu), announce=note, source=analysis.trace)
             again.share_measurements(analysis)  # the compressors ran on the trace once
             other = again.run()
             written.append(gpu_comparison([result, other], Path(plot_dir) / "breakdown-gpus.png"))

@@ -463,7 +463,7 @@ def fusion_comparison(analysis: Analysis, bucketed: RunResult) -> list[dict[str,
     """Each compressor at --density with its fastest collective, bucket by bucket (``bucketed``) and with the
     whole model fused into one vector (measured again: the compressor then selects over the whole gradient)."""
     cfg = dataclasses.replace(analysis.cfg, fusion="model", policy="none", ratios=(analysis.cfg.density,))
-    fused = Analysis(cfg, announce=lambda _: None).run()
+    fused = Analysis(cfg, announce=lambda _: None, source=analysis.trace).run()  # the same gradients
 
     def best(result: RunResult) -> dict[str, Candidate]:
         out: dict[str, Candidate] = {}
