@@ -35,6 +35,24 @@ def die_with_parent(parent_pid: int) -> None:
 
 
 PR_SET_PDEATHSIG = 1
+M_TRIM_THRESHOLD, M_MMAP_MAX = -1, -4  # glibc's mallopt parameters
+
+
+def keep_freed_memory() -> None:
+    """Ask glibc's allocator to keep freed blocks for reuse instead of handing them back to the kernel.
+
+    By default every block over 32 MB is mapped fresh and unmapped when freed, so each gradient-sized
+    temporary is page-faulted in again page by page: measured on ResNet-50's trace, 3.0 M page faults and
+    6.3 s of system time against 7.8 s of work for four compressor runs; kept, 0.1 M and 0.4 s, and the
+    runs take 5.1 s instead of 8.7 s (peak RSS 4.4 GB instead of 3.9 GB). A no-op where there is no
+    glibc (musl, macOS).
+    """
+    try:
+        mallopt = ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError):
+        return
+    mallopt(M_MMAP_MAX, 0)
+    mallopt(M_TRIM_THRESHOLD, 2**31 - 1)
 
 
 def raise_interrupt(signum: int, frame: object) -> None:

@@ -308,3 +308,26 @@ def test_a_second_run_reads_the_measurements_from_the_cache_and_answers_the_same
     assert info["measurements"] >= 3 and info["directory"] == env["ARCSIM_CACHE_DIR"]
     assert run_cli("cache", "clear", env=env).returncode == 0
     assert json.loads(run_cli("cache", "info", "--json", "-", env=env).stdout)["measurements"] == 0
+
+
+def test_error_interval_over_steps_and_the_eligibility_it_cannot_settle():
+    """Per-step errors 0.1, 0.2, 0.3: mean 0.2, 95 % half-width t(0.975, 2)·0.1/√3 = 0.2484; one step: none.
+    A limit inside a candidate's interval is reported unsettled, one outside is not."""
+    from arcsim.run.candidates import Candidate
+    from arcsim.run.decisions import unsettled
+    from arcsim.run.measure import Measurement
+
+    m = Measurement("topk", 0.01, "ef14", 10, err2=[[0.5, 0.5], [1.0, 1.0], [1.5, 1.5]], ref2=[[5, 5]] * 3)
+    lo, hi = m.rel_error_interval()
+    assert m.rel_error() == pytest.approx(0.2)
+    assert (lo, hi) == (pytest.approx(0.0), pytest.approx(0.2 + 0.24841, abs=1e-4))  # clipped at zero
+    assert Measurement("topk", 0.01, "ef14", 10, err2=[[1.0]], ref2=[[5.0]]).rel_error_interval() is None
+
+    def cand(name, ci):
+        c = Candidate(name, "ring", 0.01, "ef14", "allreduce", 1, 1, 0, 0, 0, 0.2, 0, 1, 0.01, 4)
+        c.rel_error_ci = ci
+        return c
+
+    cands = [cand("star", (0.15, 0.25)), cand("var", (0.05, 0.12)), cand("randk", None), cand("arctopk", (0.1, 0.3))]
+    assert unsettled(cands, 0.2) == ["arctopk", "star"]
+    assert unsettled(cands, 0.5) == [] and unsettled(cands, None) == []

@@ -299,3 +299,17 @@ def test_a_trace_of_zero_gradients_is_one_error_line_not_error_zero(tmp_path):
     r = run_cli("run", "--trace", str(path), "-c", "topk", "--ratios", "0.1", cwd=str(tmp_path))
     assert r.returncode == 2, r.stderr[-1500:]
     assert r.stderr.strip().splitlines()[-1].startswith("error: every gradient in trace zero.npz is zero")
+
+
+def test_huge_finite_gradients_pass_the_screen_and_infinite_ones_do_not(tmp_path):
+    """The NaN/Inf check screens by row sums: a row of finite values whose fp32 sum overflows must still be
+    read (the check then looks entry by entry), a row with one Inf must not."""
+    from arcsim.traces.format import open_trace
+
+    g = np.ones((2, 3, 10), dtype=np.float32)
+    g[0, 1, :] = 3e38  # ten of these sum past fp32's largest value
+    trace = open_trace(_write(tmp_path / "huge.npz", g))
+    assert [float(x[1, 0]) for _, x in trace.steps_iter()] == [pytest.approx(3e38), 1.0]
+    g[1, 2, 3] = np.inf
+    with pytest.raises(Exception, match="worker 2 at recorded step 1"):
+        list(open_trace(_write(tmp_path / "inf.npz", g)).steps_iter())

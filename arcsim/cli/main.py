@@ -39,6 +39,7 @@ from arcsim.collectives.limits import allow_any
 from arcsim.errors import ArcsimError
 from arcsim.netsim import ENGINES
 from arcsim.pricing import ALGO_CHOICES, price_collective
+from arcsim.processes import keep_freed_memory
 from arcsim.topology import DEFAULT_TOPOLOGY, GRAMMAR, load_topology, preset_names
 from arcsim.units import format_bits, format_duration, format_rate, format_size, parse_duration, parse_size
 
@@ -57,6 +58,7 @@ def cli(debug: bool, quiet: bool) -> None:
     Shell completion (bash; zsh and fish alike): eval "$(_ARCSIM_COMPLETE=bash_source arcsim)"
     """
     Verbosity.quiet = quiet
+    keep_freed_memory()  # gradient-sized temporaries reused, not page-faulted in afresh (arcsim.processes)
 
 
 # -- topologies ----------------------------------------------------------------------------------------

@@ -17,7 +17,7 @@ import torch
 
 from arcsim.comm import Communicator
 from arcsim.compressors.arctopk import ArcTopK
-from arcsim.compressors.base import Compressed, CompressionError, Compressor, Layer
+from arcsim.compressors.base import Compressed, CompressionError, Compressor, Layer, largest
 from arcsim.compressors.topk import TopK
 
 INNER = {"topk": TopK, "arctopk": ArcTopK}
@@ -48,7 +48,7 @@ class Adaptive(Compressor):
         target = self.k_for(d, density)
         squares = x.float().pow(2)
         if self.lam is None:
-            kth = squares.topk(target, dim=1, sorted=False).values.min(dim=1).values  # [W]
+            kth = torch.stack([row[largest(row, target)].min() for row in squares])  # [W]
             self.lam = float(comm.all_reduce(kth.unsqueeze(1), tag="lambda")[0, 0])
         counts = (squares > self.lam).sum(dim=1, keepdim=True).float()
         k = int(min(d, max(1, round(float(comm.all_reduce(counts, tag="k")[0, 0])))))

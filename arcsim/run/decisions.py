@@ -52,6 +52,14 @@ class Policy(Decision):
     exposed_comm_s: float
     rel_error: float
     choices: list[BucketChoice]
+    unsettled: list[str]  # candidates whose error interval (over the trace's steps) spans the error limit
+
+
+def unsettled(cands: Sequence[Candidate], limit: float | None) -> list[str]:
+    """The sparsifiers whose eligibility the trace's steps cannot settle: the limit lies inside their error's
+    95 % interval, so more steps could move them to the other side."""
+    return sorted({c.compressor for c in cands if limit is not None and c.density is not None
+                   and c.rel_error_ci is not None and c.rel_error_ci[0] <= limit <= c.rel_error_ci[1]})
 
 
 @dataclass
@@ -133,7 +141,7 @@ def policy(cands: Sequence[Candidate], ctx: Context, slack: float) -> Policy:
     rule = (f"per bucket, the fastest (compression + communication) among candidates whose relative aggregate "
             f"error is at most Top-K's × (1 + {slack:g}) (dense and fp16 always qualify)")
     return Policy(rule, limit, sorted({c.compressor for c in allowed}), timeline.iteration_s,
-                  timeline.exposed_comm_s, err / ref if ref > 0 else 0.0, choices)
+                  timeline.exposed_comm_s, err / ref if ref > 0 else 0.0, choices, unsettled(cands, limit))
 
 
 def pareto(grid: Sequence[Candidate], ratios: Sequence[float],

@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from scipy import stats
 
 from arcsim.catalog import INFO, options_for
 from arcsim.comm.inprocess import InProcessComm
@@ -54,6 +55,18 @@ class Measurement:
         cols = slice(None) if buckets is None else list(buckets)
         total = float(r[:, cols].sum())
         return float(e[:, cols].sum()) / total if total > 0 else 0.0
+
+    def rel_error_interval(self, confidence: float = 0.95) -> tuple[float, float] | None:
+        """The ``confidence`` interval of the error, from its spread over the steps (Student's t on the
+        per-step errors Σ_b err² / Σ_b ref²); None from a single step, where there is no spread to see."""
+        e, r = np.asarray(self.err2).sum(axis=1), np.asarray(self.ref2).sum(axis=1)
+        per_step = e[r > 0] / r[r > 0]
+        if per_step.size < 2:
+            return None
+        half = float(stats.t.ppf(0.5 + confidence / 2, per_step.size - 1) * per_step.std(ddof=1)
+                     / np.sqrt(per_step.size))
+        centre = self.rel_error()
+        return max(0.0, centre - half), centre + half
 
     def err2_bucket(self, index: int) -> float:
         return float(np.asarray(self.err2)[:, index].sum())

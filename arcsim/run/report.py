@@ -91,7 +91,9 @@ def render(result: RunResult, console: Console, every_collective: bool = False) 
     table = Table(title="Iteration time per compressor" + ("" if every_collective else " (its fastest collective)"),
                   caption=f"ms per iteration, compute {_ms(d.compute_s)} ms in each; speed-up against dense fp32 on "
                           f"its fastest collective (dense (baseline), {d.op} {d.collective}); AR all-reduce, AG "
-                          "all-gather; error = ‖agg − ū‖²/‖ū‖² after error feedback; gain = ‖C(u)‖/‖u‖",
+                          "all-gather; error = ‖agg − ū‖²/‖ū‖² after error feedback"
+                          + (f" (± its 95 % interval over the trace's {t.steps} steps)" if t.steps > 1 else "")
+                          + "; gain = ‖C(u)‖/‖u‖",
                   box=box.SIMPLE_HEAD, collapse_padding=True, pad_edge=False, show_edge=False)
     names = max(len(c.compressor) for c in rows) if rows else 0
     for col in ("compressor", "collective", "ms/iter", "compress", "comm", "exposed", "speed-up", "error", "gain",
@@ -104,7 +106,7 @@ def render(result: RunResult, console: Console, every_collective: bool = False) 
                   _ms(d.comm_s), _ms(d.exposed_comm_s), "1.00×", "0", "1", format_size(d.bytes_per_rank), style="dim")
     for c in rows:
         table.add_row(c.compressor, short_collective(c.op, c.collective), _ms(c.iteration_s), _ms(c.compress_s),
-                      _ms(c.comm_s), _ms(c.exposed_comm_s), f"{c.speedup_vs_dense:.2f}×", f"{c.rel_error:.3f}",
+                      _ms(c.comm_s), _ms(c.exposed_comm_s), f"{c.speedup_vs_dense:.2f}×", _error(c),
                       f"{c.compression_gain:.3f}", format_size(c.bytes_per_rank))
     console.print(table)
     if result.policy:
@@ -112,6 +114,13 @@ def render(result: RunResult, console: Console, every_collective: bool = False) 
     _render_crossover(result, console)
     _render_pareto(result, console)
     _render_timings(result, console)
+
+
+def _error(c: Candidate) -> str:
+    """The error, with its interval's half-width when the trace's steps give one."""
+    if c.rel_error_ci is None:
+        return f"{c.rel_error:.3f}"
+    return f"{c.rel_error:.3f}±{(c.rel_error_ci[1] - c.rel_error_ci[0]) / 2:.3f}"
 
 
 def render_fusion(rows: list[dict[str, Any]], console: Console) -> None:
@@ -162,6 +171,13 @@ def _render_policy(result: RunResult, console: Console) -> None:
     if len(pol.choices) > 16:
         table.add_row("…", f"{len(pol.choices) - 16} more", "", "", "")
     console.print(table)
+    if pol.unsettled:
+        console.print(f"  [yellow]not settled by the trace's steps:[/] the error limit {pol.error_limit:.3f} lies "
+                      f"inside the 95 % interval of {', '.join(pol.unsettled)}: a longer trace could change "
+                      "which candidates qualify")
+    elif any(c.rel_error_ci is not None for c in result.candidates):
+        console.print("  [dim]every candidate's error interval lies clearly on one side of the limit: the trace's "
+                      "steps settle which qualify[/]")
 
 
 def _render_crossover(result: RunResult, console: Console) -> None:
