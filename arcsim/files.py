@@ -11,6 +11,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Literal
 
+import yaml
+
 
 @contextmanager
 def atomic_path(path: Path) -> Iterator[Path]:
@@ -91,3 +93,13 @@ def unwritable_reason(path: Path, directory: bool) -> str | None:
         for m in reversed(created):
             m.rmdir()
     return None
+
+
+def read_yaml(path: Path, what: str, error: type[Exception]) -> Any:
+    """The YAML document of ``path`` (None when empty); a missing file or bad YAML is one ``error`` line."""
+    if not path.is_file():
+        raise error(f"{what} {path} does not exist")
+    try:
+        return yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        raise error(f"{path} is not valid YAML: {str(exc).splitlines()[0]}") from None

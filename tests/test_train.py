@@ -55,8 +55,9 @@ def test_sparsifiers_send_what_their_density_says_and_keep_training_finite():
 
 def test_steps_are_priced_on_the_topology_slower_network_costs_more(tmp_path):
     cfg = TrainConfig(**SMALL, compressors=("dense", "topk"))
-    fast = run_experiment(cfg, tmp_path / "fast", "8x1-ib400", announce=lambda _: None)
-    slow = run_experiment(cfg, tmp_path / "slow", "8x1-eth1", announce=lambda _: None)
+    # the same GPU on both (8x1-ib400 names none: its compute would be timed on this machine, and move with its load)
+    fast = run_experiment(cfg, tmp_path / "fast", "8x1-ib400", announce=lambda _: None, gpu="l40s")
+    slow = run_experiment(cfg, tmp_path / "slow", "8x1-eth1", announce=lambda _: None, gpu="l40s")
     for name in ("dense", "topk"):
         f = fast[fast["compressor"] == name]["time_s"].to_numpy()
         s = slow[slow["compressor"] == name]["time_s"].to_numpy()

@@ -88,6 +88,8 @@ if TYPE_CHECKING:  # torch stays unimported until a command needs it
 @click.option("--seed", default=0, show_default=True, type=click.IntRange(min=0))
 @click.option("--grid-steps", type=int, default=None,
               help="Trace steps for the ratio grid (default: all; the first only for large traces).")
+@click.option("--network-schedule", "schedule", type=click.Path(dir_okay=False), default=None,
+              help="Also the best choice on each phase's network of this schedule (examples/schedule-c1.yaml).")
 @click.option("--all-collectives", is_flag=True, help="Show every (compressor, collective) pair, not the best.")
 @json_option
 @click.option("--csv", "csv_out", type=OutputPath(), default=None, help="Write every point as CSV.")
@@ -101,7 +103,7 @@ def run(topology: str, trace: str | None, no_capture: bool, params: str | None, 
         gpu: str | None, batch: int | None, precision: str, compare_gpu: str | None, compute_profile: str | None,
         seed: int,
         grid_steps: int | None, all_collectives: bool, json_out: str | None, csv_out: str | None, plot_dir: str | None,
-        scope: str) -> None:
+        scope: str, schedule: str | None = None) -> None:
     """Predict the iteration time of every compressor and collective for a trace on a topology."""
     from arcsim.run import report
     from arcsim.run.analysis import Analysis, RunConfig
@@ -119,6 +121,14 @@ def run(topology: str, trace: str | None, no_capture: bool, params: str | None, 
                     fusion="bucket" if fusion == "both" else fusion,
                     params=parse_params(params) if params is not None else None, layers=layers, live=training)
     cfg.check()
+    network_schedule = None
+    if schedule is not None:
+        from arcsim.network_schedule import load_schedule
+
+        if bandwidth or latency:
+            raise ArcsimError("--network-schedule sets each phase's bandwidth and latency: give it without "
+                              "--bandwidth and --latency")
+        network_schedule = load_schedule(schedule)
     if compare_gpu:
         from arcsim.devices.catalog import device
 
@@ -147,6 +157,13 @@ def run(topology: str, trace: str | None, no_capture: bool, params: str | None, 
     payload = report.to_json(result)
     if fused is not None:
         payload["fusion"] = fused
+    if network_schedule is not None:
+        from arcsim.run.phases import per_phase, render_phases
+
+        note(f"pricing again on each of the {len(network_schedule.phases)} networks of {network_schedule.name} …")
+        payload["phases"] = per_phase(analysis, network_schedule)
+        if tables_wanted(json_out):
+            render_phases(payload["phases"], network_schedule, console)
     write_json(payload, json_out)
     if csv_out:
         report.write_csv(result, Path(csv_out))

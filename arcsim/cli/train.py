@@ -52,13 +52,31 @@ from arcsim.errors import ArcsimError
 @click.option("--target", default=None, type=float, help="Held-out accuracy to reach, e.g. 0.95.")
 @click.option("--out", "-o", default=None, type=OutputPath(directory=True),
               help="Results directory (default reports/train/<model>-<dataset>-d<density>); an existing one resumes.")
+@click.option("--network-schedule", "schedule", type=click.Path(dir_okay=False), default=None,
+              help="Inter-node latency and bandwidth that change at given steps (examples/schedule-c1.yaml); each "
+                   "step is priced on the network in force, and --policy picks what is sent.")
+@click.option("--policy", "policies", default=None,
+              help="With --network-schedule, comma-separated (default all): static (one choice), adaptive "
+                   "(re-decides as the network and the gain change), oracle (per-phase best static choice in "
+                   "hindsight; needs --target).")
+@click.option("--candidates", default=None,
+              help="With --network-schedule: the compressors the policies choose among (default topk,arctopk,"
+                   "adaptive).")
+@click.option("--ratios", default=None,
+              help="With --network-schedule: the compression ratios they choose among (default the paper's "
+                   "0.1,0.033,0.011,0.004,0.001).")
+@click.option("--warmup", default=None, type=int,
+              help="With --network-schedule: warm-up steps, Top-K from ratio 1.0 to 0.1 (default: 10 % of --steps).")
+@click.option("--stop-at-target", is_flag=True,
+              help="With --network-schedule and --target: end each run when it first reaches the target.")
 @json_option
 @scope_option
 def train(model: str, dataset: str, workers: int, compressors: str, density: float, memory: str, steps: int,
           batch: int, lr: float | None, eval_every: int, seeds: str, topology: str | None, engine: str,
           gpu: str | None, library: str | None, fusion: str,
           compute_profile: str | None, target: float | None, out: str | None, json_out: str | None,
-          scope: str) -> None:
+          scope: str, schedule: str | None = None, policies: str | None = None, candidates: str | None = None,
+          ratios: str | None = None, warmup: int | None = None, stop_at_target: bool = False) -> None:
     """Train W workers in one process through each compressor; accuracy against steps and predicted time."""
     from arcsim.train.experiment import run_experiment
     from arcsim.train.loop import TrainConfig
@@ -77,6 +95,16 @@ def train(model: str, dataset: str, workers: int, compressors: str, density: flo
                       seeds=number_list(seeds, "--seeds", int), compute_profile=compute_profile, scope=scope,
                       fusion=fusion)
     cfg.check()
+    if schedule is not None:
+        from arcsim.cli.train_schedule import train_under_schedule
+
+        train_under_schedule(cfg, schedule, topology, engine, gpu, library, target, out, json_out,
+                             policies, candidates, ratios, warmup, stop_at_target)
+        return
+    for flag, value in (("--policy", policies), ("--warmup", warmup), ("--candidates", candidates),
+                        ("--ratios", ratios), ("--stop-at-target", stop_at_target or None)):
+        if value is not None:
+            raise ArcsimError(f"{flag} goes with --network-schedule FILE (a network that changes during training)")
     if memory == "ef21m":
         note("EF21M carries its own momentum: SGD's momentum is off (the step is x ← x − γ·h̄)")
     for flag, value in (("--gpu", gpu), ("--library", library)):

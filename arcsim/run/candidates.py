@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 
 from arcsim.catalog import INFO
+from arcsim.comm.log import CommRecord
 from arcsim.devices.catalog import Device
 from arcsim.devices.kernels import compress_seconds
 from arcsim.errors import ArcsimError
@@ -18,7 +19,7 @@ from arcsim.pricing import Pricer, algorithms_for
 from arcsim.run.buckets import Bucket
 from arcsim.run.compute import ComputeTimes
 from arcsim.run.measure import Measurement
-from arcsim.run.timeline import iteration
+from arcsim.run.timeline import Timeline, iteration
 from arcsim.topology import Topology
 from arcsim.traces.format import GradientSource
 
@@ -95,29 +96,46 @@ class Context:
 
 def main_op(meas: Measurement) -> str:
     """The collective that carries the data: the all-reduce or all-gather with the most bytes."""
+    return main_op_of(meas.records[0])
+
+
+def main_op_of(step_records: list[list[CommRecord]]) -> str:
+    """The main op of one step's records (per bucket)."""
     sizes = {"allreduce": 0, "allgather": 0}
-    for recs in meas.records[0]:
+    for recs in step_records:
         for r in recs:
             if r.op in sizes:
                 sizes[r.op] += r.bytes_per_rank
     return max(sizes, key=sizes.__getitem__)
 
 
+def compress_times(compressor: str, measured: list[float], ctx: Context) -> list[float]:
+    """Each bucket's compression on the critical path: modelled on the context's GPU, else as measured × scale."""
+    if ctx.gpu is not None:
+        return [compress_seconds(compressor, ctx.scope, round(b.numel * ctx.numel_scale), len(b.layers), ctx.gpu)
+                for b in ctx.buckets]
+    return [c * ctx.scale_for(compressor) for c in measured]
+
+
+def step_timeline(step_records: list[list[CommRecord]], compress: list[float], collective: str, ctx: Context,
+                  pricer: Pricer) -> tuple[Timeline, list[float]]:
+    """One step's iteration with ``collective`` for its main op, and each bucket's communication."""
+    algos = {main_op_of(step_records): collective}
+    comm = [sum(p.time_s for p in pricer.records(recs, algos)) for recs in step_records]
+    return iteration(ctx.compute.forward_s, ctx.compute.backward_s, [b.ready_s for b in ctx.buckets], compress,
+                     comm, ctx.compute.after_s), comm
+
+
 def step_timelines(meas: Measurement, collective: str, ctx: Context,
-                   pricer: Pricer) -> tuple[list, np.ndarray, np.ndarray]:
+                   pricer: Pricer) -> tuple[list[Timeline], np.ndarray, np.ndarray]:
     """Each step's iteration timeline with ``collective`` for the main op, and the per-bucket sums over
     the steps of compression and of communication, kept apart."""
-    algos = {main_op(meas): collective}
     timelines, comp_sum, comm_sum = [], np.zeros(len(ctx.buckets)), np.zeros(len(ctx.buckets))
-    ready = [b.ready_s for b in ctx.buckets]
-    modelled = None if ctx.gpu is None else [  # the same every step: computed once
-        compress_seconds(meas.compressor, ctx.scope, round(b.numel * ctx.numel_scale), len(b.layers), ctx.gpu)
-        for b in ctx.buckets]
+    modelled = compress_times(meas.compressor, [], ctx) if ctx.gpu is not None else None  # the same every step
     for s, step_records in enumerate(meas.records):
-        comm = [sum(p.time_s for p in pricer.records(recs, algos)) for recs in step_records]
-        comp = modelled if modelled is not None else [c * ctx.scale_for(meas.compressor) for c in meas.compress_s[s]]
-        timelines.append(iteration(ctx.compute.forward_s, ctx.compute.backward_s, ready, comp, comm,
-                                   ctx.compute.after_s))
+        comp = modelled if modelled is not None else compress_times(meas.compressor, meas.compress_s[s], ctx)
+        timeline, comm = step_timeline(step_records, comp, collective, ctx, pricer)
+        timelines.append(timeline)
         comp_sum += np.asarray(comp)
         comm_sum += np.asarray(comm)
     return timelines, comp_sum, comm_sum

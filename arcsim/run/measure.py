@@ -104,15 +104,22 @@ class BucketedCompression:
 
     def __init__(self, buckets: list[Bucket], compressor: str, density: float, memory: str | None = None,
                  seed: int = 0, options: Mapping[str, Any] | None = None, timed: bool = True) -> None:
-        self.buckets, self.compressor, self.density, self.seed = buckets, compressor, density, seed
-        self.options = options_for(compressor, options or {})  # shared options (scope …) this one accepts
+        self.buckets, self.seed, self.shared_options = buckets, seed, dict(options or {})
         self.memory = memory or default_memory(compressor)
-        self.comps = [make_compressor(compressor, density, seed=seed + b.index, **self.options) for b in buckets]
+        self.switch(compressor, density)
         self.mems = [make_memory(self.memory) for _ in buckets]
         self.layouts = [b.layout() for b in buckets]
         self.comm: InProcessComm | None = None
-        self.one_rank: dict[int, float] = {}  # per-rank compression seconds per bucket, timed on the first step
         self.timed = timed  # False where compression is modelled (a catalogue GPU): nothing timed, NaN kept
+
+    def switch(self, compressor: str, density: float) -> None:
+        """Compress with ``compressor`` at ``density`` from now on; the error-feedback memories carry over (what
+        a worker has not yet sent is owed whatever compresses it next)."""
+        self.compressor, self.density = compressor, density
+        self.options = options_for(compressor, self.shared_options)  # shared options (scope …) this one accepts
+        self.comps = [make_compressor(compressor, density, seed=self.seed + b.index, **self.options)
+                      for b in self.buckets]
+        self.one_rank: dict[int, float] = {}  # per-rank compression seconds per bucket, timed on its first step
 
     def step(self, step: int, g: torch.Tensor) -> tuple[list[torch.Tensor], dict[str, list]]:
         """Compress [W, d] gradients bucket by bucket; returns the [1, bucket] updates (in bucket order, which

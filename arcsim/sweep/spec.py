@@ -18,10 +18,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from arcsim.catalog import COMPRESSORS, DENSITY_FREE, FUSIONS, LIVE_DEFAULTS, MEMORIES, fusion_message
 from arcsim.errors import ArcsimError
+from arcsim.files import read_yaml
 from arcsim.netsim import ENGINES
 from arcsim.topology import DEFAULT_TOPOLOGY
 from arcsim.units import parse_duration, parse_params, parse_rate
@@ -179,12 +178,7 @@ def point_id(point: Mapping[str, Any]) -> str:
 
 
 def load_yaml_spec(path: Path) -> dict[str, Any]:
-    if not path.is_file():
-        raise SweepError(f"sweep file {path} does not exist")
-    try:
-        raw = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as exc:
-        raise SweepError(f"{path} is not valid YAML: {str(exc).splitlines()[0]}") from None
+    raw = read_yaml(path, "sweep file", SweepError)
     if raw is None:
         raw = {}
     if not isinstance(raw, dict):

@@ -35,8 +35,9 @@ def run_key(cfg: TrainConfig, topology: str | None, engine: str, gpu: str | None
     return key | {k: v for k, v in overrides.items() if v}  # older directories (no overrides) still resume
 
 
-def open_dir(out: Path, key: dict[str, Any], steps: int) -> set[tuple[str, int]]:
-    """Create or reopen the experiment directory; returns the (compressor, seed) runs already finished."""
+def claim_dir(out: Path, key: dict[str, Any]) -> None:
+    """Create an experiment directory holding ``key`` in config.json, or reopen one that holds the same key;
+    one holding other settings, or something else, is refused."""
     config = out / "config.json"
     if config.exists():
         held = json.loads(config.read_text())
@@ -49,6 +50,11 @@ def open_dir(out: Path, key: dict[str, Any], steps: int) -> set[tuple[str, int]]
     out.mkdir(parents=True, exist_ok=True)
     if not config.exists():
         write_atomic(config, json.dumps(key, indent=1))
+
+
+def open_dir(out: Path, key: dict[str, Any], steps: int) -> set[tuple[str, int]]:
+    """Create or reopen the experiment directory; returns the (compressor, seed) runs already finished."""
+    claim_dir(out, key)
     history = load_history(out)
     complete = _complete(history, steps)
     if not complete.all():  # a run cut off mid-write by a kill: drop its rows, it is redone whole

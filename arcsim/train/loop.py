@@ -139,46 +139,71 @@ def sgd_momentum(cfg: TrainConfig) -> float:
     return 0.0 if cfg.memory == "ef21m" else cfg.momentum
 
 
-def train(cfg: TrainConfig, setup: Setup, compressor: str, seed: int,
-          progress: Callable[[int], None] | None = None) -> History:
-    """Train from the same initial weights and batches for every compressor of a seed."""
-    entry = model_entry(cfg.model)
-    torch.manual_seed(seed)
-    model = entry.build(setup.data.spec)
-    params = dict(model.named_parameters())
-    opt = torch.optim.SGD(model.parameters(), lr=cfg.lr or entry.lr, momentum=sgd_momentum(cfg))
-    bc = BucketedCompression(setup.buckets, compressor, cfg.density, cfg.memory, seed=seed,
-                             options={"scope": cfg.scope})
-    hist = History(compressor, seed, bc.memory,
-                   Measurement(compressor, cfg.density, bc.memory, setup.elements))
-    gen = torch.Generator().manual_seed(seed)
-    grads = torch.empty(cfg.workers, setup.elements)
-    for step in range(cfg.steps):
+Before = Callable[[int, torch.Tensor, "TrainingRun"], None]  # (step, [W, d] gradients, run): may switch
+
+
+class TrainingRun:
+    """One run advanced a step at a time: the model, its optimizer, the compressor with its error feedback,
+    the batch generator's state and the history so far. It pickles whole (``torch.save``): a checkpoint."""
+
+    def __init__(self, cfg: TrainConfig, setup: Setup, compressor: str, seed: int,
+                 density: float | None = None) -> None:
+        entry = model_entry(cfg.model)
+        torch.manual_seed(seed)
+        self.model = entry.build(setup.data.spec)
+        self.opt = torch.optim.SGD(self.model.parameters(), lr=cfg.lr or entry.lr, momentum=sgd_momentum(cfg))
+        self.bc = BucketedCompression(setup.buckets, compressor, cfg.density if density is None else density,
+                                      cfg.memory, seed=seed, options={"scope": cfg.scope})
+        self.hist = History(compressor, seed, self.bc.memory,
+                            Measurement(compressor, self.bc.density, self.bc.memory, setup.elements))
+        self.generator = torch.Generator().manual_seed(seed).get_state()  # a state: Generators do not pickle
+        self.step = 0  # the next step to train
+
+    def advance(self, cfg: TrainConfig, setup: Setup, before: Before | None = None) -> bool:
+        """Train one step (``before`` sees the gradients first and may switch the compressor); False once the
+        run has diverged."""
+        params = dict(self.model.named_parameters())
+        gen = torch.Generator()
+        gen.set_state(self.generator)
         x, y = setup.data.draw(cfg.workers * cfg.batch, gen)
+        self.generator = gen.get_state()
+        grads = torch.empty(cfg.workers, setup.elements)
         losses = []
         for w, (xw, yw) in enumerate(zip(x.chunk(cfg.workers), y.chunk(cfg.workers), strict=True)):
-            model.zero_grad(set_to_none=True)
-            loss = loss_fn(setup.data.spec.kind, model(xw), yw)
+            self.model.zero_grad(set_to_none=True)
+            loss = loss_fn(setup.data.spec.kind, self.model(xw), yw)
             loss.backward()
             losses.append(loss.item())
             for la in setup.layers:
                 p = params[la.name]
                 grads[w, la.offset:la.offset + la.numel] = 0.0 if p.grad is None else p.grad.reshape(-1)
+        step, hist = self.step, self.hist
         hist.loss.append(float(np.mean(losses)))
         if not np.isfinite(hist.loss[-1]):  # the last update broke the model: record what it now predicts
             hist.diverged_at = step
             hist.eval_steps.append(step + 1)
-            hist.accuracy.append(accuracy(model, setup.data))
-            break
-        parts, row = bc.step(step, grads)
+            hist.accuracy.append(accuracy(self.model, setup.data))
+            return False
+        if before is not None:
+            before(step, grads, self)
+        parts, row = self.bc.step(step, grads)
         update = torch.cat(parts, dim=1)
         hist.measurement.add(row)
         for la in setup.layers:
             params[la.name].grad = update[0, la.offset:la.offset + la.numel].reshape(la.shape)
-        opt.step()
+        self.opt.step()
         if (step + 1) % cfg.eval_every == 0 or step + 1 == cfg.steps:
             hist.eval_steps.append(step + 1)
-            hist.accuracy.append(accuracy(model, setup.data))
+            hist.accuracy.append(accuracy(self.model, setup.data))
+        self.step += 1
+        return True
+
+
+def train(cfg: TrainConfig, setup: Setup, compressor: str, seed: int,
+          progress: Callable[[int], None] | None = None) -> History:
+    """Train from the same initial weights and batches for every compressor of a seed."""
+    run = TrainingRun(cfg, setup, compressor, seed)
+    while run.step < cfg.steps and run.advance(cfg, setup):
         if progress:
             progress(1)
-    return hist
+    return run.hist

@@ -44,3 +44,72 @@ def accuracy_plot(history: pd.DataFrame, x: str, path: Path, title: str, target:
         return save_png(fig, path)
     finally:
         plt.close(fig)
+
+
+def schedule_plot(history: pd.DataFrame, headline: pd.DataFrame, phases: list[tuple[int, str]], path: Path,
+                  title: str, target: float | None) -> Path:
+    """Top: held-out accuracy against predicted wall-clock for the best static choice, adaptive and oracle
+    (mean over seeds, band from the lowest to the highest seed), network phases shaded at the adaptive run's
+    clock. Bottom: a timeline strip of what each policy used at every step (seed 0), phases marked."""
+    runs = [(r["policy"], r["choice"]) for _, r in headline.iterrows()]
+    fig, (top, strip) = plt.subplots(2, 1, figsize=(8.5, 6.4), gridspec_kw={"height_ratios": [3, 1.4]})
+    clock = history[history["policy"] == "adaptive"] if "adaptive" in set(history["policy"]) else \
+        history[(history["policy"], history["choice"]) == runs[0]] if runs else history
+    at_step = clock.groupby("step")["time_s"].mean()
+    starts = [s for s, _ in phases]
+    for i, (start, label) in enumerate(phases):
+        end = starts[i + 1] if i + 1 < len(starts) else int(at_step.index.max())
+        lo = float(at_step.get(start, 0.0)) if start > 0 else 0.0
+        hi = float(at_step.get(end, at_step.iloc[-1]))
+        top.axvspan(lo, hi, color="grey", alpha=0.06 + 0.08 * (i % 2), lw=0)
+        top.text((lo + hi) / 2, 0.02, f"{i + 1}: {label}", ha="center", va="bottom", fontsize=7, rotation=90)
+        strip.axvline(start, color="grey", lw=0.8, ls=":")
+        strip.text(start, 2.65, f" {i + 1}", fontsize=7, va="bottom")
+    evals = history.dropna(subset=["accuracy"])
+    for i, (policy, choice) in enumerate(runs):
+        rows = evals[(evals["policy"] == policy) & (evals["choice"] == choice)]
+        by_step = rows.groupby("step")
+        name = f"static {choice}" if policy == "static" else policy
+        top.plot(by_step["time_s"].mean(), by_step["accuracy"].mean(), color=PALETTE[i], label=name)
+        top.fill_between(by_step["time_s"].mean(), by_step["accuracy"].min(), by_step["accuracy"].max(),
+                         color=PALETTE[i], alpha=0.15, lw=0)
+    if target is not None:
+        top.axhline(target, color="grey", lw=0.8, ls="--", label=f"target {target:.0%}")
+    top.set_xlabel("predicted wall-clock (s); shaded: network phases, at the adaptive run's clock")
+    top.set_ylabel("held-out accuracy")
+    top.set_ylim(0, 1)
+    top.grid(alpha=0.3)
+    top.legend(fontsize=8, loc="lower right")
+    top.set_title(title, fontsize=10)
+    _strip(strip, history, runs)
+    fig.tight_layout()
+    try:
+        return save_png(fig, path)
+    finally:
+        plt.close(fig)
+
+
+def _strip(ax: plt.Axes, history: pd.DataFrame, runs: list[tuple[str, str]]) -> None:
+    """One row per policy (its first seed): a block per stretch of steps with one (compressor, collective),
+    labelled with the ratio where it changes."""
+    kinds: dict[str, int] = {}
+    for row, (policy, choice) in enumerate(reversed(runs)):
+        run = history[(history["policy"] == policy) & (history["choice"] == choice)]
+        run = run[run["seed"] == run["seed"].min()].sort_values("step")
+        keys = list(zip(run["compressor"], run["collective"].fillna(""), run["density"], strict=True))
+        start = 0
+        for i in range(1, len(keys) + 1):
+            if i < len(keys) and keys[i] == keys[start]:
+                continue
+            compressor, collective, density = keys[start]
+            kind = f"{compressor} {collective}"
+            colour = PALETTE[kinds.setdefault(kind, len(kinds)) % len(PALETTE)]
+            ax.broken_barh([(start + 1, i - start)], (row - 0.4, 0.8), color=colour, alpha=0.8, lw=0)
+            if i - start >= 4:
+                ax.text(start + 1 + (i - start) / 2, row, f"{density:.3g}", ha="center", va="center", fontsize=6)
+            start = i
+    ax.set_yticks(range(len(runs)), [f"static {c}" if p == "static" else p for p, c in reversed(runs)], fontsize=8)
+    ax.set_ylim(-0.6, len(runs) + 0.2)
+    ax.set_xlabel("training step; blocks: compressor and collective, numbers: compression ratio (first seed)")
+    handles = [plt.Rectangle((0, 0), 1, 1, color=PALETTE[i % len(PALETTE)], alpha=0.8) for i in kinds.values()]
+    ax.legend(handles, list(kinds), fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False)

@@ -1,0 +1,234 @@
+"""Who picks the (compressor, collective, ratio) of each training step when the network changes.
+
+Every policy starts with the same warm-up (Tyagi & Swany): Top-K with its ratio falling geometrically
+from 1.0 to 0.1 over the first ``warmup`` steps. Then:
+
+- ``static`` keeps one (compressor, ratio) for the rest of the run; its collective is the one that makes
+  the whole run fastest (chosen after it, in hindsight).
+- ``adaptive`` re-decides when the network changes and when the running compressor's measured gain
+  ‖C(u)‖/‖u‖ drifts from the value it was chosen at by more than ``drift`` (relative). A decision runs
+  every candidate (compressor, ratio) once on this step's gradients, each with a copy of the run's
+  error-feedback memory, and prices what each sends on the network now in force with every collective
+  its library offers; the (candidate, collective) chosen minimises the achievement scalarising function
+  max(w_t · t̂, w_g · ĝ), t̂ the step time and ĝ the gain shortfall, both scaled to [0, 1] over the
+  candidates (weights 0.6 / 0.4).
+- ``oracle`` knows the schedule and the static runs' outcomes: in each phase it uses the static choice
+  that reached the target soonest when all of its run is priced on that phase's network. It is the
+  per-phase best static choice in hindsight: a bound adaptive can approach, not a strict optimum.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from arcsim.catalog import INFO
+from arcsim.network_schedule import NetworkSchedule
+from arcsim.pricing import Pricer, algorithms_for
+from arcsim.run.candidates import Context, compress_times, main_op_of, step_timeline
+from arcsim.run.measure import BucketedCompression
+from arcsim.topology import Topology
+from arcsim.train.loop import Setup, TrainConfig, TrainingRun
+from arcsim.train.outcome import priced_on
+
+PAPER_RATIOS = (0.1, 0.033, 0.011, 0.004, 0.001)
+ASF_WEIGHTS = (0.6, 0.4)  # step time, compression gain
+DRIFT = 0.25               # relative change of the running gain that triggers a new decision
+WARMUP_COMPRESSOR, WARMUP_FROM, WARMUP_TO = "topk", 1.0, 0.1
+WARMUP_SHARE = 0.1         # of the run's steps, by default
+
+
+@dataclass(frozen=True)
+class Choice:
+    compressor: str
+    density: float
+
+    @property
+    def label(self) -> str:
+        return f"{self.compressor}@{self.density:g}"
+
+
+def warmup_density(step: int, warmup: int) -> float:
+    """The warm-up ratio at ``step``: geometric from WARMUP_FROM at step 0 to WARMUP_TO at the last warm-up step."""
+    if warmup <= 1:
+        return WARMUP_TO
+    return WARMUP_FROM * (WARMUP_TO / WARMUP_FROM) ** (min(step, warmup - 1) / (warmup - 1))
+
+
+class Pricing:
+    """Each step priced on the network in force at that step: a context and a pricer per phase."""
+
+    def __init__(self, setup: Setup, topo: Topology, schedule: NetworkSchedule, engine: str, scope: str) -> None:
+        compute, buckets, gpu = priced_on(setup, topo)
+        base = Context(None, topo, compute, buckets, engine, gpu=gpu, scope=scope)
+        self.schedule = schedule
+        self.contexts = [base] + [dataclasses.replace(base, topo=t) for t in schedule.topologies(topo)]
+        self.pricers = [Pricer(c.topo, engine) for c in self.contexts]
+        self.timed = gpu is None  # compression measured here, not modelled on the topology's GPU
+
+    def slot(self, step: int) -> int:
+        """0: the topology's own network (before the first phase); i + 1: phase i."""
+        index = self.schedule.index_at(step)
+        return 0 if index is None else index + 1
+
+    def step_seconds(self, step: int, records: list, compressor: str, measured: list[float],
+                     collective: str, slot: int | None = None) -> float:
+        """One step's predicted iteration on the network in force at ``step`` (or on network ``slot``)."""
+        where = self.slot(step) if slot is None else slot
+        ctx, pricer = self.contexts[where], self.pricers[where]
+        timeline, _ = step_timeline(records, compress_times(compressor, measured, ctx), collective, ctx, pricer)
+        return timeline.iteration_s
+
+    def collectives(self, records: list) -> tuple[str, tuple[str, ...]]:
+        """The main op of ``records`` and the algorithms the library offers for it (the same on every network)."""
+        op = main_op_of(records)
+        return op, algorithms_for(self.contexts[0].topo, op)
+
+    def fastest(self, step: int, records: list, compressor: str, measured: list[float],
+                slot: int | None = None) -> tuple[str, str, float]:
+        """(op, collective, seconds) of the fastest collective for this step's records."""
+        op, algos = self.collectives(records)
+        times = {a: self.step_seconds(step, records, compressor, measured, a, slot) for a in algos}
+        best = min(times, key=times.__getitem__)
+        return op, best, times[best]
+
+
+def asf(times: list[float], gains: list[float], weights: tuple[float, float]) -> list[float]:
+    """max(w_t · t̂, w_g · ĝ) per candidate: t̂ = (t − t_min)/(t_max − t_min), ĝ = (g_max − g)/(g_max − g_min)."""
+    t, g = np.asarray(times), np.asarray(gains)
+    t_hat = (t - t.min()) / (np.ptp(t) or 1.0)
+    g_hat = (g.max() - g) / (np.ptp(g) or 1.0)
+    return list(np.maximum(weights[0] * t_hat, weights[1] * g_hat))
+
+
+@dataclass
+class Controller:
+    """What a policy does before each step's compression; picklable with the run (its checkpoint)."""
+
+    policy: str
+    warmup: int
+    choice: Choice | None = None                 # after warm-up (static and oracle: fixed per phase)
+    per_phase: list[Choice] | None = None        # oracle: the choice of each phase
+    collective: str | None = None                # adaptive: the chosen collective (None: fastest per step)
+    used: list[tuple[str, float, str | None]] = field(default_factory=list)  # per step: compressor, ρ, collective
+    decisions: list[dict[str, Any]] = field(default_factory=list)
+    gain_at_choice: float | None = None
+    phase_seen: int | None = -1
+
+    def before(self, step: int, grads: torch.Tensor, run: TrainingRun, ctx: DecisionContext) -> None:
+        if step < self.warmup:
+            run.bc.switch(WARMUP_COMPRESSOR, warmup_density(step, self.warmup))
+            self.used.append((WARMUP_COMPRESSOR, run.bc.density, None))
+            return
+        phase = ctx.pricing.schedule.index_at(step)
+        if self.policy == "adaptive":
+            reason = self._reason(step, phase, run, ctx.drift)
+            if reason:
+                self._decide(step, phase, reason, grads, run, ctx)
+        else:
+            wanted = self.per_phase[0 if phase is None else phase] if self.per_phase else self.choice
+            assert wanted is not None
+            if (run.bc.compressor, run.bc.density) != (wanted.compressor, wanted.density):
+                run.bc.switch(wanted.compressor, wanted.density)
+        self.phase_seen = phase
+        self.used.append((run.bc.compressor, run.bc.density, self.collective))
+
+    def _reason(self, step: int, phase: int | None, run: TrainingRun, drift: float) -> str | None:
+        if step == self.warmup:
+            return "warm-up over"
+        if phase != self.phase_seen:
+            return "network changed"
+        gains = run.hist.measurement.gain
+        if self.gain_at_choice and gains:
+            now = float(np.mean(gains[-1]))
+            if abs(now - self.gain_at_choice) > drift * self.gain_at_choice:
+                return f"gain drifted {now / self.gain_at_choice - 1:+.0%}"
+        return None
+
+    def _decide(self, step: int, phase: int | None, reason: str, grads: torch.Tensor, run: TrainingRun,
+                ctx: DecisionContext) -> None:
+        rows = ctx.explore(step, grads, run)
+        scores = asf([r["time_s"] for r in rows], [r["gain"] for r in rows], ctx.weights)
+        for r, s in zip(rows, scores, strict=True):
+            r["asf"] = s
+        best = min(range(len(rows)), key=lambda i: (scores[i], rows[i]["time_s"]))
+        chosen = rows[best]
+        run.bc.switch(chosen["compressor"], chosen["density"])
+        self.collective = chosen["collective"]
+        self.gain_at_choice = chosen["gain"]
+        network = ctx.pricing.schedule.phases[phase].label if phase is not None else "the topology's own"
+        self.decisions.append({"step": step, "phase": None if phase is None else phase + 1, "network": network,
+                               "reason": reason, "chosen": {k: chosen[k] for k in ("compressor", "density",
+                                                                                   "collective", "op", "time_s",
+                                                                                   "gain", "asf")},
+                               "candidates": rows})
+
+
+@dataclass
+class DecisionContext:
+    """What an adaptive decision needs besides the run: the candidates, the pricing and the training setup."""
+
+    cfg: TrainConfig
+    setup: Setup
+    pricing: Pricing
+    candidates: tuple[str, ...]
+    ratios: tuple[float, ...]
+    weights: tuple[float, float] = ASF_WEIGHTS
+    drift: float = DRIFT
+
+    def explore(self, step: int, grads: torch.Tensor, run: TrainingRun) -> list[dict[str, Any]]:
+        """Every candidate (compressor, ratio) once on ``grads`` with a copy of the run's error feedback, priced
+        with each collective on the network now in force; one row per candidate, at its fastest collective."""
+        rows = []
+        for name in self.candidates:
+            for ratio in (self.ratios if not INFO[name].density_free else (1.0,)):
+                trial = BucketedCompression(self.setup.buckets, name, ratio, self.cfg.memory, seed=run.bc.seed,
+                                            options={"scope": self.cfg.scope}, timed=self.pricing.timed)
+                trial.mems = copy.deepcopy(run.bc.mems)
+                _, row = trial.step(step, grads)
+                op, collective, seconds = self.pricing.fastest(step, row["records"], name, row["compress_s"])
+                rows.append({"compressor": name, "density": ratio, "collective": collective, "op": op,
+                             "time_s": seconds, "gain": float(np.mean(row["gain"]))})
+        return rows
+
+
+def price_run(used: list[tuple[str, float, str | None]], records: list, compress_s: list, pricing: Pricing,
+              slot: int | None = None) -> tuple[np.ndarray, list[str]]:
+    """Each step's predicted seconds and collective — the controller's collective, or the step's fastest — on
+    the network in force at each step (or all on network ``slot``)."""
+    seconds, collectives = [], []
+    for step, ((name, _, collective), recs, measured) in enumerate(zip(used, records, compress_s, strict=False)):
+        if collective is None:
+            _, collective, t = pricing.fastest(step, recs, name, measured, slot)
+        else:
+            t = pricing.step_seconds(step, recs, name, measured, collective, slot)
+        seconds.append(t)
+        collectives.append(collective)
+    return np.asarray(seconds), collectives
+
+
+def best_static_collective(used: list[tuple[str, float, str | None]], records: list, compress_s: list,
+                           pricing: Pricing, warmup: int, slot: int | None = None) -> str | None:
+    """The collective that makes a static run's steps after warm-up fastest in total (hindsight); None when
+    the run ended inside its warm-up."""
+    if len(records) <= warmup:
+        return None
+    _, algos = pricing.collectives(records[warmup])
+    totals = {a: sum(pricing.step_seconds(s, records[s], used[s][0], compress_s[s], a, slot)
+                     for s in range(warmup, len(records))) for a in algos}
+    return min(totals, key=totals.__getitem__)
+
+
+def time_to(evaluations: list[tuple[int, float]], seconds: np.ndarray, target: float) -> float:
+    """Predicted seconds until the first evaluation at or above ``target`` (NaN if never)."""
+    elapsed = np.cumsum(seconds)
+    for step, acc in evaluations:
+        if acc >= target and step - 1 < len(elapsed):
+            return float(elapsed[step - 1])
+    return math.nan

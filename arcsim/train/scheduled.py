@@ -1,0 +1,315 @@
+"""`arcsim train --network-schedule`: static, adaptive and oracle policies trained under a changing network,
+every step priced on the network in force at that step; resumable down to the step.
+
+The output directory holds ``config.json`` (what the runs depend on), ``history.csv`` (one row per step of
+every finished run), ``by_phase.csv`` (each static run's time to the target were all of it on one phase's
+network: what the oracle chooses from), ``decisions.jsonl`` (every adaptive decision), and while a run is
+under way ``checkpoints/<run>.pt``, saved every CHECKPOINT_EVERY steps: an interrupted run goes on from
+its last checkpoint, its decisions so far included.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import torch
+
+from arcsim.catalog import COMPRESSORS, INFO
+from arcsim.errors import ArcsimError
+from arcsim.files import AppendOnlyCSV, atomic_path
+from arcsim.network_schedule import NetworkSchedule
+from arcsim.topology import load_topology
+from arcsim.train.experiment import RUN_KEYS, claim_dir
+from arcsim.train.loop import Setup, TrainConfig, TrainingRun, prepare
+from arcsim.train.policies import (
+    ASF_WEIGHTS,
+    DRIFT,
+    PAPER_RATIOS,
+    WARMUP_COMPRESSOR,
+    WARMUP_FROM,
+    WARMUP_SHARE,
+    Choice,
+    Controller,
+    DecisionContext,
+    Pricing,
+    best_static_collective,
+    price_run,
+    time_to,
+)
+
+POLICIES = ("static", "adaptive", "oracle")
+HISTORY_COLUMNS = ("policy", "choice", "seed", "step", "loss", "accuracy", "time_s", "compressor", "density",
+                   "collective", "phase", "diverged")
+BY_PHASE_COLUMNS = ("choice", "seed", "phase", "collective", "time_to_target_s", "final_accuracy")
+CHECKPOINT_EVERY = 25
+
+
+@dataclass
+class ScheduledConfig:
+    train: TrainConfig
+    schedule: NetworkSchedule
+    topology: str
+    policies: tuple[str, ...] = POLICIES
+    candidates: tuple[str, ...] = ("topk", "arctopk", "adaptive")
+    ratios: tuple[float, ...] = PAPER_RATIOS
+    target: float | None = None
+    warmup: int | None = None       # steps; None: WARMUP_SHARE of the run
+    engine: str = "analytic"
+    gpu: str | None = None
+    library: str | None = None
+    drift: float = DRIFT
+    weights: tuple[float, float] = ASF_WEIGHTS
+    stop_at_target: bool = False    # end each run at its first evaluation at or above the target
+
+    @property
+    def warmup_steps(self) -> int:
+        return self.warmup if self.warmup is not None else max(1, round(WARMUP_SHARE * self.train.steps))
+
+    @property
+    def choices(self) -> list[Choice]:
+        """The static candidates: every compressor at every ratio (density-free ones once)."""
+        return [Choice(c, r) for c in self.candidates for r in (self.ratios if not INFO[c].density_free else (1.0,))]
+
+    def check(self) -> None:
+        self.train.check()
+        unknown = [p for p in self.policies if p not in POLICIES]
+        if unknown or not self.policies:
+            raise ArcsimError(f"unknown policy {unknown[0] if unknown else '(none)'!r}; choose from "
+                              f"{', '.join(POLICIES)} (comma-separated)")
+        bad = [c for c in self.candidates if c not in COMPRESSORS]
+        if bad or not self.candidates:
+            raise ArcsimError(f"unknown candidate compressor {bad[0] if bad else '(none)'!r}; choose from "
+                              f"{', '.join(COMPRESSORS)}")
+        if not self.ratios or not all(0 < r <= 1 for r in self.ratios):
+            raise ArcsimError("--ratios must be densities in (0, 1], e.g. 0.1,0.033,0.011,0.004,0.001")
+        if "oracle" in self.policies and self.target is None:
+            raise ArcsimError("--policy oracle needs --target: the oracle uses, per phase, the static choice that "
+                              "reaches it soonest")
+        if not 0 <= self.warmup_steps < self.train.steps:
+            raise ArcsimError(f"--warmup must lie in [0, {self.train.steps}) steps, got {self.warmup_steps}")
+        if self.stop_at_target and self.target is None:
+            raise ArcsimError("--stop-at-target needs --target")
+        if not self.drift > 0:
+            raise ArcsimError(f"--drift must be positive, got {self.drift}")
+        self.schedule.check_steps(self.train.steps)
+
+    def key(self) -> dict[str, Any]:
+        raw = asdict(self.train)
+        return {**{k: raw[k] for k in RUN_KEYS}, "topology": self.topology, "engine": self.engine, "gpu": self.gpu,
+                "library": self.library, "schedule": [p.to_dict() for p in self.schedule.phases],
+                "candidates": list(self.candidates), "ratios": list(self.ratios), "target": self.target,
+                "warmup": self.warmup_steps, "drift": self.drift, "weights": list(self.weights),
+                "stop_at_target": self.stop_at_target}
+
+
+def _open(out: Path, key: dict[str, Any], steps: int, stop: float | None) -> set[tuple[str, str, int]]:
+    """Create or reopen the directory; the (policy, choice, seed) runs already finished (all steps, diverged, or
+    at the target ``stop``)."""
+    claim_dir(out, key)
+    history = load_history(out)
+    ends = history.groupby(["policy", "choice", "seed"]).agg(last=("step", "max"), diverged=("diverged", "any"),
+                                                             best=("accuracy", "max"))
+    return {(p, c, int(s)) for (p, c, s), r in ends.iterrows()
+            if r["last"] == steps or r["diverged"] or (stop is not None and r["best"] >= stop)}
+
+
+def _table(path: Path, columns: tuple[str, ...]) -> pd.DataFrame:
+    """A results table of the directory (empty with its columns when not written yet)."""
+    if not path.exists():
+        return pd.DataFrame({c: pd.Series(dtype=object) for c in columns})
+    AppendOnlyCSV(path, columns).repair()  # a row cut off by a kill
+    return pd.read_csv(path)
+
+
+def load_history(out: Path) -> pd.DataFrame:
+    return _table(out / "history.csv", HISTORY_COLUMNS)
+
+
+class ScheduledExperiment:
+    """Trains the runs a ScheduledConfig asks for into ``out``, skipping finished ones."""
+
+    def __init__(self, scfg: ScheduledConfig, out: Path, announce: Callable[[str], None] = print,
+                 progress: Callable[[int, int], None] | None = None) -> None:
+        scfg.check()
+        self.scfg, self.out, self.announce, self.progress = scfg, out, announce, progress
+        self.cfg = scfg.train
+        topo = load_topology(scfg.topology).with_overrides(library=scfg.library,
+                                                           gpu=scfg.gpu.lower() if scfg.gpu else None)
+        self.setup: Setup = prepare(self.cfg)  # every check before the directory is touched
+        self.pricing = Pricing(self.setup, topo, scfg.schedule, scfg.engine, self.cfg.scope)
+        self.decide = DecisionContext(self.cfg, self.setup, self.pricing, scfg.candidates, scfg.ratios,
+                                      scfg.weights, scfg.drift)
+        self.done = _open(out, scfg.key(), self.cfg.steps, scfg.target if scfg.stop_at_target else None)
+
+    def runs(self) -> list[tuple[str, str, int]]:
+        """Every (policy, choice, seed) asked for; the oracle needs the static runs of its seed first."""
+        wanted = []
+        for seed in self.cfg.seeds:
+            if "static" in self.scfg.policies or "oracle" in self.scfg.policies:
+                wanted += [("static", c.label, seed) for c in self.scfg.choices]
+            wanted += [(p, p, seed) for p in ("adaptive", "oracle") if p in self.scfg.policies]
+        return wanted
+
+    def run(self) -> pd.DataFrame:
+        todo = [r for r in self.runs() if r not in self.done]
+        if len(todo) < len(self.runs()):
+            self.announce(f"resuming: {len(self.runs()) - len(todo)} of {len(self.runs())} runs are already in "
+                          f"{self.out / 'history.csv'}")
+        total = len(todo) * self.cfg.steps
+        for i, (policy, choice, seed) in enumerate(todo):
+            self._train(policy, choice, seed, partial(self._tick, i * self.cfg.steps, total))
+        history = load_history(self.out)
+        keep = [(p, c, int(s)) in set(self.runs()) for p, c, s in history[["policy", "choice", "seed"]].itertuples(
+            index=False)]
+        return history[keep]
+
+    def _tick(self, before: int, total: int, step: int) -> None:
+        if self.progress:
+            self.progress(before + step, total)
+
+    def _controller(self, policy: str, choice: str, seed: int) -> Controller:
+        warmup = self.scfg.warmup_steps
+        if policy == "static":
+            picked = next(c for c in self.scfg.choices if c.label == choice)
+            return Controller(policy, warmup, choice=picked)
+        if policy == "oracle":
+            return Controller(policy, warmup, per_phase=self._oracle_choices(seed))
+        return Controller(policy, warmup)
+
+    def _train(self, policy: str, choice: str, seed: int, progress: Callable[[int], Any]) -> None:
+        ckpt = self.out / "checkpoints" / f"{policy}-{choice}-s{seed}.pt"
+        if ckpt.exists():
+            state = torch.load(ckpt, weights_only=False)
+            run, controller = state["run"], state["controller"]
+            self.announce(f"{policy} {choice} seed {seed}: going on from the checkpoint at step {run.step}")
+        else:
+            run = TrainingRun(self.cfg, self.setup, WARMUP_COMPRESSOR, seed, density=WARMUP_FROM)
+            controller = self._controller(policy, choice, seed)
+        before = partial(controller.before, ctx=self.decide)
+        while run.step < self.cfg.steps and not self._reached(run) and run.advance(self.cfg, self.setup, before):
+            progress(run.step)
+            if run.step % CHECKPOINT_EVERY == 0 and run.step < self.cfg.steps:
+                ckpt.parent.mkdir(exist_ok=True)
+                with atomic_path(ckpt) as tmp:
+                    torch.save({"run": run, "controller": controller}, tmp)
+        self._record(policy, choice, seed, run, controller)
+        ckpt.unlink(missing_ok=True)
+
+    def _reached(self, run: TrainingRun) -> bool:
+        acc = run.hist.accuracy
+        return self.scfg.stop_at_target and bool(acc) and acc[-1] >= (self.scfg.target or math.inf)
+
+    def _record(self, policy: str, choice: str, seed: int, run: TrainingRun, controller: Controller) -> None:
+        meas, hist = run.hist.measurement, run.hist
+        used = list(controller.used[:len(meas.records)])
+        evaluations = list(zip(hist.eval_steps, hist.accuracy, strict=True))
+        if policy == "static":
+            best = best_static_collective(used, meas.records, meas.compress_s, self.pricing, controller.warmup)
+            used = [(c, d, best if s >= controller.warmup else None) for s, (c, d, _) in enumerate(used)]
+            self._record_by_phase(choice, seed, used, meas, evaluations, hist)
+        seconds, collectives = price_run(used, meas.records, meas.compress_s, self.pricing)
+        acc = dict(evaluations)
+        elapsed = np.cumsum(seconds)
+        rows = []
+        for i, loss in enumerate(hist.loss):
+            phase = self.scfg.schedule.index_at(i)
+            rows.append({"policy": policy, "choice": choice, "seed": seed, "step": i + 1, "loss": loss,
+                         "accuracy": acc.get(i + 1, math.nan),
+                         "time_s": float(elapsed[i]) if i < len(elapsed) else math.nan,
+                         "compressor": used[i][0] if i < len(used) else "", "density": used[i][1] if i < len(used)
+                         else math.nan, "collective": collectives[i] if i < len(collectives) else "",
+                         "phase": 0 if phase is None else phase + 1, "diverged": hist.diverged_at is not None})
+        if controller.decisions:
+            with (self.out / "decisions.jsonl").open("a") as fh:
+                for d in controller.decisions:
+                    fh.write(json.dumps({"policy": policy, "seed": seed, **d}) + "\n")
+        AppendOnlyCSV(self.out / "history.csv", HISTORY_COLUMNS).append(rows)
+
+    def _record_by_phase(self, choice: str, seed: int, used: list, meas: Any, evaluations: list,
+                         hist: Any) -> None:
+        """The static run priced all on each phase's network: its time to the target there (for the oracle)."""
+        if self.scfg.target is None:
+            return
+        rows = []
+        final = hist.accuracy[-1] if hist.accuracy else math.nan
+        for phase in range(len(self.scfg.schedule.phases)):
+            slot = phase + 1
+            best = best_static_collective(used, meas.records, meas.compress_s, self.pricing,
+                                          self.scfg.warmup_steps, slot)
+            on_phase = [(c, d, best if s >= self.scfg.warmup_steps else None) for s, (c, d, _) in enumerate(used)]
+            seconds, _ = price_run(on_phase, meas.records, meas.compress_s, self.pricing, slot)
+            rows.append({"choice": choice, "seed": seed, "phase": phase + 1, "collective": best or "",
+                         "time_to_target_s": time_to(evaluations, seconds, self.scfg.target),
+                         "final_accuracy": final})
+        AppendOnlyCSV(self.out / "by_phase.csv", BY_PHASE_COLUMNS).append(rows)
+
+    def _oracle_choices(self, seed: int) -> list[Choice]:
+        """Per phase, the static choice of this seed that reaches the target soonest on that phase's network
+        (the most accurate one where none reaches it)."""
+        table = _table(self.out / "by_phase.csv", BY_PHASE_COLUMNS)
+        table = table[(table["seed"] == seed) & table["choice"].isin([c.label for c in self.scfg.choices])]
+        picks = []
+        for phase in range(1, len(self.scfg.schedule.phases) + 1):
+            rows = table[table["phase"] == phase]
+            reached = rows.dropna(subset=["time_to_target_s"])
+            row = (reached.loc[reached["time_to_target_s"].idxmin()] if not reached.empty
+                   else rows.loc[rows["final_accuracy"].idxmax()])
+            picks.append(next(c for c in self.scfg.choices if c.label == row["choice"]))
+        return picks
+
+
+def decisions(out: Path) -> list[dict[str, Any]]:
+    path = out / "decisions.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+
+
+def summarise(history: pd.DataFrame, target: float | None) -> pd.DataFrame:
+    """Per (policy, choice) over seeds: final accuracy, and time and steps to the target (mean and sd over the
+    seeds that reached it)."""
+    out = []
+    for (policy, choice), runs in history.groupby(["policy", "choice"], sort=False):
+        finals, times, steps = [], [], []
+        for _, run in runs.groupby("seed"):
+            evals = run.dropna(subset=["accuracy"])
+            finals.append(float(evals["accuracy"].iloc[-1]) if not evals.empty else math.nan)
+            if target is not None:
+                hit = evals[evals["accuracy"] >= target]
+                if not hit.empty:
+                    times.append(float(hit["time_s"].iloc[0]))
+                    steps.append(float(hit["step"].iloc[0]))
+        row: dict[str, Any] = {"policy": policy, "choice": choice, "seeds": len(finals),
+                               "final_acc_mean": float(np.mean(finals)),
+                               "final_acc_std": float(np.std(finals, ddof=1)) if len(finals) > 1 else 0.0,
+                               "total_time_s": float(runs.groupby("seed")["time_s"].max().mean())}
+        if target is not None:
+            row.update(reached=len(times), time_to_target_s=float(np.mean(times)) if times else math.nan,
+                       time_to_target_std=float(np.std(times, ddof=1)) if len(times) > 1 else 0.0,
+                       steps_to_target=float(np.mean(steps)) if steps else math.nan)
+        out.append(row)
+    return pd.DataFrame(out)
+
+
+def headline(summary: pd.DataFrame, target: float | None) -> pd.DataFrame:
+    """Best static (most seeds reaching the target, then the soonest), adaptive and oracle: one row each."""
+    static = summary[summary["policy"] == "static"]
+    rows = []
+    if not static.empty:
+        if target is not None:
+            ranked = static.assign(miss=-static["reached"]).sort_values(["miss", "time_to_target_s"])
+        else:
+            ranked = static.sort_values("final_acc_mean", ascending=False)
+        rows.append(ranked.iloc[0].drop(labels=["miss"], errors="ignore"))
+    rows += [r for _, r in summary[summary["policy"].isin(["adaptive", "oracle"])].iterrows()]
+    table = pd.DataFrame(rows).reset_index(drop=True)
+    if target is not None and not table.empty and "static" in set(table["policy"]):
+        base = float(table.loc[table["policy"] == "static", "time_to_target_s"].iloc[0])
+        table["vs_best_static"] = 1 - table["time_to_target_s"] / base
+    return table
