@@ -151,7 +151,14 @@ def test_adaptive_decides_at_warmup_end_and_at_the_network_change_with_its_objec
         best = min(d["candidates"], key=lambda c: (c["asf"], c["time_s"]))
         assert d["chosen"]["compressor"] == best["compressor"] and d["chosen"]["density"] == best["density"]
         assert d["chosen"]["asf"] == pytest.approx(min(c["asf"] for c in d["candidates"]))
+        # exploring compresses every candidate on this step: that local work is charged to the step
+        assert d["exploration_s"] > 0
+        assert d["exploration_s"] == pytest.approx(sum(c["compress_s"] for c in d["candidates"]))
     adaptive = history[history["policy"] == "adaptive"].sort_values("step")
+    # the step a decision is taken on costs what the chosen candidate was priced at, plus the exploration
+    per_step = np.diff(np.concatenate([[0.0], adaptive["time_s"].to_numpy()]))
+    for d in log:
+        assert per_step[d["step"]] == pytest.approx(d["chosen"]["time_s"] + d["exploration_s"], rel=1e-9)
     after = adaptive[adaptive["step"] == 13].iloc[0]  # step 12 (0-based) is the first of phase 2
     assert (after["compressor"], after["density"], after["collective"]) == (
         log[1]["chosen"]["compressor"], log[1]["chosen"]["density"], log[1]["chosen"]["collective"])

@@ -119,6 +119,7 @@ class Controller:
     used: list[tuple[str, float, str | None]] = field(default_factory=list)  # per step: compressor, ρ, collective
     decisions: list[dict[str, Any]] = field(default_factory=list)
     gain_at_choice: float | None = None
+    overhead_s: dict[int, float] = field(default_factory=dict)  # per decision step: compressing every candidate
     phase_seen: int | None = -1
 
     def before(self, step: int, grads: torch.Tensor, run: TrainingRun, ctx: DecisionContext) -> None:
@@ -161,12 +162,14 @@ class Controller:
         chosen = rows[best]
         run.bc.switch(chosen["compressor"], chosen["density"])
         self.collective = chosen["collective"]
+        self.overhead_s[step] = sum(r["compress_s"] for r in rows)  # on the compute stream, before this step
         self.gain_at_choice = chosen["gain"]
         network = ctx.pricing.schedule.phases[phase].label if phase is not None else "the topology's own"
         self.decisions.append({"step": step, "phase": None if phase is None else phase + 1, "network": network,
                                "reason": reason, "chosen": {k: chosen[k] for k in ("compressor", "density",
                                                                                    "collective", "op", "time_s",
                                                                                    "gain", "asf")},
+                               "exploration_s": self.overhead_s[step],
                                "candidates": rows})
 
 
@@ -193,8 +196,9 @@ class DecisionContext:
                 trial.mems = copy.deepcopy(run.bc.mems)
                 _, row = trial.step(step, grads)
                 op, collective, seconds = self.pricing.fastest(step, row["records"], name, row["compress_s"])
+                local = sum(compress_times(name, row["compress_s"], self.pricing.contexts[self.pricing.slot(step)]))
                 rows.append({"compressor": name, "density": ratio, "collective": collective, "op": op,
-                             "time_s": seconds, "gain": float(np.mean(row["gain"]))})
+                             "time_s": seconds, "gain": float(np.mean(row["gain"])), "compress_s": local})
         return rows
 
 

@@ -216,6 +216,9 @@ class ScheduledExperiment:
             used = [(c, d, best if s >= controller.warmup else None) for s, (c, d, _) in enumerate(used)]
             self._record_by_phase(choice, seed, used, meas, evaluations, hist)
         seconds, collectives = price_run(used, meas.records, meas.compress_s, self.pricing)
+        for step, extra in controller.overhead_s.items():  # an adaptive decision compresses every candidate
+            if step < len(seconds):
+                seconds[step] += extra
         acc = dict(evaluations)
         elapsed = np.cumsum(seconds)
         rows = []
