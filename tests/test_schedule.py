@@ -252,3 +252,17 @@ def test_pricing_before_the_first_phase_uses_the_topologys_own_network():
     assert math.isclose(pricing.contexts[1].topo.network.bandwidth_per_nic, 1e8)
     with pytest.raises(ScheduleError, match="past the run's 5 steps"):
         late.check_steps(5)
+
+
+def test_a_checkpoint_it_cannot_read_starts_that_run_over(tmp_path, experiment):
+    cfg = _config(policies=("adaptive",))
+    ScheduledExperiment(cfg, tmp_path)  # the directory, claimed
+    ckpt = tmp_path / "checkpoints" / "adaptive-adaptive-s0.pt"
+    ckpt.parent.mkdir()
+    ckpt.write_bytes(b"cut off mid-write")
+    said: list[str] = []
+    again = ScheduledExperiment(cfg, tmp_path, announce=said.append).run()
+    assert any("is unreadable" in s and "starts over" in s for s in said)
+    _, whole = experiment
+    pd.testing.assert_frame_equal(again.reset_index(drop=True),
+                                  whole[whole["policy"] == "adaptive"].reset_index(drop=True), check_dtype=False)

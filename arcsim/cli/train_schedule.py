@@ -45,7 +45,7 @@ def train_under_schedule(cfg: TrainConfig, schedule_path: str, topology: str | N
     summary.to_csv(directory / "summary.csv", index=False)
     log = [d for d in decisions(directory) if d["seed"] in cfg.seeds]
     phases = [(p.start, p.label) for p in schedule.phases]
-    chart = schedule_plot(history, top, phases, directory / "accuracy_vs_time.png",
+    chart = schedule_plot(history, top, phases, scfg.warmup_steps, directory / "accuracy_vs_time.png",
                           f"{cfg.model} on {cfg.dataset} under {schedule.name} ({scfg.topology}), "
                           f"{len(cfg.seeds)} seed{'s' if len(cfg.seeds) != 1 else ''}", target)
     if tables_wanted(json_out):

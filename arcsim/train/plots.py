@@ -46,36 +46,41 @@ def accuracy_plot(history: pd.DataFrame, x: str, path: Path, title: str, target:
         plt.close(fig)
 
 
-def schedule_plot(history: pd.DataFrame, headline: pd.DataFrame, phases: list[tuple[int, str]], path: Path,
-                  title: str, target: float | None) -> Path:
+def schedule_plot(history: pd.DataFrame, headline: pd.DataFrame, phases: list[tuple[int, str]], warmup: int,
+                  path: Path, title: str, target: float | None) -> Path:
     """Top: held-out accuracy against predicted wall-clock for the best static choice, adaptive and oracle
     (mean over seeds, band from the lowest to the highest seed), network phases shaded at the adaptive run's
-    clock. Bottom: a timeline strip of what each policy used at every step (seed 0), phases marked."""
+    clock. Bottom: a timeline strip of what each policy used at every step (first seed), phases marked."""
     runs = [(r["policy"], r["choice"]) for _, r in headline.iterrows()]
-    fig, (top, strip) = plt.subplots(2, 1, figsize=(8.5, 6.4), gridspec_kw={"height_ratios": [3, 1.4]})
-    clock = history[history["policy"] == "adaptive"] if "adaptive" in set(history["policy"]) else \
-        history[(history["policy"], history["choice"]) == runs[0]] if runs else history
-    at_step = clock.groupby("step")["time_s"].mean()
+    fig, (top, strip) = plt.subplots(2, 1, figsize=(8.5, 6.6), gridspec_kw={"height_ratios": [3, 1.4]})
+    policy = "adaptive" if "adaptive" in set(history["policy"]) else runs[0][0] if runs else ""
+    clock = history[history["policy"] == policy].groupby("step")["time_s"].mean()  # mean over seeds
     starts = [s for s, _ in phases]
+    last = int(clock.index.max()) if not clock.empty else 0
     for i, (start, label) in enumerate(phases):
-        end = starts[i + 1] if i + 1 < len(starts) else int(at_step.index.max())
-        lo = float(at_step.get(start, 0.0)) if start > 0 else 0.0
-        hi = float(at_step.get(end, at_step.iloc[-1]))
-        top.axvspan(lo, hi, color="grey", alpha=0.06 + 0.08 * (i % 2), lw=0)
-        top.text((lo + hi) / 2, 0.02, f"{i + 1}: {label}", ha="center", va="bottom", fontsize=7, rotation=90)
         strip.axvline(start, color="grey", lw=0.8, ls=":")
-        strip.text(start, 2.65, f" {i + 1}", fontsize=7, va="bottom")
+        strip.text(start, 1.01, f" {i + 1}", fontsize=7, va="bottom", transform=strip.get_xaxis_transform())
+        if start >= last:
+            continue  # the clock's run ended before this phase
+        end = min(starts[i + 1] if i + 1 < len(starts) else last, last)
+        lo, hi = (float(clock.get(start, 0.0)) if start > 0 else 0.0), float(clock.get(end, clock.iloc[-1]))
+        top.axvspan(lo, hi, color="grey", alpha=0.05 if i % 2 == 0 else 0.16, lw=0)
+        top.text(lo, 0.985, f" {i + 1}: {label}", ha="left", va="top", fontsize=7, rotation=90,
+                 transform=top.get_xaxis_transform())
+    if warmup:
+        strip.axvspan(0.5, warmup + 0.5, facecolor="none", hatch="////", edgecolor="grey", lw=0)
+        strip.text(warmup / 2, -0.55, "warm-up", ha="center", va="center", fontsize=6)
     evals = history.dropna(subset=["accuracy"])
-    for i, (policy, choice) in enumerate(runs):
-        rows = evals[(evals["policy"] == policy) & (evals["choice"] == choice)]
+    for i, (policy_name, choice) in enumerate(runs):
+        rows = evals[(evals["policy"] == policy_name) & (evals["choice"] == choice)]
         by_step = rows.groupby("step")
-        name = f"static {choice}" if policy == "static" else policy
+        name = f"static {choice}" if policy_name == "static" else policy_name
         top.plot(by_step["time_s"].mean(), by_step["accuracy"].mean(), color=PALETTE[i], label=name)
         top.fill_between(by_step["time_s"].mean(), by_step["accuracy"].min(), by_step["accuracy"].max(),
                          color=PALETTE[i], alpha=0.15, lw=0)
     if target is not None:
         top.axhline(target, color="grey", lw=0.8, ls="--", label=f"target {target:.0%}")
-    top.set_xlabel("predicted wall-clock (s); shaded: network phases, at the adaptive run's clock")
+    top.set_xlabel(f"predicted wall-clock (s); shaded: network phases, at the {policy} run's clock")
     top.set_ylabel("held-out accuracy")
     top.set_ylim(0, 1)
     top.grid(alpha=0.3)

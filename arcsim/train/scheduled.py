@@ -50,6 +50,7 @@ HISTORY_COLUMNS = ("policy", "choice", "seed", "step", "loss", "accuracy", "time
                    "collective", "phase", "diverged")
 BY_PHASE_COLUMNS = ("choice", "seed", "phase", "collective", "time_to_target_s", "final_accuracy")
 CHECKPOINT_EVERY = 25
+CHECKPOINT_VERSION = 1  # bumped whenever what a checkpoint pickles changes shape: older ones are set aside
 
 
 @dataclass
@@ -186,8 +187,8 @@ class ScheduledExperiment:
 
     def _train(self, policy: str, choice: str, seed: int, progress: Callable[[int], Any]) -> None:
         ckpt = self.out / "checkpoints" / f"{policy}-{choice}-s{seed}.pt"
-        if ckpt.exists():
-            state = torch.load(ckpt, weights_only=False)
+        state = self._checkpoint(ckpt)
+        if state is not None:
             run, controller = state["run"], state["controller"]
             self.announce(f"{policy} {choice} seed {seed}: going on from the checkpoint at step {run.step}")
         else:
@@ -199,9 +200,24 @@ class ScheduledExperiment:
             if run.step % CHECKPOINT_EVERY == 0 and run.step < self.cfg.steps:
                 ckpt.parent.mkdir(exist_ok=True)
                 with atomic_path(ckpt) as tmp:
-                    torch.save({"run": run, "controller": controller}, tmp)
+                    torch.save({"version": CHECKPOINT_VERSION, "run": run, "controller": controller}, tmp)
         self._record(policy, choice, seed, run, controller)
         ckpt.unlink(missing_ok=True)
+
+    def _checkpoint(self, path: Path) -> dict[str, Any] | None:
+        """A run's checkpoint, or None (none yet; or unreadable or from another version: then the run starts
+        over, said, rather than going on from a state this code may misread)."""
+        if not path.exists():
+            return None
+        try:
+            state = torch.load(path, weights_only=False)
+        except Exception as exc:  # a truncated or foreign pickle: start over, and say so
+            self.announce(f"{path} is unreadable ({type(exc).__name__}): that run starts over")
+            return None
+        if not isinstance(state, dict) or state.get("version") != CHECKPOINT_VERSION:
+            self.announce(f"{path} was written by another version of arcsim: that run starts over")
+            return None
+        return state
 
     def _reached(self, run: TrainingRun) -> bool:
         acc = run.hist.accuracy
