@@ -46,7 +46,7 @@ def render_phases(phases: list[dict[str, Any]], schedule: NetworkSchedule, conso
     for col in ("phase", "from step", "network", "chosen (front)", "ms", "error", "fastest at --density", "ms ",
                 "dense ms"):
         table.add_column(col, justify="left" if col in ("network", "chosen (front)", "fastest at --density")
-                         else "right")
+                         else "right", no_wrap=col == "network")
     for p in phases:
         ch, fa = p["chosen"], p["fastest"]
         density = f"@{ch['density']:g}" if ch["density"] is not None else ""

@@ -14,7 +14,7 @@ from 1.0 to 0.1 over the first ``warmup`` steps. Then:
   candidates (weights 0.6 / 0.4).
 - ``oracle`` knows the schedule and the static runs' outcomes: in each phase it uses the static choice
   that reached the target soonest when all of its run is priced on that phase's network. It is the
-  per-phase best static choice in hindsight: a bound adaptive can approach, not a strict optimum.
+  per-phase best static choice in hindsight — not an upper bound: per-phase bests can lose together.
 """
 
 from __future__ import annotations
