@@ -86,16 +86,22 @@ def first_reach(run: pd.DataFrame, target: float) -> Reached:
     return Reached(float(row["step"]), float(row["time_s"]))
 
 
+def seed_outcomes(runs: pd.DataFrame, target: float | None) -> tuple[list[float], list[Reached]]:
+    """Per seed of ``runs``: its last evaluated accuracy, and (with a target) when it first reached it."""
+    finals, reaches = [], []
+    for _, run in runs.groupby("seed"):
+        evals = run.dropna(subset=["accuracy"])
+        finals.append(float(evals["accuracy"].iloc[-1]) if not evals.empty else math.nan)
+        if target is not None:
+            reaches.append(first_reach(run, target))
+    return finals, reaches
+
+
 def summarise(history: pd.DataFrame, target: float | None) -> pd.DataFrame:
     """Per compressor over seeds: final accuracy, and (with a target) steps and time to reach it."""
     out = []
     for name, runs in history.groupby("compressor", sort=False):
-        finals, reaches = [], []
-        for _, run in runs.groupby("seed"):
-            evals = run.dropna(subset=["accuracy"])
-            finals.append(float(evals["accuracy"].iloc[-1]) if not evals.empty else math.nan)
-            if target is not None:
-                reaches.append(first_reach(run, target))
+        finals, reaches = seed_outcomes(runs, target)
         row: dict[str, Any] = {"compressor": name, "seeds": len(finals), "final_acc_mean": float(np.mean(finals)),
                                "final_acc_std": float(np.std(finals, ddof=1)) if len(finals) > 1 else 0.0,
                                "diverged_runs": int(runs.groupby("seed")["diverged"].any().sum()),

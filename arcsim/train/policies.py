@@ -217,16 +217,19 @@ def price_run(used: list[tuple[str, float, str | None]], records: list, compress
     return np.asarray(seconds), collectives
 
 
-def best_static_collective(used: list[tuple[str, float, str | None]], records: list, compress_s: list,
-                           pricing: Pricing, warmup: int, slot: int | None = None) -> str | None:
-    """The collective that makes a static run's steps after warm-up fastest in total (hindsight); None when
-    the run ended inside its warm-up."""
+def price_static(used: list[tuple[str, float, str | None]], records: list, compress_s: list, pricing: Pricing,
+                 warmup: int, slot: int | None = None) -> tuple[np.ndarray, list[str], str | None]:
+    """A static run priced: warm-up steps on their fastest collective, the rest all on the one collective that
+    makes them fastest in total (hindsight). Returns each step's seconds and collective, and that collective
+    (None when the run ended inside its warm-up)."""
+    head, collectives = price_run(used[:warmup], records[:warmup], compress_s[:warmup], pricing, slot)
     if len(records) <= warmup:
-        return None
+        return head, collectives, None
     _, algos = pricing.collectives(records[warmup])
-    totals = {a: sum(pricing.step_seconds(s, records[s], used[s][0], compress_s[s], a, slot)
-                     for s in range(warmup, len(records))) for a in algos}
-    return min(totals, key=totals.__getitem__)
+    tails = {a: [pricing.step_seconds(s, records[s], used[s][0], compress_s[s], a, slot)
+                 for s in range(warmup, len(records))] for a in algos}
+    best = min(tails, key=lambda a: sum(tails[a]))
+    return (np.concatenate([head, np.asarray(tails[best])]), collectives + [best] * len(tails[best]), best)
 
 
 def time_to(evaluations: list[tuple[int, float]], seconds: np.ndarray, target: float) -> float:

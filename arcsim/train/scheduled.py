@@ -29,6 +29,7 @@ from arcsim.network_schedule import NetworkSchedule
 from arcsim.topology import load_topology
 from arcsim.train.experiment import RUN_KEYS, claim_dir
 from arcsim.train.loop import Setup, TrainConfig, TrainingRun, prepare
+from arcsim.train.outcome import seed_outcomes
 from arcsim.train.policies import (
     ASF_WEIGHTS,
     DRIFT,
@@ -40,8 +41,8 @@ from arcsim.train.policies import (
     Controller,
     DecisionContext,
     Pricing,
-    best_static_collective,
     price_run,
+    price_static,
     time_to,
 )
 
@@ -228,10 +229,11 @@ class ScheduledExperiment:
         used = list(controller.used[:len(meas.records)])
         evaluations = list(zip(hist.eval_steps, hist.accuracy, strict=True))
         if policy == "static":
-            best = best_static_collective(used, meas.records, meas.compress_s, self.pricing, controller.warmup)
-            used = [(c, d, best if s >= controller.warmup else None) for s, (c, d, _) in enumerate(used)]
-            self._record_by_phase(choice, seed, used, meas, evaluations, hist)
-        seconds, collectives = price_run(used, meas.records, meas.compress_s, self.pricing)
+            seconds, collectives, _ = price_static(used, meas.records, meas.compress_s, self.pricing,
+                                                   controller.warmup)
+            self._record_by_phase(choice, seed, used, meas, evaluations, hist, controller.warmup)
+        else:
+            seconds, collectives = price_run(used, meas.records, meas.compress_s, self.pricing)
         for step, extra in controller.overhead_s.items():  # an adaptive decision compresses every candidate
             if step < len(seconds):
                 seconds[step] += extra
@@ -253,18 +255,14 @@ class ScheduledExperiment:
         AppendOnlyCSV(self.out / "history.csv", HISTORY_COLUMNS).append(rows)
 
     def _record_by_phase(self, choice: str, seed: int, used: list, meas: Any, evaluations: list,
-                         hist: Any) -> None:
+                         hist: Any, warmup: int) -> None:
         """The static run priced all on each phase's network: its time to the target there (for the oracle)."""
         if self.scfg.target is None:
             return
         rows = []
         final = hist.accuracy[-1] if hist.accuracy else math.nan
         for phase in range(len(self.scfg.schedule.phases)):
-            slot = phase + 1
-            best = best_static_collective(used, meas.records, meas.compress_s, self.pricing,
-                                          self.scfg.warmup_steps, slot)
-            on_phase = [(c, d, best if s >= self.scfg.warmup_steps else None) for s, (c, d, _) in enumerate(used)]
-            seconds, _ = price_run(on_phase, meas.records, meas.compress_s, self.pricing, slot)
+            seconds, _, best = price_static(used, meas.records, meas.compress_s, self.pricing, warmup, phase + 1)
             rows.append({"choice": choice, "seed": seed, "phase": phase + 1, "collective": best or "",
                          "time_to_target_s": time_to(evaluations, seconds, self.scfg.target),
                          "final_accuracy": final})
@@ -295,15 +293,9 @@ def summarise(history: pd.DataFrame, target: float | None) -> pd.DataFrame:
     seeds that reached it)."""
     out = []
     for (policy, choice), runs in history.groupby(["policy", "choice"], sort=False):
-        finals, times, steps = [], [], []
-        for _, run in runs.groupby("seed"):
-            evals = run.dropna(subset=["accuracy"])
-            finals.append(float(evals["accuracy"].iloc[-1]) if not evals.empty else math.nan)
-            if target is not None:
-                hit = evals[evals["accuracy"] >= target]
-                if not hit.empty:
-                    times.append(float(hit["time_s"].iloc[0]))
-                    steps.append(float(hit["step"].iloc[0]))
+        finals, reaches = seed_outcomes(runs, target)
+        reached = [r for r in reaches if not math.isnan(r.step)]
+        times, steps = [r.time_s for r in reached], [r.step for r in reached]
         row: dict[str, Any] = {"policy": policy, "choice": choice, "seeds": len(finals),
                                "final_acc_mean": float(np.mean(finals)),
                                "final_acc_std": float(np.std(finals, ddof=1)) if len(finals) > 1 else 0.0,
