@@ -1,9 +1,14 @@
-"""Writing files so that no reader ever sees half of one: write beside the final name, then rename; and
-results tables that grow row by row and survive a kill."""
+"""Writing files so that no reader ever sees half of one: write beside the final name, then rename; results
+tables that grow row by row and survive a kill; and results kept on disk between commands (gzipped JSON
+under $ARCSIM_CACHE_DIR, else $XDG_CACHE_HOME/arcsim, else ~/.cache/arcsim; capped at CACHE_CAP_BYTES, the
+least recently used dropped first): compressor measurements (arcsim.run.cache) and model workloads
+(arcsim.devices.workload) name their own files, and ``arcsim cache info|clear`` sees them all."""
 
 from __future__ import annotations
 
 import csv
+import gzip
+import json
 import os
 import tempfile
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -103,3 +108,56 @@ def read_yaml(path: Path, what: str, error: type[Exception]) -> Any:
         return yaml.safe_load(path.read_text())
     except yaml.YAMLError as exc:
         raise error(f"{path} is not valid YAML: {str(exc).splitlines()[0]}") from None
+
+
+# -- results kept between commands ------------------------------------------------------------------
+CACHE_CAP_BYTES = 2 * 2**30
+CACHE_SUFFIX = ".json.gz"
+
+
+def cache_dir() -> Path:
+    if os.environ.get("ARCSIM_CACHE_DIR"):
+        return Path(os.environ["ARCSIM_CACHE_DIR"])
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "arcsim"
+
+
+def cache_read(name: str) -> Any | None:
+    """The object kept as ``name``, or None (absent or unreadable); a read marks it recently used."""
+    path = cache_dir() / f"{name}{CACHE_SUFFIX}"
+    try:
+        obj = json.loads(gzip.decompress(path.read_bytes()))
+    except (OSError, ValueError, EOFError):
+        return None
+    os.utime(path)
+    return obj
+
+
+def cache_write(name: str, obj: Any) -> None:
+    """Keep ``obj`` (JSON-able) as ``name``, then drop the least recently used past CACHE_CAP_BYTES."""
+    directory = cache_dir()
+    directory.mkdir(parents=True, exist_ok=True)
+    with atomic_path(directory / f"{name}{CACHE_SUFFIX}") as tmp:
+        tmp.write_bytes(gzip.compress(json.dumps(obj).encode()))
+    files = cache_entries()
+    total = sum(p.stat().st_size for p in files)
+    for path in files:  # oldest first
+        if total <= CACHE_CAP_BYTES:
+            break
+        total -= path.stat().st_size
+        path.unlink(missing_ok=True)
+
+
+def cache_entries() -> list[Path]:
+    directory = cache_dir()
+    return sorted(directory.glob(f"*{CACHE_SUFFIX}"), key=lambda p: p.stat().st_mtime) if directory.is_dir() else []
+
+
+def cache_clear() -> tuple[int, int]:
+    """Remove everything kept (and the trace-hash index); returns (files, bytes) removed."""
+    files = cache_entries()
+    size = sum(p.stat().st_size for p in files)
+    for path in files:
+        path.unlink(missing_ok=True)
+    (cache_dir() / "traces.json").unlink(missing_ok=True)
+    return len(files), size

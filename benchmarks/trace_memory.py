@@ -60,7 +60,7 @@ def main() -> None:
         print(f"trace {path.name}: {size / 1e9:.2f} GB on disk; goal: peak RSS < {GOAL / 1e9:.1f} GB")
         print(f"{'command':<48} {'peak RSS':>10} {'RSS / file':>11} {'wall':>8}")
         arcsim = [sys.executable, "-m", "arcsim"]
-        for label, argv in (("import arcsim.cli (baseline)", [sys.executable, "-c", "import arcsim.cli"]),
+        for label, argv in (("import arcsim.cli.main (baseline)", [sys.executable, "-c", "import arcsim.cli.main"]),
                             ("arcsim trace info --json", [*arcsim, "trace", "info", str(path), "--json", os.devnull]),
                             ("arcsim compress -c topk --trace", [*arcsim, "compress", "-c", "topk", "--trace",
                                                                  str(path), "--json", os.devnull])):

@@ -138,3 +138,17 @@ def test_unknown_op_and_algorithm():
         normalize_op("alltoall")
     with pytest.raises(CollectiveError, match="ring"):
         build("allgather", "tree", 1e6, flat(4))
+
+
+@pytest.mark.parametrize(("nodes", "gpus", "chunks"), [(1, 8, 4), (8, 8, 17), (5, 1, 64), (3, 4, 1)])
+def test_the_kept_tree_pattern_scaled_is_the_tree_built_afresh(nodes, gpus, chunks):
+    """chain_tree_all_reduce builds the message pattern once and scales it by the chunk size."""
+    from arcsim.collectives import tree
+
+    for nbytes in (1e3, 3.7e8):
+        fresh = tree.pipelined_tree_all_reduce(tree.node_chain_trees(nodes, gpus), nbytes, chunks)
+        kept = tree.chain_tree_all_reduce(nodes, gpus, nbytes, chunks)
+        assert len(kept) == len(fresh)
+        for a, b in zip(kept, fresh, strict=True):
+            assert np.array_equal(a.src, b.src) and np.array_equal(a.dst, b.dst) and a.repeat == b.repeat
+            assert np.array_equal(a.nbytes, b.nbytes) and np.array_equal(a.reduce, b.reduce)

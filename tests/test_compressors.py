@@ -117,6 +117,31 @@ def test_error_feedback_conserves_mass(name, memory):
             assert torch.allclose(seen["c"] + mem.residual(), seen["u"], atol=1e-5)
 
 
+@pytest.mark.parametrize("name", NAMES)
+def test_compressors_never_write_to_their_input(name):
+    """What a final step relies on: EF14 then hands g itself to the compressor, not a copy."""
+    x = grads(seed=4)[0]
+    before = x.clone()
+    comp, comm = make_compressor(name, 0.05, seed=2), InProcessComm(P)
+    for step in range(2):  # a second step too: warm-started and stateful compressors take another path
+        comp.compress(x, comm, step)
+        assert torch.equal(x, before)
+
+
+@pytest.mark.parametrize("memory", list(MEMORIES))
+@pytest.mark.parametrize("name", ["topk", "arctopk", "powersgd", "adaptive"])
+def test_a_final_step_sends_and_applies_what_an_ordinary_one_does(name, memory):
+    steps = grads(seed=5, steps=2)
+    for last in (0, 1):  # a final first step (memory still empty), and a final step after one
+        updates = {}
+        for final in (False, True):
+            comp, mem, comm = make_compressor(name, 0.05, seed=1), make_memory(memory), InProcessComm(P)
+            for step in range(last + 1):
+                updates[final] = mem.step(steps[step], comp, comm, step, final=final and step == last)
+            assert torch.equal(steps[last], grads(seed=5, steps=2)[last])  # the gradient itself is never written
+        assert torch.equal(updates[False], updates[True])
+
+
 def test_same_seed_same_result_different_seed_different_choice():
     x = grads()[0]
     for name in ("arctopk", "randk", "powersgd"):
@@ -229,23 +254,30 @@ def test_contribution_norms_match_the_dense_contribution(name):
     torch.testing.assert_close(out.contribution.norms(D), expected, rtol=1e-4, atol=1e-6)
 
 
-@pytest.mark.parametrize("kind", ["normal", "heavy", "ties", "sparse", "strided"])
+@pytest.mark.parametrize("kind", ["normal", "heavy", "ties", "sparse", "strided", "misled"])
 @pytest.mark.parametrize("density", [1e-4, 3e-3, 0.05, 0.2, 0.3, 1.0])
-def test_sampled_selection_keeps_exactly_what_topk_keeps(kind, density):
-    """largest() narrows a long row by a strided sample; whatever the data, its picks are topk's up to ties:
-    the same count, no repeats, and the same multiset of values."""
-    from arcsim.compressors.base import SAMPLED_SELECTION_MIN, largest
+def test_sampled_selection_keeps_exactly_what_topk_keeps(kind, density, monkeypatch):
+    """largest() narrows a long row by a random sample; whatever the data, its picks are topk's up to ties:
+    the same count, no repeats, and the same multiset of values — also when the sample misleads it (then
+    the margins miss and the whole row is searched)."""
+    from arcsim.compressors import base
+    from arcsim.compressors.base import SAMPLED_SELECTION_MIN, kth_largest, largest
 
+    if kind == "misled":  # a sample of the row's largest entries: too few pass either threshold
+        monkeypatch.setattr(base, "selection_sample",
+                            lambda a: a.sort(descending=True).values[:base.SELECTION_SAMPLE])
     n = SAMPLED_SELECTION_MIN + 12345
     gen = torch.Generator().manual_seed(hash(kind) % 1000)
     a = {"normal": lambda: torch.randn(n, generator=gen),
          "heavy": lambda: torch.distributions.StudentT(1.5).sample((n,)),
          "ties": lambda: torch.randint(0, 5, (n,), generator=gen).float(),
          "sparse": lambda: torch.where(torch.rand(n, generator=gen) < 0.001, torch.randn(n, generator=gen), 0.0),
-         # a sample at every n/8192-th entry sees only zeros: the margin misses and the whole row is searched
+         # a strided sample (every n/8192-th entry) would see only zeros
          "strided": lambda: torch.where(torch.arange(n) % (n // 8192) == 0, 0.0, torch.rand(n, generator=gen) + 1),
+         "misled": lambda: torch.randn(n, generator=gen),
          }[kind]().abs()
     k = max(1, int(density * n))
     mine = largest(a, k)
     assert mine.numel() == k and mine.unique().numel() == k
     assert torch.equal(a[mine].sort().values, a.topk(k).values.sort().values)
+    assert torch.equal(kth_largest(a, k), a.topk(k).values.min())  # what adaptive starts its λ from

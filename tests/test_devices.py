@@ -48,6 +48,21 @@ def test_counted_flops_match_the_published_figures():
     assert {o.cls for o in vit.forward} >= {"conv", "matmul", "attention", "memory"}  # attention: one fused op
 
 
+def test_a_counted_workload_is_kept_on_disk_and_read_back_the_same(tmp_path, monkeypatch):
+    from arcsim.devices import workload
+
+    monkeypatch.setenv("ARCSIM_CACHE_DIR", str(tmp_path))
+    workload._workload.cache_clear()
+    counted = count_workload("resnet18", 3)
+    assert list(tmp_path.glob("workload-*.json.gz"))
+    workload._workload.cache_clear()
+    monkeypatch.setattr(workload, "_count", lambda *a: pytest.fail("counted again instead of read from disk"))
+    kept = count_workload("resnet18", 3)
+    assert (kept.forward, kept.backward, kept.ready_after, kept.numel, kept.order, kept.input_shape) == \
+        (counted.forward, counted.backward, counted.ready_after, counted.numel, counted.order, counted.input_shape)
+    workload._workload.cache_clear()
+
+
 def test_every_parameter_is_ready_once_in_backward_order():
     w = count_workload("resnet18", 4)
     assert sorted(w.order) == sorted(w.numel) and len(set(w.order)) == len(w.order)

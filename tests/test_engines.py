@@ -25,6 +25,20 @@ def test_des_matches_closed_form_on_a_flat_cluster(op, algo, p, n):
     assert d == pytest.approx(a, rel=0.01)
 
 
+@pytest.mark.parametrize(("op", "algo"), CASES)
+def test_the_closed_form_prices_steps_in_batches_exactly_as_one_by_one(op, algo, monkeypatch):
+    """schedule_time prices many steps in one pass; step by step (step_time, the definition) it is the same,
+    also when the steps are split into several batches."""
+    from arcsim.netsim import analytic
+
+    topo = multi(4, 8, 2)
+    s = build(op, algo, 3e7, topo)
+    one_by_one = sum(step.repeat * analytic.step_time(step, topo) for step in s.steps)
+    assert analytic.schedule_time(s, topo) == pytest.approx(one_by_one, rel=1e-12)
+    monkeypatch.setattr(analytic, "BATCH_SLOTS", 1)  # one step per batch
+    assert analytic.schedule_time(s, topo) == pytest.approx(one_by_one, rel=1e-12)
+
+
 PIPELINED = {("allreduce", "tree"), ("broadcast", "chain")}
 UNEVEN = PIPELINED | {("broadcast", "eager")}  # ranks leave their steps at different times over unequal links
 

@@ -305,9 +305,9 @@ def test_a_second_run_reads_the_measurements_from_the_cache_and_answers_the_same
         assert c["rel_error"] == rows[c["compressor"]]["rel_error"]
         assert c["bytes_per_rank"] == rows[c["compressor"]]["bytes_per_rank"]
     info = json.loads(run_cli("cache", "info", "--json", "-", env=env).stdout)
-    assert info["measurements"] >= 3 and info["directory"] == env["ARCSIM_CACHE_DIR"]
+    assert info["entries"] >= 3 and info["directory"] == env["ARCSIM_CACHE_DIR"]
     assert run_cli("cache", "clear", env=env).returncode == 0
-    assert json.loads(run_cli("cache", "info", "--json", "-", env=env).stdout)["measurements"] == 0
+    assert json.loads(run_cli("cache", "info", "--json", "-", env=env).stdout)["entries"] == 0
 
 
 def test_error_interval_over_steps_and_the_eligibility_it_cannot_settle():

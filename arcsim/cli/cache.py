@@ -1,4 +1,4 @@
-"""`arcsim cache info | clear`: the compressor measurements kept on disk (arcsim.run.cache)."""
+"""`arcsim cache info | clear`: the measurements and model workloads kept on disk (arcsim.files)."""
 
 from __future__ import annotations
 
@@ -10,28 +10,29 @@ from arcsim.units import format_size
 
 @click.group("cache")
 def cache_group() -> None:
-    """Compressor measurements kept between runs, so a trace re-priced elsewhere only prices."""
+    """Compressor measurements (and model workloads) kept between runs, so a trace re-priced elsewhere only
+    prices."""
 
 
 @cache_group.command("info")
 @json_option
 def cache_info(json_out: str | None) -> None:
-    """Where the cache is, how many measurements it holds and their size."""
-    from arcsim.run import cache
+    """Where the cache is, how many results it holds and their size."""
+    from arcsim import files as kept
 
-    files = cache.entries()
+    files = kept.cache_entries()
     size = sum(p.stat().st_size for p in files)
-    write_json({"directory": str(cache.cache_dir()), "measurements": len(files), "bytes": size,
-                "cap_bytes": cache.CAP_BYTES}, json_out)
+    write_json({"directory": str(kept.cache_dir()), "entries": len(files), "bytes": size,
+                "cap_bytes": kept.CACHE_CAP_BYTES}, json_out)
     if json_out is None:
-        click.echo(f"{cache.cache_dir()}: {len(files)} measurements, {format_size(size)} "
-                   f"(cap {format_size(cache.CAP_BYTES)}, least recently used dropped first)")
+        click.echo(f"{kept.cache_dir()}: {len(files)} results, {format_size(size)} "
+                   f"(cap {format_size(kept.CACHE_CAP_BYTES)}, least recently used dropped first)")
 
 
 @cache_group.command("clear")
 def cache_clear() -> None:
-    """Remove every cached measurement (the next run measures again)."""
-    from arcsim.run import cache
+    """Remove everything cached (the next run measures again)."""
+    from arcsim import files as kept
 
-    files, size = cache.clear()
-    note(f"removed {files} measurements ({format_size(size)}) from {cache.cache_dir()}")
+    files, size = kept.cache_clear()
+    note(f"removed {files} cached results ({format_size(size)}) from {kept.cache_dir()}")

@@ -52,12 +52,11 @@ def _slowest_link(topo: Topology) -> tuple[float, float]:
 
 def _tree_all_reduce(topo: Topology, n: float, chunks: int | None) -> Built:
     """NCCL's tree: chains inside nodes under a double binary tree of nodes, each tree carrying n/2."""
-    trees = tree.node_chain_trees(topo.nodes, topo.gpus_per_node)
     if chunks is None:
         alpha, beta = _slowest_link(topo)
         levels = tree.node_tree_depth(topo.nodes, topo.gpus_per_node) + 1
         chunks = tree.best_chunks(levels, n, alpha, beta)
-    return tree.pipelined_tree_all_reduce(trees, n, chunks), f"{chunks} chunks per tree"
+    return tree.chain_tree_all_reduce(topo.nodes, topo.gpus_per_node, n, chunks), f"{chunks} chunks per tree"
 
 
 def _chain_broadcast(topo: Topology, n: float, chunks: int | None) -> Built:

@@ -28,19 +28,18 @@ from arcsim.compressors.base import (
 EVALUATIONS = 3
 
 
-def gaussian_threshold(row: torch.Tensor, k: int, z: float) -> torch.Tensor:
-    """The threshold the reference selects with, for one worker's 1-D ``row`` and target ``k``.
+def gaussian_threshold(row: torch.Tensor, mag: torch.Tensor, k: int, z: float) -> torch.Tensor:
+    """The threshold the reference selects with, for one worker's 1-D ``row`` (``mag`` = |row|) and target ``k``.
 
     A part with k ≥ n keeps everything (the reference's σ of one element is NaN and selects nothing).
     """
     if k >= row.numel():
         return torch.tensor(-float("inf"), device=row.device)
     t = row.mean() + z * row.std()
-    mag = row.abs()
     evaluated = t
     for _ in range(EVALUATIONS):
         evaluated = t
-        count = int((mag > t).sum())
+        count = int(torch.count_nonzero(mag > t))  # not (…).sum(): that copies the bools into int64 first
         if count < 2 * k / 3:
             t = t * 0.5
         elif count > 4 * k / 3:
@@ -59,8 +58,9 @@ class GaussianK(GatheringCompressor):
         parts = []
         for off, n in groups:
             part = row[off:off + n]
-            t = gaussian_threshold(part, group_k(n, density), z)
-            parts.append(off + torch.nonzero(part.abs() > t, as_tuple=True)[0])
+            mag = part.abs()
+            t = gaussian_threshold(part, mag, group_k(n, density), z)
+            parts.append(off + torch.nonzero(mag > t, as_tuple=True)[0])
         return parts[0] if len(parts) == 1 else torch.cat(parts)
 
     def compress(self, x: torch.Tensor, comm: Communicator, step: int,

@@ -5,7 +5,9 @@
 - ``ef21``: c = C(g − h); h ← h + c; h̄ ← h̄ + mean(c); apply h̄. First step dense: h = g, h̄ = mean(g).
 - ``ef21m``: v ← (1 − η) v + η g, then EF21 on v; first step v = h = g. η = 0.1 by default.
 State is per local worker ([W, d]) and lives across steps; updates are in place. ``observe(u, out)``
-is called after compression and before the memory moves on, so callers can measure u.
+is called after compression and before the memory moves on, so callers can measure u. ``final``: no later
+step reads the memory (the last step of a measurement), so it is left as it is — EF14's first step then
+compresses g itself instead of a copy (compressors never write to their input).
 """
 
 from __future__ import annotations
@@ -25,15 +27,16 @@ class Memory(ABC):
     name: str
 
     def step(self, g: torch.Tensor, compressor: Compressor, comm: Communicator, step: int,
-             layout: tuple[Layer, ...] | None = None, observe: Observer | None = None) -> torch.Tensor:
+             layout: tuple[Layer, ...] | None = None, observe: Observer | None = None,
+             final: bool = False) -> torch.Tensor:
         """Compress this step's gradients g [W, d]; return the update [1, d] every worker applies. The
         compressor sees the raw gradient first (``observe_gradient``), whatever the memory then sends."""
         compressor.observe_gradient(g)
-        return self._step(g, compressor, comm, step, layout, observe)
+        return self._step(g, compressor, comm, step, layout, observe, final)
 
     @abstractmethod
     def _step(self, g: torch.Tensor, compressor: Compressor, comm: Communicator, step: int,
-              layout: tuple[Layer, ...] | None, observe: Observer | None) -> torch.Tensor:
+              layout: tuple[Layer, ...] | None, observe: Observer | None, final: bool) -> torch.Tensor:
         """This memory's rule for one step."""
 
     def residual(self) -> torch.Tensor | None:
@@ -44,7 +47,7 @@ class Memory(ABC):
 class NoMemory(Memory):
     name = "none"
 
-    def _step(self, g, compressor, comm, step, layout, observe):
+    def _step(self, g, compressor, comm, step, layout, observe, final):
         out = compressor.compress(g, comm, step, layout)
         if observe:
             observe(g, out)
@@ -57,15 +60,21 @@ class EF14(Memory):
     def __init__(self) -> None:
         self.error: torch.Tensor | None = None
 
-    def _step(self, g, compressor, comm, step, layout, observe):
-        if self.error is None:
-            self.error = torch.zeros_like(g, dtype=torch.float32)
-        u = self.error.add_(g)  # u = g + e, in place
+    def _step(self, g, compressor, comm, step, layout, observe, final):
+        u = self._accumulate(g, final)
         out = compressor.compress(u, comm, step, layout)
         if observe:
             observe(u, out)
-        out.contribution.subtract_from(u)  # e ← u − C(u)
+        if not final:
+            out.contribution.subtract_from(u)  # e ← u − C(u)
+            self.error = u
         return out.aggregate
+
+    def _accumulate(self, g: torch.Tensor, final: bool) -> torch.Tensor:
+        """u = g + e, in place; while e = 0, u = g: a copy, as u becomes the memory, unless no step follows."""
+        if self.error is not None:
+            return self.error.add_(g)
+        return g.float() if final else g.to(torch.float32, copy=True)
 
     def residual(self) -> torch.Tensor | None:
         return self.error
@@ -82,7 +91,7 @@ class EF21(Memory):
     def target(self, g: torch.Tensor) -> torch.Tensor:
         return g.float()
 
-    def _step(self, g, compressor, comm, step, layout, observe):
+    def _step(self, g, compressor, comm, step, layout, observe, final):
         v = self.last_target = self.target(g)
         if self.h is None:  # first step: dense, so h starts at the true gradient
             self.h = v.clone()
@@ -92,7 +101,8 @@ class EF21(Memory):
         out = compressor.compress(u, comm, step, layout)
         if observe:
             observe(u, out)
-        out.contribution.add_to(self.h)
+        if not final:
+            out.contribution.add_to(self.h)
         self.h_mean.add_(out.aggregate)
         return self.h_mean.clone()
 

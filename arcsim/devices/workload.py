@@ -9,11 +9,15 @@ parameter's gradient is ready after the backward operation at which autograd acc
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
+import json
 import math
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import lru_cache
+from typing import Any
 
 import numpy as np
 import torch
@@ -158,18 +162,48 @@ def _fused_attention(recorder: _Recorder) -> Iterator[None]:
         F.scaled_dot_product_attention = original
 
 
+WORKLOAD_VERSION = 1  # bump when counting changes: workloads kept on disk by an older count are not read
+
+
 def count_workload(model_name: str, batch: int, dataset: str | None = None,
                    input_size: int | None = None) -> Workload:
     """Count one fp32 training step of ``model_name`` at ``batch`` per GPU (meta tensors: nothing is computed);
-    counted once per process for each (model, batch, input): the dataset named or defaulted alike."""
+    counted once for each (model, batch, input) — the dataset named or defaulted alike — and kept in memory
+    and on disk (arcsim.files): counting imports torch._dynamo for meta convolutions, 1.2 s a run."""
     from arcsim.models import model_entry
     from arcsim.models.datasets import data_spec
 
-    entry = model_entry(model_name)
-    return _count(model_name, batch, data_spec(dataset or entry.default_dataset, input_size))
+    return _workload(model_name, batch, data_spec(dataset or model_entry(model_name).default_dataset, input_size))
 
 
 @lru_cache(maxsize=64)
+def _workload(model_name: str, batch: int, spec: DataSpec) -> Workload:
+    from arcsim.files import cache_read, cache_write
+
+    body = json.dumps({"v": WORKLOAD_VERSION, "torch": torch.__version__, "model": model_name, "batch": batch,
+                       "spec": dataclasses.asdict(spec)}, sort_keys=True, default=str)
+    name = f"workload-{hashlib.sha256(body.encode()).hexdigest()[:32]}"
+    kept = cache_read(name)
+    if kept is not None:
+        return _workload_from(kept)
+    work = _count(model_name, batch, spec)
+    cache_write(name, _workload_to(work))
+    return work
+
+
+def _workload_to(work: Workload) -> dict[str, Any]:
+    return {"model": work.model, "batch": work.batch, "input_shape": list(work.input_shape),
+            "forward": [[op.cls, op.flops, op.bytes] for op in work.forward],
+            "backward": [[op.cls, op.flops, op.bytes] for op in work.backward],
+            "ready_after": work.ready_after, "numel": work.numel, "order": work.order}
+
+
+def _workload_from(raw: dict[str, Any]) -> Workload:
+    return Workload(raw["model"], raw["batch"], tuple(raw["input_shape"]),
+                    [Op(*op) for op in raw["forward"]], [Op(*op) for op in raw["backward"]],
+                    raw["ready_after"], raw["numel"], raw["order"])
+
+
 def _count(model_name: str, batch: int, spec: DataSpec) -> Workload:
     from arcsim.models import loss_fn, model_entry
 

@@ -29,13 +29,14 @@ from arcsim.devices.catalog import PRECISIONS, Device
 from arcsim.devices.kernels import kernel_source
 from arcsim.devices.predict import DEFAULT_GPU_BATCH, ComputePrediction
 from arcsim.errors import ArcsimError
+from arcsim.files import cache_dir
 from arcsim.netsim import ENGINES
 from arcsim.pricing import Pricer
 from arcsim.run import cache, decisions
 from arcsim.run.buckets import make_buckets
 from arcsim.run.candidates import Candidate, Context, candidates_for, evaluate
 from arcsim.run.compute import ComputeTimes, from_profile, from_trace, mapped
-from arcsim.run.measure import Measurement, measure, measure_many
+from arcsim.run.measure import GradientStats, Measurement, measure, measure_many
 from arcsim.topology import DEFAULT_TOPOLOGY, load_topology
 from arcsim.traces.format import GradientSource, Trace, open_trace
 from arcsim.traces.live import LiveSource
@@ -226,6 +227,7 @@ class Analysis:
         self._hash: str | None = None  # the trace file's content hash, for the measurement cache
         self.cached = 0  # measurements read from the cache instead of run
         self._cached: list[tuple[int, torch.Tensor]] | None = None
+        self.gradient_stats = GradientStats()  # the trace's per-step means and norms, shared by its measurements
         self.timings: dict[str, float] = {}
 
     def share_measurements(self, other: Analysis) -> None:
@@ -266,15 +268,15 @@ class Analysis:
                                              self.cfg.precision)
 
     def steps(self) -> Iterator[tuple[int, torch.Tensor]]:
-        """The trace's steps as float32; held in memory (as stored) when they fit CACHE_BYTES, else streamed."""
+        """The trace's steps: held in memory as stored when they fit CACHE_BYTES (a half-precision trace is
+        then converted a bucket at a time by the measurement, not a whole step), else streamed as float32."""
         t = self.trace
         if not isinstance(t, Trace) or t.steps * t.workers * t.elements * t.dtype.itemsize > CACHE_BYTES:
             yield from t.steps_iter()
             return
         if self._cached is None:
             self._cached = list(t.steps_iter(stored_dtype=True))
-        for step, raw in self._cached:
-            yield step, raw.float()
+        yield from self._cached
 
     def grid_steps(self) -> int:
         """Trace steps the ratio grid is measured on: all, unless the trace is large (then the first only)."""
@@ -310,7 +312,7 @@ class Analysis:
         else:
             steps = self.steps() if key[2] == self.trace.steps else itertools.islice(self.steps(), key[2])
             meas = measure(steps, self.ctx.buckets, compressor, key[1], memory, self.cfg.seed, self.cfg.options,
-                           timed=timed)
+                           timed=timed, count=key[2], stats=self.gradient_stats)
             cache.save(name, meas)
         if self.params is not None:  # what the sample sent, at the full model's size
             meas.records = [[[self.params.scale_record(r) for r in recs] for recs in step]
@@ -336,7 +338,7 @@ class Analysis:
         steps = itertools.islice(live.steps_iter(), wanted[2])
         which = [(c, d, self._memory(c)) for c, d, _ in group]
         for key, meas in zip(group, measure_many(steps, self.ctx.buckets, which, self.cfg.seed, self.cfg.options,
-                                                 timed=self.ctx.gpu is None), strict=True):
+                                                 timed=self.ctx.gpu is None, count=wanted[2]), strict=True):
             self._measured[key] = meas
         self.timings[f"measure live pass {live.passes}: {len(group)} compressor runs ({wanted[2]} steps)"] = \
             time.perf_counter() - started
@@ -445,7 +447,8 @@ class Analysis:
                          f"of the trace's {t.steps} steps (large trace; --grid-steps to change)")
         if self.cached:
             notes.append(f"{self.cached} of {len(self._measured)} compressor measurements were cached from an earlier "
-                         f"run on the same trace and settings ({cache.cache_dir()}; `arcsim cache clear` to drop them)")
+                         f"run on the same trace and settings ({cache_dir()}; `arcsim cache clear` to drop "
+                         "them)")
         if self.params is not None:
             notes.append(f"SYNTHETIC model of {self.params.params:,} fp32 parameters in {self.params.layers} equal "
                          f"layers: message sizes are the full model's; errors were measured on a "

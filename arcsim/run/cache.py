@@ -1,36 +1,24 @@
-"""Compressor measurements on disk, so a trace re-priced on another topology, library, GPU or engine only
-prices: one gzipped JSON file per (trace content, bucket layout, compressor, density, memory, seed,
-options, steps, timing), under $ARCSIM_CACHE_DIR, else $XDG_CACHE_HOME/arcsim, else ~/.cache/arcsim.
-
-A trace's content hash is computed once per (path, size, modification time) and remembered. The cache is
-capped at CAP_BYTES: the least recently used files go first. ``arcsim cache info|clear``.
+"""Compressor measurements on disk (arcsim.files), so a trace re-priced on another topology, library,
+GPU or engine only prices: one file per (trace content, bucket layout, compressor, density, memory, seed,
+options, steps, timing). A trace's content hash is computed once per (path, size, modification time) and
+remembered.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import gzip
 import hashlib
 import json
-import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from arcsim.comm.log import CommRecord
-from arcsim.files import atomic_path, write_atomic
+from arcsim.files import cache_dir, cache_read, cache_write, write_atomic
 from arcsim.run.buckets import Bucket
 from arcsim.run.measure import Measurement
 
-CAP_BYTES = 2 * 2**30
-VERSION = 2  # bump when what a measurement holds changes
-
-
-def cache_dir() -> Path:
-    if os.environ.get("ARCSIM_CACHE_DIR"):
-        return Path(os.environ["ARCSIM_CACHE_DIR"])
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "arcsim"
+VERSION = 3  # bump when what a measurement holds changes (or, up to ties, how it is measured)
 
 
 def trace_hash(path: Path) -> str:
@@ -64,44 +52,12 @@ def key(trace: str, buckets: list[Bucket], compressor: str, density: float, memo
 
 
 def load(name: str) -> Measurement | None:
-    path = cache_dir() / f"{name}.json.gz"
-    try:
-        raw = json.loads(gzip.decompress(path.read_bytes()))
-    except (OSError, ValueError, EOFError):
+    raw = cache_read(name)
+    if raw is None:
         return None
-    os.utime(path)  # recently used: evicted last
     raw["records"] = [[[CommRecord(**r) for r in recs] for recs in step] for step in raw["records"]]
     return Measurement(**raw)
 
 
 def save(name: str, meas: Measurement) -> None:
-    directory = cache_dir()
-    directory.mkdir(parents=True, exist_ok=True)
-    with atomic_path(directory / f"{name}.json.gz") as tmp:
-        tmp.write_bytes(gzip.compress(json.dumps(dataclasses.asdict(meas)).encode()))
-    _evict(directory)
-
-
-def entries() -> list[Path]:
-    directory = cache_dir()
-    return sorted(directory.glob("*.json.gz"), key=lambda p: p.stat().st_mtime) if directory.is_dir() else []
-
-
-def _evict(directory: Path) -> None:
-    files = entries()
-    total = sum(p.stat().st_size for p in files)
-    for path in files:  # oldest first
-        if total <= CAP_BYTES:
-            break
-        total -= path.stat().st_size
-        path.unlink(missing_ok=True)
-
-
-def clear() -> tuple[int, int]:
-    """Remove every cached measurement and the trace index; returns (files, bytes) removed."""
-    files = entries()
-    size = sum(p.stat().st_size for p in files)
-    for path in files:
-        path.unlink(missing_ok=True)
-    (cache_dir() / "traces.json").unlink(missing_ok=True)
-    return len(files), size
+    cache_write(name, dataclasses.asdict(meas))

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from scipy import stats
+from scipy.stats import t as student_t
 
 from arcsim.catalog import INFO, options_for
 from arcsim.comm.inprocess import InProcessComm
@@ -63,7 +63,7 @@ class Measurement:
         per_step = e[r > 0] / r[r > 0]
         if per_step.size < 2:
             return None
-        half = float(stats.t.ppf(0.5 + confidence / 2, per_step.size - 1) * per_step.std(ddof=1)
+        half = float(student_t.ppf(0.5 + confidence / 2, per_step.size - 1) * per_step.std(ddof=1)
                      / np.sqrt(per_step.size))
         centre = self.rel_error()
         return max(0.0, centre - half), centre + half
@@ -98,13 +98,36 @@ class Measurement:
         return float(np.mean([sum(r.bytes_per_rank for recs in step for r in recs) for step in self.records]))
 
 
+class GradientStats:
+    """What every measurement of the same gradients needs of them, per (trace step, bucket): the workers'
+    mean and each worker's norm — computed by the first measurement, read by the others (two passes over
+    [W, bucket] each, a third of a cheap compressor's measurement on ResNet-50)."""
+
+    def __init__(self) -> None:
+        self._means: dict[tuple[int, int], torch.Tensor] = {}
+        self._norms: dict[tuple[int, int], torch.Tensor] = {}
+
+    def mean(self, step: int, bucket: int, x: torch.Tensor) -> torch.Tensor:
+        if (step, bucket) not in self._means:
+            self._means[step, bucket] = x.mean(dim=0, keepdim=True)
+        return self._means[step, bucket]
+
+    def norms(self, step: int, bucket: int, x: torch.Tensor) -> torch.Tensor:
+        if (step, bucket) not in self._norms:
+            self._norms[step, bucket] = x.norm(dim=1).clamp_min(1e-30)
+        return self._norms[step, bucket]
+
+
 class BucketedCompression:
     """Per-bucket compressors and memories over W in-process workers, as DDP comm hooks keep them; each
     ``step`` returns each bucket's aggregated update and what pricing and fidelity need for that step."""
 
     def __init__(self, buckets: list[Bucket], compressor: str, density: float, memory: str | None = None,
-                 seed: int = 0, options: Mapping[str, Any] | None = None, timed: bool = True) -> None:
+                 seed: int = 0, options: Mapping[str, Any] | None = None, timed: bool = True,
+                 stats: GradientStats | None = None) -> None:
+        """``stats``: shared with other measurements of the same gradients (None: computed, not kept)."""
         self.buckets, self.seed, self.shared_options = buckets, seed, dict(options or {})
+        self.stats = stats
         self.memory = memory or default_memory(compressor)
         self.switch(compressor, density)
         self.mems = [make_memory(self.memory) for _ in buckets]
@@ -121,9 +144,9 @@ class BucketedCompression:
                       for b in self.buckets]
         self.one_rank: dict[int, float] = {}  # per-rank compression seconds per bucket, timed on its first step
 
-    def step(self, step: int, g: torch.Tensor) -> tuple[list[torch.Tensor], dict[str, list]]:
+    def step(self, step: int, g: torch.Tensor, final: bool = False) -> tuple[list[torch.Tensor], dict[str, list]]:
         """Compress [W, d] gradients bucket by bucket; returns the [1, bucket] updates (in bucket order, which
-        is the order of the flat vector) and the step's row."""
+        is the order of the flat vector) and the step's row. ``final``: no step follows (memories stay)."""
         if self.comm is None:
             self.comm = InProcessComm(g.shape[0])
         comm = self.comm
@@ -131,21 +154,25 @@ class BucketedCompression:
                                                 "compress_s")}
         updates = []
         for b in self.buckets:
-            x = g[:, b.lo:b.hi]
+            x = g[:, b.lo:b.hi].float()  # a half-precision step is converted here, a bucket at a time
+            stats = self.stats or GradientStats()
+            mean_g = stats.mean(step, b.index, x)
             seen: dict[str, float] = {}
 
-            def observe(u: torch.Tensor, res: Compressed, seen: dict = seen) -> None:
-                mean = u.mean(dim=0, keepdim=True)
+            def observe(u: torch.Tensor, res: Compressed, x: torch.Tensor = x, mean_g: torch.Tensor = mean_g,
+                        stats: GradientStats = stats, index: int = b.index, seen: dict = seen) -> None:
+                raw = u is x  # the memory sent the gradient itself (no feedback yet, or none at all)
+                mean = mean_g if raw else u.mean(dim=0, keepdim=True)
                 seen["err2"] = float((res.aggregate.float() - mean).pow(2).sum())
                 seen["ref2"] = float(mean.pow(2).sum())
-                norms = u.norm(dim=1).clamp_min(1e-30)
+                norms = stats.norms(step, index, x) if raw else u.norm(dim=1).clamp_min(1e-30)
                 seen["gain"] = float((res.contribution.norms(u.shape[1]) / norms).mean())
                 seen["selected"] = float(res.selected.float().mean())
 
             mark = comm.log.mark()
-            out = self.mems[b.index].step(x, self.comps[b.index], comm, step, self.layouts[b.index], observe)
+            out = self.mems[b.index].step(x, self.comps[b.index], comm, step, self.layouts[b.index], observe,
+                                          final)
             updates.append(out)
-            mean_g = x.mean(dim=0, keepdim=True)
             if not seen:  # sent dense this step (EF21's first step): exact
                 seen = {"err2": 0.0, "ref2": float(mean_g.pow(2).sum()), "gain": 1.0, "selected": float(b.numel)}
             row["records"].append(comm.log.since(mark))
@@ -163,23 +190,28 @@ class BucketedCompression:
 
 def measure(steps: Iterable[tuple[int, torch.Tensor]], buckets: list[Bucket], compressor: str, density: float,
             memory: str | None = None, seed: int = 0, options: Mapping[str, Any] | None = None,
-            timed: bool = True) -> Measurement:
-    """Compress every bucket of every trace step; ``steps`` yields (training step, [W, d] float32). ``timed``:
-    also time one rank's compression here (skip it where compression is modelled on a GPU)."""
-    return measure_many(steps, buckets, [(compressor, density, memory)], seed, options, timed)[0]
+            timed: bool = True, count: int | None = None, stats: GradientStats | None = None) -> Measurement:
+    """Compress every bucket of every trace step; ``steps`` yields (training step, [W, d] float32, or a half
+    precision that is converted a bucket at a time). ``timed``:
+    also time one rank's compression here (skip it where compression is modelled on a GPU). ``count``: how
+    many steps ``steps`` yields, where known (the memories then skip their update after the last).
+    ``stats``: the gradients' statistics shared with other measurements of the same steps."""
+    return measure_many(steps, buckets, [(compressor, density, memory)], seed, options, timed, count, stats)[0]
 
 
 def measure_many(steps: Iterable[tuple[int, torch.Tensor]], buckets: list[Bucket],
                  which: list[tuple[str, float, str | None]], seed: int = 0, options: Mapping[str, Any] | None = None,
-                 timed: bool = True) -> list[Measurement]:
+                 timed: bool = True, count: int | None = None, stats: GradientStats | None = None
+                 ) -> list[Measurement]:
     """:func:`measure` for several (compressor, density, memory) at once, in ONE pass over ``steps``: each
     step is given to all of them before the next is asked for (live training yields one step at a time)."""
-    runs = [BucketedCompression(buckets, c, d, m, seed, options, timed) for c, d, m in which]
+    stats = stats or GradientStats()  # shared by these runs, and only by them unless the caller keeps it
+    runs = [BucketedCompression(buckets, c, d, m, seed, options, timed, stats) for c, d, m in which]
     elements = sum(b.numel for b in buckets)
     out = [Measurement(bc.compressor, bc.density, bc.memory, elements) for bc in runs]
-    for step, g in steps:
+    for i, (step, g) in enumerate(steps):
         for bc, meas in zip(runs, out, strict=True):
-            meas.add(bc.step(step, g)[1])
+            meas.add(bc.step(step, g, final=i + 1 == count)[1])
         del g
     return out
 

@@ -194,7 +194,7 @@ class DecisionContext:
                 trial = BucketedCompression(self.setup.buckets, name, ratio, self.cfg.memory, seed=run.bc.seed,
                                             options={"scope": self.cfg.scope}, timed=self.pricing.timed)
                 trial.mems = copy.deepcopy(run.bc.mems)
-                _, row = trial.step(step, grads)
+                _, row = trial.step(step, grads, final=True)  # the trial is dropped after this step
                 op, collective, seconds = self.pricing.fastest(step, row["records"], name, row["compress_s"])
                 local = sum(compress_times(name, row["compress_s"], self.pricing.contexts[self.pricing.slot(step)]))
                 rows.append({"compressor": name, "density": ratio, "collective": collective, "op": op,
