@@ -16,8 +16,9 @@ as many flows as its physical twin. The result is identical to simulating every 
 from __future__ import annotations
 
 import gc
+import itertools
 from collections import defaultdict
-from collections.abc import Callable, Generator, Hashable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import partial
@@ -62,15 +63,16 @@ class DesResult:
     finish_s: np.ndarray  # finish time of each simulated rank
 
 
-@dataclass
+@dataclass(slots=True)
 class _Send:
     dst: int
+    receiver: int  # the simulated rank that stands for dst
     nbytes: float
-    path: tuple[Hashable, ...]
+    links: Any  # the path's resources, resolved by the fluid network once
     latency: float
 
 
-@dataclass
+@dataclass(slots=True)
 class _Visit:
     """What one rank does in one step (for every repeat of it)."""
 
@@ -101,16 +103,16 @@ def simulate(schedule: Schedule, topo: Topology, start_times: np.ndarray | None 
     env = simpy.Environment()
     net = FluidNetwork(env, topo.capacity)
     rng = np.random.default_rng(seed)
-    plans = _plans(schedule, topo, period, reps)
-    offsets = np.concatenate([[0], np.cumsum([s.repeat for s in schedule.steps])]).astype(np.int64)
+    plans = _plans(schedule, topo, period, reps, net)
     repeats = [s.repeat for s in schedule.steps]
+    offsets = [0, *itertools.accumulate(repeats)]  # a list: indexed per visit on the hot path
 
     position = [-1] * reps  # the step each simulated rank has reached (a list: read per message)
     waiters: list[dict[int, list[Callable[[], None]]]] = [defaultdict(list) for _ in range(reps)]
-    pending: dict[tuple[int, int, int], list] = {}  # (position, src, dst) -> [event, uses]
+    pending: dict[int, list] = {}  # (position · p + src) · p + dst -> [event, uses]
     finish = np.full(reps, np.nan)
 
-    def message_done(key: tuple[int, int, int]) -> simpy.Event:
+    def message_done(key: int) -> simpy.Event:
         entry = pending.get(key)
         if entry is None:
             entry = pending[key] = [env.event(), 0]
@@ -120,17 +122,19 @@ def simulate(schedule: Schedule, topo: Topology, start_times: np.ndarray | None 
         return entry[0]
 
     def arrive(send: _Send, done: simpy.Event, _: simpy.Event) -> None:
-        net.send(send.path, send.nbytes, done)  # the message's own event fires when its bytes are across
+        net.send(send.links, send.nbytes, done)  # the message's own event fires when its bytes are across
+
+    jitter, gamma = topo.jitter, topo.gamma  # locals: read per message
 
     def start(send: _Send, done: simpy.Event) -> None:
         latency = send.latency
-        if topo.jitter:
-            latency *= 1.0 + topo.jitter * rng.exponential()
+        if jitter:
+            latency *= 1.0 + jitter * rng.exponential()
         env.timeout(latency).callbacks.append(partial(arrive, send, done))
 
     def launch(k: int, src: int, send: _Send) -> simpy.Event:
-        done = message_done((k, src, send.dst))
-        receiver = send.dst % reps
+        done = message_done((k * p + src) * p + send.dst)
+        receiver = send.receiver
         if position[receiver] >= k:
             start(send, done)
         else:
@@ -141,17 +145,20 @@ def simulate(schedule: Schedule, topo: Topology, start_times: np.ndarray | None 
         if starts[r] > t0:
             yield env.timeout(starts[r] - t0)
         slowdown = topo.slowdown(r)
+        waiting = waiters[r]
         for visit in plans[r]:
-            base = int(offsets[visit.step])
+            base = offsets[visit.step]
+            reduce_s = gamma * visit.reduce_bytes * slowdown
             for k in range(base, base + repeats[visit.step]):
                 position[r] = k
-                for wake in waiters[r].pop(k, ()):
-                    wake()
+                if waiting:
+                    for wake in waiting.pop(k, ()):
+                        wake()
                 events = [launch(k, r, s) for s in visit.sends]
-                events += [message_done((k, s, d)) for s, d in visit.recvs]
+                events += [message_done((k * p + s) * p + d) for s, d in visit.recvs]
                 yield from events
-                if visit.reduce_bytes and topo.gamma:
-                    yield env.timeout(topo.gamma * visit.reduce_bytes * slowdown)
+                if reduce_s:
+                    yield env.timeout(reduce_s)
         finish[r] = env.now
 
     for r in range(reps):
@@ -185,17 +192,18 @@ def _symmetry_period(schedule: Schedule, topo: Topology, starts: np.ndarray) -> 
     return topo.nodes
 
 
-def _plans(schedule: Schedule, topo: Topology, period: int, reps: int) -> list[list[_Visit]]:
-    """For each simulated rank, the steps it takes part in and what it does in each."""
+def _plans(schedule: Schedule, topo: Topology, period: int, reps: int, net: FluidNetwork) -> list[list[_Visit]]:
+    """For each simulated rank, the steps it takes part in and what it does in each (paths resolved to
+    ``net``'s resources)."""
     p = topo.ranks
     plans: list[list[_Visit]] = [[] for _ in range(reps)]
-    path_cache: dict[tuple[int, int], tuple[tuple[Hashable, ...], float]] = {}
+    path_cache: dict[tuple[int, int], tuple[Any, float]] = {}
 
-    def path(src: int, dst: int) -> tuple[tuple[Hashable, ...], float]:
+    def path(src: int, dst: int) -> tuple[Any, float]:
         key = (src, dst)
         if key not in path_cache:
             keys, latency = topo.path(src, dst)
-            path_cache[key] = (tuple(topo.canonical_key(k, period) for k in keys), latency)
+            path_cache[key] = (net.links(tuple(topo.canonical_key(k, period) for k in keys)), latency)
         return path_cache[key]
 
     for i, step in enumerate(schedule.steps):
@@ -209,7 +217,7 @@ def _plans(schedule: Schedule, topo: Topology, period: int, reps: int) -> list[l
         for j in np.flatnonzero(step.src < reps):
             s, d = int(step.src[j]), int(step.dst[j])
             keys, latency = path(s, d)
-            visit(s).sends.append(_Send(d, float(step.nbytes[j]), keys, latency))
+            visit(s).sends.append(_Send(d, d % reps, float(step.nbytes[j]), keys, latency))
         for j in np.flatnonzero(step.dst < reps):
             s, d = int(step.src[j]), int(step.dst[j])
             shift = (s // reps) * reps
