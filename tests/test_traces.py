@@ -302,14 +302,15 @@ def test_a_trace_of_zero_gradients_is_one_error_line_not_error_zero(tmp_path):
 
 
 def test_huge_finite_gradients_pass_the_screen_and_infinite_ones_do_not(tmp_path):
-    """The NaN/Inf check screens by row sums: a row of finite values whose fp32 sum overflows must still be
-    read (the check then looks entry by entry), a row with one Inf must not."""
+    """The NaN/Inf check reads each row's max and min: a row of finite values whose sum would overflow fp32
+    must still be read; a row with one Inf, −Inf or NaN must not."""
     from arcsim.traces.format import open_trace
 
     g = np.ones((2, 3, 10), dtype=np.float32)
     g[0, 1, :] = 3e38  # ten of these sum past fp32's largest value
     trace = open_trace(_write(tmp_path / "huge.npz", g))
     assert [float(x[1, 0]) for _, x in trace.steps_iter()] == [pytest.approx(3e38), 1.0]
-    g[1, 2, 3] = np.inf
-    with pytest.raises(Exception, match="worker 2 at recorded step 1"):
-        list(open_trace(_write(tmp_path / "inf.npz", g)).steps_iter())
+    for bad in (np.inf, -np.inf, np.nan):
+        g[1, 2, 3] = bad
+        with pytest.raises(Exception, match="worker 2 at recorded step 1"):
+            list(open_trace(_write(tmp_path / f"bad{bad}.npz", g)).steps_iter())

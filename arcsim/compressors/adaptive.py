@@ -12,7 +12,7 @@ counts (one scalar, tag "k"). The inner compressor (topk or arctopk) then runs a
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 
 import torch
 
@@ -54,10 +54,12 @@ class Adaptive(Compressor):
                  layout: tuple[Layer, ...] | None = None, density: float | None = None) -> Compressed:
         d = x.shape[1]
         target = self.k_for(d, density)
-        if self.lam is None:
-            kth = torch.stack([kth_largest(sq, target) for sq in _squares(x)])  # [W]
+        squares: Iterable[torch.Tensor] = _squares(x)
+        if self.lam is None:  # the first step reads the squares twice: keep them
+            squares = list(squares)
+            kth = torch.stack([kth_largest(sq, target) for sq in squares])  # [W]
             self.lam = float(comm.all_reduce(kth.unsqueeze(1), tag="lambda")[0, 0])
-        counts = torch.stack([torch.count_nonzero(sq > self.lam) for sq in _squares(x)]).unsqueeze(1).float()
+        counts = torch.stack([torch.count_nonzero(sq > self.lam) for sq in squares]).unsqueeze(1).float()
         k = int(min(d, max(1, round(float(comm.all_reduce(counts, tag="k")[0, 0])))))
         self.history.append(k)
         mean_k = sum(self.history) / len(self.history)

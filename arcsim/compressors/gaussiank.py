@@ -28,25 +28,25 @@ from arcsim.compressors.base import (
 EVALUATIONS = 3
 
 
-def gaussian_threshold(row: torch.Tensor, mag: torch.Tensor, k: int, z: float) -> torch.Tensor:
-    """The threshold the reference selects with, for one worker's 1-D ``row`` (``mag`` = |row|) and target ``k``.
+def gaussian_selection(row: torch.Tensor, mag: torch.Tensor, k: int, z: float) -> torch.Tensor:
+    """What the reference selects from one worker's 1-D ``row`` (``mag`` = |row|) for target ``k``: the mask
+    of |x| above the last threshold it evaluated (kept from that count, not compared again).
 
     A part with k ≥ n keeps everything (the reference's σ of one element is NaN and selects nothing).
     """
     if k >= row.numel():
-        return torch.tensor(-float("inf"), device=row.device)
+        return torch.ones_like(mag, dtype=torch.bool)
     t = row.mean() + z * row.std()
-    evaluated = t
     for _ in range(EVALUATIONS):
-        evaluated = t
-        count = int(torch.count_nonzero(mag > t))  # not (…).sum(): that copies the bools into int64 first
+        above = mag > t
+        count = int(torch.count_nonzero(above))  # not above.sum(): that copies the bools into int64 first
         if count < 2 * k / 3:
             t = t * 0.5
         elif count > 4 * k / 3:
             t = t * 1.5
         else:
             break
-    return evaluated
+    return above
 
 
 class GaussianK(GatheringCompressor):
@@ -58,9 +58,8 @@ class GaussianK(GatheringCompressor):
         parts = []
         for off, n in groups:
             part = row[off:off + n]
-            mag = part.abs()
-            t = gaussian_threshold(part, mag, group_k(n, density), z)
-            parts.append(off + torch.nonzero(mag > t, as_tuple=True)[0])
+            selected = gaussian_selection(part, part.abs(), group_k(n, density), z)
+            parts.append(off + torch.nonzero(selected, as_tuple=True)[0])
         return parts[0] if len(parts) == 1 else torch.cat(parts)
 
     def compress(self, x: torch.Tensor, comm: Communicator, step: int,

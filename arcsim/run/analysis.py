@@ -7,6 +7,7 @@ import dataclasses
 import itertools
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -203,6 +204,9 @@ class Analysis:
                     resolve_trace(cfg.trace, allow_capture=cfg.allow_capture, announce=announce,
                                   progress=capture_progress))
             self.trace = open_trace(path)
+        self._hash: Future[str] | None = None  # the trace file's content hash, for the measurement cache:
+        if isinstance(self.trace, Trace):     # read beside the start-up work (hashlib lets go of the GIL)
+            self._hash = ThreadPoolExecutor(1).submit(cache.trace_hash, self.trace.path)
         self.notes_before: list[str] = []
         self.gpu, self.compute_prediction = self._device()
         scale = 1.0 if self.params is None else self.params.scale
@@ -224,7 +228,6 @@ class Analysis:
                            cfg.scope, numel_scale=scale)
         self.pricer = Pricer(self.topo, cfg.engine)
         self._measured: dict[tuple[str, float, int], Measurement] = {}
-        self._hash: str | None = None  # the trace file's content hash, for the measurement cache
         self.cached = 0  # measurements read from the cache instead of run
         self._cached: list[tuple[int, torch.Tensor]] | None = None
         self.gradient_stats = GradientStats()  # the trace's per-step means and norms, shared by its measurements
@@ -344,9 +347,8 @@ class Analysis:
             time.perf_counter() - started
 
     def _trace_hash(self) -> str:
-        if self._hash is None:
-            self._hash = cache.trace_hash(self.trace.path)
-        return self._hash
+        assert self._hash is not None, "only a trace file is measured through the cache"
+        return self._hash.result()
 
     def planned_keys(self) -> list[tuple[str, float, int]]:
         """Every measurement a run makes: dense, each compressor at --density, then the ratio grid."""
