@@ -49,6 +49,12 @@ def _glibc() -> bool:
         return False
 
 
+def _repeatable(argv: list[str]) -> bool:
+    """Whether starting ``argv`` again runs the same command: a script, a module or ``-c`` code, not an
+    interactive session or a program read from standard input (already consumed)."""
+    return len(argv) >= 2 and argv[1] != "-" and not sys.flags.interactive
+
+
 def restart_keeping_freed_memory() -> None:
     """Start this command over at once (``exec``: same process, same arguments) with glibc's allocator told by
     ``GLIBC_TUNABLES`` to keep freed memory for reuse; a no-op where it is told already (or told otherwise
@@ -60,7 +66,7 @@ def restart_keeping_freed_memory() -> None:
     temporaries together passes that: on ResNet-50's `arcsim run`, 4.9 M page faults and 22 s of system
     time with mallopt, 1.3 M (the peak heap, touched once) and 8 s with the tunables; 81 s → 75 s."""
     tunables = os.environ.get("GLIBC_TUNABLES", "")
-    if "glibc.malloc" in tunables or not _glibc() or not sys.executable or not getattr(sys, "orig_argv", None):
+    if "glibc.malloc" in tunables or not _glibc() or not sys.executable or not _repeatable(sys.orig_argv):
         return
     os.environ["GLIBC_TUNABLES"] = f"{tunables}:{KEEP_FREED}" if tunables else KEEP_FREED
     try:

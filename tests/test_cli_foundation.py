@@ -1,6 +1,9 @@
 """`arcsim topo` and `arcsim collective` as a user runs them: JSON shape, and one-line errors with exit 2."""
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -177,3 +180,21 @@ def test_long_des_runs_report_progress_with_the_estimate(monkeypatch):
     assert seen[0][0] == 0 and seen[-1][0] == 1 and len(seen) == 101
     assert 0.5 < seen[0][1] / result.events < 2  # the estimate is within 2× of the events processed
     assert result.time_s == des.simulate(schedule, topo).time_s  # running in slices changes nothing
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's tunables")
+def test_the_entry_point_restarts_once_with_glibc_keeping_freed_memory():
+    """The restarted process sees the tunables (and does not restart again); tunables a user set for malloc
+    are left alone; an interactive session or a program read from stdin is never started over."""
+    from arcsim import processes
+
+    code = ("import os; from arcsim.processes import restart_keeping_freed_memory as r; r(); "
+            "print(os.environ.get('GLIBC_TUNABLES'))")
+    env = {k: v for k, v in os.environ.items() if k != "GLIBC_TUNABLES"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.splitlines() == [processes.KEEP_FREED]
+    mine = {**env, "GLIBC_TUNABLES": "glibc.malloc.arena_max=2"}
+    out = subprocess.run([sys.executable, "-c", code], env=mine, capture_output=True, text=True, check=True)
+    assert out.stdout.splitlines() == ["glibc.malloc.arena_max=2"]
+    assert [processes._repeatable(a) for a in (["python"], ["python", "-"], ["python", "-c", "x"],
+                                               ["python", "/bin/arcsim", "run"])] == [False, False, True, True]
