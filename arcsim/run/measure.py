@@ -191,11 +191,11 @@ class BucketedCompression:
 def measure(steps: Iterable[tuple[int, torch.Tensor]], buckets: list[Bucket], compressor: str, density: float,
             memory: str | None = None, seed: int = 0, options: Mapping[str, Any] | None = None,
             timed: bool = True, count: int | None = None, stats: GradientStats | None = None) -> Measurement:
-    """Compress every bucket of every trace step; ``steps`` yields (training step, [W, d] float32, or a half
-    precision that is converted a bucket at a time). ``timed``:
-    also time one rank's compression here (skip it where compression is modelled on a GPU). ``count``: how
-    many steps ``steps`` yields, where known (the memories then skip their update after the last).
-    ``stats``: the gradients' statistics shared with other measurements of the same steps."""
+    """Compress every bucket of every trace step; ``steps`` yields (training step, [W, d] float32, or half
+    precision, converted a bucket at a time). ``timed``: also time one rank's compression here (skip it
+    where compression is modelled on a GPU). ``count``: how many steps ``steps`` yields, where known (the
+    memories then skip their update after the last). ``stats``: the gradients' statistics shared with other
+    measurements of the same steps."""
     return measure_many(steps, buckets, [(compressor, density, memory)], seed, options, timed, count, stats)[0]
 
 
