@@ -13,7 +13,7 @@ import json
 
 import torch.distributed as dist
 
-from arcsim.testbed.ddp_train import train
+from arcsim.testbed.ddp_train import leave_process_group, train
 
 
 def main() -> None:
@@ -46,8 +46,10 @@ def main() -> None:
                 with open(args.json, "w") as fh:
                     json.dump({"losses": res.losses, "iteration_s": res.iteration_s, "accuracy": res.accuracy,
                                "bytes_per_rank_per_step": res.bytes_per_rank_per_step}, fh)
-    finally:
+    except BaseException:
         dist.destroy_process_group()
+        raise
+    leave_process_group()  # barrier, destroy, exit (gloo can abort in the interpreter's finalisation)
 
 
 if __name__ == "__main__":

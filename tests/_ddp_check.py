@@ -18,7 +18,7 @@ from arcsim.compressors.memory import make_memory
 from arcsim.hooks import CompressionState, compression_hook
 from arcsim.models import loss_fn, model_entry
 from arcsim.models.datasets import make_dataset
-from arcsim.testbed.ddp_train import train
+from arcsim.testbed.ddp_train import leave_process_group, train
 
 COMPRESSORS = ("dense", "topk", "arctopk", "star", "randk", "powersgd", "gaussiank")
 
@@ -72,7 +72,7 @@ def main(rank: int, world: int, port: int, out_dir: str) -> None:
                                    "accuracy": res.accuracy, "bytes": res.bytes_per_rank_per_step}
     with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as fh:
         json.dump(report, fh)
-    dist.destroy_process_group()
+    leave_process_group()
 
 
 if __name__ == "__main__":

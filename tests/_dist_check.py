@@ -12,6 +12,7 @@ from arcsim.comm.distributed import DistributedComm
 from arcsim.comm.inprocess import InProcessComm
 from arcsim.compressors import NAMES, make_compressor
 from arcsim.compressors.memory import MEMORIES, make_memory
+from arcsim.testbed.ddp_train import leave_process_group
 from arcsim.traces.synthetic import synthetic_steps
 
 D, STEPS, DENSITY = 3000, 3, 0.05
@@ -35,7 +36,7 @@ def compare(rank: int, world: int, port: int, out_dir: str) -> None:
             report[f"{name}/{memory}"] = {"rel_diff": worst, "same_log": same_log}
     with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as fh:
         json.dump(report, fh)
-    dist.destroy_process_group()
+    leave_process_group()
 
 
 if __name__ == "__main__":

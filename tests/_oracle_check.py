@@ -29,6 +29,7 @@ from arcsim.comm.inprocess import InProcessComm
 from arcsim.compressors import make_compressor
 from arcsim.compressors.base import layout_of
 from arcsim.hooks import CompressionState, compression_hook
+from arcsim.testbed.ddp_train import leave_process_group
 
 RANK_R = 4
 PSGD_SEED = 7
@@ -136,7 +137,7 @@ def main(rank: int, world: int, port: int, out_dir: str) -> None:
     report = {"fp16": fp16_case(rank), "powersgd": powersgd_case(rank, world)}
     with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as fh:
         json.dump(report, fh)
-    dist.destroy_process_group()
+    leave_process_group()
 
 
 if __name__ == "__main__":
