@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import csv
 import gzip
+import hashlib
 import json
 import os
 import tempfile
@@ -113,6 +114,7 @@ def read_yaml(path: Path, what: str, error: type[Exception]) -> Any:
 # -- results kept between commands ------------------------------------------------------------------
 CACHE_CAP_BYTES = 2 * 2**30
 CACHE_SUFFIX = ".json.gz"
+TRACE_INDEX = "traces.json"  # trace files' content hashes by (path, size, mtime), beside the cache (run/cache.py)
 
 
 def cache_dir() -> Path:
@@ -120,6 +122,12 @@ def cache_dir() -> Path:
         return Path(os.environ["ARCSIM_CACHE_DIR"])
     base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
     return Path(base) / "arcsim"
+
+
+def cache_key(fields: Mapping[str, Any]) -> str:
+    """A cache file's name for what its content depends on (JSON-able ``fields``; others by ``str``)."""
+    body = json.dumps(fields, sort_keys=True, default=str)
+    return hashlib.sha256(body.encode()).hexdigest()[:32]
 
 
 def cache_read(name: str) -> Any | None:
@@ -159,5 +167,5 @@ def cache_clear() -> tuple[int, int]:
     size = sum(p.stat().st_size for p in files)
     for path in files:
         path.unlink(missing_ok=True)
-    (cache_dir() / "traces.json").unlink(missing_ok=True)
+    (cache_dir() / TRACE_INDEX).unlink(missing_ok=True)
     return len(files), size

@@ -10,8 +10,6 @@ parameter's gradient is ready after the backward operation at which autograd acc
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import json
 import math
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -178,11 +176,10 @@ def count_workload(model_name: str, batch: int, dataset: str | None = None,
 
 @lru_cache(maxsize=64)
 def _workload(model_name: str, batch: int, spec: DataSpec) -> Workload:
-    from arcsim.files import cache_read, cache_write
+    from arcsim.files import cache_key, cache_read, cache_write
 
-    body = json.dumps({"v": WORKLOAD_VERSION, "torch": torch.__version__, "model": model_name, "batch": batch,
-                       "spec": dataclasses.asdict(spec)}, sort_keys=True, default=str)
-    name = f"workload-{hashlib.sha256(body.encode()).hexdigest()[:32]}"
+    name = "workload-" + cache_key({"v": WORKLOAD_VERSION, "torch": torch.__version__, "model": model_name,
+                                    "batch": batch, "spec": dataclasses.asdict(spec)})
     kept = cache_read(name)
     if kept is not None:
         return _workload_from(kept)

@@ -20,8 +20,13 @@ from arcsim.collectives.schedule import Schedule, Step
 from arcsim.topology import Topology
 
 
-def _ports(src: np.ndarray, dst: np.ndarray, topo: Topology, same: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
-    """Send-side and receive-side port index of every message, and the number of ports."""
+def _port_count(topo: Topology) -> int:
+    """Ports of the topology: each GPU's send and receive side, then each NIC's."""
+    return 2 * topo.ranks + 2 * topo.nodes * topo.network.nics_per_node
+
+
+def _ports(src: np.ndarray, dst: np.ndarray, topo: Topology, same: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Send-side and receive-side port index of every message (of :func:`_port_count`)."""
     p, g, nics = topo.ranks, topo.gpus_per_node, topo.network.nics_per_node
     nic_count = topo.nodes * nics
 
@@ -30,7 +35,7 @@ def _ports(src: np.ndarray, dst: np.ndarray, topo: Topology, same: np.ndarray) -
 
     tx = np.where(same, src, 2 * p + nic(src))
     rx = np.where(same, p + dst, 2 * p + nic_count + nic(dst))
-    return tx, rx, 2 * p + 2 * nic_count
+    return tx, rx
 
 
 def step_time(step: Step, topo: Topology) -> float:
@@ -52,7 +57,8 @@ def _step_times(steps: list[Step], topo: Topology) -> np.ndarray:
     nbytes, reduce = np.concatenate([s.nbytes for s in steps]), np.concatenate([s.reduce for s in steps])
     which = np.repeat(np.arange(len(steps)), counts)
     same, latency, bandwidth = topo.link_arrays(src, dst)
-    tx, rx, ports = _ports(src, dst, topo, same)
+    ports = _port_count(topo)
+    tx, rx = _ports(src, dst, topo, same)
     tx, rx = which * ports + tx, which * ports + rx
     seconds = nbytes / bandwidth
     slots = len(steps) * ports
@@ -70,8 +76,7 @@ def _step_times(steps: list[Step], topo: Topology) -> np.ndarray:
 
 def schedule_time(schedule: Schedule, topo: Topology) -> float:
     """Σ repeat × step cost, the steps priced in batches of at most BATCH_SLOTS (steps × ports)."""
-    ports = 2 * topo.ranks + 2 * topo.nodes * topo.network.nics_per_node
-    per_batch = max(1, BATCH_SLOTS // ports)
+    per_batch = max(1, BATCH_SLOTS // _port_count(topo))
     steps = schedule.steps
     times = np.concatenate([_step_times(list(steps[i:i + per_batch]), topo) for i in range(0, len(steps), per_batch)]
                            or [np.zeros(0)])

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from arcsim.comm.log import CommRecord
-from arcsim.files import cache_dir, cache_read, cache_write, write_atomic
+from arcsim.files import TRACE_INDEX, cache_dir, cache_key, cache_read, cache_write, write_atomic
 from arcsim.run.buckets import Bucket
 from arcsim.run.measure import Measurement
 
@@ -25,7 +25,7 @@ def trace_hash(path: Path) -> str:
     """SHA-256 of the trace file's bytes, remembered per (path, size, mtime) in the cache's index."""
     path = path.resolve()
     stat = path.stat()
-    index_path = cache_dir() / "traces.json"
+    index_path = cache_dir() / TRACE_INDEX
     try:
         index = json.loads(index_path.read_text())
     except (OSError, ValueError):
@@ -44,11 +44,9 @@ def trace_hash(path: Path) -> str:
 
 def key(trace: str, buckets: list[Bucket], compressor: str, density: float, memory: str | None, seed: int,
         options: Mapping[str, Any], steps: int, timed: bool) -> str:
-    body = json.dumps({"v": VERSION, "trace": trace, "buckets": [(b.lo, b.hi) for b in buckets],
-                       "compressor": compressor, "density": density, "memory": memory, "seed": seed,
-                       "options": dict(sorted(options.items())), "steps": steps, "timed": timed},
-                      sort_keys=True, default=str)
-    return hashlib.sha256(body.encode()).hexdigest()[:32]
+    return cache_key({"v": VERSION, "trace": trace, "buckets": [(b.lo, b.hi) for b in buckets],
+                      "compressor": compressor, "density": density, "memory": memory, "seed": seed,
+                      "options": dict(sorted(options.items())), "steps": steps, "timed": timed})
 
 
 def load(name: str) -> Measurement | None:

@@ -153,9 +153,9 @@ class BucketedCompression:
         row: dict[str, list] = {k: [] for k in ("records", "err2", "ref2", "upd2", "raw2", "gain", "selected",
                                                 "compress_s")}
         updates = []
+        stats = self.stats or GradientStats()
         for b in self.buckets:
             x = g[:, b.lo:b.hi].float()  # a half-precision step is converted here, a bucket at a time
-            stats = self.stats or GradientStats()
             mean_g = stats.mean(step, b.index, x)
             seen: dict[str, float] = {}
 
