@@ -18,9 +18,10 @@ test: $(BIN)/arcsim
 	$(BIN)/ruff check .
 	$(BIN)/mypy
 	$(BIN)/pytest -q
+	$(BIN)/python tests/install_check.py --venv $(VENV)-wheel
 
 bench: $(BIN)/arcsim
 	$(BIN)/python benchmarks/des_scaling.py
 
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) $(VENV)-wheel build dist *.egg-info

@@ -1,8 +1,15 @@
-"""Writing files so that no reader ever sees half of one: write beside the final name, then rename; results
-tables that grow row by row and survive a kill; and results kept on disk between commands (gzipped JSON
-under $ARCSIM_CACHE_DIR, else $XDG_CACHE_HOME/arcsim, else ~/.cache/arcsim; capped at CACHE_CAP_BYTES, the
-least recently used dropped first): compressor measurements (arcsim.run.cache) and model workloads
-(arcsim.devices.workload) name their own files, and ``arcsim cache info|clear`` sees them all."""
+"""Where arcsim's files live, and writing them so that no reader ever sees half of one.
+
+- Data shipped with the package (presets, GPU catalogue, kernel tables, the default trace, measured
+  profiles) is read from ``arcsim/data`` as a package resource: an editable and a wheel install read the
+  same files (:func:`packaged`).
+- What arcsim makes for itself (kept results, traces captured on demand, ``--params`` samples) goes to the
+  user cache: $ARCSIM_CACHE_DIR, else $XDG_CACHE_HOME/arcsim, else ~/.cache/arcsim — never into the package
+  or the working directory. Kept results are gzipped JSON capped at CACHE_CAP_BYTES, the least recently
+  used dropped first: compressor measurements (arcsim.run.cache) and model workloads
+  (arcsim.devices.workload) name their own files, and ``arcsim cache info|clear`` sees them all.
+- Writes are atomic (beside the final name, then renamed); results tables grow row by row and survive a kill.
+"""
 
 from __future__ import annotations
 
@@ -14,10 +21,13 @@ import os
 import tempfile
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from importlib.resources import files as _resource_files
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
+
+from arcsim.errors import ArcsimError
 
 
 @contextmanager
@@ -101,20 +111,109 @@ def unwritable_reason(path: Path, directory: bool) -> str | None:
     return None
 
 
-def read_yaml(path: Path, what: str, error: type[Exception]) -> Any:
-    """The YAML document of ``path`` (None when empty); a missing file or bad YAML is one ``error`` line."""
+MAX_YAML_NODES = 100_000  # what a document may expand to through its aliases; a config file needs far fewer
+
+
+class _StrictLoader(yaml.SafeLoader):
+    """YAML as a configuration reader should take it: a key given twice is an error (not "the last wins"),
+    and aliases may not expand a document past MAX_YAML_NODES (an alias bomb is refused, not expanded)."""
+
+    def compose_document(self) -> yaml.Node | None:
+        node = super().compose_document()
+        if node is not None and _expanded_size(node) > MAX_YAML_NODES:
+            raise yaml.YAMLError(f"its aliases expand it past {MAX_YAML_NODES:,} values; write the values out")
+        return node
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
+        seen: set[object] = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)
+            if isinstance(key, (str, int, float, bool)) or key is None:
+                if key in seen:
+                    raise yaml.YAMLError(f"key {key!r} is given twice (line {key_node.start_mark.line + 1}); "
+                                         "keep one")
+                seen.add(key)
+        return super().construct_mapping(node, deep)
+
+
+def _expanded_size(root: yaml.Node) -> int:
+    """How many values ``root`` holds with every alias expanded (shared nodes counted each time they are used)."""
+    sizes: dict[int, int] = {}
+    stack: list[tuple[yaml.Node, bool]] = [(root, False)]
+    while stack:
+        node, children_done = stack.pop()
+        if id(node) in sizes:
+            continue
+        kids = ([n for pair in node.value for n in pair] if isinstance(node, yaml.MappingNode)
+                else list(node.value) if isinstance(node, yaml.SequenceNode) else [])
+        if children_done:
+            sizes[id(node)] = min(1 + sum(sizes.get(id(k), 1) for k in kids), MAX_YAML_NODES + 1)
+        else:
+            stack.append((node, True))
+            stack.extend((k, False) for k in kids if id(k) not in sizes)
+    return sizes[id(root)]
+
+
+def read_text(path: Path, what: str, error: type[Exception]) -> str:
+    """The UTF-8 text of ``path``; missing, a folder, unreadable or not text is one ``error`` line."""
+    path = Path(path)
+    if path.is_dir():
+        raise error(f"{what} {path} is a directory; give a file")
     if not path.is_file():
         raise error(f"{what} {path} does not exist")
     try:
-        return yaml.safe_load(path.read_text())
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise error(f"{what} {path} is not a text file (not UTF-8)") from None
+    except OSError as exc:
+        raise error(f"{what} {path} cannot be read ({exc.strerror})") from None
+
+
+def parse_yaml(text: str, where: str, error: type[Exception]) -> Any:
+    """A YAML document (None when empty), strictly: bad syntax, duplicate keys and alias bombs are one line."""
+    try:
+        return yaml.load(text, Loader=_StrictLoader)
     except yaml.YAMLError as exc:
-        raise error(f"{path} is not valid YAML: {str(exc).splitlines()[0]}") from None
+        mark = getattr(exc, "problem_mark", None)
+        at = f" at line {mark.line + 1}" if mark is not None else ""
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise error(f"{where} is malformed YAML{at}: {problem}") from None
+
+
+def read_yaml(path: Path, what: str, error: type[Exception]) -> Any:
+    """The YAML document of ``path`` (None when empty), read as :func:`read_text` and :func:`parse_yaml` do."""
+    return parse_yaml(read_text(path, what, error), f"{what} {path}", error)
+
+
+def read_json(path: Path, what: str, error: type[Exception], expect: type = dict) -> Any:
+    """The JSON value of ``path``, which must be an ``expect`` (a dict by default); anything else is one line."""
+    text = read_text(path, what, error)
+    try:
+        value = json.loads(text)
+    except ValueError as exc:
+        raise error(f"{what} {path} is not valid JSON ({exc})") from None
+    if not isinstance(value, expect):
+        noun = {"dict": "an object", "list": "a list"}.get(expect.__name__, expect.__name__)
+        raise error(f"{what} {path} holds a JSON {type(value).__name__}, not {noun}")
+    return value
 
 
 # -- results kept between commands ------------------------------------------------------------------
 CACHE_CAP_BYTES = 2 * 2**30
 CACHE_SUFFIX = ".json.gz"
-TRACE_INDEX = "traces.json"  # trace files' content hashes by (path, size, mtime), beside the cache (run/cache.py)
+TRACE_INDEX = "traces.json"  # facts about trace files by (path, size, mtime): content hash, checksum verified
+
+
+def packaged(*parts: str) -> Path:
+    """A file or folder shipped inside the package, under ``arcsim/data`` (installs are unpacked, so a path)."""
+    return Path(str(_resource_files("arcsim").joinpath("data", *parts)))
+
+
+def generated_traces_dir() -> Path:
+    """Where traces arcsim makes itself are written: $ARCSIM_TRACE_DIR, else ``traces/`` of the user cache."""
+    if os.environ.get("ARCSIM_TRACE_DIR"):
+        return Path(os.environ["ARCSIM_TRACE_DIR"])
+    return cache_dir() / "traces"
 
 
 def cache_dir() -> Path:
@@ -122,6 +221,16 @@ def cache_dir() -> Path:
         return Path(os.environ["ARCSIM_CACHE_DIR"])
     base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
     return Path(base) / "arcsim"
+
+
+def writable_cache_dir() -> Path:
+    """The cache folder, checked writable before any work that keeps results or makes traces there."""
+    directory = cache_dir()
+    reason = unwritable_reason(directory, directory=True)
+    if reason:
+        raise ArcsimError(f"cannot write the cache folder {directory} ({reason}); set ARCSIM_CACHE_DIR to a "
+                          "writable folder")
+    return directory
 
 
 def cache_key(fields: Mapping[str, Any]) -> str:
@@ -154,6 +263,29 @@ def cache_write(name: str, obj: Any) -> None:
             break
         total -= path.stat().st_size
         path.unlink(missing_ok=True)
+
+
+def file_fact(path: Path, fact: str, compute: Callable[[Path], Any]) -> Any:
+    """``compute(path)`` (JSON-able), remembered per (path, size, mtime) in the cache's index, so a large
+    file is read once; where the cache cannot be written it is computed again next time."""
+    path = path.resolve()
+    stat = path.stat()
+    index_path = cache_dir() / TRACE_INDEX
+    try:
+        index = json.loads(index_path.read_text())
+    except (OSError, ValueError):
+        index = {}
+    stamp = f"{path}:{stat.st_size}:{stat.st_mtime_ns}"
+    facts = index.get(stamp) if isinstance(index.get(stamp), dict) else {}
+    if fact not in facts:
+        facts[fact] = compute(path)
+        index[stamp] = facts
+        try:
+            index_path.parent.mkdir(parents=True, exist_ok=True)
+            write_atomic(index_path, json.dumps(index))
+        except OSError:
+            pass
+    return facts[fact]
 
 
 def cache_entries() -> list[Path]:

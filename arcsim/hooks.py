@@ -35,7 +35,7 @@ class CompressionState:
     density: float = 0.01
     memory: str = "ef14"
     seed: int = 0
-    rank: int | None = None              # PowerSGD rank / ARC-Top-K sketch columns
+    matrix_rank: int | None = None       # PowerSGD's low rank / ARC-Top-K's sketch columns (not the process rank)
     scope: str = "tensor"                 # top-k family: k per layer ("tensor") or per bucket
     options: dict = field(default_factory=dict)  # further descriptor options, e.g. {"unbiased": True}
     process_group: dist.ProcessGroup | None = None
@@ -49,7 +49,7 @@ class CompressionState:
 
     def options_for_compressor(self) -> dict:
         """The options this state's compressor is made with (rank included when set)."""
-        rank = {} if self.rank is None else {"rank": self.rank}
+        rank = {} if self.matrix_rank is None else {"rank": self.matrix_rank}
         return {**options_for(self.compressor, {"scope": self.scope}), **self.options, **rank}
 
     def make(self, seed: int) -> Compressor:

@@ -87,6 +87,10 @@ def load_schedule(path: str | Path) -> NetworkSchedule:
     if not isinstance(raw, dict) or not isinstance(raw.get("phases"), list) or not raw["phases"]:
         raise ScheduleError(f"{path}: a schedule is a mapping with a non-empty 'phases' list; see "
                             "examples/schedule-c1.yaml")
+    unknown = sorted(set(raw) - {"name", "description", "unit", "steps_per_epoch", "phases"})
+    if unknown:
+        raise ScheduleError(f"{path}: unknown key {unknown[0]!r}; a schedule has name, description, unit, "
+                            "steps_per_epoch and phases")
     unit = raw.get("unit", "step")
     if unit not in UNITS:
         raise ScheduleError(f"{path}: unit must be step or epoch, got {unit!r}")
@@ -96,16 +100,27 @@ def load_schedule(path: str | Path) -> NetworkSchedule:
     phases = []
     for i, entry in enumerate(raw["phases"], start=1):
         where = f"{path}: phase {i}"
-        if not isinstance(entry, dict) or not {"start", "latency", "bandwidth"} <= set(entry):
-            raise ScheduleError(f"{where} needs start, latency and bandwidth (e.g. {{start: 0, latency: 1ms, "
-                                "bandwidth: 25Gbps}})")
+        example = "(e.g. {start: 0, latency: 1ms, bandwidth: 25Gbps})"
+        if not isinstance(entry, dict):
+            raise ScheduleError(f"{where} is not a mapping of start, latency and bandwidth {example}")
+        extra = sorted(set(entry) - {"start", "latency", "bandwidth"})
+        if extra:
+            raise ScheduleError(f"{where}: unknown key {extra[0]!r}; a phase has start, latency and bandwidth "
+                                f"{example}")
+        missing = [k for k in ("start", "latency", "bandwidth") if k not in entry]
+        if missing:
+            raise ScheduleError(f"{where} lacks {' and '.join(missing)} {example}")
         start = entry["start"]
         if isinstance(start, bool) or not isinstance(start, int) or start < 0:
             raise ScheduleError(f"{where}: start must be a whole number of {unit}s ≥ 0, got {start!r}")
         try:
-            latency, bandwidth = parse_duration(entry["latency"]), parse_rate(entry["bandwidth"])
+            latency = parse_duration(entry["latency"])
         except UnitError as exc:
-            raise ScheduleError(f"{where}: {exc}") from None
+            raise ScheduleError(f"{where}: latency: {exc}") from None
+        try:
+            bandwidth = parse_rate(entry["bandwidth"])
+        except UnitError as exc:
+            raise ScheduleError(f"{where}: bandwidth: {exc}") from None
         if not bandwidth > 0:
             raise ScheduleError(f"{where}: bandwidth must be positive, got {entry['bandwidth']!r}")
         phases.append(Phase(start * scale, latency, bandwidth))

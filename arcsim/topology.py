@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -22,9 +23,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import yaml
 
 from arcsim.errors import TopologyError, UnitError
+from arcsim.files import packaged, read_yaml
 from arcsim.units import (
     format_bits,
     format_duration,
@@ -37,10 +38,13 @@ from arcsim.units import (
 
 FABRICS = ("switch", "fat-tree")
 DEFAULT_TOPOLOGY = "8x8-ib100"  # what every command prices on when none is named
-GRAMMAR = ("NxG-<fabric><Gbps>[x<NICs>][-<gpu>]  (fabric: ib, roce, eth; gpu: a catalogue device; e.g. 8x8-ib100, "
-           "8x8-ib400x8-h100, 8x1-eth10)")
+GRAMMAR = ("NxG-<fabric><Gbps>[x<NICs>][-<gpu>][-<link>]  (fabric: ib, roce, eth; gpu: a catalogue device; "
+           "link inside the node: nvlink, pcie — default nvlink for ib and roce, pcie for eth; e.g. 8x8-ib100, "
+           "8x8-ib400x8-h100, 8x1-eth10, 4x8-eth25-a100-nvlink)")
 _NAME_RE = re.compile(r"^(?P<n>\d+)x(?P<g>\d+)-(?P<fab>ib|roce|eth)(?P<gbps>\d+(?:\.\d+)?)(?:x(?P<nics>\d+))?"
-                      r"(?:-(?P<gpu>[a-z][a-z0-9]*))?$")
+                      r"(?P<suffixes>(?:-[a-z][a-z0-9]*){0,2})$", re.IGNORECASE)
+INTRA_LINKS = ("nvlink", "pcie")
+MAX_RANKS = 131_072  # past the largest GPU clusters built (~100,000 GPUs); per-rank state must fit in memory
 
 ResourceKey = tuple  # ("gtx", rank) | ("grx", rank) | ("ntx", node, nic) | ("nrx", node, nic) | ("up"|"down", leaf)
 
@@ -291,6 +295,9 @@ def _validate(t: Topology) -> None:
 
     if t.nodes < 1 or t.gpus_per_node < 1:
         raise bad(f"nodes and gpus_per_node must be ≥ 1 (got {t.nodes} and {t.gpus_per_node})")
+    if t.ranks > MAX_RANKS:
+        raise bad(f"{t.nodes:,} nodes × {t.gpus_per_node:,} GPUs is {t.ranks:,} ranks; arcsim models at most "
+                  f"{MAX_RANKS:,} (the largest GPU clusters built hold about 100,000)")
     if t.ranks < 2:
         raise bad("a cluster needs at least 2 ranks for a collective; raise nodes or gpus_per_node")
     net = t.network
@@ -308,10 +315,11 @@ def _validate(t: Topology) -> None:
     if net.fabric == "fat-tree":
         if net.nodes_per_leaf < 1:
             raise bad("a fat-tree needs network.nodes_per_leaf ≥ 1")
-        if not net.oversubscription >= 1.0:
+        if not (math.isfinite(net.oversubscription) and net.oversubscription >= 1.0):
             raise bad(f"network.oversubscription must be ≥ 1 (got {net.oversubscription:g})")
-    if t.gamma < 0 or t.jitter < 0:
-        raise bad("gamma and jitter must be ≥ 0")
+    for label, value in (("gamma", t.gamma), ("jitter", t.jitter)):
+        if not (math.isfinite(value) and value >= 0):
+            raise bad(f"{label} must be a finite number ≥ 0 (got {value:g})")
     for rank, slow in t.stragglers.items():
         if not 0 <= rank < t.ranks:
             raise bad(f"straggler rank {rank} is outside 0..{t.ranks - 1}")
@@ -325,14 +333,20 @@ def _validate(t: Topology) -> None:
 
 # -- presets and lookup ------------------------------------------------------------------------------
 def preset_dirs() -> list[Path]:
-    """Where preset YAML files are looked up: ./topologies, then the checkout's topologies/."""
-    here = Path(__file__).resolve().parent.parent / "topologies"
-    dirs = [Path.cwd() / "topologies", here]
-    return [d for i, d in enumerate(dirs) if d.is_dir() and d.resolve() not in {x.resolve() for x in dirs[:i]}]
+    """Where preset names are looked up: the folders of $ARCSIM_TOPOLOGY_PATH (separated as PATH is), then the
+    presets shipped in the package. The working directory is never searched: name a YAML file by its path."""
+    user = [Path(d) for d in os.environ.get("ARCSIM_TOPOLOGY_PATH", "").split(os.pathsep) if d]
+    for d in user:
+        if not d.is_dir():
+            raise TopologyError(f"$ARCSIM_TOPOLOGY_PATH names {str(d)!r}, which is not a folder; fix or unset it")
+    return [*user, packaged("topologies")]
 
 
 def preset_names() -> list[str]:
     names = {p.stem for d in preset_dirs() for p in d.glob("*.yaml")}
+    if not names:
+        raise TopologyError(f"the preset topologies are missing from the package ({packaged('topologies')}); "
+                            "reinstall arcsim")
     return sorted(names, key=_preset_sort_key)
 
 
@@ -343,6 +357,9 @@ def _preset_sort_key(name: str) -> tuple:
 
 def load_topology(spec: str) -> Topology:
     """A topology from a YAML path, a preset name, or the name grammar."""
+    if not spec.strip():
+        raise TopologyError(f"the topology is empty; give a preset ({', '.join(preset_names()[:3])}, …), a YAML "
+                            "file or a name such as 8x8-ib100")
     path = Path(spec)
     if path.is_dir():
         raise TopologyError(f"topology {spec!r} is a directory; give a topology YAML file, a preset or a name "
@@ -363,21 +380,29 @@ def load_topology(spec: str) -> Topology:
 
 
 def from_name(name: str) -> Topology:
-    """Build a topology from ``NxG-<fabric><Gbps>[x<NICs>]``.
+    """Build a topology from ``NxG-<fabric><Gbps>[x<NICs>][-<gpu>][-<link>]`` (case-insensitive).
 
     ``Gbps`` is the bandwidth of ONE NIC (per direction); ``xNICs`` the NICs per node (default 1).
     Defaults by fabric: ib 5 µs, roce 7 µs, eth 30 µs end-to-end latency. Inside a node: NVLink for ib
-    and roce (300 GB/s per GPU per direction, or 450 GB/s when NICs are ≥ 400 Gb/s), PCIe 4.0 ×16
-    (25 GB/s) for eth; 3 µs.
+    and roce, PCIe for eth, unless ``-nvlink`` or ``-pcie`` says otherwise; NVLink carries 300 GB/s per
+    GPU per direction (450 GB/s when NICs are ≥ 400 Gb/s), PCIe 4.0 ×16 25 GB/s; 3 µs.
     """
     m = _NAME_RE.match(name)
     if not m:
         raise TopologyError(f"topology name {name!r} does not follow the grammar {GRAMMAR}")
     nodes, gpus, gbps = int(m["n"]), int(m["g"]), float(m["gbps"])
     nics = int(m["nics"] or 1)
-    fabric_kind = {"ib": "infiniband", "roce": "roce", "eth": "ethernet"}[m["fab"]]
-    latency = {"ib": 5e-6, "roce": 7e-6, "eth": 30e-6}[m["fab"]]
-    if m["fab"] == "eth":
+    fab = m["fab"].lower()
+    fabric_kind = {"ib": "infiniband", "roce": "roce", "eth": "ethernet"}[fab]
+    latency = {"ib": 5e-6, "roce": 7e-6, "eth": 30e-6}[fab]
+    suffixes = [x.lower() for x in m["suffixes"].split("-")[1:]]
+    links = [x for x in suffixes if x in INTRA_LINKS]
+    gpu_names = [x for x in suffixes if x not in INTRA_LINKS]
+    if len(links) > 1 or len(gpu_names) > 1:
+        raise TopologyError(f"topology name {name!r} names {' and '.join(links if len(links) > 1 else gpu_names)}; "
+                            f"give at most one gpu and one link ({GRAMMAR})")
+    link = links[0] if links else ("pcie" if fab == "eth" else "nvlink")
+    if link == "pcie":
         intra = IntraLink("pcie", 25e9, 3e-6)
     else:
         intra = IntraLink("nvlink", 450e9 if gbps >= 400 else 300e9, 3e-6)
@@ -387,25 +412,16 @@ def from_name(name: str) -> Topology:
         gpus_per_node=gpus,
         intra=intra,
         network=Network(fabric_kind, nics, gbps * 1e9 / 8, latency),
-        description=f"{nodes} nodes × {gpus} GPUs, {nics} × {gbps:g} Gb/s {fabric_kind} NIC(s) per node "
-                    "(built from the name grammar)",
+        description=f"{nodes} nodes × {gpus} GPUs, {nics} × {gbps:g} Gb/s {fabric_kind} NIC(s) per node; "
+                    f"GPUs in a node on {'PCIe 4.0 ×16' if link == 'pcie' else 'NVLink'} (built from the name grammar)",
         source="name grammar",
-        gpu=_gpu(m["gpu"], name),
+        gpu=_gpu(gpu_names[0] if gpu_names else None, name),
         library="nccl",
     )
 
 
 def load_yaml(path: Path) -> Topology:
-    try:
-        raw = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        at = f" at line {mark.line + 1}" if mark is not None else ""
-        raise TopologyError(f"{path}: malformed YAML{at}; fix the syntax") from exc
-    except OSError as exc:
-        raise TopologyError(f"{path}: cannot read ({exc.strerror})") from exc
-    except UnicodeDecodeError:
-        raise TopologyError(f"{path} is not a text file; a topology is YAML text (see topologies/*.yaml)") from None
+    raw = read_yaml(path, "topology file", TopologyError)
     if not isinstance(raw, dict):
         raise TopologyError(f"{path}: expected a mapping with nodes, gpus_per_node, intra, network")
     return from_dict(raw, source=str(path), default_name=path.stem)
@@ -495,13 +511,21 @@ def _calibration(raw: Mapping[str, Any], source: str) -> dict[str, Calibrated]:
         if small_raw is not None:
             b = _FieldReader(small_raw, source, f"calibration.{op}.small.")
             small = Band(b.quantity("up_to", parse_size), b.quantity("latency", parse_duration),
-                         b.quantity("bandwidth", parse_rate))
+                         _fitted_rate(b))
             b.reject_unknown({"up_to", "latency", "bandwidth"})
-        out[op] = Calibrated(r.quantity("latency", parse_duration), r.quantity("bandwidth", parse_rate),
+        out[op] = Calibrated(r.quantity("latency", parse_duration), _fitted_rate(r),
                              r.number("r2", default=1.0), r.integer("ranks", default=0),
                              r.text("library", default=""), small)
         r.reject_unknown({"latency", "bandwidth", "r2", "ranks", "library", "small"})
     return out
+
+
+def _fitted_rate(reader: _FieldReader) -> float:
+    rate = reader.quantity("bandwidth", parse_rate)
+    if not rate > 0:
+        raise reader.error("bandwidth", "must be a positive bandwidth such as '10Gbit' (a fitted bandwidth of 0 "
+                           "would make every message take forever)")
+    return rate
 
 
 _MISSING = object()
@@ -522,25 +546,25 @@ class _FieldReader:
             raise TopologyError(f"{self.source}: field '{self.prefix}{key}' is missing")
         return default
 
-    def _error(self, key: str, what: str) -> TopologyError:
+    def error(self, key: str, what: str) -> TopologyError:
         return TopologyError(f"{self.source}: field '{self.prefix}{key}' {what}")
 
     def text(self, key: str, default: Any = _MISSING) -> str:
         value = self._get(key, default)
         if not isinstance(value, str):
-            raise self._error(key, f"must be text (got {value!r})")
+            raise self.error(key, f"must be text (got {value!r})")
         return value
 
     def integer(self, key: str, default: Any = _MISSING) -> int:
         value = self._get(key, default)
         if isinstance(value, bool) or not isinstance(value, int):
-            raise self._error(key, f"must be a whole number (got {value!r})")
+            raise self.error(key, f"must be a whole number (got {value!r})")
         return value
 
     def number(self, key: str, default: Any = _MISSING) -> float:
         value = self._get(key, default)
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise self._error(key, f"must be a number (got {value!r})")
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            raise self.error(key, f"must be a finite number (got {value!r})")
         return float(value)
 
     def quantity(self, key: str, parse: Any, default: Any = _MISSING) -> float:
@@ -550,7 +574,7 @@ class _FieldReader:
         try:
             return parse(value)
         except UnitError as exc:
-            raise self._error(key, f"is invalid: {exc}") from exc
+            raise self.error(key, f"is invalid: {exc}") from exc
 
     def mapping(self, key: str, required: bool = True) -> Mapping[str, Any] | None:
         if key not in self.raw or self.raw[key] is None:
@@ -559,7 +583,7 @@ class _FieldReader:
             return None
         value = self.raw[key]
         if not isinstance(value, Mapping):
-            raise self._error(key, "must be a mapping")
+            raise self.error(key, "must be a mapping")
         return value
 
     def reject_unknown(self, known: set[str]) -> None:

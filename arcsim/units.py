@@ -47,7 +47,10 @@ def parse_size(text: object) -> float:
     if not m:
         hint = " (a bare number needs the unit B, e.g. '1e6B')" if _is_number(s) else ""
         raise UnitError(f"cannot read size {s!r}{hint}; use a number and a unit such as B, kB, MB, GB, KiB, MiB, GiB")
-    return _finite_nonnegative(float(m["num"]) * _PREFIX[m["prefix"] or ""], "size", s)
+    size = _finite_nonnegative(float(m["num"]) * _PREFIX[m["prefix"] or ""], "size", s)
+    if 0 < size < 1:
+        raise UnitError(f"size {s!r} is below one byte; give at least 1B (or 0)")
+    return size
 
 
 def parse_rate(text: object) -> float:
@@ -85,6 +88,8 @@ def parse_params(text: object) -> int:
     value = float(m[1]) * _COUNT_SUFFIX[m[2]]
     if not 1 <= value <= MAX_PARAMS:
         raise UnitError(f"--params {text!r} must be between 1 and 10T parameters")
+    if value != round(value):
+        raise UnitError(f"--params {text!r} is {value:g}, not a whole number of parameters")
     return round(value)
 
 

@@ -17,7 +17,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from arcsim.traces.resolve import trace_dir
+from arcsim.files import generated_traces_dir
 
 CASES = (("default trace (cnn-digits-small)", None, 15.0), ("resnet50.npz", "resnet50.npz", 60.0))
 RERUN = ["--topology", "16x8-ib200", "--library", "gloo"]  # another cluster and library: pricing only
@@ -29,7 +29,8 @@ def timed_run(args: list[str], cache: str) -> tuple[float, dict]:
         out = Path(tmp) / "run.json"
         started = time.perf_counter()
         subprocess.run([sys.executable, "-m", "arcsim", "run", "--json", str(out), *args], check=True,
-                       capture_output=True, env={**os.environ, "ARCSIM_CACHE_DIR": cache})
+                       capture_output=True, env={**os.environ, "ARCSIM_CACHE_DIR": cache,
+                                                             "ARCSIM_TRACE_DIR": str(generated_traces_dir())})
         return time.perf_counter() - started, json.loads(out.read_text())
 
 
@@ -38,7 +39,7 @@ def main() -> None:
     ap.add_argument("--capture", action="store_true", help="capture resnet50.npz first if it is missing")
     args = ap.parse_args()
     for label, trace, goal in CASES:
-        if trace and not (trace_dir() / trace).exists() and not args.capture:
+        if trace and not (generated_traces_dir() / trace).exists() and not args.capture:
             print(f"{label}: skipped (not captured; pass --capture)")
             continue
         with tempfile.TemporaryDirectory() as cache:

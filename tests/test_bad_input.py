@@ -7,8 +7,9 @@ from pathlib import Path
 import pytest
 from conftest import run_cli
 
+from arcsim.files import packaged
+
 BINARY = bytes(range(256)) * 2
-ROOT = Path(__file__).resolve().parents[1]
 
 CASES = [
     # (arguments, a phrase the error line must hold)
@@ -40,7 +41,7 @@ CASES = [
     (["collective", "--library", "gloo", "--algo", "tree"], "gloo has no tree allreduce (it offers ring, rhd"),
     (["collective", "--op", "broadcast", "--algo", "binomial", "--chunks", "4", "--library", "ideal"],
      "not pipelined"),
-    (["collective", "--algo", "tree", "--library", "ideal", "--chunks", "0"], "between 1 and 64"),
+    (["collective", "--algo", "tree", "--library", "ideal", "--chunks", "0"], "'--chunks': must be at least 1"),
     (["run", "--params", "0"], "between 1 and 10T"),
     (["run", "--params", "seven"], "not a parameter count"),
     (["run", "--params", "1M", "--trace", "x.npz"], "without --trace"),
@@ -55,8 +56,8 @@ CASES = [
     (["run", "--gpu", "v100", "--precision", "bf16"], "has no bf16"),
     (["run", "-t", "8x8-ib100-x100"], "unknown gpu 'x100'"),
     (["run", "--compare-gpu", "h100"], "give --plot DIR"),
-    (["run", "--gpu", "h100", "--trace", "{root}/traces/cnn-digits-small.npz", "--compute-profile",
-      "{root}/traces/profiles/resnet50-h100-b32-fp32.json"], "does not match trace"),
+    (["run", "--gpu", "h100", "--trace", "cnn-digits-small.npz", "--compute-profile",
+      "resnet50-h100-b32-fp32.json"], "does not match trace"),
     (["collective", "-t", "16384x8-ib400x8", "--algo", "tree", "--engine", "des"], "DES would process about"),
     (["train", "--gpu", "h100", "--steps", "1"], "give --topology too"),
     (["train", "--topology", "8x1-eth1", "--gpu", "x100", "--steps", "1"], "unknown GPU 'x100'"),
@@ -71,10 +72,10 @@ def test_bad_input_is_one_error_line_and_exit_2(tmp_path: Path, args: list[str],
     empty_axis = tmp_path / "sweep.yaml"
     empty_axis.write_text("density:\n")
     lib_yaml = tmp_path / "lib.yaml"
-    lib_yaml.write_text((ROOT / "topologies" / "8x1-eth10.yaml").read_text().replace("library: nccl",
+    lib_yaml.write_text(packaged("topologies", "8x1-eth10.yaml").read_text().replace("library: nccl",
                                                                                        "library: openmpi"))
     before = sorted(tmp_path.iterdir())
-    argv = [a.format(tmp=tmp_path, binary=binary, empty_axis=empty_axis, root=ROOT, lib_yaml=lib_yaml)
+    argv = [a.format(tmp=tmp_path, binary=binary, empty_axis=empty_axis, lib_yaml=lib_yaml)
             for a in args]
     r = run_cli(*argv, cwd=str(tmp_path), timeout=120)
     assert r.returncode == 2, (r.returncode, r.stderr[-2000:])

@@ -50,15 +50,15 @@ def test_correlated_structure_helps_arctopk_more_than_independent_noise():
 
 
 @pytest.mark.parametrize(("args", "fragment"), [
-    (("--density", "0", "--synthetic", "normal"), "density must be in (0, 1]"),
-    (("--density", "1.5", "--synthetic", "normal"), "density must be in (0, 1]"),
+    (("--density", "0", "--synthetic", "normal"), "'--density' / '-d': must lie in (0, 1]"),
+    (("--density", "1.5", "--synthetic", "normal"), "'--density' / '-d': must lie in (0, 1]"),
     (("-c", "zipk", "--synthetic", "normal"), "choose one of dense, fp16, topk"),
     (("-m", "ef99", "--synthetic", "normal"), "choose one of none, ef14, ef21, ef21m"),
-    (("-c", "powersgd", "--rank", "0", "--synthetic", "normal"), "rank r must be ≥ 1"),
+    (("-c", "powersgd", "--rank", "0", "--synthetic", "normal"), "'--rank': must be at least 1"),
     (("--trace", "x.npz"), "no such trace file: x.npz"),
     (("--trace", "x.npz", "--synthetic", "normal"), "either --trace or --synthetic"),
-    (("--synthetic", "normal", "-n", "0"), "at least 1 element"),
-    (("--synthetic", "normal", "-w", "1"), "at least 2 workers"),
+    (("--synthetic", "normal", "-n", "0"), "'--elements' / '-n': must be at least 1"),
+    (("--synthetic", "normal", "-w", "1"), "'--workers' / '-w': must be at least 2"),
     (("--synthetic", "normal", "-n", "1e2.5"), "not a number"),
 ])
 def test_bad_input_is_one_line_and_exit_2(args, fragment):

@@ -17,6 +17,7 @@ from arcsim.devices.kernels import load_counts
 from arcsim.devices.predict import predict_compute
 from arcsim.devices.workload import count_workload
 from arcsim.errors import ArcsimError
+from arcsim.files import packaged
 from arcsim.topology import load_topology
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -105,7 +106,7 @@ def test_the_h100_fit_predicts_measured_h200_steps_of_real_models():
 
 def test_predict_uses_the_measured_profile_when_one_matches_else_the_model():
     measured = predict_compute("resnet50", "h100", 32, "fp32")
-    shipped = json.loads((ROOT / "traces/profiles/resnet50-h100-b32-fp32.json").read_text())
+    shipped = json.loads(packaged("traces", "profiles", "resnet50-h100-b32-fp32.json").read_text())
     assert measured.source == "measured" and measured.expected_error is None
     assert measured.profile.forward_s == shipped["forward_s"]
     modelled = predict_compute("resnet50", "h100", 32, "fp32", modelled=True)
@@ -124,7 +125,7 @@ def test_device_cli_list_show_and_predict_json():
     assert {"forward_s", "backward_s", "layers", "source"} <= set(out) and out["source"] == "modelled"
     assert len(out["layers"]) == 152 and out["forward_s"] > 0
     r = run_cli("device", "predict", "--model", "resnet50", "--gpu", "h100", "--batch", "32")
-    assert "measured — traces/profiles/resnet50-h100-b32-fp32.json" in " ".join(r.stdout.split())
+    assert "measured — shipped profile resnet50-h100-b32-fp32.json" in " ".join(r.stdout.split())
 
 
 def _kernel_errors(gpu: str, counts_of: str) -> list[float]:
@@ -172,7 +173,7 @@ def test_a_run_on_a_gpu_is_deterministic_and_says_what_it_assumed(tmp_path):
     text = " ".join(r.stdout.split())
     assert "compute: measured on NVIDIA H100 SXM5 80GB, batch 32 per GPU" in text  # cnn-h100-b32-fp32.json
     assert "compression time: modelled on NVIDIA H100 SXM5 80GB" in text and "measured on NVIDIA H100" in text
-    shipped = json.loads((ROOT / "traces/profiles/cnn-h100-b32-fp32.json").read_text())
+    shipped = json.loads(packaged("traces", "profiles", "cnn-h100-b32-fp32.json").read_text())
     for c in outs[0]["candidates"]:
         assert c["compute_s"] == pytest.approx(shipped["forward_s"] + shipped["backward_s"])
     assert np.isfinite([c["compress_s"] for c in outs[0]["candidates"]]).all()

@@ -120,11 +120,8 @@ def test_every_arcsim_example_parses(example: Example, tmp_path: Path, monkeypat
 
 
 def workspace(tmp: Path) -> Path:
-    """A scratch checkout of what the examples read: traces, topologies, examples."""
-    for name in ("traces", "topologies", "examples"):
-        shutil.copytree(ROOT / name, tmp / name, ignore=shutil.ignore_patterns("*.npz") if name == "traces" else None)
-    for npz in (ROOT / "traces").glob("*-small.npz"):
-        shutil.copy(npz, tmp / "traces" / npz.name)
+    """A user's folder holding the examples (shipped data comes from the installed package, as for a user)."""
+    shutil.copytree(ROOT / "examples", tmp / "examples")
     return tmp
 
 
@@ -180,3 +177,16 @@ def test_shell_completion_script_is_produced() -> None:
     done = subprocess.run([str(script)], capture_output=True, text=True, timeout=60,
                           env={**os.environ, "_ARCSIM_COMPLETE": "bash_source"})
     assert "complete" in done.stdout and "_ARCSIM_COMPLETE" in done.stdout, done.stdout + done.stderr
+
+
+def test_the_python_api_example_runs_from_a_users_folder(tmp_path: Path) -> None:
+    """docs/python-api.md's script, run as a user would (another folder): each step's error and time."""
+    (block,) = re.findall(r"```python\n(.*?)```", (ROOT / "docs" / "python-api.md").read_text(), re.S)
+    script = tmp_path / "price.py"
+    script.write_text(block)
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-2000:]
+    lines = done.stdout.splitlines()
+    assert len(lines) == 16 and all(re.match(r"step \d+: relative error 0\.\d{3}, 1 collectives, \d+ us$", ln)
+                                    for ln in lines), done.stdout
+    assert sorted(tmp_path.iterdir()) == [script]

@@ -66,8 +66,8 @@ def test_live_run_on_the_command_line_says_where_its_numbers_come_from(tmp_path)
 
 @pytest.mark.parametrize(("args", "message"), [
     (["--live", "--model", "nosuch"], "unknown model 'nosuch'"),
-    (["--live", "--model", "mlp", "--steps", "0"], "--steps must be at least 1"),
-    (["--live", "--model", "mlp", "--workers", "1"], "--workers must be at least 2"),
+    (["--live", "--model", "mlp", "--steps", "0"], "'--steps': must be at least 1"),
+    (["--live", "--model", "mlp", "--workers", "1"], "'--workers' / '-w': must be at least 2"),
     (["--live"], "--live needs --model"),
     (["--model", "mlp"], "add --live"),
     (["--live", "--model", "mlp", "--params", "1M"], "without --trace or --params"),

@@ -213,8 +213,8 @@ def test_matching_ranks_drop_the_extrapolation_note_and_profile_replaces_compute
     (("--ratios", "0,0.1"), "must lie in (0, 1]"),
     (("--ratios", "0.1,1.5"), "must lie in (0, 1]"),
     (("--density", "2"), "must lie in (0, 1]"),
-    (("--weights", "1"), "--weights takes two non-negative numbers"),
-    (("--ratios", "a,b"), "comma-separated numbers"),
+    (("--weights", "1"), "'--weights': takes 2 comma-separated values"),
+    (("--ratios", "a,b"), "'--ratios': value 1 of 'a,b': 'a' is not a number"),
     (("--trace", "nope.npz"), "no such trace file"),
     (("-t", "9x9-foo1"), "fabric"),
 ])

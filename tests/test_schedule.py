@@ -48,9 +48,9 @@ BAD = {
     "late": ("phases:\n  - {start: 0, latency: 1ms, bandwidth: 1Gbps}\n"
              "  - {start: 40, latency: 1ms, bandwidth: 9Gbps}\n", "phase 2 starts at step 40, past the run's 20 steps"),
     "epoch": ("unit: epoch\nphases:\n  - {start: 0, latency: 1ms, bandwidth: 1Gbps}\n", "needs steps_per_epoch"),
-    "keys": ("phases:\n  - {start: 0, bandwidth: 1Gbps}\n", "needs start, latency and bandwidth"),
+    "keys": ("phases:\n  - {start: 0, bandwidth: 1Gbps}\n", "phase 1 lacks latency"),
     "empty": ("name: x\n", "non-empty 'phases' list"),
-    "yaml": ("phases: [\n", "is not valid YAML"),
+    "yaml": ("phases: [\n", "is malformed YAML"),
 }
 
 
@@ -71,7 +71,7 @@ def test_bad_schedules_are_one_line_exit_2_before_any_training(tmp_path, kind):
     (("--policy", "greedy", "--target", "0.5"), "unknown policy 'greedy'"),
     (("--policy", "static,oracle"), "--policy oracle needs --target"),
     (("--candidates", "zip", "--target", "0.5"), "unknown candidate compressor 'zip'"),
-    (("--ratios", "0.1,2", "--target", "0.5"), "--ratios must be densities in (0, 1]"),
+    (("--ratios", "0.1,2", "--target", "0.5"), "'--ratios': value 2 of '0.1,2': must lie in (0, 1]"),
     (("--warmup", "25", "--target", "0.5"), "--warmup must lie in [0, 20) steps"),
     (("--policy", "static", "--stop-at-target"), "--stop-at-target needs --target"),
 ])

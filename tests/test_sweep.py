@@ -14,6 +14,7 @@ import pandas as pd
 import pytest
 from conftest import free_port, run_cli
 
+from arcsim.files import packaged
 from arcsim.run.analysis import Analysis, RunConfig
 from arcsim.run.candidates import candidates_for
 from arcsim.sweep import runner as runner_mod
@@ -267,6 +268,27 @@ def test_charts_hold_other_axes_at_their_first_value_and_keep_dense():
     assert text == "held at density 0.01"
 
 
+def test_where_selects_the_held_value_and_says_so():
+    from arcsim.errors import ArcsimError
+    from arcsim.sweep.plots import select
+
+    df = pd.DataFrame({
+        "compressor": ["dense", "topk", "topk", "dense", "topk", "topk"],
+        "density": [1.0, 0.01, 0.1, 1.0, 0.01, 0.1], "world": [16, 16, 16, 64, 64, 64],
+        "nic_gbps": [10.0] * 3 + [100.0] * 3, "topology_name": ["t"] * 6, "latency_us": [5.0] * 6,
+        "model": ["m"] * 6, "trace": ["x"] * 6, "bucket_mb": [25.0] * 6, "engine": ["analytic"] * 6})
+    chosen = select(df, ("ranks=64", "density=0.1"))
+    assert list(chosen["compressor"]) == ["dense", "topk"] and set(chosen["world"]) == {64}  # dense kept
+    assert chosen.attrs["where"] == "ranks 64, density 0.1"
+    assert list(select(df, ("bandwidth=10Gbit",))["world"]) == [16, 16, 16]
+    held, text = hold_others(select(df, ("density=0.01",)), ("world",))
+    assert text == "" and len(held) == 4  # nothing left to hold
+    for bad, phrase in (("ranks=32", "matches no point; the table has ranks 16, 64"), ("gpus=2", "NAME one of"),
+                        ("ranks=x", "cannot read 'x' as a ranks"), ("ranks=", "NAME=VALUE")):
+        with pytest.raises(ArcsimError, match=phrase):
+            select(df, (bad,))
+
+
 def test_heatmap_cells_and_crossover_ratios_come_from_the_table():
     from arcsim.sweep.plots import ag_over_ar, fastest_by_cell
 
@@ -377,6 +399,6 @@ def test_the_gpu_axis_prices_each_point_on_its_gpu(tmp_path):
     df = load_results(tmp_path / "g")
     assert sorted(df["gpu"]) == ["cpu", "h100", "v100"]
     compute = dict(zip(df["gpu"], df["compute_s"], strict=True))
-    shipped = json.loads((ROOT / "traces/profiles/cnn-h100-b32-fp32.json").read_text())
+    shipped = json.loads(packaged("traces", "profiles", "cnn-h100-b32-fp32.json").read_text())
     assert compute["h100"] == pytest.approx(shipped["forward_s"] + shipped["backward_s"])  # measured profile
     assert len(set(compute.values())) == 3  # the V100 is modelled, cpu is the trace's own capture

@@ -18,7 +18,7 @@ from arcsim.models.datasets import DataSpec, make_dataset
 from arcsim.traces.capture import CaptureConfig, capture
 from arcsim.traces.format import SCHEMA_VERSION, TraceError, TraceWriter, open_trace
 from arcsim.traces.profile import ComputeProfile, measure_profile
-from arcsim.traces.resolve import DEFAULT_TRACE_NAME, REPO_TRACES, resolve_trace
+from arcsim.traces.resolve import DEFAULT_TRACE_NAME, resolve_trace, shipped_traces_dir
 from arcsim.traces.stats import step_stats
 
 REFERENCE_SPECS = {"synthetic-images": DataSpec("image", (3, 224, 224), 1000),
@@ -221,7 +221,7 @@ def test_bad_traces_are_one_line_exit_2(tmp_path, kind, fragment):
     (("--model", "alexnet"), "unknown model 'alexnet'; choose one of: mlp, mlp_wide, cnn"),
     (("--model", "cnn", "--dataset", "imagenet"), "unknown dataset 'imagenet'"),
     (("--model", "gpt2_small", "--dataset", "digits"), "takes tokens data, not image"),
-    (("--model", "mlp", "--workers", "0"), "--workers must be at least 2"),
+    (("--model", "mlp", "--workers", "0"), "'--workers' / '-w': must be at least 2"),
     (("--model", "mlp", "--out", "x.zip"), "must end in .npz"),
     (("--model", "cnn", "--device", "tpu"), "unknown device 'tpu'"),
 ])
@@ -248,14 +248,15 @@ def test_missing_known_trace_is_captured(tmp_path, monkeypatch):
 
 
 def test_shipped_default_trace_is_real_data_and_small():
-    path = REPO_TRACES / DEFAULT_TRACE_NAME
+    path = shipped_traces_dir() / DEFAULT_TRACE_NAME
     trace = open_trace(path)
     assert not trace.meta["synthetic_data"] and trace.workers == 8
     assert trace.loss[-1] < trace.loss[0]  # recorded along real training
-    tracked = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "traces"], cwd=REPO_TRACES.parent,
+    root = Path(__file__).resolve().parents[1]
+    tracked = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "arcsim/data"], cwd=root,
                              capture_output=True, text=True, check=True).stdout.split()
-    assert f"traces/{DEFAULT_TRACE_NAME}" in tracked
-    assert sum((REPO_TRACES.parent / name).stat().st_size for name in tracked) <= 20e6  # what git would ship
+    assert f"arcsim/data/traces/{DEFAULT_TRACE_NAME}" in tracked
+    assert sum((root / name).stat().st_size for name in tracked) <= 20e6  # what the wheel carries
 
 
 def test_compress_reads_the_default_trace():

@@ -111,11 +111,11 @@ def test_target_never_reached_is_reported_not_an_error():
 
 
 @pytest.mark.parametrize(("args", "fragment"), [
-    (("--target", "1.5"), "--target is a held-out accuracy"),
+    (("--target", "1.5"), "'--target': must lie in (0, 1]"),
     (("-c", "topk,zip"), "unknown compressor zip"),
     (("--dataset", "synthetic-images"), "no held-out split"),
     (("--workers", "200", "--batch", "16"), "exceeds the"),
-    (("--seeds", "a"), "--seeds takes whole numbers"),
+    (("--seeds", "a"), "'--seeds': value 1 of 'a': 'a' is not a number"),
     (("--topology", "moon"), "unknown topology"),
 ])
 def test_bad_requests_are_one_line_exit_2(args, fragment, tmp_path):

@@ -1,7 +1,7 @@
 import math
 
 import pytest
-from hypothesis import given
+from hypothesis import assume, given
 from hypothesis import strategies as st
 
 from arcsim.errors import UnitError
@@ -47,7 +47,16 @@ def test_bare_number_gets_a_hint():
                         ("GiB", 2**30)]))
 def test_size_round_trip(value, unit):
     suffix, scale = unit
+    assume(value * scale == 0 or value * scale >= 1)  # below a byte is refused (test_sizes_below_a_byte_…)
     assert math.isclose(parse_size(f"{value!r}{suffix}"), value * scale, rel_tol=1e-12)
+
+
+def test_sizes_below_a_byte_are_refused():
+    with pytest.raises(UnitError, match="below one byte"):
+        parse_size("0.5B")
+    with pytest.raises(UnitError, match="below one byte"):
+        parse_size("1e-4kB")
+    assert parse_size("0B") == 0 and parse_size("1B") == 1
 
 
 @given(st.floats(min_value=1e-3, max_value=1e6, allow_nan=False), st.sampled_from(["bps", "bit", "bit/s"]),

@@ -47,7 +47,7 @@ def test_validate_writes_a_consistent_report(tmp_path):
     (("--ranks", "two"), "--ranks takes whole numbers"),
     (("-c", "zipk"), "unknown compressor zipk"),
     (("--model", "alexnet"), "unknown model 'alexnet'"),
-    (("--density", "0"), "--density must lie in (0, 1]"),
+    (("--density", "0"), "'--density': must lie in (0, 1]"),
 ])
 def test_bad_validate_requests(args, fragment):
     r = run_cli("validate", *args)

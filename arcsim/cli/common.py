@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import sys
 from collections.abc import Callable, Iterator
@@ -15,7 +16,6 @@ from rich.console import Console
 from tqdm import tqdm
 
 from arcsim.catalog import SCOPES
-from arcsim.errors import ArcsimError
 from arcsim.files import unwritable_reason, write_atomic
 
 TABLE_WIDTH = 100  # columns for tables when stdout is no terminal and COLUMNS is unset
@@ -97,31 +97,97 @@ def step_progress(desc: str, unit: str = "step") -> Iterator[Callable[[int, int]
             bar.close()
 
 
-def number_list(text: str, what: str, kind: type = float) -> tuple:
-    """A non-empty comma list of numbers (``kind`` float or int), or one clear error naming the option."""
-    example, noun = ("0,1,2", "whole numbers") if kind is int else ("1e-3,1e-2,0.1", "comma-separated numbers")
-    try:
-        values = tuple(kind(v) for v in text.split(",") if v.strip())
-    except ValueError:
-        raise ArcsimError(f"{what} takes {noun}, e.g. {example}; got {text!r}") from None
-    if not values:
-        raise ArcsimError(f"{what} is empty")
-    return values
-
-
 class Count(click.ParamType):
-    """A whole number that may be written 1e6 or 25600000."""
+    """A whole number that may be written 1e6 or 25600000, finite and within [minimum, maximum]."""
 
     name = "count"
 
-    def convert(self, value, param, ctx):
+    def __init__(self, minimum: int = 1, maximum: int | None = None, why_max: str = "") -> None:
+        self.minimum, self.maximum, self.why_max = minimum, maximum, why_max
+
+    def convert(self, value, param, ctx):  # type: ignore[no-untyped-def]
+        if isinstance(value, int) and not isinstance(value, bool):
+            number: float = value
+        else:
+            try:
+                number = float(value)
+            except (TypeError, ValueError):
+                self.fail(f"{value!r} is not a number (e.g. 1e6)", param, ctx)
+        if not math.isfinite(number):
+            self.fail(f"{value!r} is not a finite number", param, ctx)
+        if number != int(number):
+            self.fail(f"{value!r} is not a whole number", param, ctx)
+        count = int(number)
+        if count < self.minimum:
+            self.fail(f"must be at least {self.minimum} (got {count:,})", param, ctx)
+        if self.maximum is not None and count > self.maximum:
+            self.fail(f"must be at most {self.maximum:,}{self.why_max} (got {count:,})", param, ctx)
+        return count
+
+
+class Number(click.ParamType):
+    """A finite real number, optionally bounded: ``Number(above=0, maximum=1)`` is (0, 1]."""
+
+    name = "number"
+
+    def __init__(self, minimum: float | None = None, maximum: float | None = None, above: float | None = None) -> None:
+        self.minimum, self.maximum, self.above = minimum, maximum, above
+
+    def convert(self, value, param, ctx):  # type: ignore[no-untyped-def]
         try:
             number = float(value)
         except (TypeError, ValueError):
-            self.fail(f"{value!r} is not a number (e.g. 1e6)", param, ctx)
-        if number != int(number):
-            self.fail(f"{value!r} is not a whole number", param, ctx)
-        return int(number)
+            self.fail(f"{value!r} is not a number", param, ctx)
+        if not math.isfinite(number):
+            self.fail(f"{value!r} is not a finite number", param, ctx)
+        low_ok = (self.above is None or number > self.above) and (self.minimum is None or number >= self.minimum)
+        if not low_ok or (self.maximum is not None and number > self.maximum):
+            self.fail(f"{self.allowed()} (got {number:g})", param, ctx)
+        return number
+
+    def allowed(self) -> str:
+        """The interval in words: 'must lie in (0, 1]', 'must be greater than 0', 'must be at most 10'."""
+        low = f"({self.above:g}" if self.above is not None else f"[{self.minimum:g}" if self.minimum is not None else ""
+        if low and self.maximum is not None:
+            return f"must lie in {low}, {self.maximum:g}]"
+        if self.above is not None:
+            return f"must be greater than {self.above:g}"
+        if self.minimum is not None:
+            return f"must be at least {self.minimum:g}"
+        return f"must be at most {self.maximum:g}" if self.maximum is not None else "must be a number"
+
+
+class ListOf(click.ParamType):
+    """A comma list, each value parsed by ``item`` (Count or Number); ``length`` fixes how many, ``unique``
+    refuses repeats. One error names the option and the value at fault."""
+
+    name = "list"
+
+    def __init__(self, item: click.ParamType, length: int | None = None, unique: bool = False,
+                 example: str = "") -> None:
+        self.item, self.length, self.unique, self.example = item, length, unique, example
+
+    def convert(self, value, param, ctx):  # type: ignore[no-untyped-def]
+        if isinstance(value, tuple):
+            return value
+        parts = [v.strip() for v in str(value).split(",")]
+        if not any(parts) or (self.length is not None and len(parts) != self.length):
+            want = f"{self.length} comma-separated values" if self.length else "comma-separated values"
+            self.fail(f"takes {want} (e.g. {self.example}); got {value!r}", param, ctx)
+        out = []
+        for i, part in enumerate(parts, start=1):
+            try:
+                out.append(self.item.convert(part, None, None))
+            except click.BadParameter as exc:
+                self.fail(f"value {i} of {value!r}: {exc.message}", param, ctx)
+        if self.unique and len(set(out)) != len(out):
+            twice = next(v for v in out if out.count(v) > 1)
+            self.fail(f"gives {twice} twice in {value!r}; each value is used once", param, ctx)
+        return tuple(out)
+
+
+DENSITY = Number(above=0, maximum=1)  # k/d: a fraction of the gradient's elements
+INPUT_SIZE = Count(maximum=4096, why_max=" (an image side or a sequence length; larger ones do not fit in memory here)")
 
 
 scope_option = click.option(
@@ -138,6 +204,9 @@ class OutputPath(click.Path):
         self.directory = directory
 
     def convert(self, value, param, ctx):  # type: ignore[no-untyped-def]
+        if str(value).strip() in ("", "-"):
+            self.fail(f"{value!r} is not a place to write; give a path (only --json takes - for standard output)",
+                      param, ctx)
         value = super().convert(value, param, ctx)
         reason = unwritable_reason(Path(value), self.directory)
         if reason:

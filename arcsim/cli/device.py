@@ -6,7 +6,13 @@ import click
 from rich.table import Table
 
 from arcsim.catalog import MODELS
-from arcsim.cli.common import console, json_option, tables_wanted, write_json
+from arcsim.cli.common import (
+    Count,
+    console,
+    json_option,
+    tables_wanted,
+    write_json,
+)
 from arcsim.devices.catalog import PRECISIONS, device, devices
 from arcsim.units import format_duration
 
@@ -55,7 +61,7 @@ def device_show(name: str, json_out: str | None) -> None:
 @device_group.command("predict")
 @click.option("--model", required=True, help=f"One of: {', '.join(MODELS)}.")
 @click.option("--gpu", required=True, help="A catalogue device (arcsim device list).")
-@click.option("--batch", "-b", default=32, show_default=True, type=int, help="Batch per GPU.")
+@click.option("--batch", "-b", default=32, show_default=True, type=Count(), help="Batch per GPU.")
 @click.option("--precision", type=click.Choice(PRECISIONS), default="fp32", show_default=True,
               help="fp32 (TF32 convolutions, as PyTorch's defaults) or bf16 autocast.")
 @click.option("--modelled", is_flag=True, help="Use the model even where a measured profile matches.")

@@ -14,7 +14,9 @@ from arcsim.cli.cache import cache_group
 from arcsim.cli.calibrate import calibrate as calibrate_command
 from arcsim.cli.cluster import cluster as cluster_group
 from arcsim.cli.common import (
+    DENSITY,
     Count,
+    Number,
     Verbosity,
     console,
     des_progress,
@@ -36,6 +38,7 @@ from arcsim.cli.trace import trace as trace_group
 from arcsim.cli.train import train as train_command
 from arcsim.cli.validate import validate as validate_command
 from arcsim.collectives.limits import allow_any
+from arcsim.collectives.tree import MAX_CHUNKS
 from arcsim.errors import ArcsimError
 from arcsim.netsim import ENGINES
 from arcsim.pricing import ALGO_CHOICES, price_collective
@@ -111,14 +114,14 @@ def topo_show(spec: str, json_out: str | None) -> None:
 @click.option("--algo", type=click.Choice(ALGO_CHOICES), default="auto", show_default=True,
               help="Algorithm; 'auto': the library's own choice, 'all': every one the library offers.")
 @library_option
-@click.option("--chunks", type=int, default=None,
+@click.option("--chunks", type=Count(maximum=MAX_CHUNKS), default=None,
               help="Pieces a pipelined algorithm (tree all-reduce, chain broadcast) sends in; default: the library's.")
 @click.option("--size", default="100MB", show_default=True,
               help="Bytes per rank; for all-gather the TOTAL output, as nccl-tests counts it (e.g. 100MB, 64MiB).")
 @click.option("--engine", type=click.Choice([*ENGINES, "both"]), default="analytic", show_default=True)
 @click.option("--compute", default="0s", show_default=True,
               help="Compute time before the collective; stragglers arrive slowdown × this (DES only).")
-@click.option("--seed", default=0, show_default=True, type=click.IntRange(min=0), help="Seed for latency jitter (DES).")
+@click.option("--seed", default=0, show_default=True, type=Count(minimum=0), help="Seed for latency jitter (DES).")
 @force_option
 @json_option
 def collective(topology: str, op: str, algo: str, library: str | None, chunks: int | None, size: str, engine: str,
@@ -165,25 +168,27 @@ def collective(topology: str, op: str, algo: str, library: str | None, chunks: i
 @cli.command()
 @click.option("--compressor", "-c", default="arctopk", show_default=True,
               help=f"One of: {', '.join(COMPRESSORS)}.")
-@click.option("--density", "-d", default=0.01, show_default=True, type=float,
+@click.option("--density", "-d", default=0.01, show_default=True, type=DENSITY,
               help="Fraction of elements kept, in (0, 1].")
 @click.option("--memory", "-m", default=None,
               help=f"One of: {', '.join(MEMORIES)} (default: the compressor's, as arcsim run: ef14; none for "
                    "dense and fp16).")
-@click.option("--seed", default=0, show_default=True, type=click.IntRange(min=0),
+@click.option("--seed", default=0, show_default=True, type=Count(minimum=0),
               help="Seed for data, projections and random indices.")
-@click.option("--rank", type=int, default=None, help="PowerSGD rank, or ARC-Top-K sketch columns r (default 4).")
+@click.option("--rank", type=Count(), default=None, help="PowerSGD rank, or ARC-Top-K sketch columns r (default 4).")
 @click.option("--trace", default=None,
               help="A gradient trace (.npz), a known model's name (resnet50.npz: captured if missing), "
                    "or nothing for the shipped default.")
 @click.option("--no-capture", is_flag=True, help="Stop instead of capturing a missing known-model trace.")
 @click.option("--synthetic", type=click.Choice(SYNTHETIC_KINDS), default=None,
               help="Synthetic gradients instead of a trace (see docs/compressors.md).")
-@click.option("--workers", "-w", default=8, show_default=True, type=Count(), help="Synthetic: workers P.")
+@click.option("--workers", "-w", default=8, show_default=True, type=Count(minimum=2), help="Synthetic: workers P.")
 @click.option("--elements", "-n", default="1e6", show_default=True, type=Count(), help="Synthetic: elements d.")
 @click.option("--steps", "-s", default=5, show_default=True, type=Count(), help="Synthetic: steps.")
-@click.option("--shared", default=0.8, show_default=True, help="correlated: share of energy common to workers.")
-@click.option("--spread", default=1.5, show_default=True, help="correlated: log-normal spread of block scales.")
+@click.option("--shared", default=0.8, show_default=True, type=Number(minimum=0, maximum=1),
+              help="correlated: share of energy common to workers.")
+@click.option("--spread", default=1.5, show_default=True, type=Number(minimum=0, maximum=10),
+              help="correlated: log-normal spread of block scales.")
 @json_option
 @scope_option
 def compress(compressor: str, density: float, memory: str | None, seed: int, rank: int | None, trace: str | None,
@@ -269,6 +274,8 @@ def main() -> None:
             traceback.print_exc()
         click.echo(f"error: {exc}", err=True)
         sys.exit(exc.exit_code)
+    except click.exceptions.NoArgsIsHelpError as exc:  # `arcsim` or `arcsim trace` alone: the help, not an error
+        click.echo(exc.format_message())
     except click.exceptions.ClickException as exc:
         if debug:
             traceback.print_exc()

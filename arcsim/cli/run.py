@@ -10,12 +10,15 @@ import click
 
 from arcsim.catalog import COMPRESSORS, DEFAULT_RATIOS, FUSIONS, LIVE_DEFAULTS, MEMORIES, POLICIES
 from arcsim.cli.common import (
+    DENSITY,
+    Count,
+    ListOf,
+    Number,
     OutputPath,
     console,
     json_option,
     library_option,
     note,
-    number_list,
     progress_bar,
     scope_option,
     step_progress,
@@ -41,22 +44,24 @@ if TYPE_CHECKING:  # torch stays unimported until a command needs it
 @click.option("--params", default=None,
               help="Instead of a trace: a synthetic model of this many fp32 parameters, e.g. 125M, 7B, 100B "
                    "(message sizes exact, errors from a small synthetic sample; no compute).")
-@click.option("--layers", type=int, default=None, help="With --params: its number of equal layers (default 32).")
+@click.option("--layers", type=Count(maximum=100_000), default=None,
+              help="With --params: its number of equal layers (default 32).")
 @click.option("--live", is_flag=True,
               help="Instead of a trace: train --model data-parallel here and feed each step's gradients straight "
                    "to the compressors (no file; memory does not grow with --steps).")
 @click.option("--model", default=None, help="With --live: a model of the zoo (arcsim trace capture --help lists them).")
 @click.option("--dataset", default=None, help="With --live: its dataset (default: the model's own).")
-@click.option("--workers", "-w", type=int, default=LIVE_DEFAULTS["workers"], show_default=True,
+@click.option("--workers", "-w", type=Count(minimum=2, maximum=1024),
+              default=LIVE_DEFAULTS["workers"], show_default=True,
               help="With --live: data-parallel workers.")
-@click.option("--steps", type=int, default=LIVE_DEFAULTS["steps"], show_default=True,
+@click.option("--steps", type=Count(), default=LIVE_DEFAULTS["steps"], show_default=True,
               help="With --live: training steps measured (after one untimed warm-up step).")
 @click.option("--device", "live_device", type=click.Choice(["cpu", "cuda"]), default=LIVE_DEFAULTS["device"],
               show_default=True,
               help="With --live: where training runs; cuda also measures compute and compression there (CUDA events).")
 @click.option("--compressors", "-c", default=",".join(COMPRESSORS), show_default=True,
               help="Comma-separated compressors to compare.")
-@click.option("--density", "-d", default=0.01, show_default=True, type=float, help="k/d for the candidate table.")
+@click.option("--density", "-d", default=0.01, show_default=True, type=DENSITY, help="k/d for the candidate table.")
 @click.option("--memory", "-m", default=None, help=f"Error feedback for every compressor: {', '.join(MEMORIES)} "
                                                    "(default: ef14; none for dense and fp16).")
 @click.option("--engine", type=click.Choice(ENGINES), default="analytic", show_default=True)
@@ -64,20 +69,23 @@ if TYPE_CHECKING:  # torch stays unimported until a command needs it
 @click.option("--bandwidth", default=None, help="Per-NIC bandwidth instead of the topology's, e.g. 25Gbit.")
 @click.option("--latency", default=None,
               help="One-way network latency per message instead of the topology's, e.g. 2us.")
-@click.option("--bucket-mb", default=25.0, show_default=True, type=float, help="DDP bucket cap (MiB of fp32).")
+@click.option("--bucket-mb", default=25.0, show_default=True, type=Number(above=0, maximum=1e6),
+              help="DDP bucket cap (MiB of fp32).")
 @click.option("--fusion", type=click.Choice([*FUSIONS, "both"]), default="bucket", show_default=True,
               help="bucket: DDP buckets, each compressed and sent as its gradients are ready; model: the whole "
                    "gradient as one vector after backward (as the AR-Top-k and Gaussian-k reference code); both: "
                    "also report what fusion changes.")
 @click.option("--policy", default="auto", show_default=True, help=f"One of: {', '.join(POLICIES)}.")
-@click.option("--slack", default=0.25, show_default=True, type=float,
+@click.option("--slack", default=0.25, show_default=True, type=Number(minimum=0),
               help="Policy: error allowed above Top-K's, relative.")
 @click.option("--ratios", default=",".join(f"{r:g}" for r in DEFAULT_RATIOS), show_default=True,
+              type=ListOf(DENSITY, unique=True, example="1e-3,1e-2,0.1"),
               help="Density grid for the speed/fidelity trade-off.")
-@click.option("--weights", default=None, help="Pick from the front by ASF with weights TIME,ERROR instead of the knee.")
+@click.option("--weights", default=None, type=ListOf(Number(minimum=0), length=2, example="1,1"),
+              help="Pick from the front by ASF with weights TIME,ERROR instead of the knee.")
 @click.option("--gpu", default=None, help="Price compute and compression on this GPU (arcsim device list); "
                                           "default: the topology's, cpu for what this machine measures.")
-@click.option("--batch", "-b", type=click.IntRange(min=1), default=None,
+@click.option("--batch", "-b", type=Count(), default=None,
               help="Batch per GPU for the GPU's compute (default 32).")
 @click.option("--precision", type=click.Choice(["fp32", "bf16"]), default="fp32", show_default=True,
               help="The GPU's compute: fp32 (TF32 convolutions, PyTorch's defaults) or bf16 autocast.")
@@ -85,8 +93,8 @@ if TYPE_CHECKING:  # torch stays unimported until a command needs it
               help="With --plot: also run on this GPU and draw both breakdowns side by side (breakdown-gpus.png).")
 @click.option("--compute-profile", type=click.Path(), default=None,
               help="Compute timings from this profile (arcsim trace profile) instead of the trace's own.")
-@click.option("--seed", default=0, show_default=True, type=click.IntRange(min=0))
-@click.option("--grid-steps", type=int, default=None,
+@click.option("--seed", default=0, show_default=True, type=Count(minimum=0))
+@click.option("--grid-steps", type=Count(), default=None,
               help="Trace steps for the ratio grid (default: all; the first only for large traces).")
 @click.option("--network-schedule", "schedule", type=click.Path(dir_okay=False), default=None,
               help="Also the best choice on each phase's network of this schedule (examples/schedule-c1.yaml).")
@@ -99,7 +107,7 @@ def run(topology: str, trace: str | None, no_capture: bool, params: str | None, 
         live: bool, model: str | None, dataset: str | None, workers: int, steps: int, live_device: str,
         compressors: str, density: float, memory: str | None,
         engine: str, library: str | None, bandwidth: str | None, latency: str | None, bucket_mb: float,
-        fusion: str, policy: str, slack: float, ratios: str, weights: str | None,
+        fusion: str, policy: str, slack: float, ratios: tuple[float, ...], weights: tuple[float, float] | None,
         gpu: str | None, batch: int | None, precision: str, compare_gpu: str | None, compute_profile: str | None,
         seed: int,
         grid_steps: int | None, all_collectives: bool, json_out: str | None, csv_out: str | None, plot_dir: str | None,
@@ -108,12 +116,11 @@ def run(topology: str, trace: str | None, no_capture: bool, params: str | None, 
     from arcsim.run import report
     from arcsim.run.analysis import Analysis, RunConfig
 
-    w = number_list(weights, "--weights") if weights else None
     training = live_training(live, model, dataset, workers, steps, live_device, batch, seed)
     cfg = RunConfig(topology=topology, trace=trace, compressors=tuple(c.strip() for c in compressors.split(",")
                                                                        if c.strip()),
                     density=density, memory=memory, engine=engine, bucket_mb=bucket_mb, policy=policy,
-                    ratios=tuple(sorted(set(number_list(ratios, "--ratios")))), weights=w,  # type: ignore[arg-type]
+                    ratios=tuple(sorted(ratios)), weights=weights,
                     compute_profile=compute_profile, slack=slack, seed=seed, allow_capture=not no_capture,
                     grid_steps=grid_steps, options={"scope": scope}, gpu=gpu, batch=batch, precision=precision,
                     library=library, bandwidth=parse_rate(bandwidth) if bandwidth else None,
@@ -189,10 +196,16 @@ def run(topology: str, trace: str | None, no_capture: bool, params: str | None, 
 
 def live_training(live: bool, model: str | None, dataset: str | None, workers: int, steps: int, live_device: str,
                   batch: int | None, seed: int) -> TrainingConfig | None:
-    """The live training --live asks for (None without it); --model and --dataset go with --live only."""
+    """The live training --live asks for (None without it); --model, --dataset, --workers, --steps and --device
+    go with --live only."""
     if not live:
-        if model or dataset:
-            raise ArcsimError("--model and --dataset choose what --live trains: add --live (or give --trace)")
+        source = click.get_current_context().get_parameter_source
+        given = [flag for flag, name in (("--model", "model"), ("--dataset", "dataset"), ("--workers", "workers"),
+                                         ("--steps", "steps"), ("--device", "live_device"))
+                 if source(name) not in (None, click.core.ParameterSource.DEFAULT)]
+        if given:
+            raise ArcsimError(f"{', '.join(given)} choose{'s' if len(given) == 1 else ''} what --live trains: add "
+                              "--live (a trace's workers and steps are the ones it recorded)")
         return None
     from arcsim.traces.training import live_config
 

@@ -10,7 +10,15 @@ from typing import Any
 import click
 
 from arcsim.catalog import LIVE_DEFAULTS
-from arcsim.cli.common import OutputPath, Verbosity, json_option, note, write_json
+from arcsim.cli.common import (
+    Count,
+    Number,
+    OutputPath,
+    Verbosity,
+    json_option,
+    note,
+    write_json,
+)
 from arcsim.errors import ArcsimError
 
 SWEEP_OPTIONS = {  # option → spec key; every value is a comma list, strings may hold {a,b} groups
@@ -38,14 +46,14 @@ LIVE_OPTIONS = {"live_workers": "live_workers", "live_steps": "live_steps", "liv
 @click.option("--params", default=None, help="Synthetic models instead of traces, e.g. 125M,7B,100B.")
 @click.option("--fusion", default=None, help="bucket, model, or bucket,model for both (default bucket).")
 @click.option("--live", default=None, help="Zoo models trained here instead of traces (arcsim run --live), e.g. cnn.")
-@click.option("--live-workers", default=None, type=int,
+@click.option("--live-workers", default=None, type=Count(minimum=2, maximum=1024),
               help=f"With --live: data-parallel workers (default {LIVE_DEFAULTS['workers']}).")
-@click.option("--live-steps", default=None, type=int,
+@click.option("--live-steps", default=None, type=Count(),
               help=f"With --live: training steps measured (default {LIVE_DEFAULTS['steps']}).")
 @click.option("--live-device", default=None, type=click.Choice(["cpu", "cuda"]),
               help=f"With --live (default {LIVE_DEFAULTS['device']}).")
 @click.option("--memory", "-m", default=None, help="Error feedback for every compressor (default ef14).")
-@click.option("--seed", default=None, type=click.IntRange(min=0))
+@click.option("--seed", default=None, type=Count(minimum=0))
 @click.option("--out", "-o", default=None, type=OutputPath(directory=True),
               help="Results directory (default reports/sweeps/<date-time>); an existing one resumes.")
 @click.option("--scheduler", default=None, help="Run on this Dask scheduler (tcp://host:8786) instead of here.")
@@ -60,8 +68,9 @@ def sweep(spec_file: str | None, out: str | None, scheduler: str | None, workers
 
     A sweep can be a YAML file (see examples/sweep.yaml); options given here override its keys."""
     from arcsim.sweep.plots import plot_all
-    from arcsim.sweep.runner import run_sweep
+    from arcsim.sweep.runner import check_points, run_sweep
     from arcsim.sweep.spec import build_spec, load_yaml_spec, merge
+    from arcsim.sweep.store import ResultStore
 
     raw = load_yaml_spec(Path(spec_file)) if spec_file else {}
     cli_values: dict[str, Any] = {{**SWEEP_OPTIONS, **LIVE_OPTIONS}[k]: v for k, v in axes.items()}
@@ -76,12 +85,14 @@ def sweep(spec_file: str | None, out: str | None, scheduler: str | None, workers
             click.echo(f"{_points(len(points))}: {spec.describe()}")
         return
     directory = Path(out or spec.out or f"reports/sweeps/{datetime.datetime.now():%Y%m%d-%H%M%S}")
+    points = check_points(spec, note)
+    ResultStore(directory).check(spec)
     note(f"sweep of {_points(len(points))} ({spec.describe()}) → {directory}")
     if spec.count_note(len(points)):
         note(spec.count_note(len(points)))
     started = time.perf_counter()
     outcome = run_sweep(spec, directory, scheduler=scheduler, workers=workers, announce=note,
-                        show_progress=not Verbosity.quiet)
+                        show_progress=not Verbosity.quiet, points=points)
     took = time.perf_counter() - started
     if outcome.interrupted:
         note(f"interrupted: {outcome.already_done + outcome.computed} of {outcome.total} points are kept in "
@@ -127,23 +138,30 @@ def _plots(directory: Path, plot_all) -> tuple[list[Path], list[str]]:
               help="Which chart; repeat for several.")
 @click.option("--out", "-o", default=None, type=OutputPath(directory=True),
               help="Where the PNGs go (default: beside the results).")
-@click.option("--slack", default=0.25, show_default=True, type=click.FloatRange(min=0),
+@click.option("--slack", default=0.25, show_default=True, type=Number(minimum=0),
               help="Heatmap: a sparsifier competes if its error is at most Top-K's × (1 + slack).")
 @click.option("--any-error", is_flag=True, help="Heatmap: the fastest compressor whatever its error.")
+@click.option("--where", "conditions", multiple=True, metavar="NAME=VALUE",
+              help="Only the points where an axis has this value, e.g. --where ranks=32 --where bandwidth=100Gbit "
+                   "(instead of holding it at its first value); repeat for several.")
 @json_option
 def plot(results: str, kinds: tuple[str, ...], out: str | None, slack: float, any_error: bool,
-         json_out: str | None) -> None:
+         conditions: tuple[str, ...], json_out: str | None) -> None:
     """Draw charts from a sweep's results (its directory or results.csv)."""
-    from arcsim.sweep.plots import KINDS, incompleteness, plot_all
-    from arcsim.sweep.store import expected_points, load_results
+    from arcsim.sweep.plots import INCOMPLETE, KINDS, incompleteness, plot_all, select
+    from arcsim.sweep.store import expected_points, finished_results
 
-    df = load_results(Path(results))
+    df = finished_results(Path(results))
     path = Path(results)
     target = Path(out) if out else (path if path.is_dir() else path.parent)
     wanted = tuple(KINDS) if "all" in kinds else kinds
     expected = expected_points(path)
-    if incompleteness(df, expected):
-        note(f"{incompleteness(df, expected)}: the charts say so; run the sweep again to finish it")
+    missing = incompleteness(df, expected)
+    if missing:
+        note(f"{missing}: the charts say so; run the sweep again to finish it")
+    if conditions:
+        df = select(df, conditions)
+        df.attrs[INCOMPLETE], expected = missing, None
     written, skipped = plot_all(df, target, wanted, None if any_error else slack, expected)
     for p in written:
         note(f"wrote {p}")

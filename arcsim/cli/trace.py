@@ -9,7 +9,18 @@ import click
 from rich.table import Table
 
 from arcsim.catalog import DATASETS, MODELS
-from arcsim.cli.common import Count, OutputPath, console, json_option, note, step_progress, tables_wanted, write_json
+from arcsim.cli.common import (
+    INPUT_SIZE,
+    Count,
+    Number,
+    OutputPath,
+    console,
+    json_option,
+    note,
+    step_progress,
+    tables_wanted,
+    write_json,
+)
 from arcsim.errors import ArcsimError
 from arcsim.files import write_atomic
 from arcsim.units import format_duration, format_size
@@ -26,16 +37,18 @@ def trace() -> None:
 @trace.command("capture")
 @click.option("--model", required=True, help=MODEL_HELP)
 @click.option("--dataset", default=None, help=DATASET_HELP)
-@click.option("--workers", "-w", default="8", show_default=True, type=Count(), help="Data-parallel workers W.")
+@click.option("--workers", "-w", default="8", show_default=True, type=Count(minimum=2, maximum=1024),
+              help="Data-parallel workers W.")
 @click.option("--steps", "-s", default="3", show_default=True, type=Count(), help="Recorded steps.")
 @click.option("--every", default="1", show_default=True, type=Count(), help="Training steps between recordings.")
-@click.option("--warmup", default="0", show_default=True, type=Count(), help="Training steps before the first.")
+@click.option("--warmup", default="0", show_default=True, type=Count(minimum=0),
+              help="Training steps before the first.")
 @click.option("--batch", "-b", default=None, type=Count(), help="Batch per worker (default: the model's).")
 @click.option("--device", default="cpu", show_default=True, help="cpu or cuda.")
 @click.option("--dtype", type=click.Choice(["fp16", "fp32"]), default="fp16", show_default=True)
-@click.option("--seed", default=0, show_default=True, type=click.IntRange(min=0))
-@click.option("--lr", type=float, default=None, help="SGD learning rate (default: the model's).")
-@click.option("--input-size", type=Count(), default=None, help="Image side or sequence length (synthetic data).")
+@click.option("--seed", default=0, show_default=True, type=Count(minimum=0))
+@click.option("--lr", type=Number(above=0), default=None, help="SGD learning rate (default: the model's).")
+@click.option("--input-size", type=INPUT_SIZE, default=None, help="Image side or sequence length (synthetic data).")
 @click.option("--out", "-o", required=True, type=OutputPath(), help="Trace file to write (.npz).")
 def trace_capture(model: str, dataset: str | None, workers: int, steps: int, every: int, warmup: int,
                   batch: int | None, device: str, dtype: str, seed: int, lr: float | None, input_size: int | None,
@@ -60,9 +73,9 @@ def trace_capture(model: str, dataset: str | None, workers: int, steps: int, eve
 @click.option("--batch", "-b", required=True, type=Count(), help="Batch per worker.")
 @click.option("--device", default="cpu", show_default=True, help="cpu or cuda.")
 @click.option("--repeats", default="10", show_default=True, type=Count(), help="Timed iterations (median).")
-@click.option("--warmup", default="3", show_default=True, type=Count(), help="Untimed iterations first.")
+@click.option("--warmup", default="3", show_default=True, type=Count(minimum=0), help="Untimed iterations first.")
 @click.option("--bf16", is_flag=True, help="bf16 autocast instead of fp32.")
-@click.option("--input-size", type=Count(), default=None, help="Image side or sequence length.")
+@click.option("--input-size", type=INPUT_SIZE, default=None, help="Image side or sequence length.")
 @click.option("--out", "-o", required=True, type=OutputPath(), help="Profile to write (.json).")
 def trace_profile(model: str, dataset: str | None, batch: int, device: str, repeats: int, warmup: int, bf16: bool,
                   input_size: int | None, out: str) -> None:

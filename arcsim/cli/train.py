@@ -12,13 +12,15 @@ from rich.table import Table
 
 from arcsim.catalog import COMPRESSORS, DATASETS, FUSIONS, MEMORIES, MODELS
 from arcsim.cli.common import (
+    DENSITY,
     Count,
+    ListOf,
+    Number,
     OutputPath,
     console,
     json_option,
     library_option,
     note,
-    number_list,
     scope_option,
     step_progress,
     tables_wanted,
@@ -31,16 +33,18 @@ from arcsim.errors import ArcsimError
 @click.option("--model", default="cnn", show_default=True, help=f"One of {', '.join(MODELS)}.")
 @click.option("--dataset", default="digits", show_default=True, help=f"One of {', '.join(DATASETS)} (with a test "
                                                                        "split: digits, mnist1d).")
-@click.option("--workers", "-w", default="8", show_default=True, type=Count(), help="Simulated data-parallel workers.")
+@click.option("--workers", "-w", default="8", show_default=True, type=Count(maximum=1024),
+              help="Simulated data-parallel workers.")
 @click.option("--compressors", "-c", default="dense,topk,arctopk,star,randk", show_default=True,
               help=f"Comma-separated, from {', '.join(COMPRESSORS)}.")
-@click.option("--density", "-d", default=0.1, show_default=True, type=float, help="k/d for every sparsifier.")
+@click.option("--density", "-d", default=0.1, show_default=True, type=DENSITY, help="k/d for every sparsifier.")
 @click.option("--memory", "-m", default="ef14", show_default=True, help=f"Error feedback: {', '.join(MEMORIES)}.")
 @click.option("--steps", default="300", show_default=True, type=Count())
 @click.option("--batch", "-b", default="16", show_default=True, type=Count(), help="Batch per worker.")
-@click.option("--lr", default=None, type=float, help="SGD learning rate (default: the model's).")
+@click.option("--lr", default=None, type=Number(above=0), help="SGD learning rate (default: the model's).")
 @click.option("--eval-every", default="10", show_default=True, type=Count(), help="Held-out accuracy every N steps.")
-@click.option("--seeds", default="0", show_default=True, help="Seeds, comma-separated (≥ 3 to judge noise).")
+@click.option("--seeds", default="0", show_default=True, type=ListOf(Count(minimum=0), unique=True, example="0,1,2"),
+              help="Seeds, comma-separated (≥ 3 to judge noise).")
 @click.option("--topology", "-t", default=None, help="Price every step on this topology (wall-clock axis).")
 @click.option("--engine", default="analytic", show_default=True, type=click.Choice(["analytic", "des"]))
 @click.option("--gpu", default=None, help="Price steps on this GPU instead of the topology's (cpu: as measured here).")
@@ -49,7 +53,7 @@ from arcsim.errors import ArcsimError
               help="bucket: DDP buckets; model: the whole gradient compressed as one vector (as arcsim run).")
 @click.option("--compute-profile", type=click.Path(dir_okay=False), default=None,
               help="Compute timings for pricing (default: the topology's GPU, else measured here on the CPU).")
-@click.option("--target", default=None, type=float, help="Held-out accuracy to reach, e.g. 0.95.")
+@click.option("--target", default=None, type=Number(above=0, maximum=1), help="Held-out accuracy to reach, e.g. 0.95.")
 @click.option("--out", "-o", default=None, type=OutputPath(directory=True),
               help="Results directory (default reports/train/<model>-<dataset>-d<density>); an existing one resumes.")
 @click.option("--network-schedule", "schedule", type=click.Path(dir_okay=False), default=None,
@@ -62,21 +66,21 @@ from arcsim.errors import ArcsimError
 @click.option("--candidates", default=None,
               help="With --network-schedule: the compressors the policies choose among (default topk,arctopk,"
                    "adaptive).")
-@click.option("--ratios", default=None,
+@click.option("--ratios", default=None, type=ListOf(DENSITY, unique=True, example="0.1,0.01"),
               help="With --network-schedule: the compression ratios they choose among (default the paper's "
                    "0.1,0.033,0.011,0.004,0.001).")
-@click.option("--warmup", default=None, type=int,
+@click.option("--warmup", default=None, type=Count(minimum=0),
               help="With --network-schedule: warm-up steps, Top-K from ratio 1.0 to 0.1 (default: 10 % of --steps).")
 @click.option("--stop-at-target", is_flag=True,
               help="With --network-schedule and --target: end each run when it first reaches the target.")
 @json_option
 @scope_option
 def train(model: str, dataset: str, workers: int, compressors: str, density: float, memory: str, steps: int,
-          batch: int, lr: float | None, eval_every: int, seeds: str, topology: str | None, engine: str,
+          batch: int, lr: float | None, eval_every: int, seeds: tuple[int, ...], topology: str | None, engine: str,
           gpu: str | None, library: str | None, fusion: str,
           compute_profile: str | None, target: float | None, out: str | None, json_out: str | None,
           scope: str, schedule: str | None = None, policies: str | None = None, candidates: str | None = None,
-          ratios: str | None = None, warmup: int | None = None, stop_at_target: bool = False) -> None:
+          ratios: tuple[float, ...] | None = None, warmup: int | None = None, stop_at_target: bool = False) -> None:
     """Train W workers in one process through each compressor; accuracy against steps and predicted time."""
     from arcsim.train.experiment import run_experiment
     from arcsim.train.loop import TrainConfig
@@ -92,7 +96,7 @@ def train(model: str, dataset: str, workers: int, compressors: str, density: flo
     cfg = TrainConfig(model=model, dataset=dataset, workers=workers,
                       compressors=tuple(c.strip() for c in compressors.split(",") if c.strip()), density=density,
                       memory=memory, steps=steps, batch=batch, lr=lr, eval_every=eval_every,
-                      seeds=number_list(seeds, "--seeds", int), compute_profile=compute_profile, scope=scope,
+                      seeds=seeds, compute_profile=compute_profile, scope=scope,
                       fusion=fusion)
     cfg.check()
     if schedule is not None:

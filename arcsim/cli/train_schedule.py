@@ -8,7 +8,7 @@ from pathlib import Path
 
 from rich.table import Table
 
-from arcsim.cli.common import console, note, number_list, step_progress, tables_wanted, write_json
+from arcsim.cli.common import console, note, step_progress, tables_wanted, write_json
 from arcsim.errors import ArcsimError
 from arcsim.train.loop import TrainConfig
 
@@ -17,7 +17,7 @@ DEFAULT_SCHEDULE_TOPOLOGY = "8x1-eth10"  # one GPU per node: every collective cr
 
 def train_under_schedule(cfg: TrainConfig, schedule_path: str, topology: str | None, engine: str, gpu: str | None,
                          library: str | None, target: float | None, out: str | None, json_out: str | None,
-                         policies: str | None, candidates: str | None, ratios: str | None,
+                         policies: str | None, candidates: str | None, ratios: tuple[float, ...] | None,
                          warmup: int | None, stop_at_target: bool = False) -> None:
     from arcsim.network_schedule import load_schedule
     from arcsim.train.plots import schedule_plot
@@ -28,7 +28,7 @@ def train_under_schedule(cfg: TrainConfig, schedule_path: str, topology: str | N
     scfg = ScheduledConfig(
         cfg, schedule, topology or DEFAULT_SCHEDULE_TOPOLOGY,
         policies=_names(policies, POLICIES), candidates=_names(candidates, ("topk", "arctopk", "adaptive")),
-        ratios=number_list(ratios, "--ratios") if ratios is not None else PAPER_RATIOS, target=target,
+        ratios=ratios if ratios is not None else PAPER_RATIOS, target=target,
         warmup=warmup, engine=engine, gpu=gpu, library=library, stop_at_target=stop_at_target)
     scfg.check()
     if topology is None:

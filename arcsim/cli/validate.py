@@ -8,7 +8,16 @@ import click
 from rich.table import Table
 
 from arcsim.catalog import COMPRESSORS
-from arcsim.cli.common import Count, OutputPath, console, json_option, note, tables_wanted, write_json
+from arcsim.cli.common import (
+    DENSITY,
+    Count,
+    OutputPath,
+    console,
+    json_option,
+    note,
+    tables_wanted,
+    write_json,
+)
 from arcsim.errors import ArcsimError
 from arcsim.testbed import VALIDATE_WORKER
 
@@ -24,7 +33,7 @@ def _list(text: str) -> tuple[str, ...]:
 @click.option("--compressors", "-c", default="dense,topk,arctopk,star,powersgd", show_default=True)
 @click.option("--model", default="mlp_wide", show_default=True)
 @click.option("--dataset", default="digits", show_default=True)
-@click.option("--density", default=0.01, show_default=True, type=float)
+@click.option("--density", default=0.01, show_default=True, type=DENSITY)
 @click.option("--steps", default="30", show_default=True, type=Count(), help="Timed DDP steps per compressor.")
 @click.option("--batch", default="32", show_default=True, type=Count(), help="Batch per rank.")
 @click.option("--repeats", default="3", show_default=True, type=Count(),

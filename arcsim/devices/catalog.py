@@ -1,17 +1,17 @@
-"""The device catalogue: one YAML file per accelerator under ``devices/`` (datasheet peaks, memory
+"""The device catalogue: one YAML file per accelerator under ``arcsim/data/devices/`` (datasheet peaks, memory
 bandwidth and size, kernel-launch cost, and where each number comes from)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import lru_cache
-from pathlib import Path
 
 import yaml
 
 from arcsim.errors import ArcsimError
+from arcsim.files import packaged
 
-DEVICE_DIR = Path(__file__).resolve().parents[2] / "devices"
+DEVICE_DIR = packaged("devices")
 PRECISIONS = ("fp32", "bf16")
 CPU = "cpu"
 
@@ -70,6 +70,8 @@ def devices() -> dict[str, Device]:
         out[raw["name"]] = Device(raw["name"], raw["full_name"], {k: float(v) for k, v in raw["peak_tflops"].items()},
                                   float(raw["memory_bandwidth_GBps"]), float(raw["memory_GB"]),
                                   float(raw["launch_us"]), raw["source"], raw["launch_source"])
+    if not out:
+        raise ArcsimError(f"the GPU catalogue is missing from the package ({DEVICE_DIR}); reinstall arcsim")
     return out
 
 

@@ -24,10 +24,11 @@ import numpy as np
 
 from arcsim.devices.catalog import DEVICE_DIR, Device
 from arcsim.devices.workload import OP_CLASSES, Workload, count_workload
+from arcsim.files import packaged
 from arcsim.traces.profile import ComputeProfile, LayerTiming, load_profile
 
 FIT_FILE = DEVICE_DIR / "efficiency.json"
-PROFILE_DIR = Path(__file__).resolve().parents[2] / "traces" / "profiles"
+PROFILE_DIR = packaged("traces", "profiles")
 
 
 TENSOR_CLASSES = ("conv", "matmul", "attention")

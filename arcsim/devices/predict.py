@@ -10,6 +10,7 @@ from arcsim.devices.catalog import Device, device
 from arcsim.devices.compute import find_measured, load_fit, modelled_profile
 from arcsim.devices.workload import count_workload
 from arcsim.errors import ArcsimError
+from arcsim.files import writable_cache_dir
 from arcsim.traces.profile import ComputeProfile, load_profile
 
 DEFAULT_GPU_BATCH = 32  # per GPU, when a run on a GPU names none (--batch)
@@ -36,6 +37,7 @@ def check_request(model: str, gpu: str, batch: int, precision: str) -> Device:
     """The device, after checking the request: one error line for each kind of mistake."""
     from arcsim.models import model_entry
 
+    writable_cache_dir()  # the model's workload is kept there
     dev = device(gpu)
     if not dev.modelled:
         raise ArcsimError("cpu is measured, not modelled: compute comes from the trace's capture here "
@@ -78,7 +80,7 @@ def predict_compute(model: str, gpu: str, batch: int, precision: str = "fp32", m
         measured = None
     if measured is not None:
         return ComputePrediction(load_profile(measured.path), dev, precision, "measured",
-                                 f"traces/profiles/{measured.path.name}", None)
+                                 f"shipped profile {measured.path.name}", None)
     eff, data = load_fit()
     profile = modelled_profile(count_workload(model, batch, dataset), dev, precision, eff)
     error, what = expected_error(model, dev)

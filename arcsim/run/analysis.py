@@ -30,7 +30,7 @@ from arcsim.devices.catalog import PRECISIONS, Device
 from arcsim.devices.kernels import kernel_source
 from arcsim.devices.predict import DEFAULT_GPU_BATCH, ComputePrediction
 from arcsim.errors import ArcsimError
-from arcsim.files import cache_dir
+from arcsim.files import cache_dir, generated_traces_dir, writable_cache_dir
 from arcsim.netsim import ENGINES
 from arcsim.pricing import Pricer
 from arcsim.run import cache, decisions
@@ -43,8 +43,9 @@ from arcsim.traces.format import GradientSource, Trace, open_trace
 from arcsim.traces.live import LiveSource
 from arcsim.traces.params import DEFAULT_LAYERS, ParamsModel
 from arcsim.traces.profile import load_profile
-from arcsim.traces.resolve import resolve_trace, trace_dir
+from arcsim.traces.resolve import resolve_trace
 from arcsim.traces.training import TrainingConfig
+from arcsim.units import format_bits, format_duration
 
 GRID_ALL_STEPS_ELEMENTS = 2e8  # steps × workers × elements above which the grid uses the first step only
 CACHE_BYTES = 4 * 2**30  # traces up to this size (as stored) are read once and kept in memory
@@ -96,7 +97,26 @@ class RunConfig:
     def scope(self) -> str:
         return str(self.options.get("scope", "tensor"))
 
+    def _compute_not_modelled(self) -> str | None:
+        """Why no GPU's compute will be modelled (None when one is): what --batch and --precision shape."""
+        from arcsim.devices.catalog import device
+
+        if self.params is not None:
+            return "--params prices no compute"
+        if self.compute_profile:
+            return "--compute-profile gives the compute"
+        if self.live is not None and self.live.on_gpu:
+            return "--live --device cuda measures compute on this GPU"
+        name = self.gpu or load_topology(self.topology).gpu
+        if name is None:
+            return ("the topology names no GPU, so compute is as measured on this machine (name one with --gpu, "
+                    "e.g. --gpu h100; arcsim device list)")
+        if not device(name).modelled:
+            return f"--gpu {name} takes compute as measured on this machine"
+        return None
+
     def check(self) -> None:
+        writable_cache_dir()  # measurements are kept there, generated traces written there
         check_compression(self.compressors, self.memory, RunError)
         check_options(self.compressors, self.options, RunError)
         if self.precision not in PRECISIONS:
@@ -109,6 +129,12 @@ class RunConfig:
                 gpu.check_precision(self.precision)
         if self.batch is not None and self.batch < 1:
             raise RunError(f"--batch is per GPU and at least 1, got {self.batch}")
+        flags = [f for f, given in (("--batch", self.batch is not None and self.live is None),
+                                    ("--precision bf16", self.precision != "fp32")) if given]
+        why = self._compute_not_modelled() if flags else None
+        if flags and why:
+            raise RunError(f"{' and '.join(flags)} shape the compute modelled on a catalogue GPU, but {why}; "
+                           f"drop {' and '.join(f.split()[0] for f in flags)}")
         if self.live is not None:
             if self.trace is not None or self.params is not None:
                 raise RunError("--live trains the model here: give it without --trace or --params")
@@ -193,6 +219,11 @@ class Analysis:
         self.cfg = cfg
         self.progress = progress or (lambda _: None)
         self.topo = load_topology(cfg.topology).with_overrides(cfg.bandwidth, cfg.latency, cfg.library)
+        changed = [f"{format_bits(cfg.bandwidth)} per NIC" if cfg.bandwidth else "",
+                   f"{format_duration(cfg.latency)} latency" if cfg.latency is not None else ""]
+        if any(changed):  # titles, tables and JSON name the network priced, not the preset's
+            name = f"{self.topo.name} at {', '.join(c for c in changed if c)}"
+            self.topo = dataclasses.replace(self.topo, name=name)
         self.params = cfg.params_model()
         self.trace: GradientSource
         if source is not None:
@@ -200,7 +231,7 @@ class Analysis:
         elif cfg.live is not None:
             self.trace = LiveSource(cfg.live, capture_progress)
         else:
-            path = (self.params.sample_trace(trace_dir(), cfg.seed) if self.params is not None else
+            path = (self.params.sample_trace(generated_traces_dir(), cfg.seed) if self.params is not None else
                     resolve_trace(cfg.trace, allow_capture=cfg.allow_capture, announce=announce,
                                   progress=capture_progress))
             self.trace = open_trace(path)

@@ -8,13 +8,12 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import json
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from arcsim.comm.log import CommRecord
-from arcsim.files import TRACE_INDEX, cache_dir, cache_key, cache_read, cache_write, write_atomic
+from arcsim.files import cache_key, cache_read, cache_write, file_fact
 from arcsim.run.buckets import Bucket
 from arcsim.run.measure import Measurement
 
@@ -23,23 +22,14 @@ VERSION = 3  # bump when what a measurement holds changes (or, up to ties, how i
 
 def trace_hash(path: Path) -> str:
     """SHA-256 of the trace file's bytes, remembered per (path, size, mtime) in the cache's index."""
-    path = path.resolve()
-    stat = path.stat()
-    index_path = cache_dir() / TRACE_INDEX
-    try:
-        index = json.loads(index_path.read_text())
-    except (OSError, ValueError):
-        index = {}
-    stamp = f"{path}:{stat.st_size}:{stat.st_mtime_ns}"
-    if stamp not in index:
+    def sha256(resolved: Path) -> str:
         digest = hashlib.sha256()
-        with path.open("rb") as fh:
+        with resolved.open("rb") as fh:
             for block in iter(lambda: fh.read(2**22), b""):
                 digest.update(block)
-        index[stamp] = digest.hexdigest()
-        index_path.parent.mkdir(parents=True, exist_ok=True)
-        write_atomic(index_path, json.dumps(index))
-    return str(index[stamp])
+        return digest.hexdigest()
+
+    return str(file_fact(path, "sha256", sha256))
 
 
 def key(trace: str, buckets: list[Bucket], compressor: str, density: float, memory: str | None, seed: int,

@@ -118,9 +118,10 @@ def compress_times(compressor: str, measured: list[float], ctx: Context) -> list
 
 
 def step_timeline(step_records: list[list[CommRecord]], compress: list[float], collective: str, ctx: Context,
-                  pricer: Pricer) -> tuple[Timeline, list[float]]:
-    """One step's iteration with ``collective`` for its main op, and each bucket's communication."""
-    algos = {main_op_of(step_records): collective}
+                  pricer: Pricer, op: str | None = None) -> tuple[Timeline, list[float]]:
+    """One step's iteration with ``collective`` for ``op`` (default: the step's main op), and each bucket's
+    communication."""
+    algos = {op or main_op_of(step_records): collective}
     comm = [sum(p.time_s for p in pricer.records(recs, algos)) for recs in step_records]
     return iteration(ctx.compute.forward_s, ctx.compute.backward_s, [b.ready_s for b in ctx.buckets], compress,
                      comm, ctx.compute.after_s), comm
@@ -132,9 +133,10 @@ def step_timelines(meas: Measurement, collective: str, ctx: Context,
     the steps of compression and of communication, kept apart."""
     timelines, comp_sum, comm_sum = [], np.zeros(len(ctx.buckets)), np.zeros(len(ctx.buckets))
     modelled = compress_times(meas.compressor, [], ctx) if ctx.gpu is not None else None  # the same every step
+    op = main_op(meas)  # the op the collective was chosen for, on every step (a step may weigh its ops otherwise)
     for s, step_records in enumerate(meas.records):
         comp = modelled if modelled is not None else compress_times(meas.compressor, meas.compress_s[s], ctx)
-        timeline, comm = step_timeline(step_records, comp, collective, ctx, pricer)
+        timeline, comm = step_timeline(step_records, comp, collective, ctx, pricer, op)
         timelines.append(timeline)
         comp_sum += np.asarray(comp)
         comm_sum += np.asarray(comm)

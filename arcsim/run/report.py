@@ -34,7 +34,9 @@ def best_per_compressor(result: RunResult) -> list[Candidate]:
 def to_json(result: RunResult) -> dict[str, Any]:
     t, cfg = result.ctx.trace_file, result.config
     return {
-        "topology": {"name": result.ctx.topo.name, "ranks": result.ctx.topo.ranks},
+        "topology": {"name": result.ctx.topo.name, "ranks": result.ctx.topo.ranks,
+                     "bandwidth_per_nic_bytes_s": result.ctx.topo.network.bandwidth_per_nic,
+                     "latency_s": result.ctx.topo.network.latency},
         "trace": {"path": None if t.meta.get("live") else str(t.path), "live": bool(t.meta.get("live")),
                   "model": t.meta["model"], "workers": t.workers, "steps": t.steps,
                   "elements": t.elements, "synthetic_data": t.meta["synthetic_data"]},

@@ -1,7 +1,8 @@
 """Charts of a sweep's results table (torch-free).
 
-Each kind needs some axes to vary; the other varied axes are held at their first value, and the chart's
-subtitle says which. ``plot_all`` draws every kind the table supports and says why it skipped the rest.
+Each kind needs some axes to vary; the other varied axes are held at their first value (or where
+``arcsim plot --where`` puts them), and the chart's subtitle says which. ``plot_all`` draws every kind the
+table supports and says why it skipped the rest.
 """
 
 from __future__ import annotations
@@ -17,8 +18,10 @@ from matplotlib.colors import ListedColormap, TwoSlopeNorm
 from matplotlib.ticker import NullFormatter
 
 from arcsim.catalog import AG_FAMILY, AR_TOPK_FAMILY, DENSITY_FREE
+from arcsim.errors import ArcsimError
 from arcsim.plotting import PALETTE, save_png
 from arcsim.sweep.spec import SweepError
+from arcsim.units import parse_duration, parse_rate
 
 # result columns that identify a point's setting (the swept axes as they came out)
 DIMENSIONS = ("topology_name", "nic_gbps", "latency_us", "world", "model", "trace", "density", "bucket_mb", "engine")
@@ -41,7 +44,8 @@ def hold_others(df: pd.DataFrame, keep: tuple[str, ...]) -> tuple[pd.DataFrame, 
     """Fix every varied dimension that ``keep`` does not determine at its first value; say which."""
     held = []
     for col in DIMENSIONS:
-        if col in keep or not _varied(df, col):
+        sparse = df[~df["compressor"].isin(DENSITY_FREE)] if col == "density" else df  # dense has no density
+        if col in keep or not _varied(sparse, col):
             continue
         groups = df.groupby(list(keep), dropna=False)[col].nunique(dropna=False) if keep else None
         if groups is not None and groups.max() <= 1:
@@ -52,6 +56,42 @@ def hold_others(df: pd.DataFrame, keep: tuple[str, ...]) -> tuple[pd.DataFrame, 
         df = df[(df[col] == first) | keep_free]
         held.append(f"{LABELS[col]} {_fmt(first)}")
     return df, (f"held at {', '.join(held)}" if held else "")
+
+
+# `arcsim plot --where NAME=VALUE`: the sweep's axis names, the results column each selects, how a value reads
+WHERE: dict[str, tuple[str, Callable[[str], object]]] = {
+    "topology": ("topology_name", str), "bandwidth": ("nic_gbps", lambda v: parse_rate(v) * 8 / 1e9),
+    "latency": ("latency_us", lambda v: parse_duration(v) * 1e6), "ranks": ("world", int), "model": ("model", str),
+    "trace": ("trace", str), "density": ("density", float), "bucket_mb": ("bucket_mb", float),
+    "engine": ("engine", str)}
+
+
+def select(df: pd.DataFrame, conditions: tuple[str, ...]) -> pd.DataFrame:
+    """The rows where every ``NAME=VALUE`` holds (dense and fp16 keep any density); the chart says so."""
+    said = []
+    for condition in conditions:
+        name, _, text = condition.partition("=")
+        name = name.strip()
+        if name not in WHERE or not text.strip():
+            raise SweepError(f"--where {condition!r}: write NAME=VALUE with NAME one of {', '.join(WHERE)} "
+                             "(e.g. --where ranks=32)")
+        col, read = WHERE[name]
+        try:
+            value = read(text.strip())
+        except (ValueError, ArcsimError):
+            raise SweepError(f"--where {condition!r}: cannot read {text.strip()!r} as a {name}") from None
+        values = df[col].dropna().unique()
+        match = np.isclose(df[col].astype(float), float(value)) if isinstance(value, float | int) else df[col] == value
+        if col == "density":
+            match = match | df["compressor"].isin(DENSITY_FREE)
+        if not bool(np.any(match & ~df["compressor"].isin(DENSITY_FREE) if col == "density" else match)):
+            present = ", ".join(_fmt(v) for v in sorted(values, key=str)[:12])
+            raise SweepError(f"--where {condition!r} matches no point; the table has {name} {present}")
+        df = df[match]
+        said.append(f"{LABELS[col]} {_fmt(value)}")
+    out = df.copy()
+    out.attrs["where"] = ", ".join(said)
+    return out
 
 
 def _fmt(v: object) -> str:
@@ -65,7 +105,8 @@ def _title(ax: plt.Axes, main: str, df: pd.DataFrame, held: str) -> None:
     topologies = sorted(map(str, df["topology"].unique())) if "topology" in df else []
     on = f" on {', '.join(topologies)}" if 0 < len(topologies) <= 3 else ""
     banner = df.attrs.get(INCOMPLETE, "").upper()
-    sub = " · ".join(s for s in (f"{model}{on}{ranks}", held, banner) if s)
+    where = df.attrs.get("where", "")
+    sub = " · ".join(s for s in (f"{model}{on}{ranks}", f"where {where}" if where else "", held, banner) if s)
     ax.set_title(f"{main}\n{sub}", fontsize=10, color="#c44e52" if banner else "black")
 
 
@@ -258,9 +299,11 @@ def plot_all(df: pd.DataFrame, out_dir: Path, kinds: tuple[str, ...] = tuple(KIN
     With ``expected`` (the sweep's point count) a table that holds fewer rows is drawn with
     "incomplete: N of M points" on every chart. Speed-ups never need a missing row: each row carries the
     dense time of its own point (``dense_iteration_s``)."""
+    created = not out_dir.exists()
     out_dir.mkdir(parents=True, exist_ok=True)
     df = df.copy()
-    df.attrs[INCOMPLETE] = incompleteness(df, expected)
+    if expected is not None:  # else: what the caller set (a table narrowed by --where keeps the whole one's banner)
+        df.attrs[INCOMPLETE] = incompleteness(df, expected)
     written, skipped = [], []
     for kind in kinds:
         try:
@@ -268,4 +311,6 @@ def plot_all(df: pd.DataFrame, out_dir: Path, kinds: tuple[str, ...] = tuple(KIN
             written.append(heatmap(df, path, slack) if kind == "heatmap" else KINDS[kind](df, path))
         except PlotUnsupported as exc:
             skipped.append(str(exc))
+    if created and not written and not any(out_dir.iterdir()):
+        out_dir.rmdir()  # nothing drawn: leave no empty folder behind
     return written, skipped

@@ -15,6 +15,7 @@ from typing import Any
 
 from tqdm import tqdm
 
+from arcsim.files import writable_cache_dir
 from arcsim.processes import die_with_parent, signals_interrupt
 from arcsim.sweep.evaluate import evaluate_chunk, point_topology
 from arcsim.sweep.spec import SweepError, SweepSpec
@@ -32,17 +33,20 @@ class SweepOutcome:
 
 
 def check_points(spec: SweepSpec, announce: Callable[[str], None]) -> list[dict[str, Any]]:
-    """Every point, checked before anything runs: topologies build, traces exist (known models are
-    captured now, once), profiles exist."""
+    """Every point, checked before anything runs: topologies build, traces exist and open (known models
+    are captured now, once), profiles exist."""
+    from arcsim.traces.format import open_trace
     from arcsim.traces.resolve import resolve_trace
 
+    writable_cache_dir()
     points = spec.points()
     if not points:
         raise SweepError("the sweep has no points")
     for combo in {(p["topology"], p["bandwidth"], p["latency"], p["ranks"]) for p in points}:
         point_topology(dict(zip(("topology", "bandwidth", "latency", "ranks"), combo, strict=True)))
     for trace in spec.axes["trace"]:
-        resolve_trace(trace, allow_capture=True, announce=announce)
+        if trace is not None:
+            open_trace(resolve_trace(trace, allow_capture=True, announce=announce))
     profile = spec.compute_profile
     if profile and not Path(profile).is_file():
         raise SweepError(f"compute_profile {profile} does not exist; write one with `arcsim trace profile`")
@@ -108,10 +112,11 @@ def _dask(chunks: list[list[dict[str, Any]]], client) -> Iterator[list[dict[str,
 
 
 def run_sweep(spec: SweepSpec, out: Path, scheduler: str | None = None, workers: int | None = None,
-              announce: Callable[[str], None] = print, show_progress: bool = True) -> SweepOutcome:
+              announce: Callable[[str], None] = print, show_progress: bool = True,
+              points: list[dict[str, Any]] | None = None) -> SweepOutcome:
     """Evaluate every point not yet in ``out``; rows land in ``out/results.csv`` as chunks finish (a progress
-    bar on stderr when it is a terminal and ``show_progress``)."""
-    points = check_points(spec, announce)
+    bar on stderr when it is a terminal and ``show_progress``). ``points``: already checked."""
+    points = check_points(spec, announce) if points is None else points
     client = connect(scheduler) if scheduler else None  # before anything is written
     store = ResultStore(out)
     try:

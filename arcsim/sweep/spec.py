@@ -22,7 +22,7 @@ from arcsim.catalog import COMPRESSORS, DENSITY_FREE, FUSIONS, LIVE_DEFAULTS, ME
 from arcsim.errors import ArcsimError
 from arcsim.files import read_yaml
 from arcsim.netsim import ENGINES
-from arcsim.topology import DEFAULT_TOPOLOGY
+from arcsim.topology import DEFAULT_TOPOLOGY, MAX_RANKS
 from arcsim.units import parse_duration, parse_params, parse_rate
 
 # axis name → what it is (for errors and `arcsim sweep --help`)
@@ -56,6 +56,7 @@ SETTINGS: dict[str, str] = {  # single values, not swept
     "live_device": "with live: cpu or cuda (cuda also times compute and compression there; default "
                    f"{LIVE_DEFAULTS['device']})",
 }
+MAX_POINTS = 100_000  # a sweep's points are held in memory and each costs milliseconds to seconds
 LIVE_SETTINGS = {f"live_{k}": v for k, v in LIVE_DEFAULTS.items()}  # live_workers, live_steps, live_device
 
 
@@ -85,8 +86,14 @@ def split_top_level(text: str) -> list[str]:
 _BRACE = re.compile(r"\{([^{}]*)\}")
 
 
-def expand_braces(text: str) -> list[str]:
-    """Every string a brace pattern stands for, in order: ``x{1,2}y{a,b}`` → x1ya, x1yb, x2ya, x2yb."""
+def too_many(count: int, what: str) -> SweepError:
+    return SweepError(f"{what} has at least {count:,} points; a sweep holds at most {MAX_POINTS:,} — "
+                      "split it, or sweep fewer values per axis")
+
+
+def expand_braces(text: str, limit: int = MAX_POINTS) -> list[str]:
+    """Every string a brace pattern stands for, in order: ``x{1,2}y{a,b}`` → x1ya, x1yb, x2ya, x2yb;
+    refused as soon as there are more than ``limit``."""
     m = _BRACE.search(text)
     if m is None:
         if "{" in text or "}" in text:
@@ -95,7 +102,12 @@ def expand_braces(text: str) -> list[str]:
     options = [o.strip() for o in m.group(1).split(",")]
     if not all(options):
         raise SweepError(f"empty choice in {{{m.group(1)}}} of {text!r}")
-    return [s for o in options for s in expand_braces(text[:m.start()] + o + text[m.end():])]
+    out: list[str] = []
+    for o in options:
+        out += expand_braces(text[:m.start()] + o + text[m.end():], limit)
+        if len(out) > limit:
+            raise too_many(len(out), f"the pattern {text[:60]!r}")
+    return out
 
 
 def axis_values(raw: Any) -> list[Any]:
@@ -108,6 +120,8 @@ def axis_values(raw: Any) -> list[Any]:
                 out += expand_braces(part)
         else:
             out.append(item)
+        if len(out) > MAX_POINTS:
+            raise too_many(len(out), "an axis")
     return out
 
 
@@ -208,19 +222,25 @@ def build_spec(raw: Mapping[str, Any], source: str = "command line") -> SweepSpe
                              "or leave it out for the default")
         axes[name] = [_normalise(name, v, source) for v in values]
         if len(set(map(str, axes[name]))) != len(axes[name]):
-            raise SweepError(f"{source}: axis {name!r} repeats a value: {axes[name]}")
+            raise SweepError(f"{source}: axis {name!r} repeats a value: {str(axes[name])[:200]}")
+    combinations = math.prod(len(v) for v in axes.values())
+    if combinations > MAX_POINTS:
+        raise too_many(combinations, f"{source}: the sweep ({' × '.join(str(len(v)) for v in axes.values())})")
     sources = [name for name in ("trace", "params", "live") if any(v is not None for v in axes[name])]
     if len(sources) > 1:
         raise SweepError(f"{source}: give one of trace, params (a synthetic model) and live (training here), "
                          f"not {' and '.join(sources)}")
+    given_live = sorted(k for k in LIVE_SETTINGS if raw.get(k) is not None)
+    if given_live and sources != ["live"]:
+        raise SweepError(f"{source}: {', '.join(given_live)} only apply to live training; add the live axis (e.g. "
+                         "live: cnn) or remove them")
     live_settings = _live_settings(raw, source) if sources == ["live"] else None
     memory = str(raw.get("memory", "ef14"))
     if memory not in MEMORIES:
         raise SweepError(f"{source}: unknown memory {memory!r}; choose one of {', '.join(MEMORIES)}")
-    try:
-        seed = int(raw.get("seed", 0))
-    except (TypeError, ValueError):
-        raise SweepError(f"{source}: seed must be a whole number") from None
+    seed = raw.get("seed", 0)
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        raise SweepError(f"{source}: seed must be a whole number ≥ 0 (got {seed!r})")
     profile = raw.get("compute_profile")
     return SweepSpec(axes, memory=memory, seed=seed, compute_profile=str(profile) if profile else None,
                      out=str(raw["out"]) if raw.get("out") else None, source=source, live_settings=live_settings)
@@ -264,6 +284,8 @@ def _normalise(name: str, value: Any, source: str) -> Any:
             ranks = int(value)
             if ranks < 2 or ranks != float(value):
                 raise ValueError
+            if ranks > MAX_RANKS:
+                raise ValueError
             return ranks
         if name in ("density", "bucket_mb"):
             x = float(value)
@@ -271,8 +293,9 @@ def _normalise(name: str, value: Any, source: str) -> Any:
                 raise ValueError
             return x
     except (TypeError, ValueError, OverflowError, ArcsimError):
-        hint = {"bandwidth": "e.g. 100Gbit", "latency": "e.g. 5us", "ranks": "a whole number ≥ 2",
-                "density": "a number in (0, 1]", "bucket_mb": "a positive number"}[name]
+        hint = {"bandwidth": "e.g. 100Gbit", "latency": "e.g. 5us",
+                "ranks": f"a whole number of ranks from 2 to {MAX_RANKS:,}", "density": "a number in (0, 1]",
+                "bucket_mb": "a positive number"}[name]
         raise SweepError(f"{where}: cannot use {value!r} ({hint})") from None
     if name == "gpu":
         from arcsim.devices.catalog import devices

@@ -13,7 +13,7 @@ from typing import Any
 import pandas as pd
 import yaml
 
-from arcsim.files import AppendOnlyCSV, write_atomic
+from arcsim.files import AppendOnlyCSV, read_yaml, write_atomic
 from arcsim.sweep.evaluate import COLUMNS
 from arcsim.sweep.spec import OPTIONAL_AXES, SweepError, SweepSpec
 
@@ -28,11 +28,11 @@ class ResultStore:
         self.spec_path = self.dir / SPEC
         self.table = AppendOnlyCSV(self.results, COLUMNS, extra="ignore")
 
-    def open(self, spec: SweepSpec) -> set[str]:
-        """Create the directory for this spec, or check that it holds the same sweep; returns the finished ids."""
+    def check(self, spec: SweepSpec) -> dict[str, Any]:
+        """Refuse a directory that holds another sweep or other files, writing nothing; the record to keep."""
         wanted = spec.to_dict()
         if self.spec_path.exists():
-            held = yaml.safe_load(self.spec_path.read_text())
+            held = read_yaml(self.spec_path, "sweep record", SweepError)
             for later in ("gpu", *OPTIONAL_AXES):  # recorded before sweeps had these axes: the same sweep
                 if isinstance(held, dict) and later not in held and wanted.get(later) == [None]:
                     wanted.pop(later)
@@ -41,6 +41,11 @@ class ResultStore:
                                  "delete that directory to start over")
         elif self.dir.exists() and any(self.dir.iterdir()):
             raise SweepError(f"{self.dir} exists and is not a sweep directory; give a new --out")
+        return wanted
+
+    def open(self, spec: SweepSpec) -> set[str]:
+        """Create the directory for this spec, or check that it holds the same sweep; returns the finished ids."""
+        wanted = self.check(spec)
         self.dir.mkdir(parents=True, exist_ok=True)
         if not self.spec_path.exists():
             write_atomic(self.spec_path, yaml.safe_dump(wanted, sort_keys=False))
@@ -68,11 +73,19 @@ def load_results(path: Path) -> pd.DataFrame:
         raise SweepError(f"no sweep results at {path}; run `arcsim sweep --out DIR` first")
     try:
         df = pd.read_csv(path, dtype={"point_id": str})
-    except (pd.errors.ParserError, pd.errors.EmptyDataError) as exc:
-        raise SweepError(f"{path} is not a sweep results table: {exc}") from None
+    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError, ValueError) as exc:
+        raise SweepError(f"{path} is not a sweep results table: {str(exc).splitlines()[0]}") from None
     missing = [c for c in ("point_id", "compressor", "iteration_s") if c not in df.columns]
     if missing:
         raise SweepError(f"{path} lacks the columns {', '.join(missing)}; is it an arcsim sweep table?")
+    return df
+
+
+def finished_results(path: Path) -> pd.DataFrame:
+    """A results table with at least one finished point (what charts and summaries need)."""
+    df = load_results(path)
+    if df.empty:
+        raise SweepError(f"{path} holds no finished points yet; run (or resume) the sweep first")
     return df
 
 

@@ -18,6 +18,7 @@ import json
 import math
 import os
 import zipfile
+import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,11 +30,19 @@ import torch
 
 from arcsim.compressors.base import Layer
 from arcsim.errors import ArcsimError
+from arcsim.files import file_fact
 
 SCHEMA_VERSION = 1
 DTYPES = {"fp16": np.float16, "fp32": np.float32}
 REQUIRED_META = ("schema_version", "model", "dataset", "synthetic_data", "params", "batch_per_worker", "workers",
                  "steps", "recorded_steps", "dtype", "device", "torch_version", "seed", "command")
+# what each metadata field must hold: a whole number ≥ the bound, a string, a flag, or a list of step numbers
+META_TYPES: dict[str, tuple[str, int]] = {
+    "schema_version": ("count", 1), "params": ("count", 1), "batch_per_worker": ("count", 0),
+    "workers": ("count", 1), "steps": ("count", 1), "seed": ("count", 0), "recorded_steps": ("steps", 0),
+    "model": ("text", 0), "dataset": ("text", 0), "dtype": ("text", 0), "device": ("text", 0),
+    "torch_version": ("text", 0), "command": ("text", 0), "synthetic_data": ("flag", 0),
+    "device_name": ("text", 0), "dataset_description": ("text", 0)}
 SMALL_MEMBERS = {"loss": 1, "worker_loss": 2, "forward_s": 1, "backward_s": 1, "ready_s": 2}
 
 
@@ -284,6 +293,30 @@ def _read_json(zf: zipfile.ZipFile, name: str, path: Path) -> Any:
         raise TraceError(f"{path}: {name} is not valid JSON ({exc})") from None
 
 
+def _is_count(value: Any, minimum: int) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= minimum
+
+
+def _check_meta_types(meta: dict[str, Any], path: Path) -> None:
+    """Each field the readers use must hold its kind of value; one TraceError names the first that does not."""
+    want_text = {"count": "a whole number ≥ {}", "steps": "a list of whole numbers ≥ {}", "text": "a string",
+                 "flag": "true or false"}
+    for key, (kind, minimum) in META_TYPES.items():
+        if key not in meta:
+            continue
+        value = meta[key]
+        if kind == "count":
+            ok = _is_count(value, minimum)
+        elif kind == "steps":
+            ok = isinstance(value, list) and all(_is_count(s, minimum) for s in value)
+        else:
+            ok = isinstance(value, str if kind == "text" else bool)
+        if not ok:
+            raise TraceError(f"{path}: metadata field {key} is {json.dumps(value)[:60]}, not "
+                             f"{want_text[kind].format(minimum)}; the file was not written by arcsim "
+                             "or was edited — capture the trace again")
+
+
 def _stored_data_offset(path: Path, info: zipfile.ZipInfo, header_end: int) -> int | None:
     """Absolute file offset of the array bytes of a stored (uncompressed) member, else None."""
     if info.compress_type != zipfile.ZIP_STORED:
@@ -295,6 +328,30 @@ def _stored_data_offset(path: Path, info: zipfile.ZipInfo, header_end: int) -> i
             raise TraceError(f"{path}: bad local header for gradients; the file is corrupt")
         name_len, extra_len = int.from_bytes(local[26:28], "little"), int.from_bytes(local[28:30], "little")
     return info.header_offset + 30 + name_len + extra_len + header_end
+
+
+def _gradients_intact(path: Path) -> bool:
+    """Whether the gradients member's bytes match the CRC-32 the zip directory holds for them."""
+    with zipfile.ZipFile(path) as zf:
+        info = zf.getinfo("gradients.npy")
+        start = _stored_data_offset(path, info, 0)
+        if start is None:  # compressed: zipfile checks the CRC when the member is read to its end
+            try:
+                with zf.open(info) as fh:
+                    while fh.read(2**22):
+                        pass
+            except zipfile.BadZipFile:
+                return False
+            return True
+    crc, left = 0, info.compress_size
+    with open(path, "rb") as fh:
+        fh.seek(start)
+        while left:
+            block = fh.read(min(left, 2**22))
+            if not block:
+                return False
+            crc, left = zlib.crc32(block, crc), left - len(block)
+    return crc == info.CRC
 
 
 def _layers_from_json(rows: Any, path: Path) -> tuple[Layer, ...]:
@@ -336,6 +393,7 @@ def open_trace(path: str | Path) -> Trace:
         missing = [k for k in REQUIRED_META if k not in meta]
         if missing:
             raise TraceError(f"{path}: metadata lacks {', '.join(missing)}")
+        _check_meta_types(meta, path)
         layers = _layers_from_json(_read_json(zf, "layers", path), path)
         try:
             info = zf.getinfo("gradients.npy")
@@ -372,5 +430,8 @@ def open_trace(path: str | Path) -> Trace:
         raise TraceError(f"{path}: the gradients member holds {info.file_size} bytes, not what its shape "
                          f"{tuple(shape)} needs; the file is truncated or corrupt")
     offset = _stored_data_offset(path, info, header_end)
+    if not file_fact(path, "gradients_checksum_ok", _gradients_intact):
+        raise TraceError(f"{path}: the stored gradients do not match their checksum (CRC-32); the file was "
+                         "damaged after it was written — copy or capture it again")
     return Trace(path, meta, layers, np.dtype(dtype), small["loss"], small["worker_loss"], small["forward_s"],
                  small["backward_s"], small["ready_s"], offset)

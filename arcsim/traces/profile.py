@@ -1,12 +1,13 @@
 """Compute profiles: forward time and per-layer gradient-ready times of a model on a device (no gradients kept).
 
-A profile is a small JSON file (traces/profiles/*.json). ``arcsim run --compute-profile`` combines one with
-the gradients of a trace captured elsewhere (e.g. H100 timings with CPU-captured gradients).
+A profile is a small JSON file; measured ones ship in ``arcsim/data/traces/profiles`` and are named bare.
+``arcsim run --compute-profile`` combines one with the gradients of a trace captured elsewhere (e.g. H100
+timings with CPU-captured gradients).
 """
 
 from __future__ import annotations
 
-import json
+import math
 import platform
 import statistics
 from collections.abc import Callable
@@ -17,6 +18,7 @@ from typing import Any
 import torch
 
 from arcsim.errors import ArcsimError
+from arcsim.files import packaged, read_json
 from arcsim.models import count_params, loss_fn, model_entry
 from arcsim.models.datasets import make_dataset
 from arcsim.traces.timing import ComputeTimer
@@ -69,20 +71,39 @@ class ComputeProfile:
         try:
             fields = {k: v for k, v in data.items() if k != "schema_version"}
             fields["layers"] = [LayerTiming(**row) for row in fields["layers"]]
-            return cls(**fields)
+            profile = cls(**fields)
         except (KeyError, TypeError) as exc:
             raise ArcsimError(f"{where} is not a compute profile ({exc})") from None
+        profile.check(where)
+        return profile
+
+    def check(self, where: str) -> None:
+        """Times finite and ≥ 0, counts whole and ≥ 1: a measured compute cannot be otherwise."""
+        times = {"forward_s": self.forward_s, "backward_s": self.backward_s,
+                 "after_backward_s": self.extra.get("after_backward_s", 0.0) if isinstance(self.extra, dict) else 0,
+                 **{f"ready_s of {la.name}": la.ready_s for la in self.layers}}
+        for label, value in times.items():
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                raise ArcsimError(f"{where}: {label} is {value!r}, not a time in seconds")
+            if not math.isfinite(value):
+                raise ArcsimError(f"{where}: {label} is not finite ({value}); profile the model again")
+            if value < 0:
+                raise ArcsimError(f"{where}: {label} is negative ({value:g} s); profile the model again")
+        counts = {"batch": self.batch, **{f"numel of {la.name}": la.numel for la in self.layers}}
+        for label, value in counts.items():
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ArcsimError(f"{where}: {label} is {value!r}, not a whole number ≥ 1")
 
 
 def load_profile(path: str | Path) -> ComputeProfile:
+    """A profile file; a bare name not in the working directory is looked up among the shipped profiles."""
     path = Path(path)
+    shipped = packaged("traces", "profiles") / path.name
+    if not path.exists() and path.parent == Path() and shipped.is_file():
+        path = shipped
     if not path.exists():
         raise ArcsimError(f"no such compute profile: {path} (make one with arcsim trace profile)")
-    try:
-        data = json.loads(path.read_text())
-    except ValueError as exc:
-        raise ArcsimError(f"{path} is not valid JSON ({exc})") from None
-    return ComputeProfile.from_json(data, str(path))
+    return ComputeProfile.from_json(read_json(path, "compute profile", ArcsimError), str(path))
 
 
 def device_name(device: torch.device) -> str:

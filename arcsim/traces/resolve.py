@@ -1,31 +1,30 @@
-"""What a ``--trace`` value means: a file, a name under traces/, the shipped default, or a known model to capture.
+"""What a ``--trace`` value means: a file, a trace name, the shipped default, or a known model to capture.
 
-``--trace resnet50.npz`` with no such file captures the default trace of that model into traces/
-(git-ignored) — or, with ``--no-capture``, stops with the exact capture command.
+A path with a folder in it means that file and nothing else. A bare name (``resnet50.npz``) is looked up
+in the working directory, then among the traces arcsim made (:func:`arcsim.files.generated_traces_dir`,
+the user cache), then among those shipped in the package. A known model's name that is found nowhere is
+captured into the user cache — or, with ``--no-capture``, refused with the exact capture command.
 """
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Callable
 from pathlib import Path
 
+from arcsim.files import generated_traces_dir, packaged
 from arcsim.models import MODELS
 from arcsim.traces.capture import CaptureConfig, capture
 from arcsim.traces.format import TraceError
 
-REPO_TRACES = Path(__file__).resolve().parents[2] / "traces"
 DEFAULT_TRACE_NAME = "cnn-digits-small.npz"
 SHIPPED_DEFAULT = CaptureConfig(model="cnn", dataset="digits", workers=8, steps=16, every=4, warmup=20, batch=16,
-                                dtype="fp16", out=Path("traces") / DEFAULT_TRACE_NAME)
+                                dtype="fp16", out=Path("arcsim") / "data" / "traces" / DEFAULT_TRACE_NAME)
 
 
-def trace_dir() -> Path:
-    """Where named traces live: $ARCSIM_TRACE_DIR, else traces/ of this checkout, else ./traces."""
-    if "ARCSIM_TRACE_DIR" in os.environ:
-        return Path(os.environ["ARCSIM_TRACE_DIR"])
-    return REPO_TRACES if REPO_TRACES.is_dir() else Path("traces")
+def shipped_traces_dir() -> Path:
+    """The traces shipped inside the package (the default trace and the measured compute profiles)."""
+    return packaged("traces")
 
 
 def default_capture(model: str, out: Path) -> CaptureConfig:
@@ -38,19 +37,25 @@ def resolve_trace(value: str | None, allow_capture: bool = True,
                   progress: Callable[[int, int], None] | None = None) -> Path:
     """Turn a ``--trace`` value into an existing trace file, capturing a known model's trace if allowed."""
     if value is None:
-        path = trace_dir() / DEFAULT_TRACE_NAME
+        path = shipped_traces_dir() / DEFAULT_TRACE_NAME
         if not path.exists():
-            raise TraceError(f"the default trace {path} is missing; recreate it with: {SHIPPED_DEFAULT.command()}")
+            raise TraceError(f"the default trace {path} is missing from the package; reinstall arcsim")
         return path
+    if not value.strip():
+        raise TraceError("--trace is empty; give a trace file, or a known model's name such as resnet50.npz")
     given = Path(value)
-    for candidate in (given, trace_dir() / given.name):
+    bare = given.parent == Path()
+    candidates = [given, generated_traces_dir() / given.name, shipped_traces_dir() / given.name] if bare else [given]
+    for candidate in candidates:
+        if candidate.is_dir():
+            raise TraceError(f"--trace {value} is a directory; give a trace file (.npz)")
         if candidate.exists():
             return candidate
     model = given.name.removesuffix(".npz")
     if given.suffix != ".npz" or model not in MODELS:
         raise TraceError(f"no such trace file: {value} (known models to capture by name: "
                          f"{', '.join(m + '.npz' for m in MODELS)})")
-    out = given if given.parent != Path() else trace_dir() / given.name
+    out = generated_traces_dir() / given.name if bare else given
     cfg = default_capture(model, out)
     if not allow_capture:
         raise TraceError(f"trace {value} does not exist; capture it with: {cfg.command()}")

@@ -16,10 +16,10 @@ from typing import Any
 import pandas as pd
 
 from arcsim.errors import ArcsimError
-from arcsim.files import AppendOnlyCSV, atomic_path, write_atomic
+from arcsim.files import AppendOnlyCSV, atomic_path, read_json, write_atomic
 from arcsim.topology import Topology, load_topology
 from arcsim.train.loop import TrainConfig, prepare, train
-from arcsim.train.outcome import history_rows, price
+from arcsim.train.outcome import compute_times, history_rows, price, priced_on
 
 HISTORY_COLUMNS = ("compressor", "seed", "memory", "step", "loss", "accuracy", "time_s", "collective", "diverged")
 # settings the runs depend on; compressors and seeds may grow between invocations
@@ -40,7 +40,7 @@ def claim_dir(out: Path, key: dict[str, Any]) -> None:
     one holding other settings, or something else, is refused."""
     config = out / "config.json"
     if config.exists():
-        held = json.loads(config.read_text())
+        held = read_json(config, "experiment record", ArcsimError)
         if held != key:
             changed = sorted(k for k in set(held) | set(key) if held.get(k) != key.get(k))
             raise ArcsimError(f"{out} holds runs with other settings ({', '.join(changed)} differ); give a new "
@@ -102,10 +102,12 @@ def run_experiment(cfg: TrainConfig, out: Path, topology: str | None = None, eng
         announce(f"resuming: {len(cfg.seeds) * len(cfg.compressors) - len(todo)} runs are already in "
                  f"{out / 'history.csv'}")
     if todo:
+        compute = priced_on(setup, topo)[0] if topo is not None else compute_times(setup)
+        where = (f"priced: {compute.source}" if topo is not None else
+                 f"measured on this machine: {compute.source}")
         announce(f"{cfg.model} on {cfg.dataset}: {setup.elements:,} parameters in "
                  f"{len(setup.buckets)} bucket(s), {cfg.workers} workers × batch {cfg.batch}; compute "
-                 f"{(setup.profile.forward_s + setup.profile.backward_s) * 1e3:.2f} ms per step "
-                 f"({setup.profile.device_name})")
+                 f"{(compute.forward_s + compute.backward_s) * 1e3:.2f} ms per step ({where})")
         total, done_steps = len(todo) * cfg.steps, [0]
 
         def tick(n: int) -> None:

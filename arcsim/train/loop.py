@@ -19,6 +19,7 @@ import torch
 from arcsim.catalog import FUSIONS, check_compression, fusion_message
 from arcsim.compressors.base import Layer
 from arcsim.errors import ArcsimError
+from arcsim.files import writable_cache_dir
 from arcsim.models import loss_fn, model_entry
 from arcsim.models.datasets import Dataset, make_dataset
 from arcsim.run.buckets import Bucket, make_buckets
@@ -46,6 +47,7 @@ class TrainConfig:
     fusion: str = "bucket"        # bucket: DDP buckets; model: the whole gradient as one vector
 
     def check(self) -> None:
+        writable_cache_dir()
         model_entry(self.model)
         check_compression(self.compressors, self.memory, ArcsimError)
         if not 0 < self.density <= 1:

@@ -1,0 +1,148 @@
+"""The package as users get it: build the wheel, install it into a venv of its own, run arcsim there from
+another folder, and require the same answers as the editable install of this checkout.
+
+    python tests/install_check.py --venv .venv-wheel
+
+The venv is made once (dependencies from requirements-ci.txt and the wheel's own metadata); later runs
+reinstall only the wheel. Every command runs in an empty temporary folder with a cache of its own, and
+must leave that folder and the installed package as they were. Prints one line per check and a closing
+``install: N passed, M failed``; exits 1 if any failed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+COMMANDS = [  # what a new user runs first; each as --json - and compared with the editable install's answer
+    ["topo", "list"],
+    ["topo", "show", "8x8-ib100"],
+    ["device", "list"],
+    ["device", "show", "h100"],
+    ["device", "predict", "--model", "resnet50", "--gpu", "a100", "--batch", "64"],
+    ["trace", "info"],
+    ["run"],
+    ["run", "--params", "1B", "-c", "dense,topk,arctopk", "--policy", "none"],
+]
+VOLATILE = {"timings_s"}  # wall-clock of this machine, not part of the answer
+
+
+def sh(*cmd: str | Path, cwd: Path | None = None, env: dict[str, str] | None = None) -> str:
+    r = subprocess.run([str(c) for c in cmd], cwd=cwd, env=env, capture_output=True, text=True)
+    if r.returncode != 0:
+        raise SystemExit(f"install check: {' '.join(map(str, cmd))} failed ({r.returncode}):\n{r.stderr[-3000:]}")
+    return r.stdout
+
+
+def build_wheel(out: Path) -> Path:
+    sh(sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", out, ROOT)
+    (wheel,) = out.glob("arcsim-*.whl")
+    return wheel
+
+
+def install(venv: Path, wheel: Path) -> Path:
+    python = venv / "bin" / "python"
+    if not python.exists():
+        print(f"install check: creating {venv} (once: the dependencies take a minute or two)", flush=True)
+        sh(sys.executable, "-m", "venv", venv)
+    sh(python, "-m", "pip", "install", "-q", "--no-compile", "-r", ROOT / "requirements-ci.txt", wheel)
+    sh(python, "-m", "pip", "install", "-q", "--no-deps", "--force-reinstall", wheel)
+    sh(python, "-m", "pip", "check")
+    return venv / "bin" / "arcsim"
+
+
+def package_dir(python: Path, cwd: Path) -> Path:
+    return Path(sh(python, "-c", "import arcsim, pathlib; print(pathlib.Path(arcsim.__file__).parent)", cwd=cwd)
+                .strip())
+
+
+def tree_digest(directory: Path) -> str:
+    h = hashlib.sha256()
+    for path in sorted(p for p in directory.rglob("*") if "__pycache__" not in p.parts):
+        h.update(str(path.relative_to(directory)).encode())
+        if path.is_file():
+            h.update(path.read_bytes())
+    return h.hexdigest()
+
+
+def answer(arcsim: Path, args: list[str], data_dir: Path) -> object:
+    """The command's JSON with machine-specific parts replaced: where the package and the cache are."""
+    with tempfile.TemporaryDirectory() as cwd, tempfile.TemporaryDirectory() as cache:
+        env = {**os.environ, "ARCSIM_CACHE_DIR": cache, "COLUMNS": "100"}
+        env.pop("ARCSIM_TRACE_DIR", None)
+        env.pop("ARCSIM_TOPOLOGY_PATH", None)
+        text = sh(arcsim, "-q", *args, "--json", "-", cwd=Path(cwd), env=env)
+        if any(Path(cwd).iterdir()):
+            raise SystemExit(f"install check: arcsim {' '.join(args)} wrote into the working directory: "
+                             f"{sorted(p.name for p in Path(cwd).iterdir())}")
+        text = text.replace(str(data_dir), "<arcsim-data>").replace(cache, "<cache>")
+    obj = json.loads(text)
+    if isinstance(obj, dict):
+        obj = {k: v for k, v in obj.items() if k not in VOLATILE}
+    return obj
+
+
+def first_difference(a: object, b: object, where: str = "") -> str | None:
+    if isinstance(a, dict) and isinstance(b, dict):
+        for key in sorted(set(a) | set(b)):
+            found = first_difference(a.get(key), b.get(key), f"{where}.{key}")
+            if found:
+                return found
+        return None
+    if isinstance(a, list) and isinstance(b, list) and len(a) == len(b):
+        for i, (x, y) in enumerate(zip(a, b, strict=True)):
+            found = first_difference(x, y, f"{where}[{i}]")
+            if found:
+                return found
+        return None
+    return None if a == b else f"{where or 'top'}: {str(a)[:120]} != {str(b)[:120]}"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--venv", type=Path, required=True, help="the venv to install the wheel into (kept)")
+    ap.add_argument("--editable", type=Path, default=Path(sys.executable).parent / "arcsim",
+                    help="the editable install's arcsim entry point (default: beside this Python)")
+    args = ap.parse_args()
+    venv = args.venv.resolve()
+    with tempfile.TemporaryDirectory() as out:
+        wheel = build_wheel(Path(out))
+        installed = install(venv, wheel)
+    with tempfile.TemporaryDirectory() as cwd:
+        wheel_pkg = package_dir(venv / "bin" / "python", Path(cwd))
+        editable_pkg = package_dir(Path(sys.executable), Path(cwd))
+    if venv not in wheel_pkg.parents:
+        raise SystemExit(f"install check: the wheel's venv imports arcsim from {wheel_pkg}, not from its own install")
+    before = tree_digest(wheel_pkg)
+    passed = failed = 0
+    pool = ThreadPoolExecutor(2)  # the two installs side by side
+    for command in COMMANDS:
+        label = "arcsim " + " ".join(command)
+        editable = pool.submit(answer, args.editable, command, editable_pkg / "data")
+        from_wheel = pool.submit(answer, installed, command, wheel_pkg / "data")
+        difference = first_difference(editable.result(), from_wheel.result())
+        if difference is None:
+            passed += 1
+            print(f"install: {label}: same answer from the wheel", flush=True)
+        else:
+            failed += 1
+            print(f"install: {label}: the wheel answers differently at {difference}", flush=True)
+    if tree_digest(wheel_pkg) != before:
+        failed += 1
+        print("install: the installed package was written to while running", flush=True)
+    else:
+        passed += 1
+    print(f"install: {passed} passed, {failed} failed")
+    sys.exit(1 if failed else 0)
+
+
+if __name__ == "__main__":
+    main()
