@@ -56,8 +56,9 @@ DENSITY_FREE = tuple(c.name for c in DESCRIPTORS if c.density_free)
 SCOPES = ("tensor", "bucket")
 MEMORIES = ("none", "ef14", "ef21", "ef21m")
 SYNTHETIC_KINDS = ("normal", "laplace", "t3", "correlated")
-MODELS = ("mlp", "mlp_wide", "cnn", "resnet18", "resnet50", "vit_b_16", "gpt2_small")
-DATASETS = ("digits", "mnist1d", "synthetic-images", "synthetic-tokens")
+MODELS = ("mlp", "mlp_wide", "cnn", "resnet18", "resnet50", "vit_b_16", "gpt2_small", "llama_60m", "llama_130m",
+          "llama_350m", "llama_1b")
+DATASETS = ("digits", "mnist1d", "synthetic-images", "synthetic-tokens", "python-text")
 POLICIES = ("auto", "none")
 FUSIONS = ("bucket", "model")  # DDP buckets, each compressed on its own; or the whole gradient as one vector
 # the ratio grid stops at 0.3: a sparsifier at density 1 sends every entry (with its index, for the top-k

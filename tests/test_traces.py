@@ -13,6 +13,7 @@ import torch
 from conftest import run_cli
 
 from arcsim.compressors.base import Layer
+from arcsim.errors import ArcsimError
 from arcsim.models import MODELS, count_params, loss_fn
 from arcsim.models.datasets import DataSpec, make_dataset
 from arcsim.traces.capture import CaptureConfig, capture
@@ -22,7 +23,8 @@ from arcsim.traces.resolve import DEFAULT_TRACE_NAME, resolve_trace, shipped_tra
 from arcsim.traces.stats import step_stats
 
 REFERENCE_SPECS = {"synthetic-images": DataSpec("image", (3, 224, 224), 1000),
-                   "synthetic-tokens": DataSpec("tokens", (128,), 50257)}
+                   "synthetic-tokens": DataSpec("tokens", (128,), 50257),
+                   "python-text": DataSpec("tokens", (256,), 32000)}
 
 
 @pytest.mark.parametrize("name", [n for n, e in MODELS.items() if e.reference_params])
@@ -48,17 +50,22 @@ def _capture(tmp_path: Path, **kw) -> Path:
     return capture(cfg)
 
 
-def test_capture_is_real_data_parallel_training(tmp_path):
-    """Recomputing by hand: every worker at the same parameters, disjoint shards, SGD on their mean."""
-    path = _capture(tmp_path, steps=2, every=2, warmup=1, lr=0.1)
+@pytest.mark.parametrize(("optimizer", "settings"), [
+    ("sgd", {}), ("adamw", {"optimizer": "adamw", "betas": (0.8, 0.95), "weight_decay": 0.01})])
+def test_capture_is_real_data_parallel_training(tmp_path, optimizer, settings):
+    """Recomputing by hand: every worker at the same parameters, disjoint shards, the optimizer on their mean."""
+    path = _capture(tmp_path, steps=2, every=2, warmup=1, lr=0.1, **settings)
     trace = open_trace(path)
     assert trace.recorded_steps == [1, 3]
+    assert trace.meta["optimizer"] == ("SGD lr 0.1 momentum 0.9 weight decay 0" if optimizer == "sgd" else
+                                       "AdamW lr 0.1 betas (0.8, 0.95) weight decay 0.01")
     entry = MODELS["mlp"]
     ds = make_dataset("mnist1d")
     torch.manual_seed(0)
     model = entry.build(ds.spec)
     params = dict(model.named_parameters())
-    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    opt = (torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9) if optimizer == "sgd" else
+           torch.optim.AdamW(model.parameters(), lr=0.1, betas=(0.8, 0.95), weight_decay=0.01))
     gen = torch.Generator().manual_seed(0)
     recorded = iter(trace.steps_iter())
     for t in range(4):
@@ -297,7 +304,7 @@ def test_negative_or_nonfinite_timings_are_refused_when_read(tmp_path):
 
 def test_a_trace_of_zero_gradients_is_one_error_line_not_error_zero(tmp_path):
     path = _write(tmp_path / "zero.npz", np.zeros((2, 2, 64), dtype=np.float32))
-    r = run_cli("run", "--trace", str(path), "-c", "topk", "--ratios", "0.1", cwd=str(tmp_path))
+    r = run_cli("run", "--trace", str(path), "-c", "topk", "--ratios", "0.1", "--gpu", "cpu", cwd=str(tmp_path))
     assert r.returncode == 2, r.stderr[-1500:]
     assert r.stderr.strip().splitlines()[-1].startswith("error: every gradient in trace zero.npz is zero")
 
@@ -315,3 +322,31 @@ def test_huge_finite_gradients_pass_the_screen_and_infinite_ones_do_not(tmp_path
         g[1, 2, 3] = bad
         with pytest.raises(Exception, match="worker 2 at recorded step 1"):
             list(open_trace(_write(tmp_path / f"bad{bad}.npz", g)).steps_iter())
+
+
+def test_bf16_capture_runs_forward_under_autocast_and_keeps_fp32_gradients(tmp_path):
+    path = _capture(tmp_path, steps=1, precision="bf16", optimizer="adamw")
+    trace = open_trace(path)
+    assert trace.meta["precision"] == "bf16" and trace.meta["optimizer"].startswith("AdamW")
+    ds = make_dataset("mnist1d")
+    torch.manual_seed(0)
+    model = MODELS["mlp"].build(ds.spec)
+    x, y = ds.draw(4 * 8, torch.Generator().manual_seed(0))
+    model.zero_grad()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        loss = loss_fn("vector", model(x.chunk(4)[0]), y.chunk(4)[0]).float()
+    loss.backward()
+    params = dict(model.named_parameters())
+    mine = torch.cat([params[la.name].grad.reshape(-1) for la in trace.layers])
+    (_, theirs), = trace.steps_iter()
+    torch.testing.assert_close(theirs[0], mine)
+    (tmp_path / "fp32").mkdir()
+    (_, plain), = open_trace(_capture(tmp_path / "fp32", steps=1, optimizer="adamw")).steps_iter()
+    assert not torch.equal(plain[0], theirs[0])  # autocast changed the arithmetic
+
+
+def test_optimizer_settings_of_the_other_optimizer_are_refused():
+    with pytest.raises(ArcsimError, match="--momentum is SGD's"):
+        CaptureConfig(model="llama_60m", momentum=0.5).check()
+    with pytest.raises(ArcsimError, match="--betas are AdamW's"):
+        CaptureConfig(model="mlp", betas=(0.9, 0.95)).check()

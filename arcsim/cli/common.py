@@ -186,6 +186,36 @@ class ListOf(click.ParamType):
         return tuple(out)
 
 
+def optimizer_options(command: Callable) -> Callable:
+    """--optimizer, --lr, --momentum, --betas and --weight-decay: how the training between recorded steps runs."""
+    for option in reversed((
+        click.option("--optimizer", type=click.Choice(["sgd", "adamw"]), default=None,
+                     help="sgd (with momentum) or adamw (default: the model's; LLaMAs train with AdamW)."),
+        click.option("--lr", type=Number(above=0), default=None, help="Learning rate (default: the model's)."),
+        click.option("--momentum", type=Number(minimum=0, maximum=1), default=None, help="SGD momentum (0.9)."),
+        click.option("--betas", type=ListOf(Number(minimum=0, maximum=1), length=2, example="0.9,0.95"),
+                     default=None, help="AdamW betas (0.9,0.999)."),
+        click.option("--weight-decay", type=Number(minimum=0), default=None, help="Weight decay (0)."),
+    )):
+        command = option(command)
+    return command
+
+
+def model_arg_options(command: Callable) -> Callable:
+    """--model-arg and --data: the factory's arguments and the user's batches, for a model of their own."""
+    command = click.option("--data", default=None, metavar="FILE.py:NAME",
+                           help="Your batches instead of a built-in dataset: batches(batch_size, seed) yielding "
+                                "dicts (model(**b)), tuples (model(*b)) or tensors; the forward returns the "
+                                "loss.")(command)
+    return click.option("--model-arg", "model_args", multiple=True, metavar="KEY=VALUE",
+                        help="An argument for your model's factory (repeat for several).")(command)
+
+
+def optimizer_settings(given: dict[str, Any]) -> dict[str, Any]:
+    """The optimizer options that were given, as TrainingConfig fields (the defaults stay its own)."""
+    return {k: v for k, v in given.items() if v is not None}
+
+
 DENSITY = Number(above=0, maximum=1)  # k/d: a fraction of the gradient's elements
 INPUT_SIZE = Count(maximum=4096, why_max=" (an image side or a sequence length; larger ones do not fit in memory here)")
 

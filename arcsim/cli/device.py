@@ -7,13 +7,16 @@ from rich.table import Table
 
 from arcsim.catalog import MODELS
 from arcsim.cli.common import (
+    INPUT_SIZE,
     Count,
     console,
     json_option,
+    model_arg_options,
     tables_wanted,
     write_json,
 )
 from arcsim.devices.catalog import PRECISIONS, device, devices
+from arcsim.errors import ArcsimError
 from arcsim.units import format_duration
 
 
@@ -59,23 +62,33 @@ def device_show(name: str, json_out: str | None) -> None:
 
 
 @device_group.command("predict")
-@click.option("--model", required=True, help=f"One of: {', '.join(MODELS)}.")
+@click.option("--model", required=True,
+              help=f"One of the zoo ({', '.join(MODELS)}), or your own: path/to/file.py:build or package.module:build.")
+@model_arg_options
+@click.option("--dataset", default=None, help="The built-in dataset its forward takes (default: the model's own).")
+@click.option("--input-size", type=INPUT_SIZE, default=None, help="Image side or sequence length.")
 @click.option("--gpu", required=True, help="A catalogue device (arcsim device list).")
 @click.option("--batch", "-b", default=32, show_default=True, type=Count(), help="Batch per GPU.")
 @click.option("--precision", type=click.Choice(PRECISIONS), default="fp32", show_default=True,
               help="fp32 (TF32 convolutions, as PyTorch's defaults) or bf16 autocast.")
 @click.option("--modelled", is_flag=True, help="Use the model even where a measured profile matches.")
 @json_option
-def device_predict(model: str, gpu: str, batch: int, precision: str, modelled: bool, json_out: str | None) -> None:
+def device_predict(model: str, model_args: tuple[str, ...], data: str | None, dataset: str | None,
+                   input_size: int | None, gpu: str, batch: int, precision: str, modelled: bool,
+                   json_out: str | None) -> None:
     """Forward, backward and per-parameter gradient-ready times of one training step on one GPU."""
     from arcsim.devices.predict import predict_compute
+    from arcsim.models.source import model_source
 
-    pred = predict_compute(model, gpu, batch, precision, modelled)
+    if data is not None and (dataset or input_size):
+        raise ArcsimError("--data gives the batches: drop --dataset and --input-size")
+    pred = predict_compute(model_source(model, model_args), gpu, batch, precision, modelled, dataset, data,
+                           input_size)
     write_json(pred.to_dict(), json_out)
     if not tables_wanted(json_out):
         return
     p = pred.profile
-    console.print(f"[bold]{model}[/], batch {batch} per GPU, {precision}, on {pred.device.full_name}: "
-                  f"forward {format_duration(p.forward_s)}, backward {format_duration(p.backward_s)}, "
-                  f"{len(p.layers)} parameter tensors")
+    console.print(f"[bold]{p.model}[/] ({sum(la.numel for la in p.layers):,} parameters), batch {batch} per GPU, "
+                  f"{precision}, on {pred.device.full_name}: forward {format_duration(p.forward_s)}, backward "
+                  f"{format_duration(p.backward_s)}, {len(p.layers)} parameter tensors")
     console.print(f"  source: {pred.source} — {pred.detail}")

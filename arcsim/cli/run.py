@@ -18,6 +18,7 @@ from arcsim.cli.common import (
     console,
     json_option,
     library_option,
+    model_arg_options,
     note,
     progress_bar,
     scope_option,
@@ -49,7 +50,9 @@ if TYPE_CHECKING:  # torch stays unimported until a command needs it
 @click.option("--live", is_flag=True,
               help="Instead of a trace: train --model data-parallel here and feed each step's gradients straight "
                    "to the compressors (no file; memory does not grow with --steps).")
-@click.option("--model", default=None, help="With --live: a model of the zoo (arcsim trace capture --help lists them).")
+@click.option("--model", default=None, help="With --live: a model of the zoo (arcsim trace capture --help lists them), "
+                                            "or your own: path/to/file.py:build or package.module:build.")
+@model_arg_options
 @click.option("--dataset", default=None, help="With --live: its dataset (default: the model's own).")
 @click.option("--workers", "-w", type=Count(minimum=2, maximum=1024),
               default=LIVE_DEFAULTS["workers"], show_default=True,
@@ -104,7 +107,8 @@ if TYPE_CHECKING:  # torch stays unimported until a command needs it
 @click.option("--plot", "plot_dir", type=OutputPath(directory=True), default=None, help="Write PNG charts here.")
 @scope_option
 def run(topology: str, trace: str | None, no_capture: bool, params: str | None, layers: int | None,
-        live: bool, model: str | None, dataset: str | None, workers: int, steps: int, live_device: str,
+        live: bool, model: str | None, model_args: tuple[str, ...], data: str | None, dataset: str | None,
+        workers: int, steps: int, live_device: str,
         compressors: str, density: float, memory: str | None,
         engine: str, library: str | None, bandwidth: str | None, latency: str | None, bucket_mb: float,
         fusion: str, policy: str, slack: float, ratios: tuple[float, ...], weights: tuple[float, float] | None,
@@ -116,7 +120,7 @@ def run(topology: str, trace: str | None, no_capture: bool, params: str | None, 
     from arcsim.run import report
     from arcsim.run.analysis import Analysis, RunConfig
 
-    training = live_training(live, model, dataset, workers, steps, live_device, batch, seed)
+    training = live_training(live, model, dataset, workers, steps, live_device, batch, seed, model_args, data)
     cfg = RunConfig(topology=topology, trace=trace, compressors=tuple(c.strip() for c in compressors.split(",")
                                                                        if c.strip()),
                     density=density, memory=memory, engine=engine, bucket_mb=bucket_mb, policy=policy,
@@ -195,13 +199,15 @@ def run(topology: str, trace: str | None, no_capture: bool, params: str | None, 
 
 
 def live_training(live: bool, model: str | None, dataset: str | None, workers: int, steps: int, live_device: str,
-                  batch: int | None, seed: int) -> TrainingConfig | None:
+                  batch: int | None, seed: int, model_args: tuple[str, ...] = (),
+                  data: str | None = None) -> TrainingConfig | None:
     """The live training --live asks for (None without it); --model, --dataset, --workers, --steps and --device
     go with --live only."""
     if not live:
         source = click.get_current_context().get_parameter_source
-        given = [flag for flag, name in (("--model", "model"), ("--dataset", "dataset"), ("--workers", "workers"),
-                                         ("--steps", "steps"), ("--device", "live_device"))
+        given = [flag for flag, name in (("--model", "model"), ("--model-arg", "model_args"), ("--data", "data"),
+                                         ("--dataset", "dataset"), ("--workers", "workers"), ("--steps", "steps"),
+                                         ("--device", "live_device"))
                  if source(name) not in (None, click.core.ParameterSource.DEFAULT)]
         if given:
             raise ArcsimError(f"{', '.join(given)} choose{'s' if len(given) == 1 else ''} what --live trains: add "
@@ -211,4 +217,4 @@ def live_training(live: bool, model: str | None, dataset: str | None, workers: i
 
     if not model:
         raise ArcsimError("--live needs --model, e.g. --live --model resnet18 (arcsim trace capture --help lists them)")
-    return live_config(model, workers, steps, live_device, seed, dataset, batch)
+    return live_config(model, workers, steps, live_device, seed, dataset, batch, model_args, data)

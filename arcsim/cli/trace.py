@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import click
 from rich.table import Table
@@ -12,11 +13,13 @@ from arcsim.catalog import DATASETS, MODELS
 from arcsim.cli.common import (
     INPUT_SIZE,
     Count,
-    Number,
     OutputPath,
     console,
     json_option,
+    model_arg_options,
     note,
+    optimizer_options,
+    optimizer_settings,
     step_progress,
     tables_wanted,
     write_json,
@@ -25,7 +28,8 @@ from arcsim.errors import ArcsimError
 from arcsim.files import write_atomic
 from arcsim.units import format_duration, format_size
 
-MODEL_HELP = f"One of: {', '.join(MODELS)}."
+MODEL_HELP = (f"One of the zoo ({', '.join(MODELS)}), or your own: path/to/file.py:build or package.module:build, "
+              "a callable returning an nn.Module.")
 DATASET_HELP = f"One of: {', '.join(DATASETS)} (default: the model's own)."
 
 
@@ -36,6 +40,7 @@ def trace() -> None:
 
 @trace.command("capture")
 @click.option("--model", required=True, help=MODEL_HELP)
+@model_arg_options
 @click.option("--dataset", default=None, help=DATASET_HELP)
 @click.option("--workers", "-w", default="8", show_default=True, type=Count(minimum=2, maximum=1024),
               help="Data-parallel workers W.")
@@ -47,19 +52,21 @@ def trace() -> None:
 @click.option("--device", default="cpu", show_default=True, help="cpu or cuda.")
 @click.option("--dtype", type=click.Choice(["fp16", "fp32"]), default="fp16", show_default=True)
 @click.option("--seed", default=0, show_default=True, type=Count(minimum=0))
-@click.option("--lr", type=Number(above=0), default=None, help="SGD learning rate (default: the model's).")
-@click.option("--input-size", type=INPUT_SIZE, default=None, help="Image side or sequence length (synthetic data).")
+@optimizer_options
+@click.option("--precision", type=click.Choice(["fp32", "bf16"]), default="fp32", show_default=True,
+              help="Training as it is trained: bf16 runs forward and loss under autocast (gradients stay fp32).")
+@click.option("--input-size", type=INPUT_SIZE, default=None, help="Image side or sequence length.")
 @click.option("--out", "-o", required=True, type=OutputPath(), help="Trace file to write (.npz).")
-def trace_capture(model: str, dataset: str | None, workers: int, steps: int, every: int, warmup: int,
-                  batch: int | None, device: str, dtype: str, seed: int, lr: float | None, input_size: int | None,
-                  out: str) -> None:
+def trace_capture(model: str, model_args: tuple[str, ...], data: str | None, dataset: str | None, workers: int,
+                  steps: int, every: int, warmup: int, batch: int | None, device: str, dtype: str, seed: int,
+                  input_size: int | None, precision: str, out: str, **optimizer: Any) -> None:
     """Capture per-worker gradients and compute timings from live data-parallel training."""
     from arcsim.traces.capture import CaptureConfig, capture
     from arcsim.traces.format import open_trace
 
     cfg = CaptureConfig(model=model, out=Path(out), dataset=dataset, workers=workers, steps=steps, every=every,
-                        warmup=warmup, batch=batch, device=device, dtype=dtype, seed=seed, lr=lr,
-                        input_size=input_size)
+                        warmup=warmup, batch=batch, device=device, dtype=dtype, seed=seed, input_size=input_size,
+                        precision=precision, model_args=model_args, data=data, **optimizer_settings(optimizer))
     with step_progress(f"capture {model}", unit="train step") as progress:
         path = capture(cfg, progress)
     t = open_trace(path)
@@ -69,6 +76,7 @@ def trace_capture(model: str, dataset: str | None, workers: int, steps: int, eve
 
 @trace.command("profile")
 @click.option("--model", required=True, help=MODEL_HELP)
+@model_arg_options
 @click.option("--dataset", default=None, help=DATASET_HELP)
 @click.option("--batch", "-b", required=True, type=Count(), help="Batch per worker.")
 @click.option("--device", default="cpu", show_default=True, help="cpu or cuda.")
@@ -77,9 +85,10 @@ def trace_capture(model: str, dataset: str | None, workers: int, steps: int, eve
 @click.option("--bf16", is_flag=True, help="bf16 autocast instead of fp32.")
 @click.option("--input-size", type=INPUT_SIZE, default=None, help="Image side or sequence length.")
 @click.option("--out", "-o", required=True, type=OutputPath(), help="Profile to write (.json).")
-def trace_profile(model: str, dataset: str | None, batch: int, device: str, repeats: int, warmup: int, bf16: bool,
-                  input_size: int | None, out: str) -> None:
+def trace_profile(model: str, model_args: tuple[str, ...], data: str | None, dataset: str | None, batch: int,
+                  device: str, repeats: int, warmup: int, bf16: bool, input_size: int | None, out: str) -> None:
     """Measure forward and per-layer backward timings on a device, without storing gradients."""
+    from arcsim.models.source import model_source
     from arcsim.traces.profile import measure_profile
 
     if not out.endswith(".json"):
@@ -91,7 +100,8 @@ def trace_profile(model: str, dataset: str | None, batch: int, device: str, repe
             done[0] += 1
             progress(done[0], warmup + repeats)
 
-        prof = measure_profile(model, batch, device, dataset, input_size, repeats, warmup, bf16, tick)
+        prof = measure_profile(model_source(model, model_args), batch, device, dataset, input_size, repeats, warmup,
+                               bf16, tick, data)
     path = Path(out)
     write_atomic(path, json.dumps(prof.to_json(), indent=1) + "\n")
     note(f"wrote {path}: {model} batch {batch} on {prof.device_name}: forward {format_duration(prof.forward_s)}, "
@@ -127,6 +137,7 @@ def _render_info(info: dict) -> None:
         data += "  [bold yellow](SYNTHETIC data: gradient statistics are not those of real training)[/]"
     rows = [("model", f"{meta['model']} ({meta['params']:,} parameters)"), ("data", data),
             ("workers × batch", f"{meta['workers']} × {meta['batch_per_worker']}"),
+            ("training", f"{meta.get('optimizer', '?')}, {meta.get('precision', 'fp32')}"),
             ("recorded steps", f"{meta['steps']} at training steps {meta['recorded_steps']}"),
             ("gradients", f"{meta['dtype']} [{meta['steps']}, {meta['workers']}, {info['layers']['elements']:,}]"),
             ("captured on", f"{meta['device']} ({meta.get('device_name', '?')}), torch {meta['torch_version']}, "

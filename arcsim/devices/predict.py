@@ -11,6 +11,7 @@ from arcsim.devices.compute import find_measured, load_fit, modelled_profile
 from arcsim.devices.workload import count_workload
 from arcsim.errors import ArcsimError
 from arcsim.files import writable_cache_dir
+from arcsim.models.source import ModelSource
 from arcsim.traces.profile import ComputeProfile, load_profile
 
 DEFAULT_GPU_BATCH = 32  # per GPU, when a run on a GPU names none (--batch)
@@ -29,14 +30,12 @@ class ComputePrediction:
         p = self.profile
         return {"model": p.model, "gpu": self.device.name, "batch": p.batch, "precision": self.precision,
                 "source": self.source, "detail": self.detail, "expected_error": self.expected_error,
-                "forward_s": p.forward_s, "backward_s": p.backward_s,
+                "params": sum(x.numel for x in p.layers), "forward_s": p.forward_s, "backward_s": p.backward_s,
                 "layers": [{"name": x.name, "numel": x.numel, "ready_s": x.ready_s} for x in p.layers]}
 
 
-def check_request(model: str, gpu: str, batch: int, precision: str) -> Device:
+def check_request(model: str | ModelSource, gpu: str, batch: int, precision: str) -> Device:
     """The device, after checking the request: one error line for each kind of mistake."""
-    from arcsim.models import model_entry
-
     writable_cache_dir()  # the model's workload is kept there
     dev = device(gpu)
     if not dev.modelled:
@@ -45,7 +44,7 @@ def check_request(model: str, gpu: str, batch: int, precision: str) -> Device:
     dev.check_precision(precision)
     if batch < 1:
         raise ArcsimError(f"--batch is per GPU and at least 1, got {batch}")
-    model_entry(model)
+    (model if isinstance(model, ModelSource) else ModelSource(model)).check()
     return dev
 
 
@@ -68,24 +67,26 @@ def expected_error(model: str, dev: Device) -> tuple[float, str]:
     return error, what
 
 
-def predict_compute(model: str, gpu: str, batch: int, precision: str = "fp32", modelled: bool = False,
-                    dataset: str | None = None) -> ComputePrediction:
-    """``dataset`` (default: the model's own) sets the input shape, and a measured profile must share it."""
-    from arcsim.models import model_entry
-
-    dev = check_request(model, gpu, batch, precision)
-    dataset = dataset or model_entry(model).default_dataset
-    measured = None if modelled else find_measured(model, dev.name, batch, precision)
+def predict_compute(model: str | ModelSource, gpu: str, batch: int, precision: str = "fp32", modelled: bool = False,
+                    dataset: str | None = None, data: str | None = None,
+                    input_size: int | None = None) -> ComputePrediction:
+    """``model``: a zoo name or any model source; ``dataset`` (default: the model's own) sets the input shape,
+    and a measured profile must share it; ``data``: the user's batches instead."""
+    source = model if isinstance(model, ModelSource) else ModelSource(model)
+    dev = check_request(source, gpu, batch, precision)
+    dataset = None if data else dataset or source.default_dataset
+    measured = (None if modelled or source.entry is None or input_size is not None else
+                find_measured(source.ref, dev.name, batch, precision))
     if measured is not None and measured.dataset not in (None, dataset):
         measured = None
     if measured is not None:
         return ComputePrediction(load_profile(measured.path), dev, precision, "measured",
                                  f"shipped profile {measured.path.name}", None)
-    eff, data = load_fit()
-    profile = modelled_profile(count_workload(model, batch, dataset), dev, precision, eff)
-    error, what = expected_error(model, dev)
+    eff, fit = load_fit()
+    profile = modelled_profile(count_workload(source, batch, dataset, input_size, data), dev, precision, eff)
+    error, what = expected_error(source.ref if source.entry else "", dev)
     return ComputePrediction(profile, dev, precision, "modelled",
-                             f"roofline fitted on {len(data['fitted_on'])} {data['device']} profiles; expected "
+                             f"roofline fitted on {len(fit['fitted_on'])} {fit['device']} profiles; expected "
                              f"error ±{error:.0%} ({what})", error)
 
 

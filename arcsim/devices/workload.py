@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import lru_cache
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -25,6 +25,9 @@ from torch.utils._pytree import tree_flatten
 from torch.utils.flop_counter import flop_registry
 
 from arcsim.models.datasets import DataSpec
+
+if TYPE_CHECKING:
+    from arcsim.models.source import ModelSource
 
 OP_CLASSES = ("conv", "matmul", "attention", "memory")
 _MATMUL = {"mm", "addmm", "bmm", "baddbmm", "matmul", "linear", "_addmm_activation"}
@@ -163,27 +166,36 @@ def _fused_attention(recorder: _Recorder) -> Iterator[None]:
 WORKLOAD_VERSION = 1  # bump when counting changes: workloads kept on disk by an older count are not read
 
 
-def count_workload(model_name: str, batch: int, dataset: str | None = None,
-                   input_size: int | None = None) -> Workload:
-    """Count one fp32 training step of ``model_name`` at ``batch`` per GPU (meta tensors: nothing is computed);
-    counted once for each (model, batch, input) — the dataset named or defaulted alike — and kept in memory
-    and on disk (arcsim.files): counting imports torch._dynamo for meta convolutions, 1.2 s a run."""
-    from arcsim.models import model_entry
+def count_workload(model: str | ModelSource, batch: int, dataset: str | None = None,
+                   input_size: int | None = None, data: str | None = None) -> Workload:
+    """Count one fp32 training step of ``model`` (a zoo name or any model source) at ``batch`` per GPU on meta
+    tensors (nothing is computed), fed by a built-in dataset (the named or the model's own) or one batch of
+    the user's ``data``; counted once for each (model, batch, input) and kept in memory and on disk
+    (arcsim.files): counting imports torch._dynamo for meta convolutions, 1.2 s a run."""
     from arcsim.models.datasets import data_spec
+    from arcsim.models.source import ModelError, ModelSource
 
-    return _workload(model_name, batch, data_spec(dataset or model_entry(model_name).default_dataset, input_size))
+    source = model if isinstance(model, ModelSource) else ModelSource(model)
+    source.check()
+    if data is not None:
+        return _workload(source, batch, None, data)
+    dataset = dataset or source.default_dataset
+    if dataset is None:
+        raise ModelError(f"{source.label}: name the dataset its forward takes to count its compute")
+    return _workload(source, batch, data_spec(dataset, input_size), None)
 
 
 @lru_cache(maxsize=64)
-def _workload(model_name: str, batch: int, spec: DataSpec) -> Workload:
+def _workload(source: ModelSource, batch: int, spec: DataSpec | None, data: str | None) -> Workload:
     from arcsim.files import cache_key, cache_read, cache_write
 
-    name = "workload-" + cache_key({"v": WORKLOAD_VERSION, "torch": torch.__version__, "model": model_name,
-                                    "batch": batch, "spec": dataclasses.asdict(spec)})
+    name = "workload-" + cache_key({"v": WORKLOAD_VERSION, "torch": torch.__version__,
+                                    "model": source.ref if source.entry else source.identity(), "batch": batch,
+                                    "spec": dataclasses.asdict(spec) if spec else data})
     kept = cache_read(name)
     if kept is not None:
         return _workload_from(kept)
-    work = _count(model_name, batch, spec)
+    work = _count(source, batch, spec, data)
     cache_write(name, _workload_to(work))
     return work
 
@@ -201,17 +213,22 @@ def _workload_from(raw: dict[str, Any]) -> Workload:
                     raw["ready_after"], raw["numel"], raw["order"])
 
 
-def _count(model_name: str, batch: int, spec: DataSpec) -> Workload:
-    from arcsim.models import loss_fn, model_entry
+def _count(source: ModelSource, batch: int, spec: DataSpec | None, data: str | None) -> Workload:
+    from arcsim.models.source import UserBatches, to_device
 
-    entry = model_entry(model_name)
     torch.manual_seed(0)
     with torch.device("meta"):
-        model = entry.build(spec).train()
-        shape = (batch, *spec.shape)
-        x = torch.randint(spec.classes, shape) if spec.kind == "tokens" else torch.randn(shape)
-        y = torch.randint(spec.classes, shape if spec.kind == "tokens" else (batch,))
-    work = Workload(model_name, batch, tuple(spec.shape))
+        model = source.build(spec).train()
+    if spec is not None:
+        with torch.device("meta"):
+            shape = (batch, *spec.shape)
+            x = torch.randint(spec.classes, shape) if spec.kind == "tokens" else torch.randn(shape)
+            y = torch.randint(spec.classes, shape if spec.kind == "tokens" else (batch,))
+        example: Any = (x, y)
+    else:
+        assert data is not None
+        example = to_device(UserBatches(data, batch, 0).next(), torch.device("meta"))
+    work = Workload(source.label, batch, tuple(spec.shape) if spec else ())
     params = dict(model.named_parameters())
     work.numel = {n: p.numel() for n, p in params.items()}
     recorder = _Recorder()
@@ -222,8 +239,8 @@ def _count(model_name: str, batch: int, spec: DataSpec) -> Workload:
 
     handles = [p.register_post_accumulate_grad_hook(lambda _p, n=n: ready(n)) for n, p in params.items()]
     try:
-        with recorder, _fused_attention(recorder):
-            loss = loss_fn(spec.kind, model(x), y)
+        with recorder, _fused_attention(recorder), torch.device("meta"):  # tensors made in forward: meta too
+            loss = source.loss(model, example, spec)
             work.forward = list(recorder.ops)
             recorder.ops.clear()
             loss.backward()

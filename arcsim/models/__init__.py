@@ -16,9 +16,14 @@ from torch import nn
 
 from arcsim.models.datasets import DatasetError, DataSpec
 from arcsim.models.gpt import GPT
+from arcsim.models.llama import LLAMA_SHAPES, llama
 from arcsim.models.resnet import resnet18, resnet50
 from arcsim.models.small import MLP, SmallCNN
 from arcsim.models.vit import vit_b_16
+
+
+def _llama_builder(name: str) -> Callable[[DataSpec], nn.Module]:
+    return lambda spec: llama(name, spec.classes)
 
 
 @dataclass(frozen=True)
@@ -26,11 +31,12 @@ class ModelEntry:
     name: str
     kinds: tuple[str, ...]              # DataSpec kinds the model accepts
     default_dataset: str
-    lr: float                           # SGD (momentum 0.9) learning rate used between recorded steps
+    lr: float                           # learning rate of its optimizer between recorded steps
     default_batch: int                  # per worker
     reference_params: int | None
     build_fn: Callable[[DataSpec], nn.Module]
     description: str
+    optimizer: str = "sgd"              # what it trains with by default: sgd (momentum 0.9) or adamw
 
     def build(self, spec: DataSpec) -> nn.Module:
         if spec.kind not in self.kinds:
@@ -58,6 +64,11 @@ MODELS: dict[str, ModelEntry] = {e.name: e for e in (
                lambda s: vit_b_16(s.shape[1], s.shape[0], s.classes), "ViT-B/16 (torchvision layout)"),
     ModelEntry("gpt2_small", ("tokens",), "synthetic-tokens", 0.01, 2, 124_439_808,
                lambda s: GPT(s.classes), "GPT-2-small-shaped decoder, tied embeddings"),
+    *(ModelEntry(name, ("tokens",), "python-text", 1e-3, 2, reference, _llama_builder(name),
+                 f"LLaMA {name.removeprefix('llama_').upper()} (GaLore's C4 configuration: {shape.layers} layers × "
+                 f"{shape.hidden}, untied embeddings), AdamW", "adamw")
+      for (name, shape), reference in zip(LLAMA_SHAPES.items(), (58_073_600, 134_105_856, 367_969_280,
+                                                                  1_339_082_752), strict=True)),
 )}
 
 

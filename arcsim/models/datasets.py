@@ -1,4 +1,5 @@
-"""Datasets that need no download: real small ones (digits, MNIST-1D) and seeded synthetic ones.
+"""Datasets that need no download: real small ones (digits, MNIST-1D, the standard library's text) and seeded
+synthetic ones.
 
 Every dataset draws a global batch with a torch.Generator; data-parallel callers split it into
 disjoint per-worker shards. Synthetic sets carry a learnable signal (class templates, a Markov chain
@@ -167,8 +168,10 @@ class SyntheticTokens(Dataset):
         return seq[:, :-1], seq[:, 1:]
 
 
-DATASETS: dict[str, type[Digits] | type[MNIST1D] | type[SyntheticImages] | type[SyntheticTokens]] = {
-    cls.name: cls for cls in (Digits, MNIST1D, SyntheticImages, SyntheticTokens)}
+from arcsim.models.text import PythonText  # noqa: E402  (it builds on Dataset above)
+
+DATASETS: dict[str, type[Digits] | type[MNIST1D] | type[SyntheticImages] | type[SyntheticTokens] | type[PythonText]] = {
+    cls.name: cls for cls in (Digits, MNIST1D, SyntheticImages, SyntheticTokens, PythonText)}
 
 
 def make_dataset(name: str, size: int | None = None) -> Dataset:

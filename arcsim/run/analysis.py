@@ -19,7 +19,6 @@ from arcsim.catalog import (
     DEFAULT_RATIOS,
     FUSIONS,
     INFO,
-    MODELS,
     POLICIES,
     check_compression,
     check_options,
@@ -31,6 +30,7 @@ from arcsim.devices.kernels import kernel_source
 from arcsim.devices.predict import DEFAULT_GPU_BATCH, ComputePrediction
 from arcsim.errors import ArcsimError
 from arcsim.files import cache_dir, generated_traces_dir, writable_cache_dir
+from arcsim.models.source import input_of_trace, source_of_trace
 from arcsim.netsim import ENGINES
 from arcsim.pricing import Pricer
 from arcsim.run import cache, decisions
@@ -293,13 +293,16 @@ class Analysis:
             return device_of_profile(load_profile(self.cfg.compute_profile), self.cfg.compute_profile), None
         if name is None or not device(name).modelled:
             return None, None
-        if self.trace.meta["model"] not in MODELS:
-            model = self.trace.meta["model"]
-            self.notes_before.append(f"the trace's model {model!r} is not in the zoo, so its compute on {name} "
-                                     "cannot be modelled: compute and compression as measured here")
-            return None, None
-        return device(name), predict_compute(self.trace.meta["model"], name, self.cfg.batch or DEFAULT_GPU_BATCH,
-                                             self.cfg.precision)
+        meta = self.trace.meta
+        source = source_of_trace(meta)
+        if source is None:
+            raise RunError(f"the trace's model {meta['model']!r} cannot be rebuilt here (it is not in the zoo and "
+                           f"the trace does not say how to build it), so its compute on {name} cannot be modelled: "
+                           "give --compute-profile (arcsim trace profile on that GPU), or --gpu cpu for the "
+                           "capture's own timings")
+        dataset, size, data = input_of_trace(meta)
+        return device(name), predict_compute(source, name, self.cfg.batch or DEFAULT_GPU_BATCH, self.cfg.precision,
+                                             dataset=dataset, input_size=size, data=data)
 
     def steps(self) -> Iterator[tuple[int, torch.Tensor]]:
         """The trace's steps: held in memory as stored when they fit CACHE_BYTES (a half-precision trace is

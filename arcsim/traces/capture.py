@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from arcsim.errors import ArcsimError
-from arcsim.models import model_entry
+from arcsim.models.source import absolute_ref
 from arcsim.traces.format import DTYPES, SCHEMA_VERSION, TraceWriter
 from arcsim.traces.profile import device_name
 from arcsim.traces.training import DataParallelSteps, TrainingConfig
@@ -28,15 +28,29 @@ class CaptureConfig(TrainingConfig):
     def command(self) -> str:
         """The `arcsim trace capture` command line that reproduces this capture."""
         parts = ["arcsim", "trace", "capture", "--model", self.model]
+        for key, value in self.source.args:
+            parts += ["--model-arg", f"{key}={value}"]
         if self.dataset:
             parts += ["--dataset", self.dataset]
+        if self.data:
+            parts += ["--data", self.data]
         parts += ["--workers", str(self.workers), "--steps", str(self.steps), "--every", str(self.every),
                   "--warmup", str(self.warmup)]
         if self.batch:
             parts += ["--batch", str(self.batch)]
         parts += ["--device", self.device, "--dtype", self.dtype, "--seed", str(self.seed)]
+        if self.optimizer is not None:
+            parts += ["--optimizer", self.optimizer]
         if self.lr is not None:
             parts += ["--lr", repr(self.lr)]
+        if self.momentum is not None:
+            parts += ["--momentum", repr(self.momentum)]
+        if self.betas is not None:
+            parts += ["--betas", f"{self.betas[0]!r},{self.betas[1]!r}"]
+        if self.weight_decay:
+            parts += ["--weight-decay", repr(self.weight_decay)]
+        if self.precision != "fp32":
+            parts += ["--precision", self.precision]
         if self.input_size:
             parts += ["--input-size", str(self.input_size)]
         return shlex.join([*parts, "--out", str(self.out)])
@@ -78,12 +92,15 @@ def training_metadata(training: DataParallelSteps) -> dict[str, Any]:
     import arcsim
 
     cfg, ds, dev = training.cfg, training.data, training.device
-    return {"schema_version": SCHEMA_VERSION, "model": training.entry.name, "dataset": ds.name,
-            "dataset_description": ds.description, "synthetic_data": ds.synthetic,
-            "input_shape": list(ds.spec.shape), "classes": ds.spec.classes,
+    data = ({"dataset": ds.name, "dataset_description": ds.description, "synthetic_data": ds.synthetic,
+             "input_shape": list(ds.spec.shape), "classes": ds.spec.classes} if ds is not None else
+            {"dataset": absolute_ref(cfg.data or ""), "dataset_description": f"the user's batches from {cfg.data}",
+             "synthetic_data": False})
+    return {"schema_version": SCHEMA_VERSION, "model": training.source.label,
+            "model_source": training.source.to_meta(), **data,
             "params": training.params, "batch_per_worker": training.batch, "workers": cfg.workers,
             "steps": cfg.steps, "recorded_steps": cfg.recorded_steps, "warmup": cfg.warmup, "every": cfg.every,
-            "optimizer": "SGD momentum 0.9", "lr": cfg.lr or model_entry(cfg.model).lr,
+            "optimizer": cfg.describe_optimizer(), "lr": cfg.learning_rate(), "precision": cfg.precision,
             "device": dev.type, "device_name": device_name(dev), "torch_version": torch.__version__,
             "arcsim_version": getattr(arcsim, "__version__", "unknown"), "seed": cfg.seed}
 

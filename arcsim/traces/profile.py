@@ -19,8 +19,9 @@ import torch
 
 from arcsim.errors import ArcsimError
 from arcsim.files import packaged, read_json
-from arcsim.models import count_params, loss_fn, model_entry
+from arcsim.models import count_params
 from arcsim.models.datasets import make_dataset
+from arcsim.models.source import ModelSource, UserBatches, to_device
 from arcsim.traces.timing import ComputeTimer
 
 PROFILE_SCHEMA = 1
@@ -120,28 +121,36 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
-def measure_profile(model_name: str, batch: int, device: str = "cpu", dataset: str | None = None,
+def measure_profile(model: str | ModelSource, batch: int, device: str = "cpu", dataset: str | None = None,
                     input_size: int | None = None, repeats: int = 10, warmup: int = 3, bf16: bool = False,
-                    progress: Callable[[], None] | None = None) -> ComputeProfile:
-    """Median forward/backward/per-layer-ready times over ``repeats`` timed iterations after ``warmup``."""
+                    progress: Callable[[], None] | None = None, data: str | None = None) -> ComputeProfile:
+    """Median forward/backward/per-layer-ready times over ``repeats`` timed iterations after ``warmup``, of a
+    zoo model or any model source, on a built-in dataset or one batch of the user's ``data``."""
     if batch < 1 or repeats < 1 or warmup < 0:
         raise ArcsimError("--batch and --repeats must be ≥ 1 and --warmup ≥ 0")
-    entry = model_entry(model_name)
-    ds = make_dataset(dataset or entry.default_dataset, input_size)
+    source = model if isinstance(model, ModelSource) else ModelSource(model)
+    source.check()
     dev = resolve_device(device)
+    if data is None and (dataset or source.default_dataset) is None:
+        raise ArcsimError(f"--model {source.ref} is your own: give --dataset or --data")
+    ds = None if data is not None else make_dataset(dataset or source.default_dataset or "", input_size)
+    spec = ds.spec if ds is not None else None
     torch.manual_seed(0)
-    model = entry.build(ds.spec).to(dev).train()
-    gen = torch.Generator().manual_seed(0)
-    x, y = (t.to(dev) for t in ds.draw(batch, gen))
-    timer = ComputeTimer(model, dev)
+    net = source.build(spec).to(dev).train()
+    if ds is not None:
+        example: Any = tuple(t.to(dev) for t in ds.draw(batch, torch.Generator().manual_seed(0)))
+    else:
+        assert data is not None
+        example = to_device(UserBatches(data, batch, 0).next(), dev)
+    timer = ComputeTimer(net, dev)
 
     def forward() -> torch.Tensor:
         with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=bf16):
-            return loss_fn(ds.spec.kind, model(x), y)
+            return source.loss(net, example, spec)
 
     runs = []
     for i in range(warmup + repeats):
-        model.zero_grad(set_to_none=True)
+        net.zero_grad(set_to_none=True)
         _, timing = timer.run(forward)
         if i >= warmup:
             runs.append(timing)
@@ -149,10 +158,11 @@ def measure_profile(model_name: str, batch: int, device: str = "cpu", dataset: s
             progress()
     timer.close()
     order = runs[0].order
-    layers = [LayerTiming(name, dict(model.named_parameters())[name].numel(),
+    layers = [LayerTiming(name, dict(net.named_parameters())[name].numel(),
                           statistics.median(r.ready_s[name] for r in runs)) for name in order]
-    return ComputeProfile(model_name, batch, dev.type, device_name(dev),
+    inputs = ({"dataset": ds.name, "input_shape": list(ds.spec.shape)} if ds is not None else {"data": data})
+    return ComputeProfile(source.label, batch, dev.type, device_name(dev),
                           statistics.median(r.forward_s for r in runs), statistics.median(r.backward_s for r in runs),
                           layers, "profile", repeats,
-                          extra={"dataset": ds.name, "input_shape": list(ds.spec.shape), "params": count_params(model),
+                          extra={**inputs, "params": count_params(net), "model_source": source.to_meta(),
                                  "precision": "bf16-autocast" if bf16 else "fp32"})

@@ -1,7 +1,9 @@
 """Data-parallel training of W workers simulated in one process: the source of real gradients.
 
 At every training step all W workers compute gradients at the SAME parameters on DISJOINT shards of
-one global batch; their average is applied with SGD (momentum 0.9), exactly what DDP does. Recorded
+one global batch; their average is applied by the optimizer (SGD with momentum, or AdamW; the model's own
+by default), exactly what DDP does. With ``precision="bf16"`` forward and loss run under bf16 autocast, as
+mixed-precision training does; parameters and gradients stay fp32. Recorded
 steps (after ``warmup`` steps, then every ``every``) yield each worker's gradient, so later recorded
 steps see a model that has trained, not a fresh initialisation. Each worker keeps its own BatchNorm
 batch statistics (DDP without SyncBN). Forward, backward and each parameter's ready time are timed
@@ -15,24 +17,29 @@ compressors (:mod:`arcsim.traces.live`). Memory does not grow with the number of
 from __future__ import annotations
 
 import statistics
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
 from arcsim.compressors.base import Layer
 from arcsim.errors import ArcsimError
-from arcsim.models import count_params, loss_fn, model_entry
+from arcsim.models import count_params
 from arcsim.models.datasets import make_dataset
+from arcsim.models.source import ModelSource, UserBatches, load_callable, model_source, to_device
 from arcsim.traces.profile import resolve_device
 from arcsim.traces.timing import ComputeTimer, StepTiming
+
+OPTIMIZERS = ("sgd", "adamw")
+DEFAULT_MOMENTUM, DEFAULT_BETAS = 0.9, (0.9, 0.999)
 
 
 @dataclass
 class TrainingConfig:
     """What data-parallel training produces gradients from (a capture and a live run alike)."""
 
-    model: str
+    model: str                      # a zoo name or a factory's import path (arcsim.models.source)
     dataset: str | None = None
     workers: int = 8
     steps: int = 3
@@ -43,10 +50,60 @@ class TrainingConfig:
     seed: int = 0
     lr: float | None = None
     input_size: int | None = None
+    optimizer: str | None = None    # sgd or adamw; the model's when None
+    momentum: float | None = None   # sgd (0.9 when None)
+    betas: tuple[float, float] | None = None  # adamw ((0.9, 0.999) when None)
+    weight_decay: float = 0.0
+    precision: str = "fp32"         # fp32, or bf16 autocast
+    model_args: tuple[str, ...] = ()  # --model-arg key=value, for a factory of the user's
+    data: str | None = None         # --data file.py:batches, instead of a built-in dataset
+
+    @property
+    def source(self) -> ModelSource:
+        return model_source(self.model, self.model_args)
+
+    def optimizer_name(self) -> str:
+        return self.optimizer or self.source.default_optimizer
+
+    def learning_rate(self) -> float:
+        return self.lr or self.source.default_lr
+
+    def make_optimizer(self, params: Iterable[torch.nn.Parameter]) -> torch.optim.Optimizer:
+        if self.optimizer_name() == "adamw":
+            return torch.optim.AdamW(params, lr=self.learning_rate(), betas=self.betas or DEFAULT_BETAS,
+                                     weight_decay=self.weight_decay)
+        return torch.optim.SGD(params, lr=self.learning_rate(), momentum=DEFAULT_MOMENTUM if self.momentum is None
+                               else self.momentum, weight_decay=self.weight_decay)
+
+    def describe_optimizer(self) -> str:
+        """What the trace says it trained with, e.g. 'AdamW lr 0.001 betas (0.9, 0.999) weight decay 0'."""
+        if self.optimizer_name() == "adamw":
+            b1, b2 = self.betas or DEFAULT_BETAS
+            return f"AdamW lr {self.learning_rate():g} betas ({b1:g}, {b2:g}) weight decay {self.weight_decay:g}"
+        momentum = DEFAULT_MOMENTUM if self.momentum is None else self.momentum
+        return f"SGD lr {self.learning_rate():g} momentum {momentum:g} weight decay {self.weight_decay:g}"
 
     def check(self) -> None:
         """Refuse bad settings before any work; an unknown model or a missing CUDA device included."""
-        model_entry(self.model)
+        source = self.source
+        source.check()
+        if self.data is not None:
+            if self.dataset is not None or self.input_size is not None:
+                raise ArcsimError("--data gives the batches: drop --dataset and --input-size")
+            load_callable(self.data, "--data")
+        elif self.dataset is None and source.default_dataset is None:
+            raise ArcsimError(f"--model {self.model} is your own: give --dataset (a built-in dataset its forward "
+                              "takes, e.g. python-text) or --data file.py:batches")
+        if self.optimizer not in (None, *OPTIMIZERS):
+            raise ArcsimError(f"unknown optimizer {self.optimizer!r}; choose {' or '.join(OPTIMIZERS)}")
+        if self.precision not in ("fp32", "bf16"):
+            raise ArcsimError(f"unknown precision {self.precision!r}; choose fp32 or bf16")
+        if self.momentum is not None and self.optimizer_name() != "sgd":
+            raise ArcsimError(f"--momentum is SGD's; {self.model} trains with {self.optimizer_name()} (add "
+                              "--optimizer sgd, or drop --momentum)")
+        if self.betas is not None and self.optimizer_name() != "adamw":
+            raise ArcsimError(f"--betas are AdamW's; {self.model} trains with {self.optimizer_name()} (add "
+                              "--optimizer adamw, or drop --betas)")
         for name in ("steps", "every"):
             if getattr(self, name) < 1:
                 raise ArcsimError(f"--{name} must be at least 1, got {getattr(self, name)}")
@@ -78,11 +135,12 @@ class TrainingConfig:
 
 
 def live_config(model: str, workers: int, steps: int, device: str, seed: int, dataset: str | None = None,
-                batch: int | None = None) -> TrainingConfig:
+                batch: int | None = None, model_args: tuple[str, ...] = (), data: str | None = None,
+                **optimizer: Any) -> TrainingConfig:
     """The training `arcsim run --live` (and a sweep's live axis) runs: one untimed warm-up step, so the
     timed steps are not the first call's (allocation, kernel selection)."""
     return TrainingConfig(model=model, dataset=dataset, workers=workers, steps=steps, warmup=1, batch=batch,
-                          device=device, seed=seed)
+                          device=device, seed=seed, model_args=model_args, data=data, **optimizer)
 
 
 @dataclass
@@ -105,10 +163,11 @@ class DataParallelSteps:
     def __init__(self, cfg: TrainingConfig, progress: Callable[[int, int], None] | None = None) -> None:
         cfg.check()
         self.cfg = cfg
-        self.entry = model_entry(cfg.model)
-        self.data = make_dataset(cfg.dataset or self.entry.default_dataset, cfg.input_size)
+        self.source = cfg.source
+        dataset = cfg.dataset or self.source.default_dataset
+        self.data = None if cfg.data is not None or dataset is None else make_dataset(dataset, cfg.input_size)
         self.device = resolve_device(cfg.device)
-        self.batch = cfg.batch or self.entry.default_batch
+        self.batch = cfg.batch or self.source.default_batch
         self.progress = progress
         self.layers: tuple[Layer, ...] = ()
         self.params = 0
@@ -116,25 +175,34 @@ class DataParallelSteps:
     def __iter__(self) -> Iterator[RecordedStep]:
         cfg, dev, ds = self.cfg, self.device, self.data
         torch.manual_seed(cfg.seed)
-        model = self.entry.build(ds.spec).to(dev).train()
+        spec = ds.spec if ds is not None else None
+        model = self.source.build(spec).to(dev).train()
+        user = UserBatches(cfg.data, cfg.workers * self.batch, cfg.seed) if cfg.data is not None else None
         self.params = count_params(model)
         params = dict(model.named_parameters())
-        opt = torch.optim.SGD(model.parameters(), lr=cfg.lr or self.entry.lr, momentum=0.9)
+        opt = cfg.make_optimizer(model.parameters())
+        autocast = torch.autocast(dev.type, dtype=torch.bfloat16, enabled=cfg.precision == "bf16")
         gen = torch.Generator().manual_seed(cfg.seed)
         timer = ComputeTimer(model, dev)
         buf: torch.Tensor | None = None  # [workers, d]: the step being recorded (reused: one step in memory)
         try:
             for t in range(cfg.total_steps):
-                x, y = ds.draw(cfg.workers * self.batch, gen)
+                if user is not None:
+                    shards = user.shards(user.next(), cfg.workers)
+                else:
+                    assert ds is not None
+                    x, y = ds.draw(cfg.workers * self.batch, gen)
+                    shards = list(zip(x.chunk(cfg.workers), y.chunk(cfg.workers), strict=True))
                 avg = {name: torch.zeros_like(p) for name, p in params.items()}
                 losses: list[float] = []
                 timings: list[StepTiming] = []
-                for xw, yw in zip(x.chunk(cfg.workers), y.chunk(cfg.workers), strict=True):
+                for shard in shards:
                     model.zero_grad(set_to_none=True)
-                    xw, yw = xw.to(dev), yw.to(dev)
+                    on_device = to_device(shard, dev)
 
-                    def forward(xw: torch.Tensor = xw, yw: torch.Tensor = yw) -> torch.Tensor:
-                        return loss_fn(ds.spec.kind, model(xw), yw)
+                    def forward(shard: Any = on_device) -> torch.Tensor:
+                        with autocast:
+                            return self.source.loss(model, shard, spec).float()
 
                     loss, timing = timer.run(forward)
                     if not self.layers:  # backward order, fixed by the first backward

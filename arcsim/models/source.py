@@ -1,0 +1,296 @@
+"""Where a model comes from: the zoo, or a user's factory named by import path — one interface.
+
+``--model cnn`` is a zoo entry; ``--model path/to/file.py:build`` or ``--model my_pkg.models:build`` is a
+callable returning an ``nn.Module``, called with the ``--model-arg key=value`` pairs (values read as YAML
+scalars: 8 is an int, 0.1 a float, true a flag). Capture, live runs, `trace profile` and the device model
+take a :class:`ModelSource` and never ask which kind it is. A trace records the source (``model_source``
+in its metadata), so `arcsim run` can rebuild the model on the meta device and price its compute on a GPU.
+
+How a batch becomes a loss: a zoo model keeps its own rule (cross-entropy of ``model(x)`` against ``y``).
+Otherwise a dict batch is passed as ``model(**batch)``, a tuple or list as ``model(*batch)``, anything else
+as ``model(batch)``; the result is the loss — a scalar tensor, or an object with ``.loss`` as HuggingFace
+models return. A user's model on a built-in dataset gets ``model(x)``; if that is not a loss it is taken
+as logits for the dataset's cross-entropy.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import importlib.util
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import yaml
+from torch import nn
+
+from arcsim.models import MODELS, ModelEntry, loss_fn
+from arcsim.models.datasets import DatasetError, DataSpec
+
+# a user's model trains, unless told otherwise, as most transformers do
+USER_OPTIMIZER, USER_LR, USER_BATCH = "adamw", 1e-3, 8
+
+
+class ModelError(DatasetError):
+    """A model that cannot be found, built, or trained as given."""
+
+
+def parse_args(pairs: Sequence[str], what: str = "--model-arg") -> tuple[tuple[str, Any], ...]:
+    """``key=value`` pairs (values as YAML scalars), in order; one error names the pair at fault."""
+    out: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, text = pair.partition("=")
+        if not sep or not key.strip().isidentifier():
+            raise ModelError(f"{what} {pair!r}: write key=value with a Python name as the key (e.g. {what} depth=4)")
+        try:
+            value = yaml.safe_load(text) if text.strip() else ""
+        except yaml.YAMLError:
+            value = text
+        if isinstance(value, dict | list):
+            value = text  # a plain string: structures come from the factory's own defaults
+        if key.strip() in out:
+            raise ModelError(f"{what} gives {key.strip()} twice")
+        out[key.strip()] = value
+    return tuple(out.items())
+
+
+def load_callable(ref: str, what: str) -> Callable[..., Any]:
+    """``file.py:name`` or ``package.module:name`` → the object; one ModelError for every way it can fail."""
+    target, sep, attr = ref.rpartition(":")
+    if not sep or not target or not attr.isidentifier():
+        raise ModelError(f"{what} {ref!r}: name a callable as path/to/file.py:name or package.module:name")
+    if target.endswith(".py"):
+        path = Path(target)
+        if not path.is_file():
+            raise ModelError(f"{what} {ref!r}: no such file {target}")
+        name = f"_arcsim_user_{hashlib.sha1(str(path.resolve()).encode()).hexdigest()[:12]}"
+        spec = importlib.util.spec_from_file_location(name, path)
+        if spec is None or spec.loader is None:
+            raise ModelError(f"{what} {ref!r}: cannot load {target} as Python")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module  # dataclasses and pickling look their module up
+        try:
+            spec.loader.exec_module(module)
+        except Exception as exc:  # the user's code: any failure is theirs to see, in one line
+            sys.modules.pop(name, None)
+            raise ModelError(f"{what} {ref!r}: importing {target} failed: {type(exc).__name__}: {exc}") from None
+    else:
+        try:
+            module = importlib.import_module(target)
+        except ModuleNotFoundError as exc:
+            raise ModelError(f"{what} {ref!r}: no module {exc.name!r} (is it installed, or on PYTHONPATH?)") from None
+        except Exception as exc:
+            raise ModelError(f"{what} {ref!r}: importing {target} failed: {type(exc).__name__}: {exc}") from None
+    found = getattr(module, attr, None)
+    if found is None or not callable(found):
+        raise ModelError(f"{what} {ref!r}: {target} has no callable {attr!r}")
+    return found
+
+
+def call_user(fn: Callable[..., Any], args: dict[str, Any], what: str) -> Any:
+    try:
+        return fn(**args)
+    except Exception as exc:
+        raise ModelError(f"{what} raised {type(exc).__name__}: {exc}") from None
+
+
+def loss_of(result: Any, what: str) -> torch.Tensor:
+    """The loss a forward returned: a scalar tensor, or ``.loss`` of an output object."""
+    loss = getattr(result, "loss", result)
+    if isinstance(loss, torch.Tensor) and loss.ndim == 0:
+        return loss
+    got = type(result).__name__ + (f" of shape {tuple(result.shape)}" if isinstance(result, torch.Tensor) else "")
+    raise ModelError(f"{what} returned {got}, not a loss: return a scalar tensor or an object with .loss")
+
+
+def forward_loss(model: nn.Module, batch: Any, what: str) -> torch.Tensor:
+    """A user's batch through the model by its type (dict → **, tuple/list → *, else one argument)."""
+    try:
+        if isinstance(batch, dict):
+            result = model(**batch)
+        elif isinstance(batch, tuple | list):
+            result = model(*batch)
+        else:
+            result = model(batch)
+    except Exception as exc:
+        raise ModelError(f"{what} rejected a batch: {type(exc).__name__}: {str(exc)[:300]}") from None
+    return loss_of(result, what)
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    """A model to train: a zoo entry (``ref`` its name) or a user's factory (``ref`` its import path)."""
+
+    ref: str
+    args: tuple[tuple[str, Any], ...] = ()
+
+    @property
+    def entry(self) -> ModelEntry | None:
+        return MODELS.get(self.ref)
+
+    @property
+    def label(self) -> str:
+        """The model's name in outputs and trace metadata: the zoo name, or the factory's name."""
+        if self.entry:
+            return self.ref
+        target, _, name = self.ref.rpartition(":")
+        return f"{Path(target).stem if target.endswith('.py') else target}:{name}"
+
+    @property
+    def default_dataset(self) -> str | None:
+        return self.entry.default_dataset if self.entry else None
+
+    @property
+    def default_batch(self) -> int:
+        return self.entry.default_batch if self.entry else USER_BATCH
+
+    @property
+    def default_optimizer(self) -> str:
+        return self.entry.optimizer if self.entry else USER_OPTIMIZER
+
+    @property
+    def default_lr(self) -> float:
+        return self.entry.lr if self.entry else USER_LR
+
+    def check(self) -> None:
+        """Find the factory (importing the user's file or module), without building the model."""
+        if self.entry is not None:
+            if self.args:
+                raise ModelError(f"--model-arg goes with a model of your own; {self.ref} is a zoo model")
+            return
+        if ":" not in self.ref:
+            raise ModelError(f"unknown model {self.ref!r}; choose one of: {', '.join(MODELS)}, or name your own as "
+                             "path/to/file.py:build or package.module:build")
+        load_callable(self.ref, "--model")
+
+    def build(self, spec: DataSpec | None) -> nn.Module:
+        """The model (on the current default device), for ``spec`` when it is a zoo model."""
+        if self.entry is not None:
+            if spec is None:
+                raise ModelError(f"{self.ref} is built for a dataset; give --dataset")
+            return self.entry.build(spec)
+        model = call_user(load_callable(self.ref, "--model"), dict(self.args), f"--model {self.ref}")
+        if not isinstance(model, nn.Module):
+            raise ModelError(f"--model {self.ref} returned {type(model).__name__}, not a torch.nn.Module")
+        return model
+
+    def loss(self, model: nn.Module, batch: Any, spec: DataSpec | None) -> torch.Tensor:
+        """One shard's loss: the zoo's rule, a user batch by its type, or a user model on a built-in dataset."""
+        if spec is None:
+            return forward_loss(model, batch, f"--model {self.ref}")
+        x, y = batch
+        if self.entry is not None:
+            return loss_fn(spec.kind, model(x), y)
+        try:
+            out = model(x)
+        except Exception as exc:
+            raise ModelError(f"--model {self.ref} rejected a batch of {spec.kind} data, shape {tuple(x.shape)}: "
+                             f"{type(exc).__name__}: {str(exc)[:300]}") from None
+        if (isinstance(out, torch.Tensor) and out.ndim == 0) or hasattr(out, "loss"):
+            return loss_of(out, f"--model {self.ref}")
+        logits = getattr(out, "logits", out)
+        try:
+            return loss_fn(spec.kind, logits, y)
+        except Exception as exc:
+            raise ModelError(f"--model {self.ref} returned {type(out).__name__} that is neither a loss nor "
+                             f"{spec.kind} logits: {type(exc).__name__}: {str(exc)[:200]}") from None
+
+    def identity(self) -> str:
+        """What the model's structure depends on, for cache keys: the ref, the args and the file's bytes."""
+        target = self.ref.rpartition(":")[0]
+        body = Path(target).read_bytes() if target.endswith(".py") and Path(target).is_file() else b""
+        return f"{self.ref}|{self.args}|{hashlib.sha256(body).hexdigest()[:16]}"
+
+    def to_meta(self) -> dict[str, Any]:
+        return {"ref": absolute_ref(self.ref), "args": dict(self.args)}
+
+
+def absolute_ref(ref: str) -> str:
+    """``file.py:name`` with the file's absolute path, so that a trace rebuilds from any folder."""
+    target, _, name = ref.rpartition(":")
+    return f"{Path(target).resolve()}:{name}" if target.endswith(".py") else ref
+
+
+def model_source(ref: str, args: Sequence[str] | tuple[tuple[str, Any], ...] = ()) -> ModelSource:
+    """A source from ``--model`` and its ``--model-arg`` pairs (strings, or parsed pairs)."""
+    parsed = parse_args(args) if args and isinstance(args[0], str) else tuple(args)  # type: ignore[arg-type]
+    return ModelSource(ref, parsed)  # type: ignore[arg-type]
+
+
+def source_of_trace(meta: dict[str, Any]) -> ModelSource | None:
+    """How to rebuild a trace's model (None when it cannot be: a model neither in the zoo nor recorded)."""
+    recorded = meta.get("model_source")
+    if isinstance(recorded, dict) and isinstance(recorded.get("ref"), str):
+        return ModelSource(recorded["ref"], tuple(dict(recorded.get("args") or {}).items()))
+    return ModelSource(meta["model"]) if meta.get("model") in MODELS else None
+
+
+class UserBatches:
+    """``--data file.py:batches``: the user's ``batches(batch_size, seed)``, drawn one global batch at a time and
+    split into the workers' disjoint shards along the leading axis of every tensor it holds."""
+
+    def __init__(self, ref: str, global_batch: int, seed: int) -> None:
+        self.ref, self.global_batch = ref, global_batch
+        batches = load_callable(ref, "--data")
+        stream = call_user(lambda: batches(global_batch, seed), {}, f"--data {ref}")
+        try:
+            self.stream = iter(stream)
+        except TypeError:
+            raise ModelError(f"--data {ref} returned {type(stream).__name__}; return an iterable of batches") from None
+        self.drawn = 0
+
+    def next(self) -> Any:
+        try:
+            batch = next(self.stream)
+        except StopIteration:
+            raise ModelError(f"--data {self.ref} ran out after {self.drawn} batches; yield batches without end "
+                             "(loop over your data)") from None
+        except Exception as exc:
+            raise ModelError(f"--data {self.ref} raised {type(exc).__name__}: {exc}") from None
+        self.drawn += 1
+        return batch
+
+    def shards(self, batch: Any, workers: int) -> list[Any]:
+        return [_part(batch, workers, i, self.ref) for i in range(workers)]
+
+
+def _part(batch: Any, workers: int, i: int, ref: str) -> Any:
+    """Worker ``i``'s slice of every tensor in ``batch`` (dicts, tuples and lists kept as they are)."""
+    if isinstance(batch, torch.Tensor):
+        if batch.ndim == 0 or batch.shape[0] < workers:
+            raise ModelError(f"--data {ref}: a tensor of shape {tuple(batch.shape)} cannot be split over {workers} "
+                             "workers along its first axis; yield batches of batch_size examples")
+        return batch.tensor_split(workers)[i]
+    if isinstance(batch, dict):
+        return {k: _part(v, workers, i, ref) for k, v in batch.items()}
+    if isinstance(batch, tuple | list):
+        return type(batch)(_part(v, workers, i, ref) for v in batch)
+    return batch
+
+
+def to_device(batch: Any, device: torch.device) -> Any:
+    if isinstance(batch, torch.Tensor):
+        return batch.to(device)
+    if isinstance(batch, dict):
+        return {k: to_device(v, device) for k, v in batch.items()}
+    if isinstance(batch, tuple | list):
+        return type(batch)(to_device(v, device) for v in batch)
+    return batch
+
+
+def input_of_trace(meta: dict[str, Any]) -> tuple[str | None, int | None, str | None]:
+    """What a trace's model was fed, to feed it alike on the meta device: (built-in dataset, its input size
+    when not the default, None) or (None, None, the user's ``--data``)."""
+    from arcsim.models.datasets import DATASETS, data_spec
+
+    dataset = meta.get("dataset")
+    if dataset not in DATASETS:
+        return None, None, dataset if isinstance(dataset, str) and ":" in dataset else None
+    shape = tuple(meta.get("input_shape") or ())
+    if not shape or shape == data_spec(dataset).shape:
+        return dataset, None, None
+    return dataset, int(shape[1] if len(shape) == 3 else shape[0]), None

@@ -1,0 +1,170 @@
+"""A model of the user's own, named by import path from a file outside the project: captured with AdamW,
+priced on a GPU topology with the device model, deterministically; and every way it can be wrong."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import run_cli
+
+from arcsim.models.source import ModelError, ModelSource, UserBatches, parse_args
+from arcsim.traces.capture import CaptureConfig, capture
+from arcsim.traces.format import open_trace
+
+MODEL_FILE = textwrap.dedent('''
+    import torch
+    from torch import nn
+
+
+    class Decoder(nn.Module):
+        def __init__(self, vocab, width, depth):
+            super().__init__()
+            self.embed = nn.Embedding(vocab, width)
+            self.blocks = nn.ModuleList(nn.Linear(width, width) for _ in range(depth))
+            self.head = nn.Linear(width, vocab)
+
+        def forward(self, tokens):
+            x = self.embed(tokens)
+            for block in self.blocks:
+                x = x + torch.tanh(block(x))
+            return self.head(x)
+
+
+    def build(vocab=32000, width=32, depth=2):
+        return Decoder(vocab, width, depth)
+
+
+    class Regression(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.net = nn.Linear(16, 1)
+
+        def forward(self, x, y):
+            return nn.functional.mse_loss(self.net(x).squeeze(-1), y)
+
+
+    def regression():
+        return Regression()
+
+
+    def batches(batch_size, seed):
+        g = torch.Generator().manual_seed(seed)
+        while True:
+            x = torch.randn(batch_size, 16, generator=g)
+            yield x, x.sum(-1)
+
+
+    def raises(**kw):
+        raise RuntimeError("out of coffee")
+
+
+    def not_a_module():
+        return 42
+
+
+    def no_loss():
+        return nn.Linear(16, 4)
+
+
+    def few(batch_size, seed):
+        yield torch.randn(batch_size, 16), torch.randn(batch_size)
+''')
+
+
+@pytest.fixture()
+def user_dir(tmp_path: Path) -> Path:
+    (tmp_path / "mine.py").write_text(MODEL_FILE)
+    return tmp_path
+
+
+def test_a_file_model_with_adamw_is_real_data_parallel_training(user_dir: Path, monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.chdir(user_dir)
+    path = capture(CaptureConfig(model="mine.py:build", model_args=("width=16",), dataset="python-text",
+                                 input_size=16, workers=2, steps=2, batch=2, dtype="fp32", out=user_dir / "t.npz"))
+    trace = open_trace(path)
+    meta = trace.meta
+    assert meta["model"] == "mine:build" and meta["optimizer"].startswith("AdamW lr 0.001")
+    assert meta["model_source"] == {"ref": f"{user_dir / 'mine.py'}:build", "args": {"width": 16}}
+    assert trace.elements == 32000 * 16 * 2 + 2 * (16 * 16 + 16) + 32000 == meta["params"]
+    # the same steps by hand: same seed, disjoint shards, AdamW on the mean
+    from arcsim.models.datasets import make_dataset
+
+    data = make_dataset("python-text", 16)
+    torch.manual_seed(0)
+    model = ModelSource("mine.py:build", (("width", 16),)).build(None)
+    params = dict(model.named_parameters())
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    gen = torch.Generator().manual_seed(0)
+    for (_, theirs) in trace.steps_iter():
+        x, y = data.draw(4, gen)
+        grads = []
+        for xw, yw in zip(x.chunk(2), y.chunk(2), strict=True):
+            model.zero_grad()
+            torch.nn.functional.cross_entropy(model(xw).reshape(-1, 32000), yw.reshape(-1)).backward()
+            grads.append(torch.cat([params[la.name].grad.reshape(-1) for la in trace.layers]))
+        torch.testing.assert_close(theirs, torch.stack(grads), rtol=1e-4, atol=1e-5)  # AdamW: sums in another order
+        mean = torch.stack(grads).mean(0)
+        for la in trace.layers:
+            params[la.name].grad = mean[la.offset:la.offset + la.numel].view(la.shape).clone()
+        opt.step()
+
+
+def test_user_batches_and_a_forward_that_returns_the_loss(user_dir: Path):
+    out = user_dir / "r.npz"
+    r = run_cli("trace", "capture", "--model", "mine.py:regression", "--data", "mine.py:batches", "-w", "4",
+                "-s", "1", "-o", str(out), cwd=str(user_dir))
+    assert r.returncode == 0, r.stderr
+    trace = open_trace(out)
+    assert trace.elements == 17 and trace.meta["dataset"] == f"{user_dir / 'mine.py'}:batches"
+    stream = UserBatches(f"{user_dir / 'mine.py'}:batches", 4 * 8, 0)
+    shards = stream.shards(stream.next(), 4)
+    assert [s[0].shape[0] for s in shards] == [8] * 4  # disjoint quarters of one global batch
+
+
+def test_run_prices_a_users_model_on_a_gpu_topology_from_another_folder_deterministically(user_dir: Path):
+    trace = user_dir / "t.npz"
+    r = run_cli("trace", "capture", "--model", "mine.py:build", "--dataset", "python-text", "--input-size", "16",
+                "-w", "2", "-s", "1", "-b", "2", "-o", str(trace), cwd=str(user_dir))
+    assert r.returncode == 0, r.stderr
+    elsewhere = user_dir / "elsewhere"
+    elsewhere.mkdir()
+    answers = []
+    for _ in range(2):
+        r = run_cli("run", "--trace", str(trace), "-t", "4x8-eth25-a100", "-c", "dense,topk", "--policy", "none",
+                    "--json", "-", cwd=str(elsewhere))
+        assert r.returncode == 0, r.stderr
+        answers.append(json.loads(r.stdout))
+    compute = [[c["compute_s"] for c in a["candidates"]] for a in answers]
+    assert compute[0] == compute[1] and compute[0][0] > 0
+    assert any("compute: modelled on NVIDIA A100" in line for line in answers[0]["assumptions"])
+
+
+@pytest.mark.parametrize(("args", "phrase"), [
+    (["--model", "nowhere.py:build"], "no such file nowhere.py"),
+    (["--model", "mine.py:missing"], "has no callable 'missing'"),
+    (["--model", "no_such_pkg.models:build"], "no module 'no_such_pkg'"),
+    (["--model", "mine.py:raises", "--dataset", "digits"], "raised RuntimeError: out of coffee"),
+    (["--model", "mine.py:not_a_module", "--dataset", "digits"], "returned int, not a torch.nn.Module"),
+    (["--model", "mine.py:no_loss", "--data", "mine.py:batches"], "rejected a batch"),
+    (["--model", "mine.py:regression", "--data", "mine.py:few", "-s", "3"], "ran out after 1 batches"),
+    (["--model", "mine.py:build"], "give --dataset"),
+    (["--model", "mine.py:build", "--model-arg", "width"], "write key=value"),
+    (["--model", "cnn", "--model-arg", "width=3"], "is a zoo model"),
+    (["--model", "mine.py:build", "--dataset", "digits"], "rejected a batch of image data"),
+])
+def test_bad_user_models_are_one_line_and_leave_nothing(user_dir: Path, args: list[str], phrase: str):
+    r = run_cli("trace", "capture", *args, "-w", "2", "-o", str(user_dir / "x.npz"), cwd=str(user_dir))
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 2 and len(lines) == 1 and phrase in lines[0], r.stderr[-1500:]
+    assert not (user_dir / "x.npz").exists()
+
+
+def test_model_args_are_read_as_yaml_scalars():
+    assert parse_args(["depth=4", "rate=0.1", "tied=true", "name=small"]) == (
+        ("depth", 4), ("rate", 0.1), ("tied", True), ("name", "small"))
+    with pytest.raises(ModelError, match="twice"):
+        parse_args(["a=1", "a=2"])
