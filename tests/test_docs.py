@@ -35,8 +35,10 @@ NOT_RUN = {
     "reports/sweeps/r18": "reads the ResNet-18 sweep above",
     "arcsim train": "trains for 30 s to minutes; tests/test_train.py runs the same paths on fewer steps",
     "topologies/emu4-100m.yaml": "reads the emulated cluster's calibration (root)",
+    "--model llama_60m": "captures LLaMA-60M (about a minute on 2 cores); tests/test_llama_text.py checks the model",
 }
-SLOW = ("resnet50.npz", "resnet18.npz", "capture --model resnet18", "reports/sweeps/r18", "arcsim train")
+SLOW = ("resnet50.npz", "resnet18.npz", "capture --model resnet18", "reports/sweeps/r18", "arcsim train",
+        "--model llama_60m")
 
 
 @dataclass(frozen=True)

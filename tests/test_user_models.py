@@ -168,3 +168,29 @@ def test_model_args_are_read_as_yaml_scalars():
         ("depth", 4), ("rate", 0.1), ("tied", True), ("name", "small"))
     with pytest.raises(ModelError, match="twice"):
         parse_args(["a=1", "a=2"])
+
+
+def test_a_huggingface_config_is_built_by_transformers_and_trained_on_real_text(tmp_path: Path):
+    transformers = pytest.importorskip("transformers")
+    config = {"model_type": "llama", "hidden_size": 32, "intermediate_size": 64, "num_attention_heads": 4,
+              "num_hidden_layers": 1, "vocab_size": 32000, "tie_word_embeddings": False}
+    (tmp_path / "tiny.json").write_text(json.dumps(config))
+    out = tmp_path / "hf.npz"
+    r = run_cli("trace", "capture", "--model", "hf:tiny.json", "--dataset", "python-text", "--input-size", "16",
+                "-w", "2", "-s", "1", "-b", "2", "-o", str(out), cwd=str(tmp_path))
+    assert r.returncode == 0, r.stderr
+    trace = open_trace(out)
+    reference = transformers.LlamaForCausalLM(transformers.LlamaConfig(**config))
+    assert trace.elements == sum(p.numel() for p in reference.parameters())
+    assert trace.meta["model"] == "hf:tiny" and trace.meta["model_source"]["ref"] == f"hf:{tmp_path / 'tiny.json'}"
+    by_type = ModelSource("hf:llama", tuple(parse_args([f"{k}={v}" for k, v in config.items() if k != "model_type"])))
+    assert sum(p.numel() for p in by_type.build(None).parameters()) == trace.elements
+
+
+@pytest.mark.parametrize(("ref", "phrase"), [("hf:missing.json", "no such config file"),
+                                             ("hf:no_such_type", "transformers cannot read it")])
+def test_bad_huggingface_models(tmp_path: Path, ref: str, phrase: str):
+    pytest.importorskip("transformers")
+    r = run_cli("trace", "capture", "--model", ref, "--dataset", "python-text", "-o", str(tmp_path / "x.npz"),
+                cwd=str(tmp_path))
+    assert r.returncode == 2 and phrase in r.stderr.strip().splitlines()[-1], r.stderr[-800:]

@@ -2,7 +2,9 @@
 
 ``--model cnn`` is a zoo entry; ``--model path/to/file.py:build`` or ``--model my_pkg.models:build`` is a
 callable returning an ``nn.Module``, called with the ``--model-arg key=value`` pairs (values read as YAML
-scalars: 8 is an int, 0.1 a float, true a flag). Capture, live runs, `trace profile` and the device model
+scalars: 8 is an int, 0.1 a float, true a flag). ``--model hf:CONFIG.json`` (or ``hf:llama``, a model type,
+with its config's fields as ``--model-arg``) is a HuggingFace causal LM built from its config by
+transformers: no weights, no download. Capture, live runs, `trace profile` and the device model
 take a :class:`ModelSource` and never ask which kind it is. A trace records the source (``model_source``
 in its metadata), so `arcsim run` can rebuild the model on the meta device and price its compute on a GPU.
 
@@ -100,7 +102,7 @@ def call_user(fn: Callable[..., Any], args: dict[str, Any], what: str) -> Any:
 
 def loss_of(result: Any, what: str) -> torch.Tensor:
     """The loss a forward returned: a scalar tensor, or ``.loss`` of an output object."""
-    loss = getattr(result, "loss", result)
+    loss = result if getattr(result, "loss", None) is None else result.loss
     if isinstance(loss, torch.Tensor) and loss.ndim == 0:
         return loss
     got = type(result).__name__ + (f" of shape {tuple(result.shape)}" if isinstance(result, torch.Tensor) else "")
@@ -137,6 +139,8 @@ class ModelSource:
         """The model's name in outputs and trace metadata: the zoo name, or the factory's name."""
         if self.entry:
             return self.ref
+        if self.ref.startswith("hf:"):
+            return f"hf:{Path(self.ref[3:]).stem}"
         target, _, name = self.ref.rpartition(":")
         return f"{Path(target).stem if target.endswith('.py') else target}:{name}"
 
@@ -162,9 +166,12 @@ class ModelSource:
             if self.args:
                 raise ModelError(f"--model-arg goes with a model of your own; {self.ref} is a zoo model")
             return
+        if self.ref.startswith("hf:"):
+            hf_config(self.ref, dict(self.args))
+            return
         if ":" not in self.ref:
             raise ModelError(f"unknown model {self.ref!r}; choose one of: {', '.join(MODELS)}, or name your own as "
-                             "path/to/file.py:build or package.module:build")
+                             "path/to/file.py:build, package.module:build or hf:config.json")
         load_callable(self.ref, "--model")
 
     def build(self, spec: DataSpec | None) -> nn.Module:
@@ -173,6 +180,11 @@ class ModelSource:
             if spec is None:
                 raise ModelError(f"{self.ref} is built for a dataset; give --dataset")
             return self.entry.build(spec)
+        if self.ref.startswith("hf:"):
+            from transformers import AutoModelForCausalLM
+
+            config = hf_config(self.ref, dict(self.args))
+            return call_user(lambda: AutoModelForCausalLM.from_config(config), {}, f"--model {self.ref}")
         model = call_user(load_callable(self.ref, "--model"), dict(self.args), f"--model {self.ref}")
         if not isinstance(model, nn.Module):
             raise ModelError(f"--model {self.ref} returned {type(model).__name__}, not a torch.nn.Module")
@@ -190,7 +202,7 @@ class ModelSource:
         except Exception as exc:
             raise ModelError(f"--model {self.ref} rejected a batch of {spec.kind} data, shape {tuple(x.shape)}: "
                              f"{type(exc).__name__}: {str(exc)[:300]}") from None
-        if (isinstance(out, torch.Tensor) and out.ndim == 0) or hasattr(out, "loss"):
+        if (isinstance(out, torch.Tensor) and out.ndim == 0) or getattr(out, "loss", None) is not None:
             return loss_of(out, f"--model {self.ref}")
         logits = getattr(out, "logits", out)
         try:
@@ -201,8 +213,8 @@ class ModelSource:
 
     def identity(self) -> str:
         """What the model's structure depends on, for cache keys: the ref, the args and the file's bytes."""
-        target = self.ref.rpartition(":")[0]
-        body = Path(target).read_bytes() if target.endswith(".py") and Path(target).is_file() else b""
+        target = self.ref[3:] if self.ref.startswith("hf:") else self.ref.rpartition(":")[0]
+        body = Path(target).read_bytes() if target.endswith((".py", ".json")) and Path(target).is_file() else b""
         return f"{self.ref}|{self.args}|{hashlib.sha256(body).hexdigest()[:16]}"
 
     def to_meta(self) -> dict[str, Any]:
@@ -210,9 +222,32 @@ class ModelSource:
 
 
 def absolute_ref(ref: str) -> str:
-    """``file.py:name`` with the file's absolute path, so that a trace rebuilds from any folder."""
+    """``file.py:name`` (or ``hf:config.json``) with the file's absolute path, so that a trace rebuilds from
+    any folder."""
+    if ref.startswith("hf:") and ref.endswith(".json"):
+        return f"hf:{Path(ref[3:]).resolve()}"
     target, _, name = ref.rpartition(":")
     return f"{Path(target).resolve()}:{name}" if target.endswith(".py") else ref
+
+
+def hf_config(ref: str, args: dict[str, Any]) -> Any:
+    """The transformers config ``hf:CONFIG.json`` or ``hf:MODEL_TYPE`` names, ``--model-arg`` fields applied."""
+    try:
+        from transformers import AutoConfig
+    except ImportError:
+        raise ModelError(f"--model {ref} needs transformers: pip install 'arcsim[hf]'") from None
+    what = ref[3:]
+    try:
+        if what.endswith(".json"):
+            if not Path(what).is_file():
+                raise ModelError(f"--model {ref}: no such config file {what}")
+            return AutoConfig.from_pretrained(what, **args)
+        return AutoConfig.for_model(what, **args)
+    except ModelError:
+        raise
+    except Exception as exc:  # transformers' own messages: an unknown model type, a malformed config
+        raise ModelError(f"--model {ref}: transformers cannot read it: {type(exc).__name__}: "
+                         f"{str(exc).splitlines()[0][:200]}") from None
 
 
 def model_source(ref: str, args: Sequence[str] | tuple[tuple[str, Any], ...] = ()) -> ModelSource:
