@@ -12,9 +12,13 @@ through :class:`~arcsim.comm.distributed.DistributedComm`, so ``state.comm.log``
 real run — the same records ``arcsim run`` prices. The hook is synchronous: its collectives finish
 before it returns a completed future (the compressors are multi-phase, each phase depending on the
 last), so DDP overlaps it with backward only between buckets.
+
+``recording_hook`` with a :class:`RecordingState` records the user's own job instead: each rank keeps its
+bucket gradients on chosen steps and all-reduces as DDP would; ``arcsim trace merge`` joins the ranks.
 """
 
 # No `from __future__ import annotations` here: DDP checks the hook's annotations as real objects.
+import time
 from dataclasses import dataclass, field
 
 import torch
@@ -94,3 +98,73 @@ def compression_hook(state: CompressionState, bucket: dist.GradBucket) -> torch.
     fut: torch.futures.Future[torch.Tensor] = torch.futures.Future()
     fut.set_result(out)
     return fut
+
+
+@dataclass
+class RecordingState:
+    """What the recording hook keeps: the steps to record and, per recorded step, this rank's gradient of
+    every parameter (fp32, on the CPU), when each became ready, and the step's forward time.
+
+    ``RecordingState.for_model(ddp, steps=(10, 20))``, then ``ddp.register_comm_hook(state, recording_hook)``;
+    ``state.save(path)`` writes this rank's part, and ``arcsim trace merge`` (or
+    :func:`arcsim.traces.merge.merge_recordings`) joins the ranks' parts into one trace of world-size
+    workers. The hook still all-reduces every bucket, so training is unchanged.
+    """
+
+    names: dict
+    steps: tuple
+    process_group: dist.ProcessGroup | None = None
+    step: int = 0                              # iterations completed
+    grads: dict = field(default_factory=dict)  # step → {name: flat fp32 gradient}
+    ready: dict = field(default_factory=dict)  # step → {name: seconds from the end of forward}
+    forward: dict = field(default_factory=dict)  # step → forward seconds
+    order: list = field(default_factory=list)  # parameter names in the order their buckets became ready
+    shapes: dict = field(default_factory=dict)
+    _marks: list = field(default_factory=lambda: [0.0, 0.0])  # forward start, forward end
+
+    @classmethod
+    def for_model(cls, ddp: torch.nn.Module, steps: tuple, process_group: dist.ProcessGroup | None = None
+                  ) -> "RecordingState":
+        module = getattr(ddp, "module", ddp)
+        state = cls({id(p): n for n, p in module.named_parameters()}, tuple(sorted(steps)), process_group)
+        module.register_forward_pre_hook(lambda *_: state._mark(0))
+        module.register_forward_hook(lambda *_: state._mark(1))
+        return state
+
+    def _mark(self, which: int) -> None:
+        self._marks[which] = time.perf_counter()
+
+    def save(self, path) -> None:
+        """This rank's recorded steps (call after the last one): a .pt file ``arcsim trace merge`` reads."""
+        missing = [s for s in self.steps if s not in self.grads]
+        if missing:
+            raise RuntimeError(f"steps {missing} were never reached (the job ran {self.step} steps)")
+        rank = dist.get_rank(self.process_group) if dist.is_initialized() else 0
+        world = dist.get_world_size(self.process_group) if dist.is_initialized() else 1
+        torch.save({"rank": rank, "world": world, "steps": list(self.steps), "order": self.order,
+                    "shapes": self.shapes, "grads": {s: torch.cat([self.grads[s][n] for n in self.order])
+                                                    for s in self.steps},
+                    "ready_s": {s: [self.ready[s][n] for n in self.order] for s in self.steps},
+                    "forward_s": {s: self.forward[s] for s in self.steps},
+                    "torch_version": str(torch.__version__)}, path)
+
+
+def recording_hook(state: RecordingState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+    """DDP comm hook: keep this rank's bucket gradients on the recorded steps, then all-reduce as DDP does."""
+    if state.step in state.steps:
+        now = time.perf_counter()
+        grads, ready = state.grads.setdefault(state.step, {}), state.ready.setdefault(state.step, {})
+        state.forward.setdefault(state.step, state._marks[1] - state._marks[0])
+        for p, g in zip(bucket.parameters(), bucket.gradients(), strict=True):
+            name = state.names[id(p)]
+            grads[name] = g.detach().float().reshape(-1).cpu().clone()
+            ready[name] = now - state._marks[1]
+            if name not in state.shapes:
+                state.shapes[name] = list(p.shape)
+                state.order.append(name)
+    world = dist.get_world_size(state.process_group)
+    buffer = bucket.buffer().div_(world)
+    work = dist.all_reduce(buffer, group=state.process_group, async_op=True)
+    if bucket.is_last():
+        state.step += 1
+    return work.get_future().then(lambda fut: fut.value()[0])

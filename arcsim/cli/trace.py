@@ -108,6 +108,33 @@ def trace_profile(model: str, model_args: tuple[str, ...], data: str | None, dat
          f"backward {format_duration(prof.backward_s)}, {len(prof.layers)} layers")
 
 
+@trace.command("merge")
+@click.argument("parts", nargs=-1, required=True, type=click.Path(dir_okay=False))
+@click.option("--model", default=None, help="The model the job trained (as --model takes it elsewhere), so that "
+                                            "arcsim run can price its compute; checked against the recording.")
+@model_arg_options
+@click.option("--dataset", default=None, help="The built-in dataset it trained on, if any.")
+@click.option("--batch", "-b", default="0", type=Count(minimum=0), help="Batch per rank (0: not known).")
+@click.option("--dtype", type=click.Choice(["fp16", "fp32"]), default="fp16", show_default=True)
+@click.option("--out", "-o", required=True, type=OutputPath(), help="Trace file to write (.npz).")
+def trace_merge(parts: tuple[str, ...], model: str | None, model_args: tuple[str, ...], data: str | None,
+                dataset: str | None, batch: int, dtype: str, out: str) -> None:
+    """Join the parts a recording hook wrote (one per rank of your DDP job) into one trace."""
+    from arcsim.models.source import model_source
+    from arcsim.traces.format import open_trace
+    from arcsim.traces.merge import merge_recordings
+
+    if data is not None:
+        raise ArcsimError("trace merge takes --dataset, not --data: the job's batches are already recorded")
+    if not out.endswith(".npz"):
+        raise ArcsimError(f"--out {out}: a trace file name must end in .npz")
+    source = model_source(model, model_args) if model else None
+    path = merge_recordings([Path(p) for p in parts], Path(out), source, dataset, batch, dtype)
+    t = open_trace(path)
+    note(f"wrote {path}: {t.steps} steps × {t.workers} workers × {t.elements:,} elements "
+         f"({format_size(path.stat().st_size)})")
+
+
 @trace.command("info")
 @click.argument("file", required=False)
 @click.option("--no-stats", is_flag=True, help="Skip the per-step gradient statistics (no gradient reads).")

@@ -1,0 +1,99 @@
+"""Join the parts a recording hook wrote (one per rank of a user's DDP job) into one trace of W workers.
+
+Each part holds that rank's gradient of every parameter on the recorded steps, in the order the buckets
+became ready, the ready times and the forward time (:class:`arcsim.hooks.RecordingState`). The parts must
+come from one job: the same world size (one part per rank), recorded steps, parameter names and shapes.
+The trace's compute timings are the medians over the ranks; its losses were not seen by the hook (zeros,
+and ``losses_recorded`` false in the metadata). Naming the model (``--model``, as capture takes it)
+records how to rebuild it, after checking that its parameters are the recorded ones, so that ``arcsim
+run`` can price its compute on a GPU.
+"""
+
+from __future__ import annotations
+
+import math
+import shlex
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from arcsim.compressors.base import Layer
+from arcsim.errors import ArcsimError
+from arcsim.models.source import ModelSource
+from arcsim.traces.format import SCHEMA_VERSION, TraceWriter
+
+
+def _read(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        raise ArcsimError(f"no such recording: {path}")
+    try:
+        part = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:
+        raise ArcsimError(f"{path} is not a recording part ({type(exc).__name__}); write it with "
+                          "RecordingState.save") from None
+    if not isinstance(part, dict) or not {"rank", "world", "steps", "order", "shapes", "grads"} <= set(part):
+        raise ArcsimError(f"{path} is not a recording part; write it with RecordingState.save")
+    return part
+
+
+def merge_recordings(paths: list[Path], out: Path, source: ModelSource | None = None, dataset: str | None = None,
+                     batch: int = 0, dtype: str = "fp16") -> Path:
+    """Write ``out`` from the ranks' parts; every mismatch between them is one ArcsimError."""
+    parts = sorted((_read(Path(p)) for p in paths), key=lambda part: part["rank"])
+    world = parts[0]["world"]
+    if [part["rank"] for part in parts] != list(range(world)) or any(part["world"] != world for part in parts):
+        raise ArcsimError(f"the parts are ranks {[part['rank'] for part in parts]} of worlds "
+                          f"{sorted({part['world'] for part in parts})}: give one part per rank of one job")
+    if world < 2:
+        raise ArcsimError("a trace needs at least 2 workers; record a job of 2 or more ranks")
+    first = parts[0]
+    for part in parts[1:]:
+        for key in ("steps", "order", "shapes"):
+            if part[key] != first[key]:
+                raise ArcsimError(f"rank {part['rank']} recorded other {key} than rank 0: the ranks disagree on "
+                                  "the layout (different models, or buckets built differently)")
+    layers, offset = [], 0
+    for name in first["order"]:
+        layers.append(Layer(name, tuple(first["shapes"][name]), offset))
+        offset += math.prod(first["shapes"][name])
+    params = offset
+    if source is not None:
+        _check_source(source, dataset, layers)
+    steps = first["steps"]
+    ready = np.median([[part["ready_s"][s] for s in steps] for part in parts], axis=0)  # [steps, layers]
+    ready = np.maximum.accumulate(np.clip(ready, 0, None), axis=1)
+    forward = np.median([[part["forward_s"][s] for s in steps] for part in parts], axis=0)
+    meta = {"schema_version": SCHEMA_VERSION, "model": source.label if source else "recorded",
+            **({"model_source": source.to_meta()} if source else {}),
+            "dataset": dataset or "the recorded job's", "dataset_description": "the recorded DDP job's own data",
+            "synthetic_data": False, "params": params, "batch_per_worker": batch, "workers": world,
+            "steps": len(steps), "recorded_steps": list(steps), "dtype": dtype, "device": "recorded",
+            "device_name": "the recorded job's", "torch_version": first.get("torch_version", torch.__version__),
+            "seed": 0, "losses_recorded": False, "command": shlex.join(["arcsim", *sys.argv[1:]])}
+    with TraceWriter(Path(out), meta, tuple(layers), dtype) as writer:
+        for i, s in enumerate(steps):
+            grads = torch.stack([part["grads"][s].float() for part in parts])
+            if grads.shape != (world, params):
+                raise ArcsimError(f"step {s}: the parts hold {tuple(grads.shape)} gradients, not ({world}, {params})")
+            writer.write_step(grads, [0.0] * world, float(forward[i]), float(ready[i].max()), ready[i].tolist())
+    return Path(out)
+
+
+def _check_source(source: ModelSource, dataset: str | None, layers: list[Layer]) -> None:
+    """The named model must have exactly the recorded parameters, or pricing it would price another."""
+    from arcsim.models.datasets import data_spec
+
+    source.check()
+    name = dataset or source.default_dataset
+    spec = data_spec(name) if name else None
+    with torch.device("meta"):
+        model = source.build(spec)
+    have = {n: tuple(p.shape) for n, p in model.named_parameters()}
+    recorded = {la.name: la.shape for la in layers}
+    if have != recorded:
+        differ = sorted(set(have.items()) ^ set(recorded.items()))[:3]
+        raise ArcsimError(f"--model {source.ref} does not have the recorded parameters (first differences: "
+                          f"{differ}); name the model the job trained")
