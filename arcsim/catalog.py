@@ -31,6 +31,7 @@ class CompressorInfo:
 DESCRIPTORS: tuple[CompressorInfo, ...] = (
     CompressorInfo("dense", "all-reduce", "none", True, "none", (), "fp32 all-reduce, the baseline"),
     CompressorInfo("fp16", "all-reduce", "none", True, "none", (), "fp16 cast, half the bytes"),
+    CompressorInfo("bf16", "all-reduce", "none", True, "none", (), "bf16 cast, half the bytes, fp32's range"),
     CompressorInfo("topk", "all-gather", "top-k", False, "ef14", ("scope", "packed"),
                    "each worker's k largest |x|; values and indices all-gathered (packed in one)"),
     CompressorInfo("randk", "all-reduce", "random", False, "ef14", ("scope", "unbiased"),

@@ -53,6 +53,22 @@ def recorded(hook):
     return wrapper, seen
 
 
+def bf16_case(rank: int) -> dict:
+    """Per-rank random gradients (so that the bf16 rounding and the division before the sum both matter)."""
+    results = {}
+    for label, hook, state in (("torch", default_hooks.bf16_compress_hook, None),
+                               ("arcsim", compression_hook, CompressionState("bf16", memory="none"))):
+        torch.manual_seed(0)
+        net = nn.Linear(16, 8)
+        ddp = DDP(net)
+        wrapper, seen = recorded(hook)
+        ddp.register_comm_hook(state, wrapper)
+        x = torch.randn(4, 16, generator=torch.Generator().manual_seed(100 + rank))
+        (ddp(x) ** 2).sum().backward()
+        results[label] = {"in": seen[0][0].tolist(), "out": seen[0][1].tolist()}
+    return results
+
+
 def fp16_case(rank: int) -> dict:
     results = {}
     for label, hook, state in (("torch", default_hooks.fp16_compress_hook, None),
@@ -134,7 +150,7 @@ def powersgd_case(rank: int, world: int) -> dict:
 
 def main(rank: int, world: int, port: int, out_dir: str) -> None:
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
-    report = {"fp16": fp16_case(rank), "powersgd": powersgd_case(rank, world)}
+    report = {"fp16": fp16_case(rank), "bf16": bf16_case(rank), "powersgd": powersgd_case(rank, world)}
     with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as fh:
         json.dump(report, fh)
     leave_process_group()

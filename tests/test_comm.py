@@ -58,9 +58,9 @@ def test_torch_distributed_matches_in_process_for_every_compressor_and_memory(wo
     spawn_ranks(HERE / "_dist_check.py", world, tmp_path)
     for r in range(world):
         report = json.loads((tmp_path / f"rank{r}.json").read_text())
-        assert len(report) == 40
+        assert len(report) == 44
         for combo, result in report.items():
-            # fp16 sums in fp16 on the wire: gloo and the in-process mean round differently beyond 2 ranks
-            tolerance = 2e-3 if combo.startswith("fp16") else 1e-6
+            # fp16 and bf16 sum in 16 bits on the wire: gloo and the in-process mean round differently
+            tolerance = 2e-3 if combo.startswith("fp16") else 1.6e-2 if combo.startswith("bf16") else 1e-6
             assert result["rel_diff"] <= tolerance, (combo, result)
             assert result["same_log"], combo

@@ -230,6 +230,18 @@ def test_fp16_hook_agrees_with_pytorchs_on_values_whose_sum_overflows(torch_hook
         assert ours == theirs
 
 
+def test_bf16_hook_equals_pytorchs_bf16_compress_hook(torch_hooks):
+    outs = []
+    for report in torch_hooks:
+        theirs, ours = report["bf16"]["torch"]["out"], report["bf16"]["arcsim"]["out"]
+        assert ours == theirs  # bit for bit: cast, divide by the world, sum, back to fp32
+        exact = (torch.tensor(torch_hooks[0]["bf16"]["torch"]["in"]) + torch.tensor(torch_hooks[1]["bf16"]["torch"]
+                                                                                    ["in"])) / 2
+        assert 0 < float((torch.tensor(theirs) - exact).norm() / exact.norm()) < 1e-2  # bf16 rounding, no more
+        outs.append(theirs)
+    assert outs[0] == outs[1]
+
+
 def test_powersgd_aggregate_equals_pytorchs_hook(torch_hooks):
     for report in torch_hooks:
         psgd = report["powersgd"]

@@ -7,14 +7,14 @@ from arcsim.compressors.adaptive import Adaptive
 from arcsim.compressors.arctopk import ArcTopK
 from arcsim.compressors.artopk import Star, Var
 from arcsim.compressors.base import Compressed, CompressionError, Compressor
-from arcsim.compressors.dense import Dense, Fp16
+from arcsim.compressors.dense import Bf16, Dense, Fp16
 from arcsim.compressors.gaussiank import GaussianK
 from arcsim.compressors.powersgd import PowerSGD
 from arcsim.compressors.randk import RandK
 from arcsim.compressors.topk import TopK
 
 REGISTRY: dict[str, type[Compressor]] = {
-    cls.name: cls for cls in (Dense, Fp16, TopK, RandK, GaussianK, ArcTopK, Star, Var, PowerSGD, Adaptive)
+    cls.name: cls for cls in (Dense, Fp16, Bf16, TopK, RandK, GaussianK, ArcTopK, Star, Var, PowerSGD, Adaptive)
 }
 NAMES = tuple(REGISTRY)
 

@@ -26,8 +26,9 @@ from arcsim.errors import ArcsimError
 
 KERNEL_DIR = DEVICE_DIR / "kernels"
 ANCHOR = "h100"
-SCOPE_FREE = ("dense", "fp16", "powersgd")
-PRICED_AS = {"adaptive": "topk"}  # adaptive's default inner selector does its kernel work (estimated)
+SCOPE_FREE = ("dense", "fp16", "bf16", "powersgd")
+# adaptive's default inner selector does its kernel work; a bf16 cast moves the bytes an fp16 cast does (estimated)
+PRICED_AS = {"adaptive": "topk", "bf16": "fp16"}
 
 
 @dataclass(frozen=True)

@@ -49,7 +49,7 @@ def train(model: str = "mlp", dataset: str | None = None, compressor: str = "den
     ddp = DDP(net, bucket_cap_mb=bucket_mb)
     state = None
     if compressor != "none":
-        state = CompressionState(compressor, density, memory if compressor not in ("dense", "fp16") else "none",
+        state = CompressionState(compressor, density, memory if compressor not in ("dense", "fp16", "bf16") else "none",
                                  seed=seed)
         ddp.register_comm_hook(state, compression_hook)
     opt = torch.optim.SGD(ddp.parameters(), lr=lr or entry.lr, momentum=0.9)

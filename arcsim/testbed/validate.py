@@ -148,7 +148,7 @@ def compare(cfg: ValidateConfig, ranks: int, label: str, topo: Path, trace: Path
         measured, lo, hi = float(np.median(medians)), min(medians), max(medians)
         p = predicted[name]
         rows.append({"ranks": ranks, "bandwidth": label, "machine": where, "model": cfg.model, "compressor": name,
-                     "density": cfg.density if name not in ("dense", "fp16") else 1.0,
+                     "density": cfg.density if name not in ("dense", "fp16", "bf16") else 1.0,
                      "collective": "allgather" if name in AG_FAMILY else "allreduce",
                      "measured": measured * 1e3, "predicted": p["iteration_s"] * 1e3,
                      "spread_min": lo * 1e3, "spread_max": hi * 1e3, "runs": len(runs),
@@ -289,7 +289,7 @@ def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
     for key in sorted({(r["ranks"], r["bandwidth"]) for r in rows}):
         case = [r for r in rows if (r["ranks"], r["bandwidth"]) == key]
         ag = [r for r in case if r["collective"] == "allgather"]
-        ar = [r for r in case if r["collective"] == "allreduce" and r["compressor"] not in ("dense", "fp16")]
+        ar = [r for r in case if r["collective"] == "allreduce" and r["compressor"] not in ("dense", "fp16", "bf16")]
         if not ag or not ar:
             continue
         best_ag = min(ag, key=lambda r: r["measured_s"])

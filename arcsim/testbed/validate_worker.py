@@ -111,7 +111,7 @@ def machine() -> str:
 
 def _memory(cfg: dict, compressor: str) -> str:
     """The error feedback a compressor runs with here: none for the uncompressed ones."""
-    return "none" if compressor in ("dense", "fp16") else cfg["memory"]
+    return "none" if compressor in ("dense", "fp16", "bf16") else cfg["memory"]
 
 
 def _no_communication(state, bucket):  # unannotated: DDP checks annotations, and this module defers them
