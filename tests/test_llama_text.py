@@ -57,3 +57,17 @@ def test_python_text_is_real_windows_of_a_held_out_split():
     text = tokenizer.decode(x[0].tolist())
     assert tokenizer.encode(text).ids[:8] == x[0, :8].tolist()  # the windows are the tokenizer's own tokens
     assert "Python" in data.description and "held out" in data.description
+
+
+def test_train_scores_token_data_by_next_token_accuracy():
+    from torch import nn
+
+    from arcsim.train.loop import accuracy
+
+    class CopyNext(nn.Module):  # predicts each token's successor from the input itself: right but at the end
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return nn.functional.one_hot(torch.roll(x, -1, dims=1), VOCAB).float()
+
+    data = make_dataset("python-text", 16)
+    assert abs(accuracy(CopyNext(), data) - 15 / 16) < 0.01
+    assert MODELS["llama_60m"].optimizer == "adamw"  # TrainingRun and capture give the LLaMAs AdamW
