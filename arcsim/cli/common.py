@@ -97,6 +97,20 @@ def step_progress(desc: str, unit: str = "step") -> Iterator[Callable[[int, int]
             bar.close()
 
 
+def finite_number(kind: click.ParamType, value: object, param: click.Parameter | None, ctx: click.Context | None,
+                  hint: str = "") -> float:
+    """``value`` as a finite float, or ``kind``'s one-line failure: what Count and Number both start from."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    try:
+        number = float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        kind.fail(f"{value!r} is not a number{hint}", param, ctx)
+    if not math.isfinite(number):
+        kind.fail(f"{value!r} is not a finite number", param, ctx)
+    return number
+
+
 class Count(click.ParamType):
     """A whole number that may be written 1e6 or 25600000, finite and within [minimum, maximum]."""
 
@@ -106,15 +120,7 @@ class Count(click.ParamType):
         self.minimum, self.maximum, self.why_max = minimum, maximum, why_max
 
     def convert(self, value, param, ctx):  # type: ignore[no-untyped-def]
-        if isinstance(value, int) and not isinstance(value, bool):
-            number: float = value
-        else:
-            try:
-                number = float(value)
-            except (TypeError, ValueError):
-                self.fail(f"{value!r} is not a number (e.g. 1e6)", param, ctx)
-        if not math.isfinite(number):
-            self.fail(f"{value!r} is not a finite number", param, ctx)
+        number = finite_number(self, value, param, ctx, " (e.g. 1e6)")
         if number != int(number):
             self.fail(f"{value!r} is not a whole number", param, ctx)
         count = int(number)
@@ -134,12 +140,7 @@ class Number(click.ParamType):
         self.minimum, self.maximum, self.above = minimum, maximum, above
 
     def convert(self, value, param, ctx):  # type: ignore[no-untyped-def]
-        try:
-            number = float(value)
-        except (TypeError, ValueError):
-            self.fail(f"{value!r} is not a number", param, ctx)
-        if not math.isfinite(number):
-            self.fail(f"{value!r} is not a finite number", param, ctx)
+        number = float(finite_number(self, value, param, ctx))
         low_ok = (self.above is None or number > self.above) and (self.minimum is None or number >= self.minimum)
         if not low_ok or (self.maximum is not None and number > self.maximum):
             self.fail(f"{self.allowed()} (got {number:g})", param, ctx)

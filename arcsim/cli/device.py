@@ -16,7 +16,6 @@ from arcsim.cli.common import (
     write_json,
 )
 from arcsim.devices.catalog import PRECISIONS, device, devices
-from arcsim.errors import ArcsimError
 from arcsim.units import format_duration
 
 
@@ -80,8 +79,6 @@ def device_predict(model: str, model_args: tuple[str, ...], data: str | None, da
     from arcsim.devices.predict import predict_compute
     from arcsim.models.source import model_source
 
-    if data is not None and (dataset or input_size):
-        raise ArcsimError("--data gives the batches: drop --dataset and --input-size")
     pred = predict_compute(model_source(model, model_args), gpu, batch, precision, modelled, dataset, data,
                            input_size)
     write_json(pred.to_dict(), json_out)

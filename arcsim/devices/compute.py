@@ -24,11 +24,9 @@ import numpy as np
 
 from arcsim.devices.catalog import DEVICE_DIR, Device
 from arcsim.devices.workload import OP_CLASSES, Workload, count_workload
-from arcsim.files import packaged
-from arcsim.traces.profile import ComputeProfile, LayerTiming, load_profile
+from arcsim.traces.profile import PROFILE_DIR, ComputeProfile, LayerTiming, load_profile
 
 FIT_FILE = DEVICE_DIR / "efficiency.json"
-PROFILE_DIR = packaged("traces", "profiles")
 
 
 TENSOR_CLASSES = ("conv", "matmul", "attention")

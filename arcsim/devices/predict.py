@@ -11,7 +11,7 @@ from arcsim.devices.compute import find_measured, load_fit, modelled_profile
 from arcsim.devices.workload import count_workload
 from arcsim.errors import ArcsimError
 from arcsim.files import writable_cache_dir
-from arcsim.models.source import ModelSource
+from arcsim.models.source import ModelSource, as_source
 from arcsim.traces.profile import ComputeProfile, load_profile
 
 DEFAULT_GPU_BATCH = 32  # per GPU, when a run on a GPU names none (--batch)
@@ -44,7 +44,7 @@ def check_request(model: str | ModelSource, gpu: str, batch: int, precision: str
     dev.check_precision(precision)
     if batch < 1:
         raise ArcsimError(f"--batch is per GPU and at least 1, got {batch}")
-    (model if isinstance(model, ModelSource) else ModelSource(model)).check()
+    as_source(model).check()
     return dev
 
 
@@ -72,9 +72,9 @@ def predict_compute(model: str | ModelSource, gpu: str, batch: int, precision: s
                     input_size: int | None = None) -> ComputePrediction:
     """``model``: a zoo name or any model source; ``dataset`` (default: the model's own) sets the input shape,
     and a measured profile must share it; ``data``: the user's batches instead."""
-    source = model if isinstance(model, ModelSource) else ModelSource(model)
+    source = as_source(model)
     dev = check_request(source, gpu, batch, precision)
-    dataset = None if data else dataset or source.default_dataset
+    dataset = source.dataset_for(dataset, data, input_size)  # None: the user's batches feed it
     measured = (None if modelled or source.entry is None or input_size is not None else
                 find_measured(source.ref, dev.name, batch, precision))
     if measured is not None and measured.dataset not in (None, dataset):

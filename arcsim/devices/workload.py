@@ -173,16 +173,12 @@ def count_workload(model: str | ModelSource, batch: int, dataset: str | None = N
     the user's ``data``; counted once for each (model, batch, input) and kept in memory and on disk
     (arcsim.files): counting imports torch._dynamo for meta convolutions, 1.2 s a run."""
     from arcsim.models.datasets import data_spec
-    from arcsim.models.source import ModelError, ModelSource
+    from arcsim.models.source import as_source
 
-    source = model if isinstance(model, ModelSource) else ModelSource(model)
+    source = as_source(model)
     source.check()
-    if data is not None:
-        return _workload(source, batch, None, data)
-    dataset = dataset or source.default_dataset
-    if dataset is None:
-        raise ModelError(f"{source.label}: name the dataset its forward takes to count its compute")
-    return _workload(source, batch, data_spec(dataset, input_size), None)
+    name = source.dataset_for(dataset, data, input_size)
+    return _workload(source, batch, None if name is None else data_spec(name, input_size), data)
 
 
 @lru_cache(maxsize=64)

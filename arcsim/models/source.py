@@ -23,7 +23,9 @@ import importlib.util
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import torch
@@ -60,6 +62,23 @@ def parse_args(pairs: Sequence[str], what: str = "--model-arg") -> tuple[tuple[s
     return tuple(out.items())
 
 
+@lru_cache(maxsize=32)
+def _file_module(path: str, mtime_ns: int) -> ModuleType:
+    """A user's .py file executed as a module once per version of it (checks, builds and batches share it)."""
+    name = f"_arcsim_user_{hashlib.sha1(path.encode()).hexdigest()[:12]}"
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"cannot load {path} as Python")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses and pickling look their module up
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        sys.modules.pop(name, None)
+        raise
+    return module
+
+
 def load_callable(ref: str, what: str) -> Callable[..., Any]:
     """``file.py:name`` or ``package.module:name`` → the object; one ModelError for every way it can fail."""
     target, sep, attr = ref.rpartition(":")
@@ -69,16 +88,9 @@ def load_callable(ref: str, what: str) -> Callable[..., Any]:
         path = Path(target)
         if not path.is_file():
             raise ModelError(f"{what} {ref!r}: no such file {target}")
-        name = f"_arcsim_user_{hashlib.sha1(str(path.resolve()).encode()).hexdigest()[:12]}"
-        spec = importlib.util.spec_from_file_location(name, path)
-        if spec is None or spec.loader is None:
-            raise ModelError(f"{what} {ref!r}: cannot load {target} as Python")
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module  # dataclasses and pickling look their module up
         try:
-            spec.loader.exec_module(module)
+            module = _file_module(str(path.resolve()), path.stat().st_mtime_ns)
         except Exception as exc:  # the user's code: any failure is theirs to see, in one line
-            sys.modules.pop(name, None)
             raise ModelError(f"{what} {ref!r}: importing {target} failed: {type(exc).__name__}: {exc}") from None
     else:
         try:
@@ -174,6 +186,19 @@ class ModelSource:
                              "path/to/file.py:build, package.module:build or hf:config.json")
         load_callable(self.ref, "--model")
 
+    def dataset_for(self, dataset: str | None, data: str | None, input_size: int | None = None) -> str | None:
+        """The built-in dataset this model is fed (None when the user's ``data`` feeds it), after checking that
+        exactly one of the two is there: one rule for capture, profiles and the device model's count."""
+        if data is not None:
+            if dataset is not None or input_size is not None:
+                raise ModelError("--data gives the batches: drop --dataset and --input-size")
+            load_callable(data, "--data")
+            return None
+        if dataset is None and self.default_dataset is None:
+            raise ModelError(f"--model {self.ref} is your own: give --dataset (a built-in dataset its forward "
+                             "takes, e.g. python-text) or --data file.py:batches")
+        return dataset or self.default_dataset
+
     def build(self, spec: DataSpec | None) -> nn.Module:
         """The model (on the current default device), for ``spec`` when it is a zoo model."""
         if self.entry is not None:
@@ -248,6 +273,11 @@ def hf_config(ref: str, args: dict[str, Any]) -> Any:
     except Exception as exc:  # transformers' own messages: an unknown model type, a malformed config
         raise ModelError(f"--model {ref}: transformers cannot read it: {type(exc).__name__}: "
                          f"{str(exc).splitlines()[0][:200]}") from None
+
+
+def as_source(model: str | ModelSource) -> ModelSource:
+    """A zoo name or a source, as a source."""
+    return model if isinstance(model, ModelSource) else ModelSource(model)
 
 
 def model_source(ref: str, args: Sequence[str] | tuple[tuple[str, Any], ...] = ()) -> ModelSource:

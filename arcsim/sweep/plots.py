@@ -80,14 +80,13 @@ def select(df: pd.DataFrame, conditions: tuple[str, ...]) -> pd.DataFrame:
             value = read(text.strip())
         except (ValueError, ArcsimError):
             raise SweepError(f"--where {condition!r}: cannot read {text.strip()!r} as a {name}") from None
-        values = df[col].dropna().unique()
         match = np.isclose(df[col].astype(float), float(value)) if isinstance(value, float | int) else df[col] == value
-        if col == "density":
-            match = match | df["compressor"].isin(DENSITY_FREE)
-        if not bool(np.any(match & ~df["compressor"].isin(DENSITY_FREE) if col == "density" else match)):
-            present = ", ".join(_fmt(v) for v in sorted(values, key=str)[:12])
+        free = (df["compressor"].isin(DENSITY_FREE) if col == "density"  # dense has no density: kept
+                else pd.Series(False, index=df.index))
+        if not bool(np.any(match & ~free)):
+            present = ", ".join(_fmt(v) for v in sorted(df[col].dropna().unique(), key=str)[:12])
             raise SweepError(f"--where {condition!r} matches no point; the table has {name} {present}")
-        df = df[match]
+        df = df[match | free]
         said.append(f"{LABELS[col]} {_fmt(value)}")
     out = df.copy()
     out.attrs["where"] = ", ".join(said)

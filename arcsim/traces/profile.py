@@ -21,10 +21,11 @@ from arcsim.errors import ArcsimError
 from arcsim.files import packaged, read_json
 from arcsim.models import count_params
 from arcsim.models.datasets import make_dataset
-from arcsim.models.source import ModelSource, UserBatches, to_device
+from arcsim.models.source import ModelSource, UserBatches, as_source, to_device
 from arcsim.traces.timing import ComputeTimer
 
 PROFILE_SCHEMA = 1
+PROFILE_DIR = packaged("traces", "profiles")  # the measured profiles the package ships
 
 
 @dataclass
@@ -99,7 +100,7 @@ class ComputeProfile:
 def load_profile(path: str | Path) -> ComputeProfile:
     """A profile file; a bare name not in the working directory is looked up among the shipped profiles."""
     path = Path(path)
-    shipped = packaged("traces", "profiles") / path.name
+    shipped = PROFILE_DIR / path.name
     if not path.exists() and path.parent == Path() and shipped.is_file():
         path = shipped
     if not path.exists():
@@ -128,12 +129,11 @@ def measure_profile(model: str | ModelSource, batch: int, device: str = "cpu", d
     zoo model or any model source, on a built-in dataset or one batch of the user's ``data``."""
     if batch < 1 or repeats < 1 or warmup < 0:
         raise ArcsimError("--batch and --repeats must be ≥ 1 and --warmup ≥ 0")
-    source = model if isinstance(model, ModelSource) else ModelSource(model)
+    source = as_source(model)
     source.check()
     dev = resolve_device(device)
-    if data is None and (dataset or source.default_dataset) is None:
-        raise ArcsimError(f"--model {source.ref} is your own: give --dataset or --data")
-    ds = None if data is not None else make_dataset(dataset or source.default_dataset or "", input_size)
+    name = source.dataset_for(dataset, data, input_size)
+    ds = None if name is None else make_dataset(name, input_size)
     spec = ds.spec if ds is not None else None
     torch.manual_seed(0)
     net = source.build(spec).to(dev).train()

@@ -27,7 +27,7 @@ from arcsim.compressors.base import Layer
 from arcsim.errors import ArcsimError
 from arcsim.models import count_params
 from arcsim.models.datasets import make_dataset
-from arcsim.models.source import ModelSource, UserBatches, load_callable, model_source, to_device
+from arcsim.models.source import ModelSource, UserBatches, model_source, to_device
 from arcsim.traces.profile import resolve_device
 from arcsim.traces.timing import ComputeTimer, StepTiming
 
@@ -87,13 +87,7 @@ class TrainingConfig:
         """Refuse bad settings before any work; an unknown model or a missing CUDA device included."""
         source = self.source
         source.check()
-        if self.data is not None:
-            if self.dataset is not None or self.input_size is not None:
-                raise ArcsimError("--data gives the batches: drop --dataset and --input-size")
-            load_callable(self.data, "--data")
-        elif self.dataset is None and source.default_dataset is None:
-            raise ArcsimError(f"--model {self.model} is your own: give --dataset (a built-in dataset its forward "
-                              "takes, e.g. python-text) or --data file.py:batches")
+        source.dataset_for(self.dataset, self.data, self.input_size)
         if self.optimizer not in (None, *OPTIMIZERS):
             raise ArcsimError(f"unknown optimizer {self.optimizer!r}; choose {' or '.join(OPTIMIZERS)}")
         if self.precision not in ("fp32", "bf16"):
@@ -164,8 +158,8 @@ class DataParallelSteps:
         cfg.check()
         self.cfg = cfg
         self.source = cfg.source
-        dataset = cfg.dataset or self.source.default_dataset
-        self.data = None if cfg.data is not None or dataset is None else make_dataset(dataset, cfg.input_size)
+        dataset = self.source.dataset_for(cfg.dataset, cfg.data, cfg.input_size)
+        self.data = None if dataset is None else make_dataset(dataset, cfg.input_size)
         self.device = resolve_device(cfg.device)
         self.batch = cfg.batch or self.source.default_batch
         self.progress = progress
