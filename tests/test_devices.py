@@ -177,3 +177,30 @@ def test_a_run_on_a_gpu_is_deterministic_and_says_what_it_assumed(tmp_path):
     for c in outs[0]["candidates"]:
         assert c["compute_s"] == pytest.approx(shipped["forward_s"] + shipped["backward_s"])
     assert np.isfinite([c["compress_s"] for c in outs[0]["candidates"]]).all()
+
+
+@pytest.mark.parametrize(("gpu", "flags", "kind", "priced_on"), [
+    ("h100", {}, "modelled", "h100"),
+    ("h100", {"params": True}, "none", "h100"),
+    ("h100", {"live_on_gpu": True}, "live-gpu", None),
+    (None, {}, "here", None),
+    ("cpu", {}, "here", None),
+    ("cpu", {"params": True}, "none", None),
+])
+def test_where_compute_comes_from_is_decided_in_one_order(gpu, flags, kind, priced_on):
+    from arcsim.devices.source import compute_source
+
+    where = compute_source(gpu, **flags)
+    assert where.kind == kind and (where.gpu.name if where.gpu else None) == priced_on
+    assert (where.why_not_modelled == "") == (kind == "modelled")
+
+
+def test_a_compute_profile_prices_compression_on_the_gpu_it_was_measured_on_unless_one_is_named():
+    from arcsim.devices.source import compute_source
+    from arcsim.traces.profile import PROFILE_DIR
+
+    profile = str(PROFILE_DIR / "resnet50-h100-b32-fp32.json")
+    assert compute_source(None, profile=profile).gpu.name == "h100"
+    assert compute_source("a100", profile=profile).gpu.name == "a100"
+    assert compute_source("cpu", profile=profile).gpu is None
+    assert compute_source("a100", profile=profile).kind == "profile"

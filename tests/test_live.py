@@ -101,3 +101,23 @@ def test_a_second_pricing_of_a_live_run_reuses_its_gradients(tmp_path):
     assert r.returncode == 0, r.stderr
     assert (tmp_path / "breakdown-gpus.png").read_bytes()[:4] == b"\x89PNG"
     assert "whole model as one vector" in " ".join(r.stdout.split())
+
+
+def test_a_sweep_over_live_training_takes_a_model_of_ones_own(tmp_path):
+    """A model from a file beside the zoo's MLP on the same data; a model of one's own without live_dataset is
+    refused before any work."""
+    (tmp_path / "my_mlp.py").write_text(
+        "from torch import nn\n\ndef build():\n    return nn.Sequential(nn.Flatten(), nn.Linear(64, 128), nn.ReLU(), "
+        "nn.Linear(128, 128), nn.ReLU(), nn.Linear(128, 10))\n")
+    mine = f"{tmp_path / 'my_mlp.py'}:build"
+    r = run_cli("sweep", "--live", f"mlp,{mine}", "--live-dataset", "digits", "--live-workers", "2", "--live-steps",
+                "1", "-c", "topk", "-d", "0.05", "-j", "1", "--out", str(tmp_path / "s"), "--no-plots", "--gpu", "cpu")
+    assert r.returncode == 0, r.stderr
+    import pandas as pd
+
+    df = pd.read_csv(tmp_path / "s" / "results.csv").set_index("trace")
+    assert sorted(df.index) == ["live:mlp on digits (2 workers × 1 steps, cpu)",
+                                "live:my_mlp:build on digits (2 workers × 1 steps, cpu)"]
+    assert ((df["rel_error"] > 0) & (df["rel_error"] < 1)).all()  # SGD for the zoo's, AdamW for one's own
+    bad = run_cli("sweep", "--live", mine, "--out", str(tmp_path / "t"))
+    assert bad.returncode == 2 and "live_dataset" in bad.stderr and not (tmp_path / "t").exists(), bad.stderr

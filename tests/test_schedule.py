@@ -20,6 +20,7 @@ from arcsim.train import scheduled
 from arcsim.train.loop import TrainConfig, prepare
 from arcsim.train.policies import Pricing, asf, warmup_density
 from arcsim.train.scheduled import ScheduledConfig, ScheduledExperiment, decisions, headline, summarise
+from arcsim.train.target import Target
 from arcsim.units import parse_duration, parse_rate
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
@@ -121,7 +122,7 @@ SCHEDULE = NetworkSchedule("test", (Phase(0, parse_duration("1ms"), parse_rate("
 def _config(steps: int = 24, policies=("static", "adaptive", "oracle")) -> ScheduledConfig:
     cfg = TrainConfig(model="mlp", steps=steps, eval_every=4, seeds=(0,))
     return ScheduledConfig(cfg, SCHEDULE, "8x1-eth10", policies=policies, candidates=("topk", "arctopk"),
-                           ratios=(0.1, 0.01), target=0.3, warmup=4)
+                           ratios=(0.1, 0.01), target=Target(0.3), warmup=4)
 
 
 @pytest.fixture(scope="module")
@@ -172,16 +173,16 @@ def test_oracle_uses_the_per_phase_best_static_choice(experiment):
         rows = table[table["phase"] == phase]
         reached = rows.dropna(subset=["time_to_target_s"])
         best = (reached.loc[reached["time_to_target_s"].idxmin()] if not reached.empty
-                else rows.loc[rows["final_accuracy"].idxmax()])["choice"]
+                else rows.loc[rows["final"].idxmax()])["choice"]
         used = oracle[oracle["step"] == step].iloc[0]
         assert f"{used['compressor']}@{used['density']:g}" == best
 
 
 def test_summary_and_headline(experiment):
     _, history = experiment
-    summary = summarise(history, 0.3)
+    summary = summarise(history, Target(0.3))
     assert set(summary["policy"]) == {"static", "adaptive", "oracle"} and len(summary) == 6
-    top = headline(summary, 0.3)
+    top = headline(summary, Target(0.3))
     assert list(top["policy"]) == ["static", "adaptive", "oracle"]
     static = summary[summary["policy"] == "static"]
     assert top.iloc[0]["time_to_target_s"] == pytest.approx(static["time_to_target_s"].min(), nan_ok=True)

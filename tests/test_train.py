@@ -16,6 +16,7 @@ from arcsim.train import experiment
 from arcsim.train.experiment import load_history, run_experiment
 from arcsim.train.loop import TrainConfig, prepare, train
 from arcsim.train.outcome import claims, summarise
+from arcsim.train.target import Target
 
 SMALL = {"model": "mlp", "dataset": "digits", "workers": 4, "batch": 8, "steps": 12, "eval_every": 4}
 
@@ -88,7 +89,7 @@ def test_resume_adds_only_missing_runs_and_refuses_other_settings(tmp_path, monk
 
 def _summary_row(name: str, accs: list[float]) -> list[dict]:
     return [{"compressor": name, "seed": s, "memory": "ef14", "step": 10, "loss": 0.1, "accuracy": a,
-             "time_s": 1.0, "collective": "", "diverged": False} for s, a in enumerate(accs)]
+             "val_loss": 1 - a, "time_s": 1.0, "collective": "", "diverged": False} for s, a in enumerate(accs)]
 
 
 def test_claims_are_judged_against_the_seed_noise():
@@ -105,7 +106,7 @@ def test_claims_are_judged_against_the_seed_noise():
 
 def test_target_never_reached_is_reported_not_an_error():
     history = pd.DataFrame(_summary_row("topk", [0.5, 0.6, 0.55]) + _summary_row("dense", [0.97, 0.96, 0.98]))
-    table = summarise(history, 0.95).set_index("compressor")
+    table = summarise(history, Target(0.95)).set_index("compressor")
     assert table.loc["topk", "reached"] == "0/3" and math.isnan(table.loc["topk", "steps_to_target"])
     assert table.loc["dense", "reached"] == "3/3" and table.loc["dense", "steps_to_target"] == 10
 

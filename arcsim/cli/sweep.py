@@ -26,7 +26,8 @@ SWEEP_OPTIONS = {  # option → spec key; every value is a comma list, strings m
     "compressors": "compressor", "density": "density", "bucket_mb": "bucket_mb", "engine": "engine", "gpu": "gpu",
     "library": "library", "fusion": "fusion", "params": "params", "live": "live",
 }
-LIVE_OPTIONS = {"live_workers": "live_workers", "live_steps": "live_steps", "live_device": "live_device"}
+LIVE_OPTIONS = {"live_workers": "live_workers", "live_steps": "live_steps", "live_device": "live_device",
+                "live_dataset": "live_dataset"}
 
 
 @click.command("sweep")
@@ -45,13 +46,16 @@ LIVE_OPTIONS = {"live_workers": "live_workers", "live_steps": "live_steps", "liv
 @click.option("--library", default=None, help="Communication libraries, e.g. nccl,gloo (default: the topology's).")
 @click.option("--params", default=None, help="Synthetic models instead of traces, e.g. 125M,7B,100B.")
 @click.option("--fusion", default=None, help="bucket, model, or bucket,model for both (default bucket).")
-@click.option("--live", default=None, help="Zoo models trained here instead of traces (arcsim run --live), e.g. cnn.")
+@click.option("--live", default=None, help="Models trained here instead of traces (arcsim run --live): zoo names "
+                                          "(e.g. cnn) or your own (file.py:build).")
 @click.option("--live-workers", default=None, type=Count(minimum=2, maximum=1024),
               help=f"With --live: data-parallel workers (default {LIVE_DEFAULTS['workers']}).")
 @click.option("--live-steps", default=None, type=Count(),
               help=f"With --live: training steps measured (default {LIVE_DEFAULTS['steps']}).")
 @click.option("--live-device", default=None, type=click.Choice(["cpu", "cuda"]),
               help=f"With --live (default {LIVE_DEFAULTS['device']}).")
+@click.option("--live-dataset", default=None,
+              help="With --live: the built-in dataset they train on (default: each zoo model's own).")
 @click.option("--memory", "-m", default=None, help="Error feedback for every compressor (default ef14).")
 @click.option("--seed", default=None, type=Count(minimum=0))
 @click.option("--out", "-o", default=None, type=OutputPath(directory=True),

@@ -6,11 +6,12 @@ import math
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import click
 from rich.table import Table
 
-from arcsim.catalog import COMPRESSORS, DATASETS, FUSIONS, MEMORIES, MODELS
+from arcsim.catalog import COMPRESSORS, FUSIONS, MEMORIES, MODELS
 from arcsim.cli.common import (
     DENSITY,
     Count,
@@ -20,7 +21,10 @@ from arcsim.cli.common import (
     console,
     json_option,
     library_option,
+    model_arg_options,
     note,
+    optimizer_options,
+    optimizer_settings,
     scope_option,
     step_progress,
     tables_wanted,
@@ -28,11 +32,16 @@ from arcsim.cli.common import (
 )
 from arcsim.errors import ArcsimError
 
+if TYPE_CHECKING:
+    from arcsim.train.target import Target
+
 
 @click.command("train")
-@click.option("--model", default="cnn", show_default=True, help=f"One of {', '.join(MODELS)}.")
-@click.option("--dataset", default="digits", show_default=True, help=f"One of {', '.join(DATASETS)} (with a test "
-                                                                       "split: digits, mnist1d).")
+@click.option("--model", default="cnn", show_default=True,
+              help=f"One of {', '.join(MODELS)}, or your own: file.py:build, package.module:build, hf:CONFIG.json.")
+@model_arg_options
+@click.option("--dataset", default=None, help="A dataset with a held-out split: digits, mnist1d or python-text "
+                                              "(default: the model's own).")
 @click.option("--workers", "-w", default="8", show_default=True, type=Count(maximum=1024),
               help="Simulated data-parallel workers.")
 @click.option("--compressors", "-c", default="dense,topk,arctopk,star,randk", show_default=True,
@@ -41,7 +50,9 @@ from arcsim.errors import ArcsimError
 @click.option("--memory", "-m", default="ef14", show_default=True, help=f"Error feedback: {', '.join(MEMORIES)}.")
 @click.option("--steps", default="300", show_default=True, type=Count())
 @click.option("--batch", "-b", default="16", show_default=True, type=Count(), help="Batch per worker.")
-@click.option("--lr", default=None, type=Number(above=0), help="SGD learning rate (default: the model's).")
+@optimizer_options
+@click.option("--precision", type=click.Choice(["fp32", "bf16"]), default="fp32", show_default=True,
+              help="bf16 runs forward and loss under autocast (gradients stay fp32).")
 @click.option("--eval-every", default="10", show_default=True, type=Count(), help="Held-out accuracy every N steps.")
 @click.option("--seeds", default="0", show_default=True, type=ListOf(Count(minimum=0), unique=True, example="0,1,2"),
               help="Seeds, comma-separated (≥ 3 to judge noise).")
@@ -54,6 +65,9 @@ from arcsim.errors import ArcsimError
 @click.option("--compute-profile", type=click.Path(dir_okay=False), default=None,
               help="Compute timings for pricing (default: the topology's GPU, else measured here on the CPU).")
 @click.option("--target", default=None, type=Number(above=0, maximum=1), help="Held-out accuracy to reach, e.g. 0.95.")
+@click.option("--target-loss", default=None, type=Number(above=0),
+              help="Held-out loss to get under instead (cross-entropy in nats; perplexity is its exponential), "
+                   "e.g. 6.5 for a language model.")
 @click.option("--out", "-o", default=None, type=OutputPath(directory=True),
               help="Results directory (default reports/train/<model>-<dataset>-d<density>); an existing one resumes.")
 @click.option("--network-schedule", "schedule", type=click.Path(dir_okay=False), default=None,
@@ -72,37 +86,42 @@ from arcsim.errors import ArcsimError
 @click.option("--warmup", default=None, type=Count(minimum=0),
               help="With --network-schedule: warm-up steps, Top-K from ratio 1.0 to 0.1 (default: 10 % of --steps).")
 @click.option("--stop-at-target", is_flag=True,
-              help="With --network-schedule and --target: end each run when it first reaches the target.")
+              help="With --network-schedule and a target: end each run when it first reaches the target.")
 @json_option
 @scope_option
-def train(model: str, dataset: str, workers: int, compressors: str, density: float, memory: str, steps: int,
-          batch: int, lr: float | None, eval_every: int, seeds: tuple[int, ...], topology: str | None, engine: str,
-          gpu: str | None, library: str | None, fusion: str,
-          compute_profile: str | None, target: float | None, out: str | None, json_out: str | None,
-          scope: str, schedule: str | None = None, policies: str | None = None, candidates: str | None = None,
-          ratios: tuple[float, ...] | None = None, warmup: int | None = None, stop_at_target: bool = False) -> None:
+def train(model: str, model_args: tuple[str, ...], data: str | None, dataset: str | None, workers: int,
+          compressors: str, density: float, memory: str, steps: int, batch: int, eval_every: int,
+          seeds: tuple[int, ...], topology: str | None, engine: str, gpu: str | None, library: str | None,
+          fusion: str, compute_profile: str | None, target: float | None, target_loss: float | None,
+          out: str | None, json_out: str | None, scope: str, precision: str, schedule: str | None = None,
+          policies: str | None = None, candidates: str | None = None, ratios: tuple[float, ...] | None = None,
+          warmup: int | None = None, stop_at_target: bool = False, **optimizer: Any) -> None:
     """Train W workers in one process through each compressor; accuracy against steps and predicted time."""
+    from arcsim.models.source import model_source
     from arcsim.train.experiment import run_experiment
     from arcsim.train.loop import TrainConfig
     from arcsim.train.outcome import claims, summarise
     from arcsim.train.plots import accuracy_plot
+    from arcsim.train.target import target_of
 
-    if target is not None and not 0 < target <= 1:
-        raise ArcsimError(f"--target is a held-out accuracy in (0, 1], got {target}")
-    if model not in MODELS:
-        raise ArcsimError(f"unknown model {model!r}; choose one of: {', '.join(MODELS)}")
-    if dataset not in DATASETS:
-        raise ArcsimError(f"unknown dataset {dataset!r}; choose one of: {', '.join(DATASETS)}")
-    cfg = TrainConfig(model=model, dataset=dataset, workers=workers,
+    goal = target_of(target, target_loss)
+    source = model_source(model, model_args)
+    source.check()
+    if data is not None:
+        raise ArcsimError("arcsim train measures held-out accuracy and loss on a built-in dataset's test split; "
+                          "drop --data and give --dataset digits, mnist1d or python-text")
+    dataset = source.dataset_for(dataset, None)
+    settings = optimizer_settings(optimizer)
+    cfg = TrainConfig(model=model, model_args=model_args, dataset=dataset or "", workers=workers,
                       compressors=tuple(c.strip() for c in compressors.split(",") if c.strip()), density=density,
-                      memory=memory, steps=steps, batch=batch, lr=lr, eval_every=eval_every,
-                      seeds=seeds, compute_profile=compute_profile, scope=scope,
-                      fusion=fusion)
+                      memory=memory, steps=steps, batch=batch, eval_every=eval_every,
+                      seeds=seeds, compute_profile=compute_profile, scope=scope, fusion=fusion, precision=precision,
+                      **settings)
     cfg.check()
     if schedule is not None:
         from arcsim.cli.train_schedule import train_under_schedule
 
-        train_under_schedule(cfg, schedule, topology, engine, gpu, library, target, out, json_out,
+        train_under_schedule(cfg, schedule, topology, engine, gpu, library, goal, out, json_out,
                              policies, candidates, ratios, warmup, stop_at_target)
         return
     for flag, value in (("--policy", policies), ("--warmup", warmup), ("--candidates", candidates),
@@ -121,40 +140,44 @@ def train(model: str, dataset: str, workers: int, compressors: str, density: flo
         topo = load_topology(topology)  # a bad name fails before any training
         priced_on = device(gpu).name if gpu else topo.gpu
         if priced_on and priced_on != "cpu" and not compute_profile:
-            note(f"each step is priced on {priced_on}: compute by the device model for {model} at batch {batch}, "
+            note(f"each step is priced on {priced_on}: compute by the device model for {source.label} at batch "
+                 f"{batch}, "
                  f"compression by the kernel model (arcsim device show {priced_on})")
-    directory = Path(out or f"reports/train/{model}-{dataset}-d{density:g}")
+    directory = Path(out or f"reports/train/{source.label.replace(':', '-')}-{dataset}-d{density:g}")
     started = time.perf_counter()
     with step_progress("training", unit="step") as progress:
         history = run_experiment(cfg, directory, topology, engine, announce=note, progress=progress, gpu=gpu,
                                  library=library)
     took = time.perf_counter() - started
-    summary = summarise(history, target)
+    summary = summarise(history, goal)
     summary.to_csv(directory / "summary.csv", index=False)
     if tables_wanted(json_out):
-        _table(summary, target, topology)
-        for line in claims(summary, target):
+        _table(summary, goal, topology)
+        for line in claims(summary, goal):
             console.print(f"  {line}")
-    what = f"{model} on {dataset}, {workers} workers, density {density:g}, {memory}"
-    written = [accuracy_plot(history, "step", directory / "accuracy_vs_step.png", f"Held-out accuracy — {what}",
-                             target)]
+    what = f"{source.label} on {dataset}, {workers} workers, density {density:g}, {memory}"
+    metric = goal.metric if goal is not None else "accuracy"
+    written = [accuracy_plot(history, "step", directory / f"{metric}_vs_step.png", f"Held-out {metric} — {what}",
+                             goal)]
     if topology:
-        written.append(accuracy_plot(history, "time_s", directory / "accuracy_vs_time.png",
-                                     f"Accuracy against predicted wall-clock on {topology} — {what}", target))
+        written.append(accuracy_plot(history, "time_s", directory / f"{metric}_vs_time.png",
+                                     f"Held-out {metric} against predicted wall-clock on {topology} — {what}", goal))
     note(f"{len(cfg.compressors) * len(cfg.seeds)} runs in {took:.1f} s; wrote {directory / 'history.csv'}, "
          f"summary.csv and {', '.join(p.name for p in written)}")
     from arcsim.cli.sweep import records
 
-    write_json({"directory": str(directory), "target": target, "topology": topology, "summary": records(summary),
-                "claims": claims(summary, target), "charts": [str(p) for p in written]}, json_out)
+    write_json({"directory": str(directory), "target": target, "target_loss": target_loss, "topology": topology,
+                "summary": records(summary), "claims": claims(summary, goal), "charts": [str(p) for p in written]},
+               json_out)
 
 
-def _table(summary, target: float | None, topology: str | None) -> None:
+def _table(summary, target: Target | None, topology: str | None) -> None:
     seeds = int(summary["seeds"].max())
-    title = f"Time to {target:.0%} held-out accuracy" if target is not None else "Final held-out accuracy"
+    title = f"Time to {target.label}" if target is not None else "Final held-out accuracy"
     table = Table(title=f"{title}, {seeds} seed{'s' if seeds != 1 else ''} (mean ± sd"
                         + ("; steps: mean over the runs that reached it)" if target is not None else ")"))
-    cols = ["compressor", "final acc"]
+    by_loss = target is not None and target.metric == "loss"
+    cols = ["compressor", "final acc"] + (["final loss"] if by_loss else [])
     if topology:
         cols += ["collective", "ms/step"]
     if target is not None:
@@ -169,7 +192,7 @@ def _table(summary, target: float | None, topology: str | None) -> None:
         acc = f"{r['final_acc_mean']:.3f}" + (f"±{r['final_acc_std']:.3f}" if r["seeds"] > 1 else "")
         if r["diverged_runs"]:
             acc += f" ({r['diverged_runs']} div.)"
-        row = [r["compressor"], acc]
+        row = [r["compressor"], acc] + ([f"{r['final_loss_mean']:.3f}"] if by_loss else [])
         if topology:
             row += [r["collective"], f"{r['step_s'] * 1e3:.3f}"]
         if target is not None:

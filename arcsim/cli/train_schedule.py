@@ -11,12 +11,13 @@ from rich.table import Table
 from arcsim.cli.common import console, note, step_progress, tables_wanted, write_json
 from arcsim.errors import ArcsimError
 from arcsim.train.loop import TrainConfig
+from arcsim.train.target import Target
 
 DEFAULT_SCHEDULE_TOPOLOGY = "8x1-eth10"  # one GPU per node: every collective crosses the changing network
 
 
 def train_under_schedule(cfg: TrainConfig, schedule_path: str, topology: str | None, engine: str, gpu: str | None,
-                         library: str | None, target: float | None, out: str | None, json_out: str | None,
+                         library: str | None, target: Target | None, out: str | None, json_out: str | None,
                          policies: str | None, candidates: str | None, ratios: tuple[float, ...] | None,
                          warmup: int | None, stop_at_target: bool = False) -> None:
     from arcsim.network_schedule import load_schedule
@@ -34,7 +35,7 @@ def train_under_schedule(cfg: TrainConfig, schedule_path: str, topology: str | N
     if topology is None:
         note(f"priced on {DEFAULT_SCHEDULE_TOPOLOGY} (one GPU per node) with the schedule's networks; --topology "
              "to change")
-    directory = Path(out or f"reports/train/{cfg.model}-{cfg.dataset}-{schedule.name}")
+    directory = Path(out or f"reports/train/{cfg.source.label.replace(':', '-')}-{cfg.dataset}-{schedule.name}")
     started = time.perf_counter()
     with step_progress("training", unit="step") as progress:
         experiment = ScheduledExperiment(scfg, directory, announce=note, progress=progress)
@@ -46,7 +47,7 @@ def train_under_schedule(cfg: TrainConfig, schedule_path: str, topology: str | N
     log = [d for d in decisions(directory) if d["seed"] in cfg.seeds]
     phases = [(p.start, p.label) for p in schedule.phases]
     chart = schedule_plot(history, top, phases, scfg.warmup_steps, directory / "accuracy_vs_time.png",
-                          f"{cfg.model} on {cfg.dataset} under {schedule.name} ({scfg.topology}), "
+                          f"{cfg.source.label} on {cfg.dataset} under {schedule.name} ({scfg.topology}), "
                           f"{len(cfg.seeds)} seed{'s' if len(cfg.seeds) != 1 else ''}", target)
     if tables_wanted(json_out):
         _table(top, target, len(cfg.seeds))
@@ -57,7 +58,8 @@ def train_under_schedule(cfg: TrainConfig, schedule_path: str, topology: str | N
 
     write_json({"directory": str(directory), "schedule": schedule.name, "topology": scfg.topology,
                 "phases": [p.to_dict() for p in schedule.phases], "warmup_steps": scfg.warmup_steps,
-                "target": target, "headline": records(top), "summary": records(summary), "decisions": log,
+                **(target.key() if target else {"target": None}), "headline": records(top),
+                "summary": records(summary), "decisions": log,
                 "charts": [str(chart)]}, json_out)
 
 
@@ -70,8 +72,8 @@ def _names(text: str | None, default: tuple[str, ...]) -> tuple[str, ...]:
     return names
 
 
-def _table(top, target: float | None, seeds: int) -> None:
-    title = (f"Time to {target:.0%} held-out accuracy under the schedule" if target is not None
+def _table(top, target: Target | None, seeds: int) -> None:
+    title = (f"Time to {target.label} under the schedule" if target is not None
              else "Final held-out accuracy under the schedule")
     table = Table(title=f"{title}, {seeds} seed{'s' if seeds != 1 else ''} (mean ± sd over the seeds that reached it)")
     cols = ["policy", "choice", "final acc", "wall-clock s"]

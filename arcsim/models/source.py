@@ -227,6 +227,13 @@ class ModelSource:
         except Exception as exc:
             raise ModelError(f"--model {self.ref} rejected a batch of {spec.kind} data, shape {tuple(x.shape)}: "
                              f"{type(exc).__name__}: {str(exc)[:300]}") from None
+        return self.loss_of_output(out, y, spec)
+
+    def loss_of_output(self, out: Any, y: torch.Tensor, spec: DataSpec) -> torch.Tensor:
+        """The loss of a forward's result on a built-in dataset's targets ``y``: the zoo's rule; for a user's model
+        the loss it returned, else the dataset's loss on its logits."""
+        if self.entry is not None:
+            return loss_fn(spec.kind, out, y)
         if (isinstance(out, torch.Tensor) and out.ndim == 0) or getattr(out, "loss", None) is not None:
             return loss_of(out, f"--model {self.ref}")
         logits = getattr(out, "logits", out)

@@ -28,6 +28,7 @@ from arcsim.collectives.libraries import get_library
 from arcsim.devices.catalog import PRECISIONS, Device
 from arcsim.devices.kernels import kernel_source
 from arcsim.devices.predict import DEFAULT_GPU_BATCH, ComputePrediction
+from arcsim.devices.source import ComputeSource, compute_source
 from arcsim.errors import ArcsimError
 from arcsim.files import cache_dir, generated_traces_dir, writable_cache_dir
 from arcsim.models.source import input_of_trace, source_of_trace
@@ -38,11 +39,10 @@ from arcsim.run.buckets import make_buckets
 from arcsim.run.candidates import Candidate, Context, candidates_for, evaluate
 from arcsim.run.compute import ComputeTimes, from_profile, from_trace, mapped
 from arcsim.run.measure import GradientStats, Measurement, measure, measure_many
-from arcsim.topology import DEFAULT_TOPOLOGY, load_topology
+from arcsim.topology import DEFAULT_TOPOLOGY, Topology, load_topology
 from arcsim.traces.format import GradientSource, Trace, open_trace
 from arcsim.traces.live import LiveSource
 from arcsim.traces.params import DEFAULT_LAYERS, ParamsModel
-from arcsim.traces.profile import load_profile
 from arcsim.traces.resolve import resolve_trace
 from arcsim.traces.training import TrainingConfig
 from arcsim.units import format_bits, format_duration
@@ -97,23 +97,11 @@ class RunConfig:
     def scope(self) -> str:
         return str(self.options.get("scope", "tensor"))
 
-    def _compute_not_modelled(self) -> str | None:
-        """Why no GPU's compute will be modelled (None when one is): what --batch and --precision shape."""
-        from arcsim.devices.catalog import device
-
-        if self.params is not None:
-            return "--params prices no compute"
-        if self.compute_profile:
-            return "--compute-profile gives the compute"
-        if self.live is not None and self.live.on_gpu:
-            return "--live --device cuda measures compute on this GPU"
-        name = self.gpu or load_topology(self.topology).gpu
-        if name is None:
-            return ("the topology names no GPU, so compute is as measured on this machine (name one with --gpu, "
-                    "e.g. --gpu h100; arcsim device list)")
-        if not device(name).modelled:
-            return f"--gpu {name} takes compute as measured on this machine"
-        return None
+    def compute_source(self, topology: Topology | None = None) -> ComputeSource:
+        """Where this run's compute comes from (arcsim.devices.source), on ``topology`` (default: the named one)."""
+        topology_gpu = (topology or load_topology(self.topology)).gpu
+        return compute_source(self.gpu or topology_gpu, params=self.params is not None,
+                              live_on_gpu=self.live is not None and self.live.on_gpu, profile=self.compute_profile)
 
     def check(self) -> None:
         writable_cache_dir()  # measurements are kept there, generated traces written there
@@ -131,7 +119,7 @@ class RunConfig:
             raise RunError(f"--batch is per GPU and at least 1, got {self.batch}")
         flags = [f for f, given in (("--batch", self.batch is not None and self.live is None),
                                     ("--precision bf16", self.precision != "fp32")) if given]
-        why = self._compute_not_modelled() if flags else None
+        why = self.compute_source().why_not_modelled if flags else None
         if flags and why:
             raise RunError(f"{' and '.join(flags)} shape the compute modelled on a catalogue GPU, but {why}; "
                            f"drop {' and '.join(f.split()[0] for f in flags)}")
@@ -279,20 +267,12 @@ class Analysis:
     def _device(self) -> tuple[Device | None, ComputePrediction | None]:
         """The GPU this run prices compute and compression on (--gpu, else the topology's; a compute profile
         from a catalogue GPU names its own), and its compute prediction; (None, None): all measured here."""
-        from arcsim.devices.catalog import device
-        from arcsim.devices.predict import device_of_profile, predict_compute
+        from arcsim.devices.predict import predict_compute
 
-        if self.cfg.live is not None and self.cfg.live.on_gpu:
-            return None, None  # measured on the GPU that trains: compute, and compression with CUDA events
-        name = self.cfg.gpu or self.topo.gpu
-        if self.params is not None:  # no compute; compression modelled on the GPU when it is in the catalogue
-            return (device(name) if name is not None and device(name).modelled else None), None
-        if self.cfg.compute_profile:
-            if name is not None:
-                return (device(name) if device(name).modelled else None), None
-            return device_of_profile(load_profile(self.cfg.compute_profile), self.cfg.compute_profile), None
-        if name is None or not device(name).modelled:
-            return None, None
+        where = self.cfg.compute_source(self.topo)
+        if where.kind != "modelled" or where.gpu is None:
+            return where.gpu, None
+        name = where.gpu.name
         meta = self.trace.meta
         source = source_of_trace(meta)
         if source is None:
@@ -301,7 +281,7 @@ class Analysis:
                            "give --compute-profile (arcsim trace profile on that GPU), or --gpu cpu for the "
                            "capture's own timings")
         dataset, size, data = input_of_trace(meta)
-        return device(name), predict_compute(source, name, self.cfg.batch or DEFAULT_GPU_BATCH, self.cfg.precision,
+        return where.gpu, predict_compute(source, name, self.cfg.batch or DEFAULT_GPU_BATCH, self.cfg.precision,
                                              dataset=dataset, input_size=size, data=data)
 
     def steps(self) -> Iterator[tuple[int, torch.Tensor]]:

@@ -82,7 +82,8 @@ def _live(point: Mapping[str, Any]):
 
     if point.get("live") is None:
         return None
-    return live_config(point["live"], point["live_workers"], point["live_steps"], point["live_device"], point["seed"])
+    return live_config(point["live"], point["live_workers"], point["live_steps"], point["live_device"], point["seed"],
+                       dataset=point.get("live_dataset"))
 
 
 def evaluate_point(point: Mapping[str, Any]) -> dict[str, Any]:
@@ -104,8 +105,9 @@ def evaluate_point(point: Mapping[str, Any]) -> dict[str, Any]:
     row["library"] = topo.library
     row["fusion"] = point.get("fusion") or "bucket"
     if point.get("live") is not None:  # the trace column names the gradients' source
-        row["trace"] = (f"live:{point['live']} ({point['live_workers']} workers × {point['live_steps']} steps, "
-                        f"{point['live_device']})")
+        dataset = f" on {point['live_dataset']}" if point.get("live_dataset") else ""
+        row["trace"] = (f"live:{meta.get('model')}{dataset} ({point['live_workers']} workers × "
+                        f"{point['live_steps']} steps, {point['live_device']})")
     row.update(topology_name=topo.name, nodes=topo.nodes, gpus_per_node=topo.gpus_per_node, world=topo.ranks,
                nic_gbps=topo.network.bandwidth_per_nic * 8 / 1e9, latency_us=topo.network.latency * 1e6,
                model=meta.get("model"), params=int(meta["params"]), trace_workers=analysis.trace.workers)

@@ -13,7 +13,7 @@ import itertools
 import json
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -42,8 +42,9 @@ AXES: dict[str, str] = {
     "library": "communication library: nccl, gloo, mpi or ideal; default: the topology's",
     "fusion": "bucket (DDP buckets, each compressed and sent on its own) or model (the whole gradient as one "
               "vector); default bucket",
-    "live": "instead of a trace: a zoo model trained data-parallel here, its gradients fed straight to the "
-            "compressors (arcsim run --live), e.g. resnet18; see live_workers, live_steps, live_device",
+    "live": "instead of a trace: a model trained data-parallel here, its gradients fed straight to the "
+            "compressors (arcsim run --live): a zoo name (e.g. resnet18) or your own (file.py:build, "
+            "package.module:build, hf:CONFIG.json); see live_workers, live_steps, live_device, live_dataset",
 }
 OPTIONAL_AXES = ("library", "fusion", "params", "live")  # later axes: not in a point's id when unset
 SETTINGS: dict[str, str] = {  # single values, not swept
@@ -55,6 +56,8 @@ SETTINGS: dict[str, str] = {  # single values, not swept
     "live_steps": f"with live: training steps measured after one warm-up step (default {LIVE_DEFAULTS['steps']})",
     "live_device": "with live: cpu or cuda (cuda also times compute and compression there; default "
                    f"{LIVE_DEFAULTS['device']})",
+    "live_dataset": "with live: the built-in dataset the models train on (default: each zoo model's own; a "
+                    "model of your own needs it, e.g. python-text)",
 }
 MAX_POINTS = 100_000  # a sweep's points are held in memory and each costs milliseconds to seconds
 LIVE_SETTINGS = {f"live_{k}": v for k, v in LIVE_DEFAULTS.items()}  # live_workers, live_steps, live_device
@@ -230,11 +233,11 @@ def build_spec(raw: Mapping[str, Any], source: str = "command line") -> SweepSpe
     if len(sources) > 1:
         raise SweepError(f"{source}: give one of trace, params (a synthetic model) and live (training here), "
                          f"not {' and '.join(sources)}")
-    given_live = sorted(k for k in LIVE_SETTINGS if raw.get(k) is not None)
+    given_live = sorted(k for k in (*LIVE_SETTINGS, "live_dataset") if raw.get(k) is not None)
     if given_live and sources != ["live"]:
         raise SweepError(f"{source}: {', '.join(given_live)} only apply to live training; add the live axis (e.g. "
                          "live: cnn) or remove them")
-    live_settings = _live_settings(raw, source) if sources == ["live"] else None
+    live_settings = _live_settings(raw, source, axes["live"]) if sources == ["live"] else None
     memory = str(raw.get("memory", "ef14"))
     if memory not in MEMORIES:
         raise SweepError(f"{source}: unknown memory {memory!r}; choose one of {', '.join(MEMORIES)}")
@@ -246,8 +249,9 @@ def build_spec(raw: Mapping[str, Any], source: str = "command line") -> SweepSpe
                      out=str(raw["out"]) if raw.get("out") else None, source=source, live_settings=live_settings)
 
 
-def _live_settings(raw: Mapping[str, Any], source: str) -> dict[str, Any]:
-    """live_workers, live_steps and live_device, checked as `arcsim run --live` checks them."""
+def _live_settings(raw: Mapping[str, Any], source: str, models: Sequence[str]) -> dict[str, Any]:
+    """live_workers, live_steps, live_device and (when given) live_dataset, checked as `arcsim run --live`
+    checks them, for every model on the live axis."""
     from arcsim.traces.training import TrainingConfig
 
     got: dict[str, Any] = {k: raw.get(k) if raw.get(k) is not None else v for k, v in LIVE_SETTINGS.items()}
@@ -258,9 +262,15 @@ def _live_settings(raw: Mapping[str, Any], source: str) -> dict[str, Any]:
     try:
         TrainingConfig(model="cnn", workers=got["live_workers"], steps=got["live_steps"],
                        device=str(got["live_device"])).check()
+        from arcsim.models.source import model_source
+
+        if raw.get("live_dataset") is not None:
+            got["live_dataset"] = str(raw["live_dataset"])
+        for model in models:
+            model_source(model).dataset_for(got.get("live_dataset"), None)
     except ArcsimError as exc:
         raise SweepError(f"{source}: {exc}".replace("--workers", "live_workers").replace("--steps", "live_steps")
-                         ) from None
+                         .replace("--dataset", "live_dataset")) from None
     return got
 
 
@@ -316,10 +326,12 @@ def _normalise(name: str, value: Any, source: str) -> Any:
         except ArcsimError as exc:
             raise SweepError(f"{where}: {exc}") from None
     if name == "live":
-        from arcsim.models import MODELS
+        from arcsim.models.source import model_source
 
-        if value not in MODELS:
-            raise SweepError(f"{where}: unknown model {value!r}; choose one of: {', '.join(MODELS)}")
+        try:
+            model_source(str(value)).check()
+        except ArcsimError as exc:
+            raise SweepError(f"{where}: {exc}") from None
     if name == "fusion" and value not in FUSIONS:
         raise SweepError(f"{where}: {fusion_message(value)}")
     if name == "compressor" and value not in COMPRESSORS:

@@ -35,6 +35,16 @@ OPTIMIZERS = ("sgd", "adamw")
 DEFAULT_MOMENTUM, DEFAULT_BETAS = 0.9, (0.9, 0.999)
 
 
+def build_optimizer(params: Iterable[torch.nn.Parameter], name: str, lr: float, momentum: float | None = None,
+                    betas: tuple[float, float] | None = None, weight_decay: float = 0.0) -> torch.optim.Optimizer:
+    """SGD with momentum (0.9 when None) or AdamW (betas (0.9, 0.999) when None): captures, live runs and
+    `arcsim train` build the optimizer here."""
+    if name == "adamw":
+        return torch.optim.AdamW(params, lr=lr, betas=betas or DEFAULT_BETAS, weight_decay=weight_decay)
+    return torch.optim.SGD(params, lr=lr, momentum=DEFAULT_MOMENTUM if momentum is None else momentum,
+                           weight_decay=weight_decay)
+
+
 @dataclass
 class TrainingConfig:
     """What data-parallel training produces gradients from (a capture and a live run alike)."""
@@ -69,11 +79,8 @@ class TrainingConfig:
         return self.lr or self.source.default_lr
 
     def make_optimizer(self, params: Iterable[torch.nn.Parameter]) -> torch.optim.Optimizer:
-        if self.optimizer_name() == "adamw":
-            return torch.optim.AdamW(params, lr=self.learning_rate(), betas=self.betas or DEFAULT_BETAS,
-                                     weight_decay=self.weight_decay)
-        return torch.optim.SGD(params, lr=self.learning_rate(), momentum=DEFAULT_MOMENTUM if self.momentum is None
-                               else self.momentum, weight_decay=self.weight_decay)
+        return build_optimizer(params, self.optimizer_name(), self.learning_rate(), self.momentum, self.betas,
+                               self.weight_decay)
 
     def describe_optimizer(self) -> str:
         """What the trace says it trained with, e.g. 'AdamW lr 0.001 betas (0.9, 0.999) weight decay 0'."""

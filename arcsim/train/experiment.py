@@ -21,7 +21,8 @@ from arcsim.topology import Topology, load_topology
 from arcsim.train.loop import TrainConfig, prepare, train
 from arcsim.train.outcome import compute_times, history_rows, price, priced_on
 
-HISTORY_COLUMNS = ("compressor", "seed", "memory", "step", "loss", "accuracy", "time_s", "collective", "diverged")
+HISTORY_COLUMNS = ("compressor", "seed", "memory", "step", "loss", "accuracy", "val_loss", "time_s", "collective",
+                   "diverged")
 # settings the runs depend on; compressors and seeds may grow between invocations
 RUN_KEYS = ("model", "dataset", "workers", "density", "memory", "steps", "batch", "lr", "momentum", "eval_every",
             "bucket_mb", "compute_profile", "scope")
@@ -32,7 +33,7 @@ def run_key(cfg: TrainConfig, topology: str | None, engine: str, gpu: str | None
     raw = dataclasses.asdict(cfg)
     key = {**{k: raw[k] for k in RUN_KEYS}, "topology": topology, "engine": engine}
     overrides = {"gpu": gpu, "library": library, "fusion": None if cfg.fusion == "bucket" else cfg.fusion}
-    return key | {k: v for k, v in overrides.items() if v}  # older directories (no overrides) still resume
+    return key | {k: v for k, v in overrides.items() if v} | cfg.extra_key()  # older directories still resume
 
 
 def claim_dir(out: Path, key: dict[str, Any]) -> None:
@@ -57,11 +58,20 @@ def open_dir(out: Path, key: dict[str, Any], steps: int) -> set[tuple[str, int]]
     claim_dir(out, key)
     history = load_history(out)
     complete = _complete(history, steps)
-    if not complete.all():  # a run cut off mid-write by a kill: drop its rows, it is redone whole
+    if not complete.all() or _older(out):  # a run cut off by a kill: drop its rows, it is redone whole
         with atomic_path(out / "history.csv") as tmp:
             history[complete].to_csv(tmp, index=False, columns=list(HISTORY_COLUMNS))
         history = history[complete]
     return {(c, int(s)) for c, s in history[["compressor", "seed"]].itertuples(index=False)}
+
+
+def _older(out: Path) -> bool:
+    """A history written before a column was added (it is rewritten with the column, empty)."""
+    path = out / "history.csv"
+    if not path.exists() or path.stat().st_size == 0:
+        return False
+    with path.open() as fh:
+        return fh.readline().strip().split(",") != list(HISTORY_COLUMNS)
 
 
 def _complete(history: pd.DataFrame, steps: int) -> pd.Series:
@@ -76,9 +86,10 @@ def load_history(out: Path) -> pd.DataFrame:
         return pd.DataFrame({c: pd.Series(dtype=object) for c in HISTORY_COLUMNS})
     AppendOnlyCSV(path, HISTORY_COLUMNS).repair()  # a row cut off by a kill
     try:
-        return pd.read_csv(path)
+        history = pd.read_csv(path)
     except (pd.errors.ParserError, pd.errors.EmptyDataError) as exc:
         raise ArcsimError(f"{path} is not an arcsim train history: {exc}") from None
+    return history.reindex(columns=list(HISTORY_COLUMNS))  # an older history: the newer columns empty
 
 
 def append_history(out: Path, rows: list[dict[str, Any]]) -> None:
@@ -105,7 +116,7 @@ def run_experiment(cfg: TrainConfig, out: Path, topology: str | None = None, eng
         compute = priced_on(setup, topo)[0] if topo is not None else compute_times(setup)
         where = (f"priced: {compute.source}" if topo is not None else
                  f"measured on this machine: {compute.source}")
-        announce(f"{cfg.model} on {cfg.dataset}: {setup.elements:,} parameters in "
+        announce(f"{setup.source.label} on {cfg.dataset}: {setup.elements:,} parameters in "
                  f"{len(setup.buckets)} bucket(s), {cfg.workers} workers × batch {cfg.batch}; compute "
                  f"{(compute.forward_s + compute.backward_s) * 1e3:.2f} ms per step ({where})")
         total, done_steps = len(todo) * cfg.steps, [0]

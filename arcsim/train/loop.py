@@ -4,13 +4,17 @@ Every step each worker computes the gradient of its own shard of the global batc
 backward on the shared parameters, as synchronous data parallelism keeps them equal); the [W, d]
 gradients go bucket by bucket through the compressor and its error feedback over the in-process
 Communicator (``BucketedCompression``, the code `arcsim run` measures with); the aggregated update is
-the gradient the model's optimizer applies (SGD with momentum; AdamW for the LLaMAs). Loss is recorded every
-step, held-out accuracy (next-token accuracy for token data) every ``eval_every`` steps, and
-the step's CommLog records are kept so the run can be priced on a topology afterwards.
+the gradient the optimizer applies (the model's own — SGD with momentum; AdamW for the LLaMAs — or
+``--optimizer``), forward and loss under bf16 autocast with ``precision="bf16"``. The model is any model
+source (a zoo name, ``file.py:build``, ``pkg.mod:build``, ``hf:CONFIG.json``) on a built-in dataset with a
+held-out split. Loss is recorded every step, held-out accuracy (next-token accuracy for token data) and
+held-out loss every ``eval_every`` steps, and the step's CommLog records are kept so the run can be priced
+on a topology afterwards.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -21,16 +25,17 @@ from arcsim.catalog import FUSIONS, check_compression, fusion_message
 from arcsim.compressors.base import Layer
 from arcsim.errors import ArcsimError
 from arcsim.files import writable_cache_dir
-from arcsim.models import loss_fn, model_entry
-from arcsim.models.datasets import Dataset, make_dataset
+from arcsim.models.datasets import DATASETS, Dataset, make_dataset
+from arcsim.models.source import ModelSource, model_source
 from arcsim.run.buckets import Bucket, make_buckets
 from arcsim.run.measure import BucketedCompression, Measurement
 from arcsim.traces.profile import ComputeProfile, load_profile, measure_profile
+from arcsim.traces.training import OPTIMIZERS, build_optimizer
 
 
 @dataclass
 class TrainConfig:
-    model: str = "cnn"
+    model: str = "cnn"            # a zoo name or a factory's import path (arcsim.models.source)
     dataset: str = "digits"
     workers: int = 8
     compressors: tuple[str, ...] = ("dense", "topk", "arctopk", "star", "randk")
@@ -46,10 +51,43 @@ class TrainConfig:
     compute_profile: str | None = None  # compute timings for pricing (default: measured here, on the CPU)
     scope: str = "tensor"         # top-k family: k per layer or per bucket
     fusion: str = "bucket"        # bucket: DDP buckets; model: the whole gradient as one vector
+    model_args: tuple[str, ...] = ()  # --model-arg key=value, for a factory of the user's
+    optimizer: str | None = None  # sgd or adamw; the model's when None
+    betas: tuple[float, float] | None = None  # adamw's ((0.9, 0.999) when None)
+    weight_decay: float = 0.0
+    precision: str = "fp32"       # fp32, or bf16 autocast
+
+    @property
+    def source(self) -> ModelSource:
+        return model_source(self.model, self.model_args)
+
+    @property
+    def optimizer_name(self) -> str:
+        return self.optimizer or self.source.default_optimizer
+
+    def extra_key(self) -> dict[str, object]:
+        """The settings added since experiments were first keyed, where not at their defaults (so that older
+        directories still resume)."""
+        given = {"model_args": list(self.model_args), "optimizer": self.optimizer,
+                 "betas": list(self.betas) if self.betas else None, "weight_decay": self.weight_decay,
+                 "precision": None if self.precision == "fp32" else self.precision}
+        return {k: v for k, v in given.items() if v}
 
     def check(self) -> None:
         writable_cache_dir()
-        model_entry(self.model)
+        self.source.check()
+        if self.dataset not in DATASETS:
+            raise ArcsimError(f"unknown dataset {self.dataset!r}; choose one of: {', '.join(DATASETS)}")
+        if self.optimizer not in (None, *OPTIMIZERS):
+            raise ArcsimError(f"unknown optimizer {self.optimizer!r}; choose {' or '.join(OPTIMIZERS)}")
+        if self.betas is not None and self.optimizer_name != "adamw":
+            raise ArcsimError(f"--betas are AdamW's; {self.model} trains with {self.optimizer_name} (add "
+                              "--optimizer adamw, or drop --betas)")
+        if self.momentum != 0.9 and self.optimizer_name != "sgd":
+            raise ArcsimError(f"--momentum is SGD's; {self.model} trains with {self.optimizer_name} (add "
+                              "--optimizer sgd, or drop --momentum)")
+        if self.precision not in ("fp32", "bf16"):
+            raise ArcsimError(f"unknown precision {self.precision!r}; choose fp32 or bf16")
         check_compression(self.compressors, self.memory, ArcsimError)
         if not 0 < self.density <= 1:
             raise ArcsimError(f"--density must lie in (0, 1], got {self.density}")
@@ -75,8 +113,9 @@ class History:
     memory: str
     measurement: Measurement                                           # per-step records for pricing
     loss: list[float] = field(default_factory=list)                   # mean worker loss per step
-    eval_steps: list[int] = field(default_factory=list)               # steps after which accuracy was measured
-    accuracy: list[float] = field(default_factory=list)
+    eval_steps: list[int] = field(default_factory=list)               # steps after which it was evaluated
+    accuracy: list[float] = field(default_factory=list)               # held-out; NaN for a model without logits
+    val_loss: list[float] = field(default_factory=list)               # held-out loss
     diverged_at: int | None = None
 
 
@@ -84,10 +123,13 @@ class History:
 class Setup:
     """What every run of a config shares: data, layer layout, buckets and the compute profile."""
 
+    source: ModelSource
     data: Dataset
     layers: tuple[Layer, ...]
     buckets: list[Bucket]
     profile: ComputeProfile
+    precision: str = "fp32"
+    profile_path: str | None = None  # the --compute-profile the profile was read from (None: measured here)
 
     @property
     def elements(self) -> int:
@@ -97,17 +139,19 @@ class Setup:
 
 def prepare(cfg: TrainConfig) -> Setup:
     cfg.check()
-    entry = model_entry(cfg.model)
+    source = cfg.source
     data = make_dataset(cfg.dataset)
     if data.held_out() is None:
-        raise ArcsimError(f"dataset {cfg.dataset} has no held-out split to measure accuracy on; use digits or "
-                          "mnist1d")
-    entry.build(data.spec)  # fails early, with the reason, when the model does not fit the data
+        raise ArcsimError(f"dataset {cfg.dataset} has no held-out split to measure accuracy on; use digits, "
+                          "mnist1d or python-text")
     if hasattr(data, "x") and cfg.workers * cfg.batch > len(data.x):
         raise ArcsimError(f"{cfg.workers} workers × batch {cfg.batch} exceeds the {len(data.x)} training examples of "
                           f"{cfg.dataset}; use fewer workers or a smaller --batch")
     torch.manual_seed(0)
-    params = dict(entry.build(data.spec).named_parameters())
+    model = source.build(data.spec)  # fails early, with the reason, when the model does not fit the data
+    x, y = data.draw(min(2, cfg.batch), torch.Generator().manual_seed(0))
+    source.loss(model, (x, y), data.spec)  # and when its forward rejects the data or returns no loss
+    params = dict(model.named_parameters())
     if cfg.compute_profile:
         profile = load_profile(cfg.compute_profile)
         have = {la.name: la.numel for la in profile.layers}
@@ -115,7 +159,8 @@ def prepare(cfg: TrainConfig) -> Setup:
             raise ArcsimError(f"compute profile {cfg.compute_profile} is not of {cfg.model} on {cfg.dataset}; "
                               f"write one with `arcsim trace profile --model {cfg.model} --dataset {cfg.dataset}`")
     else:
-        profile = measure_profile(cfg.model, cfg.batch, "cpu", dataset=cfg.dataset, repeats=10, warmup=3)
+        profile = measure_profile(source, cfg.batch, "cpu", dataset=cfg.dataset, repeats=10, warmup=3,
+                                  bf16=cfg.precision == "bf16")
     order = [la.name for la in profile.layers] + [n for n in params if n not in {la.name for la in profile.layers}]
     layers, offset = [], 0
     for name in order:  # backward order, contiguous in the flat gradient vector
@@ -124,19 +169,29 @@ def prepare(cfg: TrainConfig) -> Setup:
     ready = {la.name: la.ready_s for la in profile.layers}
     cap = float("inf") if cfg.fusion == "model" else cfg.bucket_mb * 2**20
     buckets = make_buckets(layers, [ready.get(la.name, profile.backward_s) for la in layers], cap)
-    return Setup(data, tuple(layers), buckets, profile)
+    return Setup(source, data, tuple(layers), buckets, profile, cfg.precision, cfg.compute_profile)
 
 
-def accuracy(model: torch.nn.Module, data: Dataset) -> float:
-    """Held-out accuracy: of the class, or for token data of the next token; evaluated 8 examples at a time
-    (a language model's logits over its vocabulary are large)."""
+def evaluate(model: torch.nn.Module, source: ModelSource, data: Dataset) -> tuple[float, float]:
+    """Held-out accuracy (of the class, or for token data of the next token; NaN for a model that returns a
+    loss and no logits) and held-out loss (the mean of the batches' losses, the model's own rule), evaluated
+    8 examples at a time (a language model's logits over its vocabulary are large)."""
     x, y = data.held_out()  # type: ignore[misc]
+    correct, losses, sizes = 0.0, [], []
     model.eval()
     with torch.no_grad():
-        correct = sum(int((model(xs).argmax(dim=-1) == ys).sum()) for xs, ys in zip(x.split(8), y.split(8),
-                                                                                   strict=True))
+        for xs, ys in zip(x.split(8), y.split(8), strict=True):
+            out = model(xs)
+            logits = getattr(out, "logits", out)
+            if isinstance(logits, torch.Tensor) and logits.ndim == ys.ndim + 1:
+                correct += int((logits.argmax(dim=-1) == ys).sum())
+                losses.append(float(source.loss_of_output(out, ys, data.spec)))
+            else:
+                correct = math.nan
+                losses.append(float(source.loss(model, (xs, ys), data.spec)))
+            sizes.append(len(xs))
     model.train()
-    return correct / y.numel()
+    return correct / y.numel(), float(np.average(losses, weights=sizes))
 
 
 def sgd_momentum(cfg: TrainConfig) -> float:
@@ -154,12 +209,10 @@ class TrainingRun:
 
     def __init__(self, cfg: TrainConfig, setup: Setup, compressor: str, seed: int,
                  density: float | None = None) -> None:
-        entry = model_entry(cfg.model)
         torch.manual_seed(seed)
-        self.model = entry.build(setup.data.spec)
-        self.opt: torch.optim.Optimizer = (
-            torch.optim.AdamW(self.model.parameters(), lr=cfg.lr or entry.lr) if entry.optimizer == "adamw" else
-            torch.optim.SGD(self.model.parameters(), lr=cfg.lr or entry.lr, momentum=sgd_momentum(cfg)))
+        self.model = setup.source.build(setup.data.spec)
+        self.opt = build_optimizer(self.model.parameters(), cfg.optimizer_name, cfg.lr or setup.source.default_lr,
+                                   sgd_momentum(cfg), cfg.betas, cfg.weight_decay)
         self.bc = BucketedCompression(setup.buckets, compressor, cfg.density if density is None else density,
                                       cfg.memory, seed=seed, options={"scope": cfg.scope})
         self.hist = History(compressor, seed, self.bc.memory,
@@ -177,9 +230,11 @@ class TrainingRun:
         self.generator = gen.get_state()
         grads = torch.empty(cfg.workers, setup.elements)
         losses = []
+        autocast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg.precision == "bf16")
         for w, (xw, yw) in enumerate(zip(x.chunk(cfg.workers), y.chunk(cfg.workers), strict=True)):
             self.model.zero_grad(set_to_none=True)
-            loss = loss_fn(setup.data.spec.kind, self.model(xw), yw)
+            with autocast:
+                loss = setup.source.loss(self.model, (xw, yw), setup.data.spec)
             loss.backward()
             losses.append(loss.item())
             for la in setup.layers:
@@ -189,8 +244,7 @@ class TrainingRun:
         hist.loss.append(float(np.mean(losses)))
         if not np.isfinite(hist.loss[-1]):  # the last update broke the model: record what it now predicts
             hist.diverged_at = step
-            hist.eval_steps.append(step + 1)
-            hist.accuracy.append(accuracy(self.model, setup.data))
+            self._evaluate(step + 1, setup)
             return False
         if before is not None:
             before(step, grads, self)
@@ -201,10 +255,15 @@ class TrainingRun:
             params[la.name].grad = update[0, la.offset:la.offset + la.numel].reshape(la.shape)
         self.opt.step()
         if (step + 1) % cfg.eval_every == 0 or step + 1 == cfg.steps:
-            hist.eval_steps.append(step + 1)
-            hist.accuracy.append(accuracy(self.model, setup.data))
+            self._evaluate(step + 1, setup)
         self.step += 1
         return True
+
+    def _evaluate(self, after: int, setup: Setup) -> None:
+        acc, loss = evaluate(self.model, setup.source, setup.data)
+        self.hist.eval_steps.append(after)
+        self.hist.accuracy.append(acc)
+        self.hist.val_loss.append(loss)
 
 
 def train(cfg: TrainConfig, setup: Setup, compressor: str, seed: int,

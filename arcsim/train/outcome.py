@@ -20,6 +20,7 @@ from arcsim.run.compute import ComputeTimes
 from arcsim.run.report import OP_SHORT
 from arcsim.topology import Topology
 from arcsim.train.loop import History, Setup
+from arcsim.train.target import Target
 
 
 def compute_times(setup: Setup) -> ComputeTimes:
@@ -31,13 +32,17 @@ def compute_times(setup: Setup) -> ComputeTimes:
 
 
 def priced_on(setup: Setup, topo: Topology) -> tuple[ComputeTimes, list[Bucket], Device | None]:
-    """Compute, buckets and GPU to price steps with: the topology's GPU (compute predicted for the trained
-    model and batch, bucket ready times from it) unless a GPU profile was given; else as measured here."""
-    from arcsim.devices.predict import device_of_profile, predict_compute
+    """Compute, buckets and GPU to price steps with, from where the compute comes from (arcsim.devices.source):
+    a given compute profile; the topology's catalogue GPU (compute predicted for the trained model, batch and
+    precision, bucket ready times from it); else as measured here."""
+    from arcsim.devices.predict import predict_compute
+    from arcsim.devices.source import compute_source
 
-    if setup.profile.device != "cpu" or topo.gpu is None or topo.gpu == "cpu":
-        return compute_times(setup), setup.buckets, device_of_profile(setup.profile, "given")
-    pred = predict_compute(setup.profile.model, topo.gpu, setup.profile.batch, "fp32", dataset=setup.data.name)
+    where = compute_source(topo.gpu, profile=setup.profile_path)
+    if where.kind != "modelled" or where.gpu is None:
+        return compute_times(setup), setup.buckets, where.gpu
+    pred = predict_compute(setup.source, where.gpu.name, setup.profile.batch, setup.precision,
+                           dataset=setup.data.name)
     ready = {la.name: la.ready_s for la in pred.profile.layers}
     compute = ComputeTimes(pred.profile.forward_s, pred.profile.backward_s,
                            np.array([ready[la.name] for la in setup.layers]), "cuda",
@@ -58,14 +63,15 @@ def price(hist: History, setup: Setup, topo: Topology, engine: str) -> tuple[str
 
 
 def history_rows(hist: History, step_s: np.ndarray | None, collective: str | None) -> list[dict[str, Any]]:
-    """One row per step: loss, accuracy where measured, predicted wall-clock so far."""
+    """One row per step: loss, held-out accuracy and loss where evaluated, predicted wall-clock so far."""
     acc = dict(zip(hist.eval_steps, hist.accuracy, strict=True))
+    val = dict(zip(hist.eval_steps, hist.val_loss, strict=True))
     elapsed = np.cumsum(step_s) if step_s is not None else None
     rows = []
     for i, loss in enumerate(hist.loss):
         step = i + 1
         rows.append({"compressor": hist.compressor, "seed": hist.seed, "memory": hist.memory, "step": step,
-                     "loss": loss, "accuracy": acc.get(step, math.nan),
+                     "loss": loss, "accuracy": acc.get(step, math.nan), "val_loss": val.get(step, math.nan),
                      "time_s": float(elapsed[i]) if elapsed is not None and i < len(elapsed) else math.nan,
                      "collective": collective or "", "diverged": hist.diverged_at is not None})
     return rows
@@ -77,33 +83,37 @@ class Reached:
     time_s: float   # NaN when not reached or not priced
 
 
-def first_reach(run: pd.DataFrame, target: float) -> Reached:
-    """The first evaluation at or above ``target`` in one run's history."""
-    hit = run[run["accuracy"] >= target]
+def first_reach(run: pd.DataFrame, target: Target) -> Reached:
+    """The first evaluation that meets ``target`` in one run's history."""
+    hit = run[target.met(run[target.column])]
     if hit.empty:
         return Reached(math.nan, math.nan)
     row = hit.iloc[0]
     return Reached(float(row["step"]), float(row["time_s"]))
 
 
-def seed_outcomes(runs: pd.DataFrame, target: float | None) -> tuple[list[float], list[Reached]]:
-    """Per seed of ``runs``: its last evaluated accuracy, and (with a target) when it first reached it."""
+def seed_outcomes(runs: pd.DataFrame, target: Target | None,
+                  column: str = "accuracy") -> tuple[list[float], list[Reached]]:
+    """Per seed of ``runs``: its last evaluated ``column``, and (with a target) when it first reached it."""
     finals, reaches = [], []
     for _, run in runs.groupby("seed"):
-        evals = run.dropna(subset=["accuracy"])
-        finals.append(float(evals["accuracy"].iloc[-1]) if not evals.empty else math.nan)
+        evals = run.dropna(subset=[column])
+        finals.append(float(evals[column].iloc[-1]) if not evals.empty else math.nan)
         if target is not None:
             reaches.append(first_reach(run, target))
     return finals, reaches
 
 
-def summarise(history: pd.DataFrame, target: float | None) -> pd.DataFrame:
-    """Per compressor over seeds: final accuracy, and (with a target) steps and time to reach it."""
+def summarise(history: pd.DataFrame, target: Target | None) -> pd.DataFrame:
+    """Per compressor over seeds: final accuracy and held-out loss, and (with a target) steps and time to reach
+    it."""
     out = []
     for name, runs in history.groupby("compressor", sort=False):
         finals, reaches = seed_outcomes(runs, target)
+        losses, _ = seed_outcomes(runs, None, "val_loss")
         row: dict[str, Any] = {"compressor": name, "seeds": len(finals), "final_acc_mean": float(np.mean(finals)),
                                "final_acc_std": float(np.std(finals, ddof=1)) if len(finals) > 1 else 0.0,
+                               "final_loss_mean": float(np.mean(losses)),
                                "diverged_runs": int(runs.groupby("seed")["diverged"].any().sum()),
                                "collective": runs["collective"].iloc[0]}
         per_step = runs.groupby("seed")["time_s"].apply(lambda t: t.diff().fillna(t.iloc[0]).mean())
@@ -137,7 +147,7 @@ def _accuracy_claim(claim: str, a: pd.Series, b: pd.Series, holds: Callable[[flo
             f"(difference {gap:+.4f}, noise ±{noise:.4f}")
 
 
-def claims(summary: pd.DataFrame, target: float | None) -> list[str]:
+def claims(summary: pd.DataFrame, target: Target | None) -> list[str]:
     """The seeds' qualitative claims, judged on this run's numbers (one line each)."""
     rows = {r["compressor"]: r for _, r in summary.iterrows()}
     lines = []
@@ -148,11 +158,11 @@ def claims(summary: pd.DataFrame, target: float | None) -> list[str]:
         if target is not None and "time_to_target_s" in a and not math.isnan(t["step_s"]):
             ta, tt = a["time_to_target_s"], t["time_to_target_s"]
             if math.isnan(ta) or math.isnan(tt):
-                lines.append(f"ARC-Top-K reaches {target:.0%} sooner than Top-K in predicted wall-clock: not judged "
+                lines.append(f"ARC-Top-K reaches {target.short} sooner than Top-K in predicted wall-clock: not judged "
                              f"(reached by ARC-Top-K in {a['reached']} runs, by Top-K in {t['reached']})")
             else:
                 verdict = "reproduced" if ta < tt else "NOT reproduced"
-                lines.append(f"ARC-Top-K reaches {target:.0%} sooner than Top-K in predicted wall-clock: {verdict} — "
+                lines.append(f"ARC-Top-K reaches {target.short} sooner than Top-K in predicted wall-clock: {verdict} — "
                              f"{ta:.3g} s vs {tt:.3g} s ({1 - ta / tt:+.1%} saving)")
     if "randk" in rows and "topk" in rows:
         r, t = rows["randk"], rows["topk"]

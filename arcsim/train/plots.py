@@ -1,5 +1,5 @@
-"""Accuracy against training step and against predicted wall-clock, one line per compressor (mean over
-seeds, shaded between the lowest and highest seed)."""
+"""Held-out accuracy (or, with a loss target, held-out loss) against training step and against predicted
+wall-clock, one line per compressor (mean over seeds, shaded between the lowest and highest seed)."""
 
 from __future__ import annotations
 
@@ -10,33 +10,45 @@ import numpy as np
 import pandas as pd
 
 from arcsim.plotting import PALETTE, save_png
+from arcsim.train.target import Target
 
 
-def _curves(history: pd.DataFrame, x: str) -> dict[str, tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]]:
-    """Per compressor: x, mean, min and max accuracy over seeds at each evaluation step."""
-    evals = history.dropna(subset=["accuracy"])
+def _curves(history: pd.DataFrame, x: str,
+            y: str) -> dict[str, tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]]:
+    """Per compressor: x, mean, min and max of ``y`` over seeds at each evaluation step."""
+    evals = history.dropna(subset=[y])
     out = {}
     for name, rows in evals.groupby("compressor", sort=False):
         by_step = rows.groupby("step")
-        out[name] = (by_step[x].mean().to_numpy(), by_step["accuracy"].mean().to_numpy(),
-                     by_step["accuracy"].min().to_numpy(), by_step["accuracy"].max().to_numpy())
+        out[name] = (by_step[x].mean().to_numpy(), by_step[y].mean().to_numpy(),
+                     by_step[y].min().to_numpy(), by_step[y].max().to_numpy())
     return out
 
 
-def accuracy_plot(history: pd.DataFrame, x: str, path: Path, title: str, target: float | None) -> Path:
+def _metric_axis(ax: plt.Axes, target: Target | None) -> str:
+    """Label the y axis for the target's metric, draw the target; the history column to plot."""
+    column = target.column if target is not None else "accuracy"
+    if target is not None:
+        ax.axhline(target.value, color="grey", lw=0.8, ls="--", label=f"target {target.short}")
+    if column == "accuracy":
+        ax.set_ylabel("held-out accuracy")
+        ax.set_ylim(0, 1)
+    else:
+        ax.set_ylabel("held-out loss (nats)")
+    return column
+
+
+def accuracy_plot(history: pd.DataFrame, x: str, path: Path, title: str, target: Target | None) -> Path:
     fig, ax = plt.subplots(figsize=(7.5, 4.8))
     names = list(dict.fromkeys(history["compressor"]))
-    for i, (name, (xs, mean, lo, hi)) in enumerate(_curves(history, x).items()):
+    column = _metric_axis(ax, target)
+    for i, (name, (xs, mean, lo, hi)) in enumerate(_curves(history, x, column).items()):
         colour = PALETTE[names.index(name) % len(PALETTE)] if name in names else PALETTE[i]
         ax.plot(xs * (1e3 if x == "time_s" else 1), mean, color=colour, label=name)
         ax.fill_between(xs * (1e3 if x == "time_s" else 1), lo, hi, color=colour, alpha=0.15, lw=0)
-    if target is not None:
-        ax.axhline(target, color="grey", lw=0.8, ls="--", label=f"target {target:.0%}")
     ax.set_xlabel("training step" if x == "step" else "predicted wall-clock (ms)")
-    ax.set_ylabel("held-out accuracy")
-    ax.set_ylim(0, 1)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8, loc="lower right")
+    ax.legend(fontsize=8, loc="lower right" if column == "accuracy" else "upper right")
     seeds = history["seed"].nunique()
     ax.set_title(f"{title}\n(mean over {seeds} seed{'s' if seeds != 1 else ''}; band: lowest to highest seed)",
                  fontsize=10)
@@ -47,7 +59,7 @@ def accuracy_plot(history: pd.DataFrame, x: str, path: Path, title: str, target:
 
 
 def schedule_plot(history: pd.DataFrame, headline: pd.DataFrame, phases: list[tuple[int, str]], warmup: int,
-                  path: Path, title: str, target: float | None) -> Path:
+                  path: Path, title: str, target: Target | None) -> Path:
     """Top: held-out accuracy against predicted wall-clock for the best static choice, adaptive and oracle
     (mean over seeds, band from the lowest to the highest seed), network phases shaded at the adaptive run's
     clock. Bottom: a timeline strip of what each policy used at every step (first seed), phases marked."""
@@ -70,21 +82,18 @@ def schedule_plot(history: pd.DataFrame, headline: pd.DataFrame, phases: list[tu
     if warmup:
         strip.axvspan(0.5, warmup + 0.5, facecolor="none", hatch="////", edgecolor="grey", lw=0)
         strip.text(warmup / 2, -0.55, "warm-up", ha="center", va="center", fontsize=6)
-    evals = history.dropna(subset=["accuracy"])
+    column = _metric_axis(top, target)
+    evals = history.dropna(subset=[column])
     for i, (policy_name, choice) in enumerate(runs):
         rows = evals[(evals["policy"] == policy_name) & (evals["choice"] == choice)]
         by_step = rows.groupby("step")
         name = f"static {choice}" if policy_name == "static" else policy_name
-        top.plot(by_step["time_s"].mean(), by_step["accuracy"].mean(), color=PALETTE[i], label=name)
-        top.fill_between(by_step["time_s"].mean(), by_step["accuracy"].min(), by_step["accuracy"].max(),
+        top.plot(by_step["time_s"].mean(), by_step[column].mean(), color=PALETTE[i], label=name)
+        top.fill_between(by_step["time_s"].mean(), by_step[column].min(), by_step[column].max(),
                          color=PALETTE[i], alpha=0.15, lw=0)
-    if target is not None:
-        top.axhline(target, color="grey", lw=0.8, ls="--", label=f"target {target:.0%}")
     top.set_xlabel(f"predicted wall-clock (s); shaded: network phases, at the {policy} run's clock")
-    top.set_ylabel("held-out accuracy")
-    top.set_ylim(0, 1)
     top.grid(alpha=0.3)
-    top.legend(fontsize=8, loc="lower right")
+    top.legend(fontsize=8, loc="lower right" if column == "accuracy" else "upper right")
     top.set_title(title, fontsize=10)
     _strip(strip, history, runs)
     fig.tight_layout()

@@ -36,6 +36,7 @@ from arcsim.run.measure import BucketedCompression
 from arcsim.topology import Topology
 from arcsim.train.loop import Setup, TrainConfig, TrainingRun
 from arcsim.train.outcome import priced_on
+from arcsim.train.target import Target
 
 PAPER_RATIOS = (0.1, 0.033, 0.011, 0.004, 0.001)
 ASF_WEIGHTS = (0.6, 0.4)  # step time, compression gain
@@ -232,10 +233,10 @@ def price_static(used: list[tuple[str, float, str | None]], records: list, compr
     return (np.concatenate([head, np.asarray(tails[best])]), collectives + [best] * len(tails[best]), best)
 
 
-def time_to(evaluations: list[tuple[int, float]], seconds: np.ndarray, target: float) -> float:
-    """Predicted seconds until the first evaluation at or above ``target`` (NaN if never)."""
+def time_to(evaluations: list[tuple[int, float]], seconds: np.ndarray, target: Target) -> float:
+    """Predicted seconds until the first evaluation that meets ``target`` (NaN if never)."""
     elapsed = np.cumsum(seconds)
-    for step, acc in evaluations:
-        if acc >= target and step - 1 < len(elapsed):
+    for step, value in evaluations:
+        if target.met(value) and step - 1 < len(elapsed):
             return float(elapsed[step - 1])
     return math.nan

@@ -45,13 +45,14 @@ from arcsim.train.policies import (
     price_static,
     time_to,
 )
+from arcsim.train.target import Target
 
 POLICIES = ("static", "adaptive", "oracle")
-HISTORY_COLUMNS = ("policy", "choice", "seed", "step", "loss", "accuracy", "time_s", "compressor", "density",
-                   "collective", "phase", "diverged")
-BY_PHASE_COLUMNS = ("choice", "seed", "phase", "collective", "time_to_target_s", "final_accuracy")
+HISTORY_COLUMNS = ("policy", "choice", "seed", "step", "loss", "accuracy", "val_loss", "time_s", "compressor",
+                   "density", "collective", "phase", "diverged")
+BY_PHASE_COLUMNS = ("choice", "seed", "phase", "collective", "time_to_target_s", "final")  # final: the target's metric
 CHECKPOINT_EVERY = 25
-CHECKPOINT_VERSION = 1  # bumped whenever what a checkpoint pickles changes shape: older ones are set aside
+CHECKPOINT_VERSION = 2  # bumped whenever what a checkpoint pickles changes shape: older ones are set aside
 
 
 @dataclass
@@ -62,7 +63,7 @@ class ScheduledConfig:
     policies: tuple[str, ...] = POLICIES
     candidates: tuple[str, ...] = ("topk", "arctopk", "adaptive")
     ratios: tuple[float, ...] = PAPER_RATIOS
-    target: float | None = None
+    target: Target | None = None
     warmup: int | None = None       # steps; None: WARMUP_SHARE of the run
     engine: str = "analytic"
     gpu: str | None = None
@@ -107,20 +108,21 @@ class ScheduledConfig:
         raw = asdict(self.train)
         return {**{k: raw[k] for k in RUN_KEYS}, "topology": self.topology, "engine": self.engine, "gpu": self.gpu,
                 "library": self.library, "schedule": [p.to_dict() for p in self.schedule.phases],
-                "candidates": list(self.candidates), "ratios": list(self.ratios), "target": self.target,
-                "warmup": self.warmup_steps, "drift": self.drift, "weights": list(self.weights),
-                "stop_at_target": self.stop_at_target}
+                "candidates": list(self.candidates), "ratios": list(self.ratios),
+                **(self.target.key() if self.target else {"target": None}), "warmup": self.warmup_steps,
+                "drift": self.drift, "weights": list(self.weights), "stop_at_target": self.stop_at_target,
+                **self.train.extra_key()}
 
 
-def _open(out: Path, key: dict[str, Any], steps: int, stop: float | None) -> set[tuple[str, str, int]]:
+def _open(out: Path, key: dict[str, Any], steps: int, stop: Target | None) -> set[tuple[str, str, int]]:
     """Create or reopen the directory; the (policy, choice, seed) runs already finished (all steps, diverged, or
     at the target ``stop``)."""
     claim_dir(out, key)
     history = load_history(out)
+    history = history.assign(hit=stop.met(history[stop.column]) if stop is not None else False)
     ends = history.groupby(["policy", "choice", "seed"]).agg(last=("step", "max"), diverged=("diverged", "any"),
-                                                             best=("accuracy", "max"))
-    return {(p, c, int(s)) for (p, c, s), r in ends.iterrows()
-            if r["last"] == steps or r["diverged"] or (stop is not None and r["best"] >= stop)}
+                                                             hit=("hit", "any"))
+    return {(p, c, int(s)) for (p, c, s), r in ends.iterrows() if r["last"] == steps or r["diverged"] or r["hit"]}
 
 
 def _table(path: Path, columns: tuple[str, ...]) -> pd.DataFrame:
@@ -128,7 +130,7 @@ def _table(path: Path, columns: tuple[str, ...]) -> pd.DataFrame:
     if not path.exists():
         return pd.DataFrame({c: pd.Series(dtype=object) for c in columns})
     AppendOnlyCSV(path, columns).repair()  # a row cut off by a kill
-    return pd.read_csv(path)
+    return pd.read_csv(path).reindex(columns=list(columns))  # an older table: the newer columns empty
 
 
 def load_history(out: Path) -> pd.DataFrame:
@@ -221,13 +223,15 @@ class ScheduledExperiment:
         return state
 
     def _reached(self, run: TrainingRun) -> bool:
-        acc = run.hist.accuracy
-        return self.scfg.stop_at_target and bool(acc) and acc[-1] >= (self.scfg.target or math.inf)
+        target = self.scfg.target
+        if not (self.scfg.stop_at_target and target is not None and run.hist.eval_steps):
+            return False
+        return bool(target.met(run.hist.accuracy[-1] if target.metric == "accuracy" else run.hist.val_loss[-1]))
 
     def _record(self, policy: str, choice: str, seed: int, run: TrainingRun, controller: Controller) -> None:
         meas, hist = run.hist.measurement, run.hist
         used = list(controller.used[:len(meas.records)])
-        evaluations = list(zip(hist.eval_steps, hist.accuracy, strict=True))
+        evaluations = list(zip(hist.eval_steps, self._metric(hist), strict=True))
         if policy == "static":
             seconds, collectives, _ = price_static(used, meas.records, meas.compress_s, self.pricing,
                                                    controller.warmup)
@@ -237,13 +241,14 @@ class ScheduledExperiment:
         for step, extra in controller.overhead_s.items():  # an adaptive decision compresses every candidate
             if step < len(seconds):
                 seconds[step] += extra
-        acc = dict(evaluations)
+        acc = dict(zip(hist.eval_steps, hist.accuracy, strict=True))
+        val = dict(zip(hist.eval_steps, hist.val_loss, strict=True))
         elapsed = np.cumsum(seconds)
         rows = []
         for i, loss in enumerate(hist.loss):
             phase = self.scfg.schedule.index_at(i)
             rows.append({"policy": policy, "choice": choice, "seed": seed, "step": i + 1, "loss": loss,
-                         "accuracy": acc.get(i + 1, math.nan),
+                         "accuracy": acc.get(i + 1, math.nan), "val_loss": val.get(i + 1, math.nan),
                          "time_s": float(elapsed[i]) if i < len(elapsed) else math.nan,
                          "compressor": used[i][0] if i < len(used) else "", "density": used[i][1] if i < len(used)
                          else math.nan, "collective": collectives[i] if i < len(collectives) else "",
@@ -254,18 +259,23 @@ class ScheduledExperiment:
                     fh.write(json.dumps({"policy": policy, "seed": seed, **d}) + "\n")
         AppendOnlyCSV(self.out / "history.csv", HISTORY_COLUMNS).append(rows)
 
+    def _metric(self, hist: Any) -> list[float]:
+        """The evaluations the target is judged on (accuracy without a target)."""
+        target = self.scfg.target
+        return hist.val_loss if target is not None and target.metric == "loss" else hist.accuracy
+
     def _record_by_phase(self, choice: str, seed: int, used: list, meas: Any, evaluations: list,
                          hist: Any, warmup: int) -> None:
         """The static run priced all on each phase's network: its time to the target there (for the oracle)."""
         if self.scfg.target is None:
             return
         rows = []
-        final = hist.accuracy[-1] if hist.accuracy else math.nan
+        final = evaluations[-1][1] if evaluations else math.nan
         for phase in range(len(self.scfg.schedule.phases)):
             seconds, _, best = price_static(used, meas.records, meas.compress_s, self.pricing, warmup, phase + 1)
             rows.append({"choice": choice, "seed": seed, "phase": phase + 1, "collective": best or "",
                          "time_to_target_s": time_to(evaluations, seconds, self.scfg.target),
-                         "final_accuracy": final})
+                         "final": final})
         AppendOnlyCSV(self.out / "by_phase.csv", BY_PHASE_COLUMNS).append(rows)
 
     def _oracle_choices(self, seed: int) -> list[Choice]:
@@ -278,7 +288,7 @@ class ScheduledExperiment:
             rows = table[table["phase"] == phase]
             reached = rows.dropna(subset=["time_to_target_s"])
             row = (reached.loc[reached["time_to_target_s"].idxmin()] if not reached.empty
-                   else rows.loc[rows["final_accuracy"].idxmax()])
+                   else rows.loc[self.scfg.target.best(rows["final"])])  # type: ignore[union-attr]
             picks.append(next(c for c in self.scfg.choices if c.label == row["choice"]))
         return picks
 
@@ -288,7 +298,7 @@ def decisions(out: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
 
 
-def summarise(history: pd.DataFrame, target: float | None) -> pd.DataFrame:
+def summarise(history: pd.DataFrame, target: Target | None) -> pd.DataFrame:
     """Per (policy, choice) over seeds: final accuracy, and time and steps to the target (mean and sd over the
     seeds that reached it)."""
     out = []
@@ -299,6 +309,7 @@ def summarise(history: pd.DataFrame, target: float | None) -> pd.DataFrame:
         row: dict[str, Any] = {"policy": policy, "choice": choice, "seeds": len(finals),
                                "final_acc_mean": float(np.mean(finals)),
                                "final_acc_std": float(np.std(finals, ddof=1)) if len(finals) > 1 else 0.0,
+                               "final_loss_mean": float(np.mean(seed_outcomes(runs, None, "val_loss")[0])),
                                "total_time_s": float(runs.groupby("seed")["time_s"].max().mean())}
         if target is not None:
             row.update(reached=len(times), time_to_target_s=float(np.mean(times)) if times else math.nan,
@@ -308,7 +319,7 @@ def summarise(history: pd.DataFrame, target: float | None) -> pd.DataFrame:
     return pd.DataFrame(out)
 
 
-def headline(summary: pd.DataFrame, target: float | None) -> pd.DataFrame:
+def headline(summary: pd.DataFrame, target: Target | None) -> pd.DataFrame:
     """Best static (most seeds reaching the target, then the soonest), adaptive and oracle: one row each."""
     static = summary[summary["policy"] == "static"]
     rows = []

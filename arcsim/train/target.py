@@ -1,0 +1,60 @@
+"""What a training run aims for: a held-out accuracy to reach (``--target``), or a held-out loss to get
+under (``--target-loss``, the usual goal for language models: perplexity is its exponential)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import pandas as pd
+
+from arcsim.errors import ArcsimError
+
+
+@dataclass(frozen=True)
+class Target:
+    value: float
+    metric: Literal["accuracy", "loss"] = "accuracy"
+
+    @property
+    def column(self) -> str:
+        """The history column the target is judged on."""
+        return "accuracy" if self.metric == "accuracy" else "val_loss"
+
+    @property
+    def label(self) -> str:
+        if self.metric == "accuracy":
+            return f"{self.value:.0%} held-out accuracy"
+        return f"held-out loss {self.value:g} (perplexity {math.exp(min(self.value, 700)):.3g})"
+
+    @property
+    def short(self) -> str:
+        return f"{self.value:.0%}" if self.metric == "accuracy" else f"loss {self.value:g}"
+
+    def met(self, values: Any) -> Any:
+        """Whether each value meets the target (NaN never does); a float or a pandas Series."""
+        return values >= self.value if self.metric == "accuracy" else values <= self.value
+
+    def best(self, values: pd.Series) -> Any:
+        """The index of the value nearest the target's side (the most accurate, or the lowest loss)."""
+        return values.idxmax() if self.metric == "accuracy" else values.idxmin()
+
+    def key(self) -> dict[str, float]:
+        """Its part of an experiment's key (an accuracy target keeps the key older directories hold)."""
+        return {"target": self.value} if self.metric == "accuracy" else {"target_loss": self.value}
+
+
+def target_of(accuracy: float | None, loss: float | None) -> Target | None:
+    """The target from ``--target`` and ``--target-loss`` (at most one)."""
+    if accuracy is not None and loss is not None:
+        raise ArcsimError("give --target (held-out accuracy) or --target-loss (held-out loss), not both")
+    if accuracy is not None:
+        if not 0 < accuracy <= 1:
+            raise ArcsimError(f"--target is a held-out accuracy in (0, 1], got {accuracy}")
+        return Target(accuracy)
+    if loss is not None:
+        if not (loss > 0 and math.isfinite(loss)):
+            raise ArcsimError(f"--target-loss is a held-out loss (cross-entropy, nats) above 0, got {loss}")
+        return Target(loss, "loss")
+    return None
