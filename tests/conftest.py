@@ -13,9 +13,12 @@ from pathlib import Path
 from arcsim.processes import free_port
 from arcsim.topology import IntraLink, Network, Topology
 
-# the measurement cache of this test session only (arcsim.run.cache): subprocesses inherit it
-if "ARCSIM_CACHE_DIR" not in os.environ:
-    os.environ["ARCSIM_CACHE_DIR"] = tempfile.mkdtemp(prefix="arcsim-test-cache-")
+# the measurement cache of this test session only (arcsim.run.cache), one per xdist worker so that no test
+# sees another's entries: subprocesses inherit it
+_WORKER = os.environ.get("PYTEST_XDIST_WORKER", "")
+if "ARCSIM_CACHE_DIR" not in os.environ or os.environ.get("ARCSIM_TEST_CACHE_OF", _WORKER) != _WORKER:
+    os.environ["ARCSIM_CACHE_DIR"] = tempfile.mkdtemp(prefix=f"arcsim-test-cache-{_WORKER or 'main'}-")
+    os.environ["ARCSIM_TEST_CACHE_OF"] = _WORKER
     atexit.register(shutil.rmtree, os.environ["ARCSIM_CACHE_DIR"], True)
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -62,12 +64,17 @@ def test_python_text_is_real_windows_of_a_held_out_split():
 def test_train_scores_token_data_by_next_token_accuracy():
     from torch import nn
 
-    from arcsim.train.loop import accuracy
+    from arcsim.models.source import ModelSource
+    from arcsim.train.loop import evaluate
 
     class CopyNext(nn.Module):  # predicts each token's successor from the input itself: right but at the end
         def forward(self, x: torch.Tensor) -> torch.Tensor:
             return nn.functional.one_hot(torch.roll(x, -1, dims=1), VOCAB).float()
 
     data = make_dataset("python-text", 16)
-    assert abs(accuracy(CopyNext(), data) - 15 / 16) < 0.01
+    accuracy, loss = evaluate(CopyNext(), ModelSource("llama_60m"), data)  # the zoo's rule: cross-entropy
+    assert abs(accuracy - 15 / 16) < 0.01
+    # one-hot logits: probability e / (e + V − 1) on the right token, 1 / (e + V − 1) on the rest
+    right, wrong = -math.log(math.e / (math.e + VOCAB - 1)), -math.log(1 / (math.e + VOCAB - 1))
+    assert loss == pytest.approx(15 / 16 * right + 1 / 16 * wrong, rel=0.01)
     assert MODELS["llama_60m"].optimizer == "adamw"  # TrainingRun and capture give the LLaMAs AdamW
