@@ -137,7 +137,8 @@ def test_cli_trains_a_file_model_with_adamw_to_a_loss_target(tmp_path, mlp_copy)
     out = tmp_path / "t"
     r = run_cli("train", "--model", mlp_copy, "--model-arg", "hidden=32", "--dataset", "digits", "-c", "dense,topk",
                 "--steps", "16", "--eval-every", "4", "-w", "2", "--batch", "16", "--optimizer", "adamw",
-                "--lr", "0.02", "--target-loss", "2.0", "--topology", "8x1-eth1", "--json", "-", "-o", str(out), timeout=300)
+                "--lr", "0.02", "--target-loss", "2.0", "--topology", "8x1-eth1", "--json", "-", "-o", str(out),
+                timeout=300)
     assert r.returncode == 0, r.stderr
     result = json.loads(r.stdout)
     rows = {row["compressor"]: row for row in result["summary"]}
@@ -155,6 +156,7 @@ def test_cli_trains_a_file_model_with_adamw_to_a_loss_target(tmp_path, mlp_copy)
     (("--model", "mlp", "--optimizer", "sgd", "--betas", "0.9,0.95"), "--betas are AdamW's"),
     (("--model", "mlp", "--optimizer", "adamw", "--momentum", "0.5"), "--momentum is SGD's"),
     (("--model", "nowhere.py:build"), "nowhere.py"),
+    (("--objective", "asf"), "--objective goes with --network-schedule"),
 ])
 def test_bad_requests_are_one_line_exit_2(args, fragment, tmp_path):
     r = run_cli("train", *args, "-o", str(tmp_path / "t"), timeout=120)

@@ -75,8 +75,12 @@ if TYPE_CHECKING:
                    "step is priced on the network in force, and --policy picks what is sent.")
 @click.option("--policy", "policies", default=None,
               help="With --network-schedule, comma-separated (default all): static (one choice), adaptive "
-                   "(re-decides as the network and the gain change), oracle (per-phase best static choice in "
-                   "hindsight; needs --target).")
+                   "(re-decides as the network and the progress change), bound (the best switching sequence of "
+                   "the static choices over the phases, from their runs; needs a target).")
+@click.option("--objective", type=click.Choice(["time-to-target", "asf"]), default="time-to-target",
+              show_default=True,
+              help="With --network-schedule: what adaptive minimises — the estimated time to the target on the "
+                   "networks to come, or the per-step trade-off of step time against gain (asf).")
 @click.option("--candidates", default=None,
               help="With --network-schedule: the compressors the policies choose among (default topk,arctopk,"
                    "adaptive).")
@@ -95,7 +99,8 @@ def train(model: str, model_args: tuple[str, ...], data: str | None, dataset: st
           fusion: str, compute_profile: str | None, target: float | None, target_loss: float | None,
           out: str | None, json_out: str | None, scope: str, precision: str, schedule: str | None = None,
           policies: str | None = None, candidates: str | None = None, ratios: tuple[float, ...] | None = None,
-          warmup: int | None = None, stop_at_target: bool = False, **optimizer: Any) -> None:
+          warmup: int | None = None, stop_at_target: bool = False, objective: str = "time-to-target",
+          **optimizer: Any) -> None:
     """Train W workers in one process through each compressor; accuracy against steps and predicted time."""
     from arcsim.models.source import model_source
     from arcsim.train.experiment import run_experiment
@@ -122,10 +127,11 @@ def train(model: str, model_args: tuple[str, ...], data: str | None, dataset: st
         from arcsim.cli.train_schedule import train_under_schedule
 
         train_under_schedule(cfg, schedule, topology, engine, gpu, library, goal, out, json_out,
-                             policies, candidates, ratios, warmup, stop_at_target)
+                             policies, candidates, ratios, warmup, stop_at_target, objective)
         return
     for flag, value in (("--policy", policies), ("--warmup", warmup), ("--candidates", candidates),
-                        ("--ratios", ratios), ("--stop-at-target", stop_at_target or None)):
+                        ("--ratios", ratios), ("--stop-at-target", stop_at_target or None),
+                        ("--objective", None if objective == "time-to-target" else objective)):
         if value is not None:
             raise ArcsimError(f"{flag} goes with --network-schedule FILE (a network that changes during training)")
     if memory == "ef21m":

@@ -1,4 +1,4 @@
-"""`arcsim train --network-schedule FILE`: static, adaptive and oracle policies under a changing network."""
+"""`arcsim train --network-schedule FILE`: static and adaptive policies under a changing network, and the bound."""
 
 from __future__ import annotations
 
@@ -19,18 +19,27 @@ DEFAULT_SCHEDULE_TOPOLOGY = "8x1-eth10"  # one GPU per node: every collective cr
 def train_under_schedule(cfg: TrainConfig, schedule_path: str, topology: str | None, engine: str, gpu: str | None,
                          library: str | None, target: Target | None, out: str | None, json_out: str | None,
                          policies: str | None, candidates: str | None, ratios: tuple[float, ...] | None,
-                         warmup: int | None, stop_at_target: bool = False) -> None:
+                         warmup: int | None, stop_at_target: bool = False,
+                         objective: str = "time-to-target") -> None:
     from arcsim.network_schedule import load_schedule
     from arcsim.train.plots import schedule_plot
     from arcsim.train.policies import PAPER_RATIOS
-    from arcsim.train.scheduled import POLICIES, ScheduledConfig, ScheduledExperiment, decisions, headline, summarise
+    from arcsim.train.scheduled import (
+        POLICIES,
+        ScheduledConfig,
+        ScheduledExperiment,
+        decisions,
+        headline,
+        load_bounds,
+        summarise,
+    )
 
     schedule = load_schedule(schedule_path)
     scfg = ScheduledConfig(
         cfg, schedule, topology or DEFAULT_SCHEDULE_TOPOLOGY,
         policies=_names(policies, POLICIES), candidates=_names(candidates, ("topk", "arctopk", "adaptive")),
         ratios=ratios if ratios is not None else PAPER_RATIOS, target=target,
-        warmup=warmup, engine=engine, gpu=gpu, library=library, stop_at_target=stop_at_target)
+        warmup=warmup, engine=engine, gpu=gpu, library=library, stop_at_target=stop_at_target, objective=objective)
     scfg.check()
     if topology is None:
         note(f"priced on {DEFAULT_SCHEDULE_TOPOLOGY} (one GPU per node) with the schedule's networks; --topology "
@@ -41,7 +50,8 @@ def train_under_schedule(cfg: TrainConfig, schedule_path: str, topology: str | N
         experiment = ScheduledExperiment(scfg, directory, announce=note, progress=progress)
         history = experiment.run()
     took = time.perf_counter() - started
-    summary = summarise(history, target)
+    bounds = load_bounds(directory)
+    summary = summarise(history, target, bounds[bounds["seed"].isin(cfg.seeds)] if "bound" in scfg.policies else None)
     top = headline(summary, target)
     summary.to_csv(directory / "summary.csv", index=False)
     log = [d for d in decisions(directory) if d["seed"] in cfg.seeds]
@@ -103,11 +113,15 @@ def _decision_table(log: list[dict], seed: int) -> None:
     if not mine:
         return
     table = Table(title=f"Adaptive decisions (seed {seed}): what it chose, and why")
-    for c in ("step", "phase", "network", "reason", "chosen", "step ms", "gain", "asf"):
-        table.add_column(c, justify="right" if c in ("step", "phase", "step ms", "gain", "asf") else "left")
+    columns = ("step", "phase", "network", "reason", "chosen", "step ms", "descent", "est. steps", "est. s")
+    for c in columns:
+        table.add_column(c, justify="left" if c in ("network", "reason", "chosen") else "right")
     for d in mine:
         ch = d["chosen"]
+        steps, seconds = ch.get("steps_to_target", math.nan), ch.get("time_to_target_s", math.nan)
         table.add_row(str(d["step"]), str(d["phase"] or "–"), d["network"], d["reason"],
                       f"{ch['compressor']}@{ch['density']:g} ({ch['op']} {ch['collective']})",
-                      f"{ch['time_s'] * 1e3:.1f}", f"{ch['gain']:.3f}", f"{ch['asf']:.3f}")
+                      f"{ch['time_s'] * 1e3:.1f}", f"{ch.get('descent', math.nan):.3f}",
+                      "–" if not math.isfinite(steps) else f"{steps:.0f}",
+                      "–" if not math.isfinite(seconds) else f"{seconds:.2f}")
     console.print(table)

@@ -31,6 +31,7 @@ from arcsim.run.buckets import Bucket, make_buckets
 from arcsim.run.measure import BucketedCompression, Measurement
 from arcsim.traces.profile import ComputeProfile, load_profile, measure_profile
 from arcsim.traces.training import OPTIMIZERS, build_optimizer
+from arcsim.train.estimate import descent_ratio
 
 
 @dataclass
@@ -116,6 +117,7 @@ class History:
     eval_steps: list[int] = field(default_factory=list)               # steps after which it was evaluated
     accuracy: list[float] = field(default_factory=list)               # held-out; NaN for a model without logits
     val_loss: list[float] = field(default_factory=list)               # held-out loss
+    descent: list[float] = field(default_factory=list)                # per step ⟨ḡ, update⟩/‖ḡ‖² (train.estimate)
     diverged_at: int | None = None
 
 
@@ -248,9 +250,11 @@ class TrainingRun:
             return False
         if before is not None:
             before(step, grads, self)
+        mean = grads.mean(dim=0)
         parts, row = self.bc.step(step, grads)
         update = torch.cat(parts, dim=1)
         hist.measurement.add(row)
+        hist.descent.append(descent_ratio(mean, update[0]))
         for la in setup.layers:
             params[la.name].grad = update[0, la.offset:la.offset + la.numel].reshape(la.shape)
         self.opt.step()

@@ -60,10 +60,11 @@ def accuracy_plot(history: pd.DataFrame, x: str, path: Path, title: str, target:
 
 def schedule_plot(history: pd.DataFrame, headline: pd.DataFrame, phases: list[tuple[int, str]], warmup: int,
                   path: Path, title: str, target: Target | None) -> Path:
-    """Top: held-out accuracy against predicted wall-clock for the best static choice, adaptive and oracle
+    """Top: held-out accuracy against predicted wall-clock for the best static choice and adaptive
     (mean over seeds, band from the lowest to the highest seed), network phases shaded at the adaptive run's
     clock. Bottom: a timeline strip of what each policy used at every step (first seed), phases marked."""
-    runs = [(r["policy"], r["choice"]) for _, r in headline.iterrows()]
+    trained = set(zip(history["policy"], history["choice"], strict=True))
+    runs = [(r["policy"], r["choice"]) for _, r in headline.iterrows() if (r["policy"], r["choice"]) in trained]
     fig, (top, strip) = plt.subplots(2, 1, figsize=(8.5, 6.6), gridspec_kw={"height_ratios": [3, 1.4]})
     policy = "adaptive" if "adaptive" in set(history["policy"]) else runs[0][0] if runs else ""
     clock = history[history["policy"] == policy].groupby("step")["time_s"].mean()  # mean over seeds

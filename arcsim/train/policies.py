@@ -5,16 +5,18 @@ from 1.0 to 0.1 over the first ``warmup`` steps. Then:
 
 - ``static`` keeps one (compressor, ratio) for the rest of the run; its collective is the one that makes
   the whole run fastest (chosen after it, in hindsight).
-- ``adaptive`` re-decides when the network changes and when the running compressor's measured gain
-  ‖C(u)‖/‖u‖ drifts from the value it was chosen at by more than ``drift`` (relative). A decision runs
-  every candidate (compressor, ratio) once on this step's gradients, each with a copy of the run's
-  error-feedback memory, and prices what each sends on the network now in force with every collective
-  its library offers; the (candidate, collective) chosen minimises the achievement scalarising function
-  max(w_t · t̂, w_g · ĝ), t̂ the step time and ĝ the gain shortfall, both scaled to [0, 1] over the
+- ``adaptive`` re-decides when the warm-up ends, when the network changes and when the running
+  compressor's measured gain ‖C(u)‖/‖u‖ drifts from the value it was chosen at by more than ``drift``
+  (relative). A decision runs every candidate (compressor, ratio) once on this step's gradients, each with
+  a copy of the run's error-feedback memory, and prices what each sends with every collective its library
+  offers on every network of the schedule. The objective ``time-to-target`` (default) picks the candidate
+  with the shortest estimated time to the target (arcsim.train.estimate: the run's own progress, the
+  candidate's descent ratio, its step time on the networks to come), keeping the running one unless
+  another is estimated ``KEEP_MARGIN`` sooner; ``asf`` minimises the achievement scalarising function
+  max(w_t · t̂, w_g · ĝ) of this step's time and gain shortfall, both scaled to [0, 1] over the
   candidates (weights 0.6 / 0.4).
-- ``oracle`` knows the schedule and the static runs' outcomes: in each phase it uses the static choice
-  that reached the target soonest when all of its run is priced on that phase's network. It is the
-  per-phase best static choice in hindsight — not an upper bound: per-phase bests can lose together.
+- ``bound`` is not trained: arcsim.train.bound finds the best switching sequence of the static choices over
+  the phases from their runs.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from arcsim.pricing import Pricer, algorithms_for
 from arcsim.run.candidates import Context, compress_times, main_op_of, step_timeline
 from arcsim.run.measure import BucketedCompression
 from arcsim.topology import Topology
+from arcsim.train.estimate import descent_ratio, fit_progress, time_over_schedule
 from arcsim.train.loop import Setup, TrainConfig, TrainingRun
 from arcsim.train.outcome import priced_on
 from arcsim.train.target import Target
@@ -41,6 +44,8 @@ from arcsim.train.target import Target
 PAPER_RATIOS = (0.1, 0.033, 0.011, 0.004, 0.001)
 ASF_WEIGHTS = (0.6, 0.4)  # step time, compression gain
 DRIFT = 0.25               # relative change of the running gain that triggers a new decision
+KEEP_MARGIN = 0.05         # time-to-target: another candidate must be estimated this much sooner to switch
+OBJECTIVES = ("time-to-target", "asf")
 WARMUP_COMPRESSOR, WARMUP_FROM, WARMUP_TO = "topk", 1.0, 0.1
 WARMUP_SHARE = 0.1         # of the run's steps, by default
 
@@ -114,14 +119,14 @@ class Controller:
 
     policy: str
     warmup: int
-    choice: Choice | None = None                 # after warm-up (static and oracle: fixed per phase)
-    per_phase: list[Choice] | None = None        # oracle: the choice of each phase
+    choice: Choice | None = None                 # static: the choice after warm-up
     collective: str | None = None                # adaptive: the chosen collective (None: fastest per step)
     used: list[tuple[str, float, str | None]] = field(default_factory=list)  # per step: compressor, ρ, collective
     decisions: list[dict[str, Any]] = field(default_factory=list)
     gain_at_choice: float | None = None
     overhead_s: dict[int, float] = field(default_factory=dict)  # per decision step: compressing every candidate
     phase_seen: int | None = -1
+    progress_seen: dict[str, float] | None = None  # the progress fit of the last decision (time-to-target)
 
     def before(self, step: int, grads: torch.Tensor, run: TrainingRun, ctx: DecisionContext) -> None:
         if step < self.warmup:
@@ -134,7 +139,7 @@ class Controller:
             if reason:
                 self._decide(step, phase, reason, grads, run, ctx)
         else:
-            wanted = self.per_phase[0 if phase is None else phase] if self.per_phase else self.choice
+            wanted = self.choice
             assert wanted is not None
             if (run.bc.compressor, run.bc.density) != (wanted.compressor, wanted.density):
                 run.bc.switch(wanted.compressor, wanted.density)
@@ -156,22 +161,52 @@ class Controller:
     def _decide(self, step: int, phase: int | None, reason: str, grads: torch.Tensor, run: TrainingRun,
                 ctx: DecisionContext) -> None:
         rows = ctx.explore(step, grads, run)
-        scores = asf([r["time_s"] for r in rows], [r["gain"] for r in rows], ctx.weights)
-        for r, s in zip(rows, scores, strict=True):
-            r["asf"] = s
-        best = min(range(len(rows)), key=lambda i: (scores[i], rows[i]["time_s"]))
+        if ctx.objective == "asf":
+            scores = asf([r["time_s"] for r in rows], [r["gain"] for r in rows], ctx.weights)
+            for r, s in zip(rows, scores, strict=True):
+                r["asf"] = s
+            best = min(range(len(rows)), key=lambda i: (scores[i], rows[i]["time_s"]))
+        else:
+            best = self._soonest(step, rows, run, ctx)
         chosen = rows[best]
         run.bc.switch(chosen["compressor"], chosen["density"])
         self.collective = chosen["collective"]
         self.overhead_s[step] = sum(r["compress_s"] for r in rows)  # on the compute stream, before this step
         self.gain_at_choice = chosen["gain"]
         network = ctx.pricing.schedule.phases[phase].label if phase is not None else "the topology's own"
+        shown = ("compressor", "density", "collective", "op", "time_s", "gain", "descent", "asf", "steps_to_target",
+                 "time_to_target_s")
         self.decisions.append({"step": step, "phase": None if phase is None else phase + 1, "network": network,
-                               "reason": reason, "chosen": {k: chosen[k] for k in ("compressor", "density",
-                                                                                   "collective", "op", "time_s",
-                                                                                   "gain", "asf")},
-                               "exploration_s": self.overhead_s[step],
+                               "reason": reason, "objective": ctx.objective,
+                               "chosen": {k: chosen[k] for k in shown if k in chosen},
+                               "progress": self.progress_seen, "exploration_s": self.overhead_s[step],
                                "candidates": rows})
+
+    def _soonest(self, step: int, rows: list[dict[str, Any]], run: TrainingRun, ctx: DecisionContext) -> int:
+        """The candidate with the shortest estimated time to target (arcsim.train.estimate); the running one is
+        kept unless another is estimated KEEP_MARGIN sooner. Each row gets its estimate."""
+        hist, target = run.hist, ctx.target
+        progress = None
+        if target is not None:
+            values = hist.accuracy if target.metric == "accuracy" else hist.val_loss
+            progress = fit_progress(hist.eval_steps, values, hist.descent, target)
+        self.progress_seen = None if progress is None else {"kappa": progress.kappa, "b_now": progress.b_now,
+                                                             "b_target": progress.b_target}
+        for r in rows:
+            if progress is not None:
+                r["steps_to_target"] = progress.steps_needed(r["descent"])
+                r["time_to_target_s"] = time_over_schedule(step, r["steps_to_target"], r["slot_s"],
+                                                           ctx.pricing.schedule, ctx.cfg.steps)
+            else:  # no fit yet: seconds per unit of progress on the network in force
+                r["steps_to_target"] = math.nan
+                r["time_to_target_s"] = r["time_s"] / r["descent"] if r["descent"] > 0 else math.inf
+        score = [r["time_to_target_s"] for r in rows]
+        best = min(range(len(rows)), key=lambda i: (score[i], rows[i]["time_s"]))
+        running = next((i for i, r in enumerate(rows) if (r["compressor"], r["density"]) ==
+                        (run.bc.compressor, run.bc.density)), None)
+        if running is not None and score[running] <= score[best] * (1 + KEEP_MARGIN):
+            return running
+        return best
 
 
 @dataclass
@@ -185,21 +220,30 @@ class DecisionContext:
     ratios: tuple[float, ...]
     weights: tuple[float, float] = ASF_WEIGHTS
     drift: float = DRIFT
+    objective: str = "time-to-target"
+    target: Target | None = None
 
     def explore(self, step: int, grads: torch.Tensor, run: TrainingRun) -> list[dict[str, Any]]:
         """Every candidate (compressor, ratio) once on ``grads`` with a copy of the run's error feedback, priced
-        with each collective on the network now in force; one row per candidate, at its fastest collective."""
+        with each collective on the network now in force and on every network of the schedule; one row per
+        candidate, at its fastest collective now, with its descent ratio and step time on each network."""
+        mean = grads.mean(dim=0)
+        now = self.pricing.slot(step)
         rows = []
         for name in self.candidates:
             for ratio in (self.ratios if not INFO[name].density_free else (1.0,)):
                 trial = BucketedCompression(self.setup.buckets, name, ratio, self.cfg.memory, seed=run.bc.seed,
                                             options={"scope": self.cfg.scope}, timed=self.pricing.timed)
                 trial.mems = copy.deepcopy(run.bc.mems)
-                _, row = trial.step(step, grads, final=True)  # the trial is dropped after this step
-                op, collective, seconds = self.pricing.fastest(step, row["records"], name, row["compress_s"])
-                local = sum(compress_times(name, row["compress_s"], self.pricing.contexts[self.pricing.slot(step)]))
+                parts, row = trial.step(step, grads, final=True)  # the trial is dropped after this step
+                by_slot = [self.pricing.fastest(step, row["records"], name, row["compress_s"], slot)
+                           for slot in range(len(self.pricing.contexts))]
+                op, collective, seconds = by_slot[now]
+                local = sum(compress_times(name, row["compress_s"], self.pricing.contexts[now]))
                 rows.append({"compressor": name, "density": ratio, "collective": collective, "op": op,
-                             "time_s": seconds, "gain": float(np.mean(row["gain"])), "compress_s": local})
+                             "time_s": seconds, "gain": float(np.mean(row["gain"])),
+                             "descent": descent_ratio(mean, torch.cat(parts, dim=1)[0]), "compress_s": local,
+                             "slot_s": [t for _, _, t in by_slot]})
         return rows
 
 

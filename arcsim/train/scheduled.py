@@ -1,9 +1,11 @@
-"""`arcsim train --network-schedule`: static, adaptive and oracle policies trained under a changing network,
-every step priced on the network in force at that step; resumable down to the step.
+"""`arcsim train --network-schedule`: static and adaptive policies trained under a changing network, every
+step priced on the network in force at that step, and the bound (the best switching sequence of the static
+choices over the phases, arcsim.train.bound); resumable down to the step.
 
 The output directory holds ``config.json`` (what the runs depend on), ``history.csv`` (one row per step of
-every finished run), ``by_phase.csv`` (each static run's time to the target were all of it on one phase's
-network: what the oracle chooses from), ``decisions.jsonl`` (every adaptive decision), and while a run is
+every finished run), ``by_phase.csv`` (each static run priced all on each network: its mean step time and
+time to the target there), ``bound.csv`` (per seed: the bound's time, steps and sequence),
+``decisions.jsonl`` (every adaptive decision with the estimates it used), and while a run is
 under way ``checkpoints/<run>.pt``, saved every CHECKPOINT_EVERY steps: an interrupted run goes on from
 its last checkpoint, its decisions so far included.
 """
@@ -27,12 +29,14 @@ from arcsim.errors import ArcsimError
 from arcsim.files import AppendOnlyCSV, atomic_path
 from arcsim.network_schedule import NetworkSchedule
 from arcsim.topology import load_topology
+from arcsim.train.bound import best_sequence, curve_of, segments_after
 from arcsim.train.experiment import RUN_KEYS, claim_dir
 from arcsim.train.loop import Setup, TrainConfig, TrainingRun, prepare
 from arcsim.train.outcome import seed_outcomes
 from arcsim.train.policies import (
     ASF_WEIGHTS,
     DRIFT,
+    OBJECTIVES,
     PAPER_RATIOS,
     WARMUP_COMPRESSOR,
     WARMUP_FROM,
@@ -47,10 +51,12 @@ from arcsim.train.policies import (
 )
 from arcsim.train.target import Target
 
-POLICIES = ("static", "adaptive", "oracle")
+POLICIES = ("static", "adaptive", "bound")
 HISTORY_COLUMNS = ("policy", "choice", "seed", "step", "loss", "accuracy", "val_loss", "time_s", "compressor",
                    "density", "collective", "phase", "diverged")
-BY_PHASE_COLUMNS = ("choice", "seed", "phase", "collective", "time_to_target_s", "final")  # final: the target's metric
+# phase: the network slot (0 the topology's own, i the schedule's phase i); final: the target's metric at the end
+BY_PHASE_COLUMNS = ("choice", "seed", "phase", "collective", "step_s", "time_to_target_s", "final")
+BOUND_COLUMNS = ("seed", "time_to_target_s", "steps_to_target", "sequence")
 CHECKPOINT_EVERY = 25
 CHECKPOINT_VERSION = 2  # bumped whenever what a checkpoint pickles changes shape: older ones are set aside
 
@@ -71,6 +77,7 @@ class ScheduledConfig:
     drift: float = DRIFT
     weights: tuple[float, float] = ASF_WEIGHTS
     stop_at_target: bool = False    # end each run at its first evaluation at or above the target
+    objective: str = "time-to-target"  # adaptive's: time-to-target or asf (arcsim.train.policies)
 
     @property
     def warmup_steps(self) -> int:
@@ -93,13 +100,15 @@ class ScheduledConfig:
                               f"{', '.join(COMPRESSORS)}")
         if not self.ratios or not all(0 < r <= 1 for r in self.ratios):
             raise ArcsimError("--ratios must be densities in (0, 1], e.g. 0.1,0.033,0.011,0.004,0.001")
-        if "oracle" in self.policies and self.target is None:
-            raise ArcsimError("--policy oracle needs --target: the oracle uses, per phase, the static choice that "
-                              "reaches it soonest")
+        if "bound" in self.policies and self.target is None:
+            raise ArcsimError("--policy bound needs a target (--target or --target-loss): the bound is the "
+                              "soonest any sequence of the static choices reaches it")
+        if self.objective not in OBJECTIVES:
+            raise ArcsimError(f"unknown objective {self.objective!r}; choose {' or '.join(OBJECTIVES)}")
         if not 0 <= self.warmup_steps < self.train.steps:
             raise ArcsimError(f"--warmup must lie in [0, {self.train.steps}) steps, got {self.warmup_steps}")
         if self.stop_at_target and self.target is None:
-            raise ArcsimError("--stop-at-target needs --target")
+            raise ArcsimError("--stop-at-target needs a target (--target or --target-loss)")
         if not self.drift > 0:
             raise ArcsimError(f"--drift must be positive, got {self.drift}")
         self.schedule.check_steps(self.train.steps)
@@ -111,7 +120,7 @@ class ScheduledConfig:
                 "candidates": list(self.candidates), "ratios": list(self.ratios),
                 **(self.target.key() if self.target else {"target": None}), "warmup": self.warmup_steps,
                 "drift": self.drift, "weights": list(self.weights), "stop_at_target": self.stop_at_target,
-                **self.train.extra_key()}
+                "objective": self.objective, **self.train.extra_key()}
 
 
 def _open(out: Path, key: dict[str, Any], steps: int, stop: Target | None) -> set[tuple[str, str, int]]:
@@ -150,16 +159,17 @@ class ScheduledExperiment:
         self.setup: Setup = prepare(self.cfg)  # every check before the directory is touched
         self.pricing = Pricing(self.setup, topo, scfg.schedule, scfg.engine, self.cfg.scope)
         self.decide = DecisionContext(self.cfg, self.setup, self.pricing, scfg.candidates, scfg.ratios,
-                                      scfg.weights, scfg.drift)
+                                      scfg.weights, scfg.drift, scfg.objective, scfg.target)
         self.done = _open(out, scfg.key(), self.cfg.steps, scfg.target if scfg.stop_at_target else None)
 
     def runs(self) -> list[tuple[str, str, int]]:
-        """Every (policy, choice, seed) asked for; the oracle needs the static runs of its seed first."""
+        """Every (policy, choice, seed) trained; the bound is computed from the static runs of its seed."""
         wanted = []
         for seed in self.cfg.seeds:
-            if "static" in self.scfg.policies or "oracle" in self.scfg.policies:
+            if "static" in self.scfg.policies or "bound" in self.scfg.policies:
                 wanted += [("static", c.label, seed) for c in self.scfg.choices]
-            wanted += [(p, p, seed) for p in ("adaptive", "oracle") if p in self.scfg.policies]
+            if "adaptive" in self.scfg.policies:
+                wanted.append(("adaptive", "adaptive", seed))
         return wanted
 
     def run(self) -> pd.DataFrame:
@@ -170,6 +180,8 @@ class ScheduledExperiment:
         total = len(todo) * self.cfg.steps
         for i, (policy, choice, seed) in enumerate(todo):
             self._train(policy, choice, seed, partial(self._tick, i * self.cfg.steps, total))
+        if "bound" in self.scfg.policies:
+            self._bounds()
         history = load_history(self.out)
         keep = [(p, c, int(s)) in set(self.runs()) for p, c, s in history[["policy", "choice", "seed"]].itertuples(
             index=False)]
@@ -184,8 +196,6 @@ class ScheduledExperiment:
         if policy == "static":
             picked = next(c for c in self.scfg.choices if c.label == choice)
             return Controller(policy, warmup, choice=picked)
-        if policy == "oracle":
-            return Controller(policy, warmup, per_phase=self._oracle_choices(seed))
         return Controller(policy, warmup)
 
     def _train(self, policy: str, choice: str, seed: int, progress: Callable[[int], Any]) -> None:
@@ -266,31 +276,61 @@ class ScheduledExperiment:
 
     def _record_by_phase(self, choice: str, seed: int, used: list, meas: Any, evaluations: list,
                          hist: Any, warmup: int) -> None:
-        """The static run priced all on each phase's network: its time to the target there (for the oracle)."""
+        """The static run priced all on each network of the schedule: its mean step time after the warm-up and
+        its time to the target there (what the bound chooses from)."""
         if self.scfg.target is None:
             return
         rows = []
         final = evaluations[-1][1] if evaluations else math.nan
-        for phase in range(len(self.scfg.schedule.phases)):
-            seconds, _, best = price_static(used, meas.records, meas.compress_s, self.pricing, warmup, phase + 1)
-            rows.append({"choice": choice, "seed": seed, "phase": phase + 1, "collective": best or "",
-                         "time_to_target_s": time_to(evaluations, seconds, self.scfg.target),
-                         "final": final})
+        for slot in range(len(self.pricing.contexts)):
+            seconds, _, best = price_static(used, meas.records, meas.compress_s, self.pricing, warmup, slot)
+            rows.append({"choice": choice, "seed": seed, "phase": slot, "collective": best or "",
+                         "step_s": float(np.mean(seconds[warmup:])) if len(seconds) > warmup else math.nan,
+                         "time_to_target_s": time_to(evaluations, seconds, self.scfg.target), "final": final})
         AppendOnlyCSV(self.out / "by_phase.csv", BY_PHASE_COLUMNS).append(rows)
 
-    def _oracle_choices(self, seed: int) -> list[Choice]:
-        """Per phase, the static choice of this seed that reaches the target soonest on that phase's network
-        (the most accurate one where none reaches it)."""
-        table = _table(self.out / "by_phase.csv", BY_PHASE_COLUMNS)
-        table = table[(table["seed"] == seed) & table["choice"].isin([c.label for c in self.scfg.choices])]
-        picks = []
-        for phase in range(1, len(self.scfg.schedule.phases) + 1):
-            rows = table[table["phase"] == phase]
-            reached = rows.dropna(subset=["time_to_target_s"])
-            row = (reached.loc[reached["time_to_target_s"].idxmin()] if not reached.empty
-                   else rows.loc[self.scfg.target.best(rows["final"])])  # type: ignore[union-attr]
-            picks.append(next(c for c in self.scfg.choices if c.label == row["choice"]))
-        return picks
+    def _bounds(self) -> None:
+        """The bound of every seed whose static runs are all in, not yet in bound.csv."""
+        target = self.scfg.target
+        assert target is not None
+        have = set(_table(self.out / "bound.csv", BOUND_COLUMNS)["seed"].astype(int))
+        history, by_phase = load_history(self.out), _table(self.out / "by_phase.csv", BY_PHASE_COLUMNS)
+        labels = [c.label for c in self.scfg.choices]
+        rows = []
+        for seed in self.cfg.seeds:
+            static = history[(history["policy"] == "static") & (history["seed"] == seed)]
+            if seed in have or set(static["choice"]) < set(labels):
+                continue
+            rows.append({"seed": seed, **self._bound(seed, static, by_phase[by_phase["seed"] == seed], target)})
+        if rows:
+            AppendOnlyCSV(self.out / "bound.csv", BOUND_COLUMNS).append(rows)
+
+    def _bound(self, seed: int, static: pd.DataFrame, by_phase: pd.DataFrame, target: Target) -> dict[str, Any]:
+        warmup = self.scfg.warmup_steps
+        curves = {}
+        for label, run in static.groupby("choice"):
+            evals = run.dropna(subset=[target.column]).sort_values("step")
+            prices = by_phase[by_phase["choice"] == label]
+            curves[str(label)] = curve_of(evals["step"].tolist(), evals[target.column].tolist(), target,
+                                          dict(zip(prices["phase"].astype(int), prices["step_s"], strict=True)))
+        first = static.sort_values("step")
+        start = min(c.level_at(warmup) for c in curves.values())
+        warmup_s = float(first.loc[first["step"] == warmup, "time_s"].min()) if warmup else 0.0
+        segments = segments_after(warmup, self.cfg.steps, [p.start for p in self.scfg.schedule.phases],
+                                  self.pricing.slot)
+        found = best_sequence(curves, segments, target, start, warmup, warmup_s)
+        own = summarise(static, target)  # each static choice is one sequence: its measured time counts too
+        own = own.dropna(subset=["time_to_target_s"])
+        if not own.empty and (math.isnan(found.time_s) or own["time_to_target_s"].min() < found.time_s):
+            row = own.loc[own["time_to_target_s"].idxmin()]
+            return {"time_to_target_s": float(row["time_to_target_s"]), "steps_to_target": row["steps_to_target"],
+                    "sequence": f"static {row['choice']}"}
+        return {"time_to_target_s": found.time_s, "steps_to_target": found.steps,
+                "sequence": " → ".join(found.sequence)}
+
+
+def load_bounds(out: Path) -> pd.DataFrame:
+    return _table(out / "bound.csv", BOUND_COLUMNS)
 
 
 def decisions(out: Path) -> list[dict[str, Any]]:
@@ -298,7 +338,7 @@ def decisions(out: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
 
 
-def summarise(history: pd.DataFrame, target: Target | None) -> pd.DataFrame:
+def summarise(history: pd.DataFrame, target: Target | None, bounds: pd.DataFrame | None = None) -> pd.DataFrame:
     """Per (policy, choice) over seeds: final accuracy, and time and steps to the target (mean and sd over the
     seeds that reached it)."""
     out = []
@@ -316,11 +356,19 @@ def summarise(history: pd.DataFrame, target: Target | None) -> pd.DataFrame:
                        time_to_target_std=float(np.std(times, ddof=1)) if len(times) > 1 else 0.0,
                        steps_to_target=float(np.mean(steps)) if steps else math.nan)
         out.append(row)
+    if bounds is not None and not bounds.empty and target is not None:
+        times = bounds["time_to_target_s"].dropna()
+        out.append({"policy": "bound", "choice": "per seed (bound.csv)", "seeds": len(bounds),
+                    "final_acc_mean": math.nan, "final_acc_std": math.nan, "final_loss_mean": math.nan,
+                    "total_time_s": math.nan, "reached": len(times),
+                    "time_to_target_s": float(times.mean()) if len(times) else math.nan,
+                    "time_to_target_std": float(times.std(ddof=1)) if len(times) > 1 else 0.0,
+                    "steps_to_target": float(bounds["steps_to_target"].dropna().mean()) if len(times) else math.nan})
     return pd.DataFrame(out)
 
 
 def headline(summary: pd.DataFrame, target: Target | None) -> pd.DataFrame:
-    """Best static (most seeds reaching the target, then the soonest), adaptive and oracle: one row each."""
+    """Best static (most seeds reaching the target, then the soonest), adaptive and the bound: one row each."""
     static = summary[summary["policy"] == "static"]
     rows = []
     if not static.empty:
@@ -329,7 +377,7 @@ def headline(summary: pd.DataFrame, target: Target | None) -> pd.DataFrame:
         else:
             ranked = static.sort_values("final_acc_mean", ascending=False)
         rows.append(ranked.iloc[0].drop(labels=["miss"], errors="ignore"))
-    rows += [r for _, r in summary[summary["policy"].isin(["adaptive", "oracle"])].iterrows()]
+    rows += [r for _, r in summary[summary["policy"].isin(["adaptive", "bound"])].iterrows()]
     table = pd.DataFrame(rows).reset_index(drop=True)
     if target is not None and not table.empty and "static" in set(table["policy"]):
         base = float(table.loc[table["policy"] == "static", "time_to_target_s"].iloc[0])
