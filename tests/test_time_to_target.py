@@ -143,3 +143,69 @@ def test_a_curve_carries_progress_by_level_and_segments_cut_at_phases():
     assert curve.level_at(12) == pytest.approx(0.5) and curve.level_at(3) == math.inf
     segs = segments_after(30, 300, [0, 72, 144, 216], lambda s: 1 + sum(s >= b for b in (72, 144, 216)))
     assert [(g.start, g.length, g.slot) for g in segs] == [(30, 42, 1), (72, 72, 2), (144, 72, 3), (216, 84, 4)]
+
+
+def _history_dir(tmp_path, schedule: bool):
+    """A trained directory by hand: topk@0.1 reaches 50 % at steps 10 and 20 (two seeds), dense at 5 and 5."""
+    import json
+
+    import pandas as pd
+
+    rows = []
+    for seed, (topk_at, dense_at) in enumerate(((10, 5), (20, 5))):
+        for name, at in (("topk", topk_at), ("dense", dense_at)):
+            for step in (5, 10, 15, 20):
+                row = {"seed": seed, "step": step, "accuracy": 0.6 if step >= at else 0.3, "val_loss": 1.0,
+                       "time_s": step * 0.1}
+                if schedule:
+                    row |= {"policy": "static", "choice": f"{name}@0.1" if name == "topk" else name}
+                else:
+                    row |= {"compressor": name}
+                rows.append(row)
+    pd.DataFrame(rows).to_csv(tmp_path / "history.csv", index=False)
+    config = {"model": "cnn", "density": 0.1} | ({"target": 0.5} if schedule else {})
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    if not schedule:
+        (tmp_path / "target.json").write_text(json.dumps({"target": 0.5}))
+    return tmp_path
+
+
+@pytest.mark.parametrize("schedule", [False, True])
+def test_steps_to_target_are_read_from_a_trained_directory(tmp_path, schedule):
+    from arcsim.run.convergence import load_trained, time_to_target
+    from arcsim.run.decisions import ParetoPoint
+
+    trained = load_trained(str(_history_dir(tmp_path, schedule)))
+    assert trained.lookup("topk", 0.1) == (15.0, 2, 2) and trained.lookup("dense", None)[0] == 5.0
+    assert trained.lookup("topk", 0.01) is None
+    points = [ParetoPoint("dense", "ring", None, 0.010, 0.0, 1.0, 1.0, 0.0, 0.0),
+              ParetoPoint("topk", "ring", 0.1, 0.002, 0.3, 0.5, 5.0, 0.0, 0.0),
+              ParetoPoint("topk", "ring", 0.01, 0.001, 0.6, 0.2, 10.0, 0.0, 0.0)]
+    found = time_to_target(points, points[2], trained)
+    assert found["soonest"]["compressor"] == "topk" and found["soonest"]["time_to_target_s"] == pytest.approx(0.03)
+    assert found["pick"] is None  # topk@0.01 was not trained there
+    assert [r["time_to_target_s"] for r in found["points"]] == pytest.approx([0.05, 0.03])
+
+
+def test_run_shows_the_soonest_candidate_beside_the_pick(tmp_path):
+    import json
+
+    from conftest import run_cli
+
+    (tmp_path / "h").mkdir()
+    directory = _history_dir(tmp_path / "h", False)
+    r = run_cli("run", "-c", "dense,topk", "--ratios", "0.1", "--history", str(directory), "--json", "-")
+    assert r.returncode == 0, r.stderr
+    payload = json.loads(r.stdout)
+    found = payload["time_to_target"]
+    evaluated = {(p["compressor"], p["collective"], p["density"]): p["iteration_s"]
+                 for p in payload["pareto"]["evaluated"]}
+    for row in found["points"]:
+        assert row["time_to_target_s"] == pytest.approx(
+            row["steps"] * evaluated[(row["compressor"], row["collective"], row["density"])])
+    assert found["soonest"]["time_to_target_s"] == min(row["time_to_target_s"] for row in found["points"])
+    (directory / "target.json").unlink()
+    bad = run_cli("run", "--history", str(directory))
+    assert bad.returncode == 2 and "trained without a target" in bad.stderr
+    bad = run_cli("run", "--history", str(tmp_path / "nowhere"))
+    assert bad.returncode == 2 and "not an arcsim train directory" in bad.stderr

@@ -101,6 +101,9 @@ if TYPE_CHECKING:  # torch stays unimported until a command needs it
               help="Trace steps for the ratio grid (default: all; the first only for large traces).")
 @click.option("--network-schedule", "schedule", type=click.Path(dir_okay=False), default=None,
               help="Also the best choice on each phase's network of this schedule (examples/schedule-c1.yaml).")
+@click.option("--history", "history_dir", type=click.Path(file_okay=False), default=None,
+              help="An arcsim train directory with a target: each candidate's steps to the target there, times its "
+                   "iteration time here, estimate its time to target (shown beside the front's pick).")
 @click.option("--all-collectives", is_flag=True, help="Show every (compressor, collective) pair, not the best.")
 @json_option
 @click.option("--csv", "csv_out", type=OutputPath(), default=None, help="Write every point as CSV.")
@@ -115,7 +118,7 @@ def run(topology: str, trace: str | None, no_capture: bool, params: str | None, 
         gpu: str | None, batch: int | None, precision: str, compare_gpu: str | None, compute_profile: str | None,
         seed: int,
         grid_steps: int | None, all_collectives: bool, json_out: str | None, csv_out: str | None, plot_dir: str | None,
-        scope: str, schedule: str | None = None) -> None:
+        scope: str, schedule: str | None = None, history_dir: str | None = None) -> None:
     """Predict the iteration time of every compressor and collective for a trace on a topology."""
     from arcsim.run import report
     from arcsim.run.analysis import Analysis, RunConfig
@@ -140,6 +143,11 @@ def run(topology: str, trace: str | None, no_capture: bool, params: str | None, 
             raise ArcsimError("--network-schedule sets each phase's bandwidth and latency: give it without "
                               "--bandwidth and --latency")
         network_schedule = load_schedule(schedule)
+    trained = None
+    if history_dir is not None:
+        from arcsim.run.convergence import load_trained
+
+        trained = load_trained(history_dir)
     if compare_gpu:
         from arcsim.devices.catalog import device
 
@@ -175,6 +183,16 @@ def run(topology: str, trace: str | None, no_capture: bool, params: str | None, 
         payload["phases"] = per_phase(analysis, network_schedule)
         if tables_wanted(json_out):
             render_phases(payload["phases"], network_schedule, console)
+    if trained is not None:
+        from arcsim.run.convergence import render_time_to_target, time_to_target
+
+        payload["time_to_target"] = time_to_target(result.pareto.evaluated, result.pareto.chosen, trained)
+        priced = analysis.trace.meta.get("model")
+        if trained.model != priced:
+            note(f"warning: --history trained {trained.model}, this run prices {priced}: its steps to target are "
+                 "another model's")
+        if tables_wanted(json_out):
+            render_time_to_target(payload["time_to_target"], console)
     write_json(payload, json_out)
     if csv_out:
         report.write_csv(result, Path(csv_out))

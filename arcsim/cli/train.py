@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import sys
 import time
@@ -31,6 +32,7 @@ from arcsim.cli.common import (
     write_json,
 )
 from arcsim.errors import ArcsimError
+from arcsim.files import write_atomic
 
 if TYPE_CHECKING:
     from arcsim.train.target import Target
@@ -157,6 +159,10 @@ def train(model: str, model_args: tuple[str, ...], data: str | None, dataset: st
     took = time.perf_counter() - started
     summary = summarise(history, goal)
     summary.to_csv(directory / "summary.csv", index=False)
+    if goal is not None:  # what `arcsim run --history` times the candidates to
+        write_atomic(directory / "target.json", json.dumps(goal.key()))
+    else:
+        (directory / "target.json").unlink(missing_ok=True)
     if tables_wanted(json_out):
         _table(summary, goal, topology)
         for line in claims(summary, goal):

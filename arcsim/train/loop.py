@@ -210,13 +210,15 @@ class TrainingRun:
     the batch generator's state and the history so far. It pickles whole (``torch.save``): a checkpoint."""
 
     def __init__(self, cfg: TrainConfig, setup: Setup, compressor: str, seed: int,
-                 density: float | None = None) -> None:
+                 density: float | None = None, timed: bool = True) -> None:
+        """``timed``: time each bucket's compression here (False when steps are priced on a modelled GPU, which
+        never reads these times)."""
         torch.manual_seed(seed)
         self.model = setup.source.build(setup.data.spec)
         self.opt = build_optimizer(self.model.parameters(), cfg.optimizer_name, cfg.lr or setup.source.default_lr,
                                    sgd_momentum(cfg), cfg.betas, cfg.weight_decay)
         self.bc = BucketedCompression(setup.buckets, compressor, cfg.density if density is None else density,
-                                      cfg.memory, seed=seed, options={"scope": cfg.scope})
+                                      cfg.memory, seed=seed, options={"scope": cfg.scope}, timed=timed)
         self.hist = History(compressor, seed, self.bc.memory,
                             Measurement(compressor, self.bc.density, self.bc.memory, setup.elements))
         self.generator = torch.Generator().manual_seed(seed).get_state()  # a state: Generators do not pickle

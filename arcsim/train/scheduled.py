@@ -205,7 +205,8 @@ class ScheduledExperiment:
             run, controller = state["run"], state["controller"]
             self.announce(f"{policy} {choice} seed {seed}: going on from the checkpoint at step {run.step}")
         else:
-            run = TrainingRun(self.cfg, self.setup, WARMUP_COMPRESSOR, seed, density=WARMUP_FROM)
+            run = TrainingRun(self.cfg, self.setup, WARMUP_COMPRESSOR, seed, density=WARMUP_FROM,
+                              timed=self.pricing.timed)
             controller = self._controller(policy, choice, seed)
         before = partial(controller.before, ctx=self.decide)
         while run.step < self.cfg.steps and not self._reached(run) and run.advance(self.cfg, self.setup, before):
