@@ -299,7 +299,8 @@ class ScheduledExperiment:
         labels = [c.label for c in self.scfg.choices]
         rows = []
         for seed in self.cfg.seeds:
-            static = history[(history["policy"] == "static") & (history["seed"] == seed)]
+            static = history[(history["policy"] == "static") & (history["seed"] == seed)
+                             & history["choice"].isin(labels)]
             if seed in have or set(static["choice"]) < set(labels):
                 continue
             rows.append({"seed": seed, **self._bound(seed, static, by_phase[by_phase["seed"] == seed], target)})
