@@ -53,18 +53,56 @@ def experiment(schedule: str, model: str, seeds: str, out: Path) -> list[dict]:
     return rows
 
 
+def collect(schedule: str, model: str, out: Path) -> list[dict]:
+    """The claims rows of an experiment directory as it stands, without training: the seeds whose static runs
+    and adaptive run are all in (for a run cut short, say how many)."""
+    from arcsim.train.scheduled import headline, load_bounds, load_history, seed_bound, summarise
+    from arcsim.train.target import Target
+
+    config = json.loads((out / "config.json").read_text())
+    target = Target(config["target"]) if config.get("target") is not None else Target(config["target_loss"], "loss")
+    labels = {f"{c}@{r:g}" for c in config["candidates"] for r in config["ratios"]} | {"adaptive"}
+    history = load_history(out)
+    history = history[history["choice"].isin(labels)]
+    ends = history.groupby(["choice", "seed"])["step"].max().reset_index()
+    complete = [s for s, runs in ends.groupby("seed") if set(runs["choice"]) == labels]
+    history = history[history["seed"].isin(complete)]
+    bounds = load_bounds(out)
+    by_phase = pd.read_csv(out / "by_phase.csv")
+    starts = [p["start_step"] for p in config["schedule"]]
+
+    def slot_at(step: int) -> int:
+        return sum(step >= start for start in starts)
+
+    missing = [s for s in complete if s not in set(bounds["seed"])]
+    static = history[history["policy"] == "static"]
+    bounds = pd.concat([bounds[bounds["seed"].isin(complete)], pd.DataFrame([
+        {"seed": s, **seed_bound(static[static["seed"] == s], by_phase[by_phase["seed"] == s], target,
+                                 config["warmup"], config["steps"], starts, slot_at)} for s in missing])])
+    top = headline(summarise(history, target, bounds), target)
+    return [{"schedule": schedule, "model": model, "policy": h["policy"],
+             "best_static": h["choice"] if h["policy"] == "static" else "", "seeds": int(h["seeds"]),
+             "seeds_reached": int(h["reached"]), "time_to_target_mean_s": h["time_to_target_s"],
+             "time_to_target_sd_s": h["time_to_target_std"], "steps_to_target_mean": h["steps_to_target"],
+             "vs_best_static": h.get("vs_best_static")} for _, h in top.iterrows()]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--schedules", default="c1,c2,c3")
     parser.add_argument("--models", default=",".join(WORKLOADS))
     parser.add_argument("--seeds", default="0,1,2")
     parser.add_argument("--out", default=str(ROOT / "reports" / "schedule"))
+    parser.add_argument("--collect", action="store_true",
+                        help="Only gather the directories' finished seeds into claims.csv (no training).")
     args = parser.parse_args()
     rows = []
     for model in args.models.split(","):
         for schedule in args.schedules.split(","):
             suffix = "" if model == "mlp_wide" else f"-{model}"
-            rows += experiment(schedule, model, args.seeds, Path(args.out) / f"{schedule}{suffix}")
+            where = Path(args.out) / f"{schedule}{suffix}"
+            rows += (collect(schedule, model, where) if args.collect else
+                     experiment(schedule, model, args.seeds, where))
     table = pd.DataFrame(rows, columns=list(COLUMNS))
     table.to_csv(Path(args.out) / "claims.csv", index=False)
     print(f"wrote {Path(args.out) / 'claims.csv'}")

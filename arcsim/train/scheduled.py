@@ -303,32 +303,32 @@ class ScheduledExperiment:
                              & history["choice"].isin(labels)]
             if seed in have or set(static["choice"]) < set(labels):
                 continue
-            rows.append({"seed": seed, **self._bound(seed, static, by_phase[by_phase["seed"] == seed], target)})
+            rows.append({"seed": seed, **seed_bound(static, by_phase[by_phase["seed"] == seed], target,
+                                                    self.scfg.warmup_steps, self.cfg.steps,
+                                                    [p.start for p in self.scfg.schedule.phases], self.pricing.slot)})
         if rows:
             AppendOnlyCSV(self.out / "bound.csv", BOUND_COLUMNS).append(rows)
 
-    def _bound(self, seed: int, static: pd.DataFrame, by_phase: pd.DataFrame, target: Target) -> dict[str, Any]:
-        warmup = self.scfg.warmup_steps
-        curves = {}
-        for label, run in static.groupby("choice"):
-            evals = run.dropna(subset=[target.column]).sort_values("step")
-            prices = by_phase[by_phase["choice"] == label]
-            curves[str(label)] = curve_of(evals["step"].tolist(), evals[target.column].tolist(), target,
-                                          dict(zip(prices["phase"].astype(int), prices["step_s"], strict=True)))
-        first = static.sort_values("step")
-        start = min(c.level_at(warmup) for c in curves.values())
-        warmup_s = float(first.loc[first["step"] == warmup, "time_s"].min()) if warmup else 0.0
-        segments = segments_after(warmup, self.cfg.steps, [p.start for p in self.scfg.schedule.phases],
-                                  self.pricing.slot)
-        found = best_sequence(curves, segments, target, start, warmup, warmup_s)
-        own = summarise(static, target)  # each static choice is one sequence: its measured time counts too
-        own = own.dropna(subset=["time_to_target_s"])
-        if not own.empty and (math.isnan(found.time_s) or own["time_to_target_s"].min() < found.time_s):
-            row = own.loc[own["time_to_target_s"].idxmin()]
-            return {"time_to_target_s": float(row["time_to_target_s"]), "steps_to_target": row["steps_to_target"],
-                    "sequence": f"static {row['choice']}"}
-        return {"time_to_target_s": found.time_s, "steps_to_target": found.steps,
-                "sequence": " → ".join(found.sequence)}
+
+def seed_bound(static: pd.DataFrame, by_phase: pd.DataFrame, target: Target, warmup: int, steps: int,
+               starts: list[int], slot_at: Callable[[int], int]) -> dict[str, Any]:
+    """One seed's bound from its static runs' history and by_phase rows: the best switching sequence, or a
+    static choice's own measured time where that is sooner (each static choice is one sequence)."""
+    curves = {}
+    for label, run in static.groupby("choice"):
+        evals = run.dropna(subset=[target.column]).sort_values("step")
+        prices = by_phase[by_phase["choice"] == label]
+        curves[str(label)] = curve_of(evals["step"].tolist(), evals[target.column].tolist(), target,
+                                      dict(zip(prices["phase"].astype(int), prices["step_s"], strict=True)))
+    start = min(c.level_at(warmup) for c in curves.values())
+    warmup_s = float(static.loc[static["step"] == warmup, "time_s"].min()) if warmup else 0.0
+    found = best_sequence(curves, segments_after(warmup, steps, starts, slot_at), target, start, warmup, warmup_s)
+    own = summarise(static, target).dropna(subset=["time_to_target_s"])
+    if not own.empty and (math.isnan(found.time_s) or own["time_to_target_s"].min() < found.time_s):
+        row = own.loc[own["time_to_target_s"].idxmin()]
+        return {"time_to_target_s": float(row["time_to_target_s"]), "steps_to_target": row["steps_to_target"],
+                "sequence": f"static {row['choice']}"}
+    return {"time_to_target_s": found.time_s, "steps_to_target": found.steps, "sequence": " → ".join(found.sequence)}
 
 
 def load_bounds(out: Path) -> pd.DataFrame:
