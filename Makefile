@@ -17,7 +17,7 @@ demo: $(BIN)/arcsim
 test: $(BIN)/arcsim
 	$(BIN)/ruff check .
 	$(BIN)/mypy
-	$(BIN)/pytest -q -n auto
+	$(BIN)/pytest -q
 	$(BIN)/python tests/install_check.py --venv $(VENV)-wheel
 
 bench: $(BIN)/arcsim
