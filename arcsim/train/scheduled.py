@@ -237,7 +237,7 @@ class ScheduledExperiment:
         target = self.scfg.target
         if not (self.scfg.stop_at_target and target is not None and run.hist.eval_steps):
             return False
-        return bool(target.met(run.hist.accuracy[-1] if target.metric == "accuracy" else run.hist.val_loss[-1]))
+        return bool(target.met(self._metric(run.hist)[-1]))
 
     def _record(self, policy: str, choice: str, seed: int, run: TrainingRun, controller: Controller) -> None:
         meas, hist = run.hist.measurement, run.hist
@@ -294,7 +294,7 @@ class ScheduledExperiment:
         """The bound of every seed whose static runs are all in, not yet in bound.csv."""
         target = self.scfg.target
         assert target is not None
-        have = set(_table(self.out / "bound.csv", BOUND_COLUMNS)["seed"].astype(int))
+        have = set(load_bounds(self.out)["seed"].astype(int))
         history, by_phase = load_history(self.out), _table(self.out / "by_phase.csv", BY_PHASE_COLUMNS)
         labels = [c.label for c in self.scfg.choices]
         rows = []
