@@ -5,6 +5,7 @@ from __future__ import annotations
 import atexit
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -42,6 +43,12 @@ def run_cli(*args: str, cwd: str | None = None, env: dict[str, str] | None = Non
     full_env = None if env is None else {**os.environ, **env}
     return subprocess.run([sys.executable, "-m", "arcsim", *args], capture_output=True, text=True, cwd=cwd,
                           env=full_env, timeout=timeout)
+
+
+def interruptible() -> None:
+    """Popen's preexec_fn for a child a test will SIGINT: a shell's `&` (or a pytest-xdist worker) starts us with
+    SIGINT ignored, which children inherit and Python then keeps; the default lets Python raise KeyboardInterrupt."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def spawn_ranks(script: Path, world: int, out_dir: Path, timeout: float = 600) -> None:

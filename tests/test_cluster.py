@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import free_port, netns_available, run_cli
+from conftest import free_port, interruptible, netns_available, run_cli
 
 from arcsim.testbed import cluster as cl
 from arcsim.testbed.cluster import ClusterError, EmulatedCluster, namespaces
@@ -58,8 +58,9 @@ def test_exception_and_leftover_processes_are_cleaned_up():
                                             (signal.SIGTERM, "1ms"), (signal.SIGKILL, "1ms")])
 def test_interrupted_or_killed_owner_leaves_nothing_after_down(how, delay):
     prefix = f"arcsimt3{how.value}{'d' if delay != '0s' else ''}"
+    run_cli("cluster", "down", "--prefix", prefix)  # a cluster an earlier, killed test run left behind
     proc = subprocess.Popen([sys.executable, str(HERE / "_cluster_victim.py"), prefix, delay],
-                            stdout=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, text=True, preexec_fn=interruptible)
     assert proc.stdout.readline().strip() == "up"
     assert len(_leftovers(prefix)) == 3
     os.kill(proc.pid, how)

@@ -17,7 +17,7 @@ from arcsim.network_schedule import NetworkSchedule, Phase, ScheduleError, load_
 from arcsim.run.measure import BucketedCompression
 from arcsim.topology import load_topology
 from arcsim.train import scheduled
-from arcsim.train.estimate import time_over_schedule
+from arcsim.train.estimate import Progress, time_over_schedule
 from arcsim.train.loop import TrainConfig, prepare
 from arcsim.train.policies import KEEP_MARGIN, Pricing, asf, warmup_density
 from arcsim.train.scheduled import (
@@ -161,10 +161,13 @@ def test_adaptive_decides_at_warmup_end_and_at_the_network_change_by_estimated_t
         soonest = min(c["time_to_target_s"] for c in d["candidates"])
         # the chosen one is the soonest, or the running one kept within the margin
         assert d["chosen"]["time_to_target_s"] <= soonest * (1 + KEEP_MARGIN)
-        for c in d["candidates"]:  # each estimate: its steps priced on the networks to come
+        for c in d["candidates"]:  # each estimate: its steps over their spread, priced on the networks to come
             if math.isfinite(c["steps_to_target"]):
-                assert c["time_to_target_s"] == pytest.approx(time_over_schedule(
-                    d["step"], c["steps_to_target"], c["slot_s"], SCHEDULE, 24))
+                progress = Progress(**d["progress"])
+                assert c["steps_to_target"] == pytest.approx(progress.steps_needed(c["descent"]))
+                assert c["time_to_target_s"] == pytest.approx(sum(
+                    w * time_over_schedule(d["step"], n, c["slot_s"], SCHEDULE, 24)
+                    for n, w in progress.outcomes(c["descent"])))
         # exploring compresses every candidate on this step: that local work is charged to the step
         assert d["exploration_s"] > 0
         assert d["exploration_s"] == pytest.approx(sum(c["compress_s"] for c in d["candidates"]))

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from conftest import free_port, run_cli
+from conftest import free_port, interruptible, run_cli
 
 from arcsim.files import packaged
 from arcsim.run.analysis import Analysis, RunConfig
@@ -175,7 +175,7 @@ def test_cli_sweep_signal_then_resume_with_local_processes(tmp_path):
     args = [sys.executable, "-m", "arcsim", "sweep", "-c", "dense,topk,randk,arctopk,star", "-d", "0.001,0.01,0.1",
             "-b", "1Gbit,10Gbit,100Gbit", "--ranks", "8,16,32", "--engine", "analytic,des",
             "-j", "2", "--no-plots", "-o", str(out)]
-    proc = subprocess.Popen(args, cwd=tmp_path, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(args, cwd=tmp_path, stderr=subprocess.PIPE, text=True, preexec_fn=interruptible)
     results = out / "results.csv"
     deadline = time.monotonic() + 240
     while time.monotonic() < deadline and proc.poll() is None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from types import SimpleNamespace
 
@@ -11,7 +12,7 @@ import torch
 
 from arcsim.network_schedule import NetworkSchedule, Phase
 from arcsim.train.bound import Curve, Segment, best_sequence, curve_of, segments_after
-from arcsim.train.estimate import descent_ratio, fit_progress, time_over_schedule
+from arcsim.train.estimate import Progress, descent_ratio, expected_time, fit_progress, time_over_schedule
 from arcsim.train.policies import KEEP_MARGIN, Controller
 from arcsim.train.target import Target
 
@@ -39,6 +40,50 @@ def test_the_progress_fit_recovers_an_exponential_law_in_effective_steps():
     assert progress.steps_needed(0.0) == math.inf
     assert fit_progress([10], [0.5], descents, target) is None  # one evaluation: no slope
     assert fit_progress([10, 20], [0.5, 0.4], descents, target) is None  # getting worse: no progress to fit
+
+
+def test_the_spread_is_the_fit_noise_read_through_the_gap_to_the_target():
+    """log b = 0, −1, −1.5 at E = 10, 20, 30 (descent 1): by hand the least-squares slope is −0.075, the residuals
+    (1/12, −1/6, 1/12) give s = √(1/24) and se(κ) = s/√200; Δ = log(e^−1.5 / 0.1)."""
+    target = Target(0.9)
+    steps = [10, 20, 30]
+    acc = [1 - math.exp(x) for x in (0.0, -1.0, -1.5)]
+    progress = fit_progress(steps, acc, [1.0] * 30, target)
+    assert progress is not None and progress.kappa == pytest.approx(0.075)
+    s = math.sqrt(1 / 24)
+    gap = math.log(math.exp(-1.5) / 0.1)
+    assert progress.spread == pytest.approx(math.hypot(s / gap, s / math.sqrt(200) / 0.075))
+    assert progress.steps_needed(0.5) == pytest.approx(gap / (0.075 * 0.5))
+
+
+def test_with_no_progress_lately_the_second_half_of_the_run_is_fitted():
+    """The last four evaluations are flat (no slope to fit): the fit falls back to those of steps ≥ 40 of 80,
+    which still fall from 0.5 to 0.3."""
+    steps = [10, 20, 30, 40, 50, 60, 70, 80]
+    bad = [0.9, 0.8, 0.6, 0.5, 0.3, 0.3, 0.3, 0.3]
+    progress = fit_progress(steps, [1 - b for b in bad], [1.0] * 80, Target(0.9))
+    e, y = np.array([40, 50, 60, 70, 80.0]), np.log([0.5, 0.3, 0.3, 0.3, 0.3])
+    assert progress is not None and progress.kappa == pytest.approx(-np.polyfit(e, y, 1)[0])
+    assert fit_progress(steps[:4] + [50, 60], [0.1, 0.2, 0.3, 0.4, 0.3, 0.2], [1.0] * 60, Target(0.9)) is None
+
+
+def test_the_expected_time_charges_the_chance_of_landing_in_a_slow_phase():
+    """A median of 50 steps at 10 ms with a slow phase (1 s a step) from step 60, 10 steps away: without spread
+    the time is 0.5 s; with σ = 0.5 a third of the cases run past step 60, and the expectation equals the
+    Gauss–Hermite sum over the lognormal by hand."""
+    schedule = NetworkSchedule("s", (Phase(0, 1e-3, 1e9), Phase(60, 5e-2, 1e8)))
+    seconds = [0.0, 0.01, 1.0]
+    sure = Progress(kappa=math.log(4) / 50, b_now=0.4, b_target=0.1, spread=0.0)
+    assert sure.steps_needed(1.0) == pytest.approx(50)
+    assert expected_time(sure, 1.0, 10, seconds, schedule, 300) == pytest.approx(0.5)
+    unsure = dataclasses.replace(sure, spread=0.5)
+    z, w = np.polynomial.hermite_e.hermegauss(9)
+    by_hand = sum(wi / w.sum() * time_over_schedule(10, 50 * math.exp(0.5 * zi), seconds, schedule, 300)
+                  for zi, wi in zip(z, w, strict=True))
+    assert expected_time(unsure, 1.0, 10, seconds, schedule, 300) == pytest.approx(by_hand)
+    assert by_hand > 3 * 0.5  # the slow tail dominates
+    assert sum(w for _, w in unsure.outcomes(1.0)) == pytest.approx(1.0)
+    assert unsure.outcomes(0.0) == [(math.inf, 1.0)]
 
 
 def test_a_loss_target_fits_the_loss_itself():

@@ -36,7 +36,7 @@ from arcsim.pricing import Pricer, algorithms_for
 from arcsim.run.candidates import Context, compress_times, main_op_of, step_timeline
 from arcsim.run.measure import BucketedCompression
 from arcsim.topology import Topology
-from arcsim.train.estimate import descent_ratio, fit_progress, time_over_schedule
+from arcsim.train.estimate import descent_ratio, expected_time, fit_progress
 from arcsim.train.loop import Setup, TrainConfig, TrainingRun
 from arcsim.train.outcome import priced_on
 from arcsim.train.target import Target
@@ -188,15 +188,13 @@ class Controller:
         hist, target = run.hist, ctx.target
         progress = None
         if target is not None:
-            values = hist.accuracy if target.metric == "accuracy" else hist.val_loss
-            progress = fit_progress(hist.eval_steps, values, hist.descent, target)
-        self.progress_seen = None if progress is None else {"kappa": progress.kappa, "b_now": progress.b_now,
-                                                             "b_target": progress.b_target}
+            progress = fit_progress(hist.eval_steps, target.of(hist), hist.descent, target)
+        self.progress_seen = None if progress is None else dataclasses.asdict(progress)
         for r in rows:
             if progress is not None:
                 r["steps_to_target"] = progress.steps_needed(r["descent"])
-                r["time_to_target_s"] = time_over_schedule(step, r["steps_to_target"], r["slot_s"],
-                                                           ctx.pricing.schedule, ctx.cfg.steps)
+                r["time_to_target_s"] = expected_time(progress, r["descent"], step, r["slot_s"],
+                                                      ctx.pricing.schedule, ctx.cfg.steps)
             else:  # no fit yet: seconds per unit of progress on the network in force
                 r["steps_to_target"] = math.nan
                 r["time_to_target_s"] = r["time_s"] / r["descent"] if r["descent"] > 0 else math.inf

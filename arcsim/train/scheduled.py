@@ -273,7 +273,7 @@ class ScheduledExperiment:
     def _metric(self, hist: Any) -> list[float]:
         """The evaluations the target is judged on (accuracy without a target)."""
         target = self.scfg.target
-        return hist.val_loss if target is not None and target.metric == "loss" else hist.accuracy
+        return target.of(hist) if target is not None else hist.accuracy
 
     def _record_by_phase(self, choice: str, seed: int, used: list, meas: Any, evaluations: list,
                          hist: Any, warmup: int) -> None:

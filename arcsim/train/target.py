@@ -22,6 +22,10 @@ class Target:
         """The history column the target is judged on."""
         return "accuracy" if self.metric == "accuracy" else "val_loss"
 
+    def of(self, hist: Any) -> list[float]:
+        """This target's metric at each evaluation of a training History (its attribute is the column's name)."""
+        return list(getattr(hist, self.column))
+
     @property
     def label(self) -> str:
         if self.metric == "accuracy":
