@@ -23,13 +23,14 @@ import pandas as pd
 from arcsim.train.estimate import badness, fit_progress
 from arcsim.train.target import Target
 
-def power_law_steps(steps: list[int], badness: list[float], b_target: float) -> float:
+
+def power_law_steps(steps: list[int], bad: list[float], b_target: float) -> float:
     """log b = c − α log t over the second half of the run so far, extrapolated to b*."""
-    window = [(s, b) for s, b in zip(steps, badness, strict=True) if s >= steps[-1] / 2]
+    window = [(s, b) for s, b in zip(steps, bad, strict=True) if s >= steps[-1] / 2]
     if len(window) < 2:
         return math.nan
     slope = np.polyfit(np.log([s for s, _ in window]), np.log([b for _, b in window]), 1)[0]
-    return steps[-1] * (badness[-1] / b_target) ** (1 / -slope) - steps[-1] if slope < 0 else math.nan
+    return steps[-1] * (bad[-1] / b_target) ** (1 / -slope) - steps[-1] if slope < 0 else math.nan
 
 
 def replay(history: pd.DataFrame, target: Target, warmup: int) -> pd.DataFrame:

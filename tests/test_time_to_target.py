@@ -64,7 +64,7 @@ def test_with_no_progress_lately_the_second_half_of_the_run_is_fitted():
     progress = fit_progress(steps, [1 - b for b in bad], [1.0] * 80, Target(0.9))
     e, y = np.array([40, 50, 60, 70, 80.0]), np.log([0.5, 0.3, 0.3, 0.3, 0.3])
     assert progress is not None and progress.kappa == pytest.approx(-np.polyfit(e, y, 1)[0])
-    assert fit_progress(steps[:4] + [50, 60], [0.1, 0.2, 0.3, 0.4, 0.3, 0.2], [1.0] * 60, Target(0.9)) is None
+    assert fit_progress([*steps[:4], 50, 60], [0.1, 0.2, 0.3, 0.4, 0.3, 0.2], [1.0] * 60, Target(0.9)) is None
 
 
 def test_the_expected_time_charges_the_chance_of_landing_in_a_slow_phase():

@@ -17,10 +17,10 @@ evaluation and b* the target's.
 residual standard deviation (of log b) and se(κ) its slope's standard error, log n_c has standard deviation
 σ = √((s/Δ)² + (se(κ)/κ)²). Times are the expectation over that lognormal spread (Gauss–Hermite nodes):
 a candidate whose likely finish falls just before a slow phase pays for the chance that it does not.
-Replayed on the 13 static runs of the claims that reached 98 % (benchmarks/estimator_backtest.py: 737
-predictions), the median prediction is 1.02× the steps really needed but only 42 % lie within 2× of it; 62 %
+Replayed on the 17 static runs of the claims that reached 98 % (benchmarks/estimator_backtest.py: 1,077
+predictions), the median prediction is 1.00× the steps really needed but only 43 % lie within 2× of it; 63 %
 of the truths lie within ±1σ, so the spread is about as wide as the errors are (a power law in E, tried
-beside it, over-predicted 3.2× at the median).
+beside it, over-predicted 3.0× at the median).
 
 **Time.** Those steps priced one network at a time: the schedule is known in advance, so steps that fall
 in a later phase cost that phase's step time (at its fastest collective).
