@@ -13,6 +13,11 @@ real run — the same records ``arcsim run`` prices. The hook is synchronous: it
 before it returns a completed future (the compressors are multi-phase, each phase depending on the
 last), so DDP overlaps it with backward only between buckets.
 
+**Node-aware** (``CompressionState(..., nodes=node_groups(gpus_per_node))``, ranks numbered node by node): a
+dense reduce-scatter inside the node, each rank compressing its slice with its own compressor and memory
+over its rail (the same local rank of every node), then an all-gather inside the node — what
+:mod:`arcsim.compressors.hierarchy` simulates, record for record.
+
 ``recording_hook`` with a :class:`RecordingState` records the user's own job instead: each rank keeps its
 bucket gradients on chosen steps and all-reduces as DDP would; ``arcsim trace merge`` joins the ranks.
 """
@@ -25,10 +30,37 @@ import torch
 import torch.distributed as dist
 
 from arcsim.catalog import options_for
-from arcsim.comm.distributed import DistributedComm
+from arcsim.comm.distributed import DistributedComm, gather_into, scatter_from
+from arcsim.comm.log import record
 from arcsim.compressors import Compressor, make_compressor
 from arcsim.compressors.base import Layer
+from arcsim.compressors.hierarchy import slice_bounds, slice_layout, slice_seed
 from arcsim.compressors.memory import Memory, make_memory
+
+
+@dataclass
+class NodeGroups:
+    """This rank's groups for node-aware compression: its node's ranks, and its rail (its local rank on every
+    node)."""
+
+    gpus_per_node: int
+    nodes: int
+    local_rank: int
+    node: dist.ProcessGroup
+    rail: dist.ProcessGroup
+
+
+def node_groups(gpus_per_node: int) -> NodeGroups:
+    """Make the node and rail groups of a job whose ranks are numbered node by node (rank = node × G + local
+    rank, as torchrun numbers them). Every rank must call it, in the same order (``dist.new_group``)."""
+    world, rank = dist.get_world_size(), dist.get_rank()
+    g = gpus_per_node
+    if g < 2 or world % g or world // g < 2:
+        raise ValueError(f"node-aware compression needs two or more nodes of {g} ranks; the job has {world} ranks")
+    nodes = world // g
+    by_node = [dist.new_group(list(range(j * g, (j + 1) * g))) for j in range(nodes)]
+    by_rail = [dist.new_group(list(range(local, world, g))) for local in range(g)]
+    return NodeGroups(g, nodes, rank % g, by_node[rank // g], by_rail[rank % g])
 
 
 @dataclass
@@ -43,6 +75,7 @@ class CompressionState:
     scope: str = "tensor"                 # top-k family: k per layer ("tensor") or per bucket
     options: dict = field(default_factory=dict)  # further descriptor options, e.g. {"unbiased": True}
     process_group: dist.ProcessGroup | None = None
+    nodes: NodeGroups | None = None       # node-aware: the node and rail groups (node_groups); None: flat
     step: int = 0                         # iterations completed
     per_bucket: dict[tuple[int, int], tuple[Compressor, Memory]] = field(default_factory=dict)
     _comm: DistributedComm | None = None
@@ -61,15 +94,20 @@ class CompressionState:
 
     @property
     def comm(self) -> DistributedComm:
+        """The communicator the compressor runs on: every rank, or node-aware this rank's rail (whose log also
+        holds the dense steps inside the node)."""
         if self._comm is None:
-            self._comm = DistributedComm(self.process_group)
+            self._comm = (DistributedComm(self.process_group) if self.nodes is None else
+                          DistributedComm(self.nodes.rail, "inter"))
         return self._comm
 
     def for_bucket(self, index: int, numel: int) -> tuple[Compressor, Memory]:
-        """The bucket's compressor and memory; a rebuilt bucket (DDP re-buckets once) gets fresh ones."""
+        """The bucket's compressor and memory (node-aware: those of this rank's slice of it); a rebuilt bucket
+        (DDP re-buckets once) gets fresh ones."""
         key = (index, numel)
         if key not in self.per_bucket:
-            self.per_bucket[key] = (self.make(self.seed + index), make_memory(self.memory))
+            seed = self.seed + index if self.nodes is None else slice_seed(self.seed, index, self.nodes.local_rank)
+            self.per_bucket[key] = (self.make(seed), make_memory(self.memory))
         return self.per_bucket[key]
 
 
@@ -85,9 +123,38 @@ def bucket_layout(bucket: dist.GradBucket) -> tuple[Layer, ...]:
 def compress_bucket(state: CompressionState, index: int, flat: torch.Tensor,
                     layout: tuple[Layer, ...] | None) -> torch.Tensor:
     """This rank's gradient buffer in, the all-rank mean update out (same shape and dtype)."""
+    if state.nodes is not None:
+        return _compress_node_aware(state, state.nodes, index, flat, layout or (Layer("bucket", (flat.numel(),), 0),))
     comp, mem = state.for_bucket(index, flat.numel())
     update = mem.step(flat.detach().float().view(1, -1), comp, state.comm, state.step, layout)
     return update.view(-1).to(flat.dtype)
+
+
+def _compress_node_aware(state: CompressionState, nodes: NodeGroups, index: int, flat: torch.Tensor,
+                         layout: tuple[Layer, ...]) -> torch.Tensor:
+    """Reduce-scatter inside the node (slices padded to one length), this rank's slice compressed over its
+    rail, all-gather inside the node; each collective in ``state.comm.log`` with its group."""
+    g, n = nodes.gpus_per_node, flat.numel()
+    bounds = slice_bounds(n, g)
+    width = max(hi - lo for lo, hi in bounds)
+    padded = torch.zeros(g, width)
+    grad = flat.detach().float()
+    for row, (lo, hi) in enumerate(bounds):
+        padded[row, :hi - lo] = grad[lo:hi]
+    mine = torch.empty(width)
+    log = state.comm.log
+    log.records.append(record("reducescatter", "node", 4, "float32", n, g, "node"))
+    scatter_from(mine, padded.view(-1), group=nodes.node)
+    lo, hi = bounds[nodes.local_rank]
+    comp, mem = state.for_bucket(index, n)
+    piece = mem.step((mine[:hi - lo] / g).view(1, -1), comp, state.comm, state.step, slice_layout(layout, lo, hi))
+    out = torch.zeros(width)
+    out[:hi - lo] = piece.view(-1)
+    gathered = torch.empty(g * width)
+    log.records.append(record("allgather", "node", 4, "float32", width, g, "node"))
+    gather_into(gathered, out, group=nodes.node)
+    rows = gathered.view(g, width)
+    return torch.cat([rows[r, :b - a] for r, (a, b) in enumerate(bounds)]).to(flat.dtype)
 
 
 def compression_hook(state: CompressionState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:

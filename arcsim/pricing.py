@@ -13,7 +13,7 @@ import numpy as np
 from arcsim.collectives import ALGORITHM_NAMES, PIPELINED, Schedule, build, busbw_factor, normalize_op
 from arcsim.collectives.libraries import Choice, get_library
 from arcsim.collectives.limits import TooMuchWork
-from arcsim.comm.log import CommRecord
+from arcsim.comm.log import GROUPS, CommRecord
 from arcsim.errors import CollectiveError
 from arcsim.netsim import ENGINES, estimate
 from arcsim.topology import Topology
@@ -153,8 +153,29 @@ class PricedRecord:
     protocol: str = ""
 
 
+def group_topology(topo: Topology, group: str) -> Topology:
+    """The links a group of ``topo``'s ranks uses, as a topology of its own (priced as its library runs it):
+    ``world`` is ``topo``; ``node`` the GPUs of one node on the intra-node links (its measured fits dropped:
+    they were measured across nodes); ``inter`` one rank per node — one of the node's G rails, which run at
+    once and share the node's NICs, so each has nics / G of them (one NIC each on a rail-aligned node)."""
+    if group == "world":
+        return topo
+    g = topo.gpus_per_node
+    if group == "node":
+        return dataclasses.replace(topo, name=f"{topo.name}: one node", nodes=1, calibration={},
+                                   stragglers={r: s for r, s in topo.stragglers.items() if r < g})
+    if group == "inter":
+        net = topo.network
+        share = net.bandwidth_per_nic * net.nics_per_node / g
+        rail = dataclasses.replace(net, nics_per_node=1, bandwidth_per_nic=share)
+        return dataclasses.replace(topo, name=f"{topo.name}: one rail", gpus_per_node=1, network=rail,
+                                   stragglers={r // g: s for r, s in topo.stragglers.items() if r % g == 0})
+    raise CollectiveError(f"unknown group {group!r}; choose one of {', '.join(GROUPS)}")
+
+
 class Pricer:
-    """Prices collectives by (op, algorithm, bytes per rank) on one topology and engine, with a cache.
+    """Prices collectives by (op, algorithm, bytes per rank) on one topology and engine, with a cache; a
+    record of a group (arcsim.comm.log.GROUPS) on that group's links (:func:`group_topology`).
 
     The same path as :func:`price_collective`: ops the topology has measured (``calibration``, from arcsim
     calibrate) by their fitted line, reported with the algorithm "measured"; the others as its library runs them.
@@ -163,6 +184,15 @@ class Pricer:
     def __init__(self, topo: Topology, engine: str = "analytic") -> None:
         self.topo, self.engine = topo, engine
         self._cache: dict[tuple[str, str, float], PricedRecord] = {}
+        self._groups: dict[str, Pricer] = {}
+
+    def group(self, name: str) -> Pricer:
+        """The pricer of one group's links."""
+        if name == "world":
+            return self
+        if name not in self._groups:
+            self._groups[name] = Pricer(group_topology(self.topo, name), self.engine)
+        return self._groups[name]
 
     def price(self, op: str, bytes_per_rank: float, algo: str = "auto", tag: str = "") -> PricedRecord:
         """The collective's size is per rank; an all-gather's total output is that × the topology's ranks."""
@@ -178,8 +208,11 @@ class Pricer:
         return PricedRecord(op, "", res.algo, nbytes, res.time_s, res.protocol)
 
     def records(self, records: list[CommRecord], algorithms: dict[str, str] | None = None) -> list[PricedRecord]:
+        """Each record on its group's links; ``algorithms`` (op → algorithm) applies to the data's collectives —
+        every rank's, or the rails' between nodes — while the dense steps inside a node are the library's."""
         chosen = algorithms or {}
-        return [self.price(r.op, r.bytes_per_rank, chosen.get(r.op, "auto"), r.tag) for r in records]
+        return [self.group(r.group).price(r.op, r.bytes_per_rank, "auto" if r.group == "node" else
+                                          chosen.get(r.op, "auto"), r.tag) for r in records]
 
 
 def price_records(records: list[CommRecord], topo: Topology, engine: str = "analytic",

@@ -171,3 +171,28 @@ def test_forwarder_routes_only_ipv4_to_ranks_on_the_subnet():
     assert destination(packet(4, (10, 77, 1, 1)), subnet, 4) is None  # outside the subnet
     assert destination(packet(6, (10, 77, 0, 1)), subnet, 4) is None  # IPv6 (router solicitations)
     assert destination(b"\x45", subnet, 4) is None  # truncated
+
+
+@needs_netns
+def test_nodes_of_several_ranks_share_a_namespace_and_one_shaped_link(tmp_path):
+    """2 nodes × 2 ranks: two node namespaces (each one veth, shaped both ways), ranks numbered node by node,
+    the ranks of a node reaching each other over loopback; a gloo all-reduce over all four is right."""
+    prefix = "arcsimt5"
+    run_cli("cluster", "down", "--prefix", prefix)
+    with EmulatedCluster(4, "200Mbit", prefix=prefix, ranks_per_node=2) as c:
+        assert _leftovers(prefix) == [f"{prefix}-br", f"{prefix}-r0", f"{prefix}-r1"]
+        assert [c.ns(r) for r in range(4)] == [f"{prefix}-r0", f"{prefix}-r0", f"{prefix}-r1", f"{prefix}-r1"]
+        assert c.qdiscs().count("rate 200Mbit") == 4  # two nodes, both directions
+        assert [c.env(r)["LOCAL_RANK"] for r in range(4)] == ["0", "1", "0", "1"]
+        route = subprocess.run(["ip", "netns", "exec", c.ns(1), "ip", "route", "get", c.address(0)],
+                               capture_output=True, text=True).stdout
+        assert "dev lo" in route  # the same node: loopback, unshaped
+        port = free_port()
+        procs = [c.spawn(r, [sys.executable, str(HERE / "_cluster_allreduce.py"), str(tmp_path / "out")], port=port,
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT) for r in range(4)]
+        for p in procs:
+            assert cl.wait_for(p, 120) == 0, p.stdout.read()
+    assert _leftovers(prefix) == []
+    assert {float((tmp_path / f"out.{r}").read_text()) for r in range(4)} == {10.0}  # 1 + 2 + 3 + 4
+    with pytest.raises(ClusterError, match="two or more nodes"):
+        EmulatedCluster(4, "200Mbit", ranks_per_node=4)

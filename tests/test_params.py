@@ -8,8 +8,9 @@ import torch
 from conftest import run_cli
 
 from arcsim.comm.inprocess import InProcessComm
+from arcsim.comm.log import FIXED_TAGS, ROOT_TAGS
 from arcsim.compressors import make_compressor
-from arcsim.traces.params import FIXED_TAGS, ROOT_TAGS, ParamsModel
+from arcsim.traces.params import ParamsModel
 from arcsim.units import parse_params
 
 

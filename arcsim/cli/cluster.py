@@ -16,16 +16,20 @@ def cluster() -> None:
 
 @cluster.command("up")
 @click.option("--ranks", "-p", required=True, type=Count(), help="Ranks (2 … 64).")
-@click.option("--bandwidth", "-b", required=True, help="Per-rank link rate, e.g. 1Gbit, 100Mbit.")
+@click.option("--bandwidth", "-b", required=True, help="Per-node link rate, e.g. 1Gbit, 100Mbit.")
 @click.option("--delay", default="0s", show_default=True,
               help="One-way delay added by a user-space TUN forwarder, e.g. 0.5ms (0: a plain bridge).")
 @click.option("--burst", default=None, help="tbf burst, e.g. 16kB (default: 2 packets or 1 ms of tokens, the larger).")
+@click.option("--ranks-per-node", default=1, show_default=True, type=Count(),
+              help="Ranks sharing a node's namespace (loopback between them) and its one link to the others.")
 @click.option("--prefix", default=PREFIX, show_default=True, help="Namespace name prefix.")
-def cluster_up(ranks: int, bandwidth: str, delay: str, burst: str | None, prefix: str) -> None:
+def cluster_up(ranks: int, bandwidth: str, delay: str, burst: str | None, ranks_per_node: int, prefix: str) -> None:
     """Build it and leave it up (tear down with `arcsim cluster down`)."""
-    c = EmulatedCluster(ranks, bandwidth, delay, prefix, burst=parse_size(burst) if burst else None).up()
-    link = f"{bandwidth} each way per rank" + (f", {delay} one way" if c.delay else "")
-    note(f"up: {ranks} ranks in namespaces {c.ns(0)} … {c.ns(ranks - 1)} ({c.address(0)} …), hub in "
+    c = EmulatedCluster(ranks, bandwidth, delay, prefix, burst=parse_size(burst) if burst else None,
+                        ranks_per_node=ranks_per_node).up()
+    link = f"{bandwidth} each way per node" + (f", {delay} one way" if c.delay else "")
+    nodes = "" if ranks_per_node == 1 else f" as {c.nodes} nodes of {ranks_per_node}"
+    note(f"up: {ranks} ranks{nodes} in namespaces {c.ns(0)} … {c.ns(ranks - 1)} ({c.address(0)} …), hub in "
          f"{c.bridge_ns}, {link}; run a rank with: ip netns exec {c.ns(0)} CMD")
     note(f"shaping: {c.knobs()}")
 

@@ -78,6 +78,10 @@ if TYPE_CHECKING:  # torch stays unimported until a command needs it
               help="bucket: DDP buckets, each compressed and sent as its gradients are ready; model: the whole "
                    "gradient as one vector after backward (as the AR-Top-k and Gaussian-k reference code); both: "
                    "also report what fusion changes.")
+@click.option("--hierarchy", default="flat", show_default=True,
+              help="flat: compress across every rank; node: reduce dense inside each node and compress only between "
+                   "nodes (each GPU its slice, one rail per GPU); both: price every compressor both ways and let "
+                   "the policy choose.")
 @click.option("--policy", default="auto", show_default=True, help=f"One of: {', '.join(POLICIES)}.")
 @click.option("--slack", default=0.25, show_default=True, type=Number(minimum=0),
               help="Policy: error allowed above Top-K's, relative.")
@@ -114,7 +118,8 @@ def run(topology: str, trace: str | None, no_capture: bool, params: str | None, 
         workers: int, steps: int, live_device: str,
         compressors: str, density: float, memory: str | None,
         engine: str, library: str | None, bandwidth: str | None, latency: str | None, bucket_mb: float,
-        fusion: str, policy: str, slack: float, ratios: tuple[float, ...], weights: tuple[float, float] | None,
+        fusion: str, hierarchy: str, policy: str, slack: float, ratios: tuple[float, ...],
+        weights: tuple[float, float] | None,
         gpu: str | None, batch: int | None, precision: str, compare_gpu: str | None, compute_profile: str | None,
         seed: int,
         grid_steps: int | None, all_collectives: bool, json_out: str | None, csv_out: str | None, plot_dir: str | None,
@@ -133,7 +138,8 @@ def run(topology: str, trace: str | None, no_capture: bool, params: str | None, 
                     library=library, bandwidth=parse_rate(bandwidth) if bandwidth else None,
                     latency=parse_duration(latency) if latency else None,
                     fusion="bucket" if fusion == "both" else fusion,
-                    params=parse_params(params) if params is not None else None, layers=layers, live=training)
+                    params=parse_params(params) if params is not None else None, layers=layers, live=training,
+                    hierarchy=hierarchy)
     cfg.check()
     network_schedule = None
     if schedule is not None:

@@ -24,7 +24,7 @@ from arcsim.errors import ArcsimError
 SWEEP_OPTIONS = {  # option → spec key; every value is a comma list, strings may hold {a,b} groups
     "topology": "topology", "bandwidth": "bandwidth", "latency": "latency", "ranks": "ranks", "trace": "trace",
     "compressors": "compressor", "density": "density", "bucket_mb": "bucket_mb", "engine": "engine", "gpu": "gpu",
-    "library": "library", "fusion": "fusion", "params": "params", "live": "live",
+    "library": "library", "fusion": "fusion", "params": "params", "live": "live", "hierarchy": "hierarchy",
 }
 LIVE_OPTIONS = {"live_workers": "live_workers", "live_steps": "live_steps", "live_device": "live_device",
                 "live_dataset": "live_dataset"}
@@ -46,6 +46,8 @@ LIVE_OPTIONS = {"live_workers": "live_workers", "live_steps": "live_steps", "liv
 @click.option("--library", default=None, help="Communication libraries, e.g. nccl,gloo (default: the topology's).")
 @click.option("--params", default=None, help="Synthetic models instead of traces, e.g. 125M,7B,100B.")
 @click.option("--fusion", default=None, help="bucket, model, or bucket,model for both (default bucket).")
+@click.option("--hierarchy", default=None, help="flat, node, or flat,node for both (default flat): node-aware "
+                                                "compression, dense inside each node (multi-GPU topologies).")
 @click.option("--live", default=None, help="Models trained here instead of traces (arcsim run --live): zoo names "
                                           "(e.g. cnn) or your own (file.py:build).")
 @click.option("--live-workers", default=None, type=Count(minimum=2, maximum=1024),

@@ -37,14 +37,20 @@ def run_gloo_job(work: Callable[[], None]) -> None:
 gather_into = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 
 
+# likewise reduce_scatter_tensor → reduce_scatter_single
+scatter_from = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+
+
 class DistributedComm:
-    def __init__(self, group: dist.ProcessGroup | None = None) -> None:
+    def __init__(self, group: dist.ProcessGroup | None = None, name: str = "world") -> None:
+        """``group``: the process group its collectives run on; ``name``: what that group is in the job
+        (arcsim.comm.log.GROUPS), named in each record."""
         if not dist.is_initialized():
             raise RuntimeError("torch.distributed is not initialised; call init_process_group first")
         self.group = group
         self.world_size = dist.get_world_size(group)
         self.rank = dist.get_rank(group)
-        self.log = CommLog(self.world_size)
+        self.log = CommLog(self.world_size, name)
 
     def all_reduce(self, t: torch.Tensor, op: str = "mean", tag: str = "") -> torch.Tensor:
         self.log.add("allreduce", tag, t, t[0].numel())
@@ -68,7 +74,8 @@ class DistributedComm:
     def broadcast(self, t: torch.Tensor, src: int, tag: str = "") -> torch.Tensor:
         self.log.add("broadcast", tag, t, t[0].numel())
         out = t[0:1].clone()
-        dist.broadcast(out, src=src, group=self.group)
+        root = src if self.group is None else dist.get_global_rank(self.group, src)  # src is the group's rank
+        dist.broadcast(out, src=root, group=self.group)
         return out
 
     def local_index(self, rank: int) -> int | None:

@@ -8,11 +8,12 @@ from arcsim.comm.log import CommLog
 
 
 class InProcessComm:
-    def __init__(self, world_size: int) -> None:
+    def __init__(self, world_size: int, group: str = "world") -> None:
+        """``group``: what the stacked workers are in the job (arcsim.comm.log.GROUPS), named in each record."""
         if world_size < 2:
             raise ValueError("a communicator needs at least 2 workers")
         self.world_size = world_size
-        self.log = CommLog(world_size)
+        self.log = CommLog(world_size, group)
 
     def _check(self, t: torch.Tensor) -> None:
         if t.shape[0] != self.world_size:

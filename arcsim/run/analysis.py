@@ -25,6 +25,7 @@ from arcsim.catalog import (
     fusion_message,
 )
 from arcsim.collectives.libraries import get_library
+from arcsim.compressors.hierarchy import HIERARCHIES, Grouping, group_workers, hierarchy_message
 from arcsim.devices.catalog import PRECISIONS, Device
 from arcsim.devices.kernels import kernel_source
 from arcsim.devices.predict import DEFAULT_GPU_BATCH, ComputePrediction
@@ -47,6 +48,7 @@ from arcsim.traces.resolve import resolve_trace
 from arcsim.traces.training import TrainingConfig
 from arcsim.units import format_bits, format_duration
 
+MeasurementKey = tuple[str, float, int, "Grouping | None"]  # compressor, density, steps, node grouping (None: flat)
 GRID_ALL_STEPS_ELEMENTS = 2e8  # steps × workers × elements above which the grid uses the first step only
 CACHE_BYTES = 4 * 2**30  # traces up to this size (as stored) are read once and kept in memory
 LIVE_MEMORY_BYTES = 4 * 2**30  # live training: the compressors measured in one pass hold about this much state
@@ -86,6 +88,12 @@ class RunConfig:
     params: int | None = None           # a model of this many fp32 parameters instead of a trace (synthetic)
     layers: int | None = None           # its layer count (default DEFAULT_LAYERS)
     live: TrainingConfig | None = None  # gradients from live data-parallel training instead of a trace
+    hierarchy: str = "flat"             # flat | node | both (arcsim.compressors.hierarchy)
+
+    @property
+    def hierarchies(self) -> tuple[str, ...]:
+        """The ways each compressor is priced: flat, node-aware, or both."""
+        return ("flat", "node") if self.hierarchy == "both" else (self.hierarchy,)
 
     def params_model(self) -> ParamsModel | None:
         """The synthetic model --params asks for (None: a trace run)."""
@@ -146,6 +154,8 @@ class RunConfig:
             raise RunError(f"--latency must be ≥ 0 (got {self.latency:g})")
         if self.policy not in POLICIES:
             raise RunError(f"unknown policy {self.policy!r}; choose one of {', '.join(POLICIES)}")
+        if self.hierarchy not in HIERARCHIES:
+            raise RunError(hierarchy_message(self.hierarchy))
         if self.engine not in ENGINES:
             raise RunError(f"unknown engine {self.engine!r}; choose one of {', '.join(ENGINES)}")
         bad = [r for r in (self.density, *self.ratios) if not 0 < r <= 1]
@@ -246,7 +256,10 @@ class Analysis:
         self.ctx = Context(self.trace, self.topo, compute, buckets, cfg.engine, cfg.compress_scale, self.gpu,
                            cfg.scope, numel_scale=scale)
         self.pricer = Pricer(self.topo, cfg.engine)
-        self._measured: dict[tuple[str, float, int], Measurement] = {}
+        self.grouping: Grouping | None = None
+        if "node" in cfg.hierarchies:
+            self.grouping = self.grouping_for(self.topo)
+        self._measured: dict[MeasurementKey, Measurement] = {}
         self.cached = 0  # measurements read from the cache instead of run
         self._cached: list[tuple[int, torch.Tensor]] | None = None
         self.gradient_stats = GradientStats()  # the trace's per-step means and norms, shared by its measurements
@@ -302,16 +315,33 @@ class Analysis:
         t = self.trace
         return t.steps if t.steps * t.workers * t.elements <= GRID_ALL_STEPS_ELEMENTS else 1
 
-    def _key(self, compressor: str, density: float, grid: bool) -> tuple[str, float, int]:
+    def grouping_for(self, topo: Topology) -> Grouping:
+        """How the trace's workers stand for ``topo``'s nodes, for node-aware compression (refused before any
+        work where the topology or the trace cannot have it)."""
+        if topo.nodes < 2:
+            raise RunError(f"node-aware compression compresses between nodes, and {topo.name} has one node; "
+                           "use --hierarchy flat or a topology with two or more nodes")
+        try:
+            return group_workers(self.trace.workers, topo.gpus_per_node)
+        except ArcsimError as exc:
+            raise RunError(f"--hierarchy {self.cfg.hierarchy}: {exc}") from None
+
+    def _key(self, compressor: str, density: float, grid: bool, grouping: Grouping | None = None
+             ) -> MeasurementKey:
         uses = not INFO[compressor].density_free
         dens = density if uses else 1.0
         full = not grid or not uses or (dens == self.cfg.density and compressor in self.cfg.compressors)
-        return compressor, dens, self.trace.steps if full else self.grid_steps()
+        return compressor, dens, self.trace.steps if full else self.grid_steps(), grouping
 
-    def measurement(self, compressor: str, density: float, grid: bool = False) -> Measurement:
+    def measurement(self, compressor: str, density: float, grid: bool = False, hierarchy: str = "flat",
+                    topo: Topology | None = None) -> Measurement:
         """The compressor measured on the trace (kept in memory, and on disk by arcsim.run.cache); grid points
-        may use fewer steps (``grid_steps``). Live training measures several in one pass (``_measure_live``)."""
-        key = self._key(compressor, density, grid)
+        may use fewer steps (``grid_steps``). Live training measures several in one pass (``_measure_live``).
+        ``hierarchy``: flat, or node-aware with the workers grouped for ``topo``'s nodes (default the run's)."""
+        grouping = None if hierarchy == "flat" else self.grouping_for(topo) if topo is not None else self.grouping
+        if hierarchy != "flat" and grouping is None:
+            grouping = self.grouping_for(self.topo)
+        key = self._key(compressor, density, grid, grouping)
         if key in self._measured:
             return self._measured[key]
         if isinstance(self.trace, LiveSource):
@@ -322,40 +352,42 @@ class Analysis:
         memory = self._memory(compressor)
         timed = self.ctx.gpu is None
         name = cache.key(self._trace_hash(), self.ctx.buckets, compressor, key[1], memory, self.cfg.seed,
-                         self.cfg.options, key[2], timed)
+                         self.cfg.options, key[2], timed, grouping)
         meas = cache.load(name)
         if meas is not None:
             self.cached += 1
         else:
             steps = self.steps() if key[2] == self.trace.steps else itertools.islice(self.steps(), key[2])
             meas = measure(steps, self.ctx.buckets, compressor, key[1], memory, self.cfg.seed, self.cfg.options,
-                           timed=timed, count=key[2], stats=self.gradient_stats)
+                           timed=timed, count=key[2], stats=self.gradient_stats, grouping=grouping)
             cache.save(name, meas)
         if self.params is not None:  # what the sample sent, at the full model's size
             meas.records = [[[self.params.scale_record(r) for r in recs] for recs in step]
                             for step in meas.records]
         self._measured[key] = meas
-        self.timings[f"measure {compressor} @ {key[1]:g} ({key[2]} steps)"] = time.perf_counter() - started
+        self.timings[f"measure {compressor} @ {key[1]:g}{'' if hierarchy == 'flat' else ' node-aware'} "
+                     f"({key[2]} steps)"] = time.perf_counter() - started
         return meas
 
     def _memory(self, compressor: str) -> str | None:
         return self.cfg.memory if not INFO[compressor].density_free else None
 
-    def _measure_live(self, wanted: tuple[str, float, int]) -> None:
+    def _measure_live(self, wanted: MeasurementKey) -> None:
         """One pass of live training measures ``wanted`` and, alongside it, the other planned measurements of
         as many steps, as many as fit LIVE_MEMORY_BYTES (each keeps error-feedback state for every worker)."""
         live = self.trace
         assert isinstance(live, LiveSource)
         room = max(1, int(LIVE_MEMORY_BYTES // (2 * live.workers * live.elements * 4)))
-        group = [wanted, *(k for k in self.planned_keys() if k[2] == wanted[2] and k != wanted
-                           and k not in self._measured)][:room]
+        group = [wanted, *(k for k in self.planned_keys() if k[2] == wanted[2] and k[3] == wanted[3]
+                           and k != wanted and k not in self._measured)][:room]
         started = time.perf_counter()
-        for compressor, density, _ in group:
+        for compressor, density, _, _ in group:
             self.progress(f"{compressor} @ {density:g}")
         steps = itertools.islice(live.steps_iter(), wanted[2])
-        which = [(c, d, self._memory(c)) for c, d, _ in group]
+        which = [(c, d, self._memory(c)) for c, d, _, _ in group]
         for key, meas in zip(group, measure_many(steps, self.ctx.buckets, which, self.cfg.seed, self.cfg.options,
-                                                 timed=self.ctx.gpu is None, count=wanted[2]), strict=True):
+                                                 timed=self.ctx.gpu is None, count=wanted[2],
+                                                 grouping=wanted[3]), strict=True):
             self._measured[key] = meas
         self.timings[f"measure live pass {live.passes}: {len(group)} compressor runs ({wanted[2]} steps)"] = \
             time.perf_counter() - started
@@ -364,10 +396,13 @@ class Analysis:
         assert self._hash is not None, "only a trace file is measured through the cache"
         return self._hash.result()
 
-    def planned_keys(self) -> list[tuple[str, float, int]]:
-        """Every measurement a run makes: dense, each compressor at --density, then the ratio grid."""
-        keys = [self._key("dense", 1.0, False), *(self._key(c, self.cfg.density, False) for c in self.cfg.compressors),
-                *(self._key(c, r, True) for c in self.cfg.compressors for r in self.cfg.ratios)]
+    def planned_keys(self) -> list[MeasurementKey]:
+        """Every measurement a run makes: dense, each compressor at --density, then the ratio grid (each way
+        of --hierarchy)."""
+        ways = [None if h == "flat" else self.grouping for h in self.cfg.hierarchies]
+        keys = [self._key("dense", 1.0, False),
+                *(self._key(c, self.cfg.density, False, h) for c in self.cfg.compressors for h in ways),
+                *(self._key(c, r, True, h) for c in self.cfg.compressors for r in self.cfg.ratios for h in ways)]
         return list(dict.fromkeys(keys))
 
     def planned_measurements(self) -> int:
@@ -390,8 +425,8 @@ class Analysis:
         # the baseline a user would run: dense fp32 on its fastest collective (the ring ratio stays as an extra)
         dense = min(candidates_for(dense_meas, self.ctx, self.pricer), key=lambda c: c.iteration_s)
         ring = evaluate(dense_meas, self._dense_algo(), self.ctx, self.pricer)
-        cands = [c for name in cfg.compressors
-                 for c in candidates_for(self.measurement(name, cfg.density), self.ctx, self.pricer)]
+        cands = [c for name in cfg.compressors for h in cfg.hierarchies
+                 for c in candidates_for(self.measurement(name, cfg.density, hierarchy=h), self.ctx, self.pricer)]
         for c in [*cands, dense]:
             _set_speedups(c, dense, ring)
         grid = self._grid(dense, ring)
@@ -407,8 +442,8 @@ class Analysis:
         points = [dense]
         for name in self.cfg.compressors:
             ratios = self.cfg.ratios if not INFO[name].density_free else (1.0,)
-            for r in ratios:
-                for c in candidates_for(self.measurement(name, r, grid=True), self.ctx, self.pricer):
+            for r, h in itertools.product(ratios, self.cfg.hierarchies):
+                for c in candidates_for(self.measurement(name, r, grid=True, hierarchy=h), self.ctx, self.pricer):
                     _set_speedups(c, dense, ring)
                     points.append(c)
         return points
@@ -417,8 +452,11 @@ class Analysis:
         return decisions.pareto(grid, self.cfg.ratios, self.cfg.weights)
 
     def _crossover(self, cands: list[Candidate], grid: list[Candidate]) -> decisions.Crossover:
-        return decisions.crossover(self.cfg.compressors, self.cfg.density, self.cfg.ratios, grid, self.ctx,
-                                   self.measurement)
+        cx = decisions.crossover(self.cfg.compressors, self.cfg.density, self.cfg.ratios, grid, self.ctx,
+                                 self.measurement)
+        if self.cfg.hierarchy != "both":
+            return cx
+        return decisions.with_hierarchy(cx, self.cfg.compressors, self.cfg.density, self.ctx, self.measurement)
 
     def _dense_algo(self) -> str:
         return "measured" if "allreduce" in self.topo.calibration else "ring"
@@ -458,6 +496,16 @@ class Analysis:
                          f"and fidelity is measured over all {t.workers} {done} workers at the {done} batch of "
                          f"{t.meta['batch_per_worker']} (fewer ranks average away less noise: the measured error is "
                          f"a lower estimate of the error on {topo.ranks} ranks)")
+        if self.grouping is not None:
+            g = self.grouping
+            notes.append(f"node-aware (--hierarchy {self.cfg.hierarchy}): dense reduce-scatter inside each node of "
+                         f"{topo.gpus_per_node} GPUs, each GPU compresses its 1/{topo.gpus_per_node} slice with its "
+                         f"own error feedback and exchanges it with the same GPU of every node ({topo.nodes} ranks, "
+                         f"one rail per GPU sharing the node's {topo.network.nics_per_node} NIC(s)), then an "
+                         f"all-gather inside the node; fidelity measured with the {t.workers} {done} workers as "
+                         f"{g.label()} (node means average {g.gpus} workers, not {topo.gpus_per_node}; slices of "
+                         f"1/{g.gpus} scaled to 1/{topo.gpus_per_node} for bytes and time); B/rank counts bytes "
+                         "between nodes only")
         if self.grid_steps() < t.steps:
             notes.append(f"ratio-grid points other than --density were measured on the first {self.grid_steps()} "
                          f"of the trace's {t.steps} steps (large trace; --grid-steps to change)")

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from arcsim.comm.log import CommRecord
+from arcsim.compressors.hierarchy import Grouping
 from arcsim.files import cache_key, cache_read, cache_write, file_fact
 from arcsim.run.buckets import Bucket
 from arcsim.run.measure import Measurement
@@ -33,10 +34,13 @@ def trace_hash(path: Path) -> str:
 
 
 def key(trace: str, buckets: list[Bucket], compressor: str, density: float, memory: str | None, seed: int,
-        options: Mapping[str, Any], steps: int, timed: bool) -> str:
-    return cache_key({"v": VERSION, "trace": trace, "buckets": [(b.lo, b.hi) for b in buckets],
-                      "compressor": compressor, "density": density, "memory": memory, "seed": seed,
-                      "options": dict(sorted(options.items())), "steps": steps, "timed": timed})
+        options: Mapping[str, Any], steps: int, timed: bool, grouping: Grouping | None = None) -> str:
+    fields = {"v": VERSION, "trace": trace, "buckets": [(b.lo, b.hi) for b in buckets], "compressor": compressor,
+              "density": density, "memory": memory, "seed": seed, "options": dict(sorted(options.items())),
+              "steps": steps, "timed": timed}
+    if grouping is not None:  # flat keys stay as they were: measurements already cached are still found
+        fields["grouping"] = dataclasses.astuple(grouping)
+    return cache_key(fields)
 
 
 def load(name: str) -> Measurement | None:

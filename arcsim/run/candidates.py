@@ -43,6 +43,7 @@ class Candidate:
     compression_gain: float
     density_achieved: float
     bytes_per_rank: float
+    hierarchy: str = "flat"             # flat, or node: dense inside nodes, compressed between (compressors.hierarchy)
     speedup_vs_dense: float = 1.0       # dense fp32 on its fastest collective ÷ this (run and sweep alike)
     speedup_vs_dense_ring: float = 1.0  # dense fp32 flat-ring all-reduce ÷ this (the textbook baseline)
     rel_error_ci: tuple[float, float] | None = None  # 95 % interval over the trace's steps (None: one step)
@@ -100,20 +101,22 @@ def main_op(meas: Measurement) -> str:
 
 
 def main_op_of(step_records: list[list[CommRecord]]) -> str:
-    """The main op of one step's records (per bucket)."""
+    """The main op of one step's records (per bucket): node-aware, the one between nodes."""
     sizes = {"allreduce": 0, "allgather": 0}
     for recs in step_records:
         for r in recs:
-            if r.op in sizes:
+            if r.op in sizes and r.group != "node":
                 sizes[r.op] += r.bytes_per_rank
     return max(sizes, key=sizes.__getitem__)
 
 
-def compress_times(compressor: str, measured: list[float], ctx: Context) -> list[float]:
-    """Each bucket's compression on the critical path: modelled on the context's GPU, else as measured × scale."""
+def compress_times(compressor: str, measured: list[float], ctx: Context, hierarchy: str = "flat") -> list[float]:
+    """Each bucket's compression on the critical path: modelled on the context's GPU, else as measured × scale.
+    Node-aware, a rank compresses its 1/G slice of each bucket (measured on that slice)."""
     if ctx.gpu is not None:
-        return [compress_seconds(compressor, ctx.scope, round(b.numel * ctx.numel_scale), len(b.layers), ctx.gpu)
-                for b in ctx.buckets]
+        share = 1.0 if hierarchy == "flat" else 1.0 / ctx.topo.gpus_per_node
+        return [compress_seconds(compressor, ctx.scope, max(1, round(b.numel * ctx.numel_scale * share)),
+                                 len(b.layers), ctx.gpu) for b in ctx.buckets]
     return [c * ctx.scale_for(compressor) for c in measured]
 
 
@@ -132,10 +135,11 @@ def step_timelines(meas: Measurement, collective: str, ctx: Context,
     """Each step's iteration timeline with ``collective`` for the main op, and the per-bucket sums over
     the steps of compression and of communication, kept apart."""
     timelines, comp_sum, comm_sum = [], np.zeros(len(ctx.buckets)), np.zeros(len(ctx.buckets))
-    modelled = compress_times(meas.compressor, [], ctx) if ctx.gpu is not None else None  # the same every step
+    modelled = compress_times(meas.compressor, [], ctx, meas.hierarchy) if ctx.gpu is not None else None  # each step
     op = main_op(meas)  # the op the collective was chosen for, on every step (a step may weigh its ops otherwise)
     for s, step_records in enumerate(meas.records):
-        comp = modelled if modelled is not None else compress_times(meas.compressor, meas.compress_s[s], ctx)
+        comp = modelled if modelled is not None else compress_times(meas.compressor, meas.compress_s[s], ctx,
+                                                                    meas.hierarchy)
         timeline, comm = step_timeline(step_records, comp, collective, ctx, pricer, op)
         timelines.append(timeline)
         comp_sum += np.asarray(comp)
@@ -155,7 +159,8 @@ def evaluate(meas: Measurement, collective: str, ctx: Context, pricer: Pricer) -
                      update_error=meas.update_error(),
                      compression_gain=meas.compression_gain(),
                      density_achieved=meas.density_achieved(),
-                     bytes_per_rank=meas.bytes_per_rank(), density_by_step=meas.density_by_step(),
+                     bytes_per_rank=meas.bytes_per_rank(), hierarchy=meas.hierarchy,
+                     density_by_step=meas.density_by_step(),
                      bucket_compress_s=list(comp_sum / len(meas.records)),
                      bucket_comm_s=list(comm_sum / len(meas.records)), measurement=meas)
 

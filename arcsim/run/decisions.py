@@ -21,7 +21,7 @@ from arcsim.run.pareto import choose, pareto_front
 from arcsim.run.timeline import iteration
 
 BANDWIDTH_SCALES = tuple(float(s) for s in np.logspace(-2, 2, 25))
-Measure = Callable[[str, float], Measurement]  # (compressor, density) → its measurement on the trace
+Measure = Callable[..., Measurement]  # (compressor, density, hierarchy=…) → its measurement on the trace
 
 
 class Decision:
@@ -40,7 +40,8 @@ class BucketChoice(Decision):
     collective: str
     op: str
     time_s: float
-    runners_up: list[dict[str, Any]]   # the next three: compressor, collective, op, time_s
+    runners_up: list[dict[str, Any]]   # the next three: compressor, collective, hierarchy, op, time_s
+    hierarchy: str = "flat"
 
 
 @dataclass
@@ -73,6 +74,7 @@ class ParetoPoint(Decision):
     speedup_vs_dense: float
     comm_s: float
     bytes_per_rank: float
+    hierarchy: str = "flat"
 
     @classmethod
     def of(cls, c: Candidate) -> ParetoPoint:
@@ -98,6 +100,8 @@ class Crossover(Decision):
     ratio_flips: list[dict[str, Any]] | None = None
     density: float | None = None
     nic_gbps: float | None = None
+    hierarchy: list[dict[str, Any]] | None = None     # per scaled NIC bandwidth: best flat, best node-aware
+    hierarchy_flips_gbps: list[dict[str, Any]] | None = None
 
     @property
     def applies(self) -> bool:
@@ -108,9 +112,10 @@ class Crossover(Decision):
 
 
 def eligible(cands: Sequence[Candidate], slack: float) -> tuple[list[Candidate], float | None]:
-    """Candidates about as faithful as Top-K: error ≤ Top-K's × (1 + slack); dense and fp16 always."""
+    """Candidates about as faithful as Top-K (its most faithful way, flat or node-aware): error ≤ Top-K's ×
+    (1 + slack); dense and fp16 always."""
     sparse = [c for c in cands if c.density is not None]
-    ref = next((c.rel_error for c in sparse if c.compressor == "topk"), None)
+    ref = min((c.rel_error for c in sparse if c.compressor == "topk"), default=None)  # flat or node: the closer
     if ref is None and sparse:
         ref = min(c.rel_error for c in sparse)
     limit = None if ref is None else ref * (1 + slack) + 1e-12
@@ -127,8 +132,9 @@ def policy(cands: Sequence[Candidate], ctx: Context, slack: float) -> Policy:
         chosen.append(best)
         choices.append(BucketChoice(b.index, b.numel, len(b.layers), best.compressor, best.collective, best.op,
                                     best.bucket_s[b.index],
-                                    [{"compressor": c.compressor, "collective": c.collective, "op": c.op,
-                                      "time_s": c.bucket_s[b.index]} for c in ranked[1:4]]))
+                                    [{"compressor": c.compressor, "collective": c.collective,
+                                      "hierarchy": c.hierarchy, "op": c.op, "time_s": c.bucket_s[b.index]}
+                                     for c in ranked[1:4]], best.hierarchy))
     ready = [b.ready_s for b in ctx.buckets]
     timeline = iteration(ctx.compute.forward_s, ctx.compute.backward_s, ready,
                          [c.bucket_compress_s[b.index] for c, b in zip(chosen, ctx.buckets, strict=True)],
@@ -163,16 +169,9 @@ def crossover(compressors: Sequence[str], density: float, ratios: Sequence[float
     if not ag or not ar:
         return Crossover("needs an all-gather compressor (topk, gaussiank) and an all-reduce top-k variant "
                          "(arctopk, star, var) among --compressors")
-    base_topo = ctx.topo
-    base = base_topo.network.bandwidth_per_nic
+    base = ctx.topo.network.bandwidth_per_nic
     rows = []
-    for s in BANDWIDTH_SCALES:
-        topo = dataclasses.replace(
-            base_topo, network=dataclasses.replace(base_topo.network, bandwidth_per_nic=base * s),
-            calibration={op: dataclasses.replace(c, bandwidth=c.bandwidth * s)
-                         for op, c in base_topo.calibration.items()})
-        scaled = dataclasses.replace(ctx, topo=topo, engine="analytic")
-        pricer = Pricer(topo, "analytic")
+    for s, scaled, pricer in _scaled_networks(ctx):
         best = {}
         for family, names in (("allgather", ag), ("allreduce", ar)):
             options = [c for n in names for c in candidates_for(measurement(n, density), scaled, pricer)]
@@ -197,19 +196,51 @@ def crossover(compressors: Sequence[str], density: float, ratios: Sequence[float
                      rows, _flips(rows, "nic_gbps"), by_ratio, _flips(by_ratio, "density"), density, base * 8 / 1e9)
 
 
+def with_hierarchy(cx: Crossover, compressors: Sequence[str], density: float, ctx: Context,
+                   measurement: Measure) -> Crossover:
+    """``cx`` with the flat / node-aware crossover: the fastest flat and the fastest node-aware candidate (any
+    compressor at ``density``, any collective) as the inter-node bandwidth per NIC varies."""
+    rows = []
+    for s, scaled, pricer in _scaled_networks(ctx):
+        row: dict[str, Any] = {"nic_gbps": ctx.topo.network.bandwidth_per_nic * s * 8 / 1e9}
+        for way in ("flat", "node"):
+            options = [c for n in compressors
+                       for c in candidates_for(measurement(n, density, hierarchy=way), scaled, pricer)]
+            fastest = min(options, key=lambda c: c.iteration_s)
+            row[f"{way}_s"], row[f"{way}_best"] = fastest.iteration_s, f"{fastest.compressor}/{fastest.collective}"
+        rows.append(row)
+    return dataclasses.replace(cx, hierarchy=rows, hierarchy_flips_gbps=_flips(rows, "nic_gbps", ("flat", "node")),
+                               density=density, nic_gbps=ctx.topo.network.bandwidth_per_nic * 8 / 1e9)
+
+
+def _scaled_networks(ctx: Context) -> list[tuple[float, Context, Pricer]]:
+    """(scale, context, pricer) with the NIC bandwidth (and measured fits) × each of BANDWIDTH_SCALES, analytic."""
+    base_topo, out = ctx.topo, []
+    base = base_topo.network.bandwidth_per_nic
+    for s in BANDWIDTH_SCALES:
+        topo = dataclasses.replace(
+            base_topo, network=dataclasses.replace(base_topo.network, bandwidth_per_nic=base * s),
+            calibration={op: dataclasses.replace(c, bandwidth=c.bandwidth * s)
+                         for op, c in base_topo.calibration.items()})
+        out.append((s, dataclasses.replace(ctx, topo=topo, engine="analytic"), Pricer(topo, "analytic")))
+    return out
+
+
 def _time_in_bucket(index: int) -> Callable[[Candidate], float]:
     return lambda c: c.bucket_s[index]
 
 
-def _flips(rows: list[dict[str, Any]], axis: str) -> list[dict[str, Any]]:
-    """Where the faster of all-gather and all-reduce changes along ``axis`` (geometric interpolation)."""
+def _flips(rows: list[dict[str, Any]], axis: str, sides: tuple[str, str] = ("allgather", "allreduce")
+           ) -> list[dict[str, Any]]:
+    """Where the faster of the two ``sides`` (rows hold ``<side>_s``) changes along ``axis`` (geometric
+    interpolation)."""
+    one, other = sides
     flips = []
     for a, b in itertools.pairwise(rows):
-        da, db = a["allgather_s"] - a["allreduce_s"], b["allgather_s"] - b["allreduce_s"]
+        da, db = a[f"{one}_s"] - a[f"{other}_s"], b[f"{one}_s"] - b[f"{other}_s"]
         if da == 0 or db == 0 or (da > 0) == (db > 0):
             continue
         f = da / (da - db)
         at = math.exp(math.log(a[axis]) + f * (math.log(b[axis]) - math.log(a[axis])))
-        flips.append({axis: at, "below": "allgather" if da < 0 else "allreduce",
-                      "above": "allreduce" if da < 0 else "allgather"})
+        flips.append({axis: at, "below": one if da < 0 else other, "above": other if da < 0 else one})
     return flips

@@ -9,6 +9,7 @@ the gradients are on a GPU).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -22,8 +23,9 @@ from arcsim.comm.inprocess import InProcessComm
 from arcsim.comm.log import CommRecord
 from arcsim.comm.solo import SoloComm
 from arcsim.compressors import make_compressor
-from arcsim.compressors.base import Compressed
-from arcsim.compressors.memory import make_memory
+from arcsim.compressors.base import Compressed, Compressor
+from arcsim.compressors.hierarchy import Grouping, NodeAware, slice_seed
+from arcsim.compressors.memory import Memory, make_memory
 from arcsim.run.buckets import Bucket
 from arcsim.traces.timing import Clock
 
@@ -40,6 +42,7 @@ class Measurement:
     density: float
     memory: str
     elements: int = 0
+    hierarchy: str = "flat"  # flat: compressed across every rank; node: dense inside nodes (compressors.hierarchy)
     records: list[list[list[CommRecord]]] = field(default_factory=list)  # [step][bucket] → records
     err2: list[list[float]] = field(default_factory=list)        # ||agg − ū||² per step, bucket
     ref2: list[list[float]] = field(default_factory=list)        # ||ū||²
@@ -94,8 +97,10 @@ class Measurement:
             getattr(self, key).append(values)
 
     def bytes_per_rank(self) -> float:
-        """Mean over steps of the bytes each rank contributes per iteration."""
-        return float(np.mean([sum(r.bytes_per_rank for recs in step for r in recs) for step in self.records]))
+        """Mean over steps of the bytes each rank contributes per iteration to collectives between nodes (the
+        dense steps inside a node, node-aware, are not counted)."""
+        return float(np.mean([sum(r.bytes_per_rank for recs in step for r in recs if r.group != "node")
+                              for step in self.records]))
 
 
 class GradientStats:
@@ -124,11 +129,13 @@ class BucketedCompression:
 
     def __init__(self, buckets: list[Bucket], compressor: str, density: float, memory: str | None = None,
                  seed: int = 0, options: Mapping[str, Any] | None = None, timed: bool = True,
-                 stats: GradientStats | None = None) -> None:
-        """``stats``: shared with other measurements of the same gradients (None: computed, not kept)."""
+                 stats: GradientStats | None = None, grouping: Grouping | None = None) -> None:
+        """``stats``: shared with other measurements of the same gradients (None: computed, not kept).
+        ``grouping``: compress node-aware, the workers grouped into nodes so (None: flat)."""
         self.buckets, self.seed, self.shared_options = buckets, seed, dict(options or {})
         self.stats = stats
         self.memory = memory or default_memory(compressor)
+        self.grouping = grouping
         self.switch(compressor, density)
         self.mems = [make_memory(self.memory) for _ in buckets]
         self.layouts = [b.layout() for b in buckets]
@@ -143,6 +150,15 @@ class BucketedCompression:
         self.comps = [make_compressor(compressor, density, seed=self.seed + b.index, **self.options)
                       for b in self.buckets]
         self.one_rank: dict[int, float] = {}  # per-rank compression seconds per bucket, timed on its first step
+        grouping = self.grouping
+        self.node_aware = [] if grouping is None else [  # a switch starts their memories afresh
+            NodeAware(grouping, b.numel, b.layout(), functools.partial(self._slice_part, b.index))
+            for b in self.buckets]
+
+    def _slice_part(self, bucket: int, g: int) -> tuple[Compressor, Memory]:
+        """Node-aware: the compressor and memory of slice ``g`` of bucket ``bucket`` (a seed of its own)."""
+        return (make_compressor(self.compressor, self.density, seed=slice_seed(self.seed, bucket, g), **self.options),
+                make_memory(self.memory))
 
     def step(self, step: int, g: torch.Tensor, final: bool = False) -> tuple[list[torch.Tensor], dict[str, list]]:
         """Compress [W, d] gradients bucket by bucket; returns the [1, bucket] updates (in bucket order, which
@@ -157,6 +173,9 @@ class BucketedCompression:
         for b in self.buckets:
             x = g[:, b.lo:b.hi].float()  # a half-precision step is converted here, a bucket at a time
             mean_g = stats.mean(step, b.index, x)
+            if self.node_aware:
+                updates.append(self._node_aware(step, b, x, mean_g, row, final))
+                continue
             seen: dict[str, float] = {}
 
             def observe(u: torch.Tensor, res: Compressed, x: torch.Tensor = x, mean_g: torch.Tensor = mean_g,
@@ -187,28 +206,52 @@ class BucketedCompression:
                 row[key].append(seen[key])
         return updates, row
 
+    def _node_aware(self, step: int, b: Bucket, x: torch.Tensor, mean_g: torch.Tensor, row: dict[str, list],
+                    final: bool) -> torch.Tensor:
+        """One bucket compressed node-aware (arcsim.compressors.hierarchy); its row entries appended."""
+        node = self.node_aware[b.index]
+        out, records, st = node.step(x, step, final)
+        reference = st.compressed_mean()
+        row["records"].append(records)
+        row["err2"].append(float((out - reference).pow(2).sum()))
+        row["ref2"].append(float(reference.pow(2).sum()))
+        row["upd2"].append(float((out - mean_g).pow(2).sum()))
+        row["raw2"].append(float(mean_g.pow(2).sum()))
+        row["gain"].append(st.gain)
+        row["selected"].append(float(st.selected.mean()))
+        if b.index not in self.one_rank:  # one rank's work: its slice, as priced (n / G of the priced node)
+            lo, hi = node.bounds[0]
+            self.one_rank[b.index] = float("nan") if not self.timed else node.grouping.slice_scale * one_rank_seconds(
+                node.node_means(x)[:, lo:hi].contiguous(), self.compressor, self.density, self.memory,
+                self.seed + b.index, self.options, node.layouts[0])
+        row["compress_s"].append(self.one_rank[b.index])
+        return out
+
 
 def measure(steps: Iterable[tuple[int, torch.Tensor]], buckets: list[Bucket], compressor: str, density: float,
             memory: str | None = None, seed: int = 0, options: Mapping[str, Any] | None = None,
-            timed: bool = True, count: int | None = None, stats: GradientStats | None = None) -> Measurement:
+            timed: bool = True, count: int | None = None, stats: GradientStats | None = None,
+            grouping: Grouping | None = None) -> Measurement:
     """Compress every bucket of every trace step; ``steps`` yields (training step, [W, d] float32, or half
     precision, converted a bucket at a time). ``timed``: also time one rank's compression here (skip it
     where compression is modelled on a GPU). ``count``: how many steps ``steps`` yields, where known (the
     memories then skip their update after the last). ``stats``: the gradients' statistics shared with other
-    measurements of the same steps."""
-    return measure_many(steps, buckets, [(compressor, density, memory)], seed, options, timed, count, stats)[0]
+    measurements of the same steps. ``grouping``: node-aware, the workers grouped into nodes so."""
+    return measure_many(steps, buckets, [(compressor, density, memory)], seed, options, timed, count, stats,
+                        grouping)[0]
 
 
 def measure_many(steps: Iterable[tuple[int, torch.Tensor]], buckets: list[Bucket],
                  which: list[tuple[str, float, str | None]], seed: int = 0, options: Mapping[str, Any] | None = None,
-                 timed: bool = True, count: int | None = None, stats: GradientStats | None = None
-                 ) -> list[Measurement]:
+                 timed: bool = True, count: int | None = None, stats: GradientStats | None = None,
+                 grouping: Grouping | None = None) -> list[Measurement]:
     """:func:`measure` for several (compressor, density, memory) at once, in ONE pass over ``steps``: each
     step is given to all of them before the next is asked for (live training yields one step at a time)."""
     stats = stats or GradientStats()  # shared by these runs, and only by them unless the caller keeps it
-    runs = [BucketedCompression(buckets, c, d, m, seed, options, timed, stats) for c, d, m in which]
+    runs = [BucketedCompression(buckets, c, d, m, seed, options, timed, stats, grouping) for c, d, m in which]
     elements = sum(b.numel for b in buckets)
-    out = [Measurement(bc.compressor, bc.density, bc.memory, elements) for bc in runs]
+    out = [Measurement(bc.compressor, bc.density, bc.memory, elements, "flat" if grouping is None else "node")
+           for bc in runs]
     for i, (step, g) in enumerate(steps):
         for bc, meas in zip(runs, out, strict=True):
             meas.add(bc.step(step, g, final=i + 1 == count)[1])

@@ -9,7 +9,7 @@ from matplotlib.figure import Figure
 from arcsim.plotting import MARKERS, PALETTE, data_axis, save_png
 from arcsim.run.analysis import RunResult
 from arcsim.run.candidates import Candidate
-from arcsim.run.report import best_per_compressor
+from arcsim.run.report import best_per_compressor, short_collective
 
 
 def _subtitle(result: RunResult) -> str:
@@ -28,8 +28,8 @@ PARTS = (("compute (forward + backward)", "#4c72b0"), ("compression on the compu
 def _breakdown_rows(result: RunResult) -> tuple[list[str], list[tuple[float, float, float]]]:
     """Labels and (compute, compression, exposed communication) ms of dense, each compressor's best, the policy."""
     best = [c for c in best_per_compressor(result) if not _is_baseline(c, result)]
-    labels = [f"dense fp32\n{result.dense.collective} (baseline)"] + [f"{c.compressor}\n{c.op} {c.collective}"
-                                                                      for c in best]
+    labels = [f"dense fp32\n{result.dense.collective} (baseline)"] + [
+        f"{c.compressor}\n{short_collective(c.op, c.collective, c.hierarchy)}" for c in best]
     rows = [(c.compute_s * 1e3, c.compress_s * 1e3, c.exposed_comm_s * 1e3) for c in [result.dense, *best]]
     if result.policy:
         pol, compute = result.policy, result.dense.compute_s
@@ -88,11 +88,12 @@ def pareto(result: RunResult, path: Path) -> Path:
     par = result.pareto
     fig = Figure(figsize=(8, 5.5), layout="constrained")
     ax = fig.subplots()
-    names = sorted({p.compressor for p in par.evaluated})
-    for i, name in enumerate(names):
-        pts = [p for p in par.evaluated if p.compressor == name]
+    names = sorted({(p.compressor, p.hierarchy) for p in par.evaluated})
+    for i, (name, way) in enumerate(names):
+        pts = [p for p in par.evaluated if (p.compressor, p.hierarchy) == (name, way)]
         ax.scatter([p.iteration_s * 1e3 for p in pts], [p.rel_error for p in pts], s=18, alpha=0.6,
-                   color=PALETTE[i % len(PALETTE)], marker=MARKERS[i % len(MARKERS)], label=name)
+                   color=PALETTE[i % len(PALETTE)], marker=MARKERS[i % len(MARKERS)],
+                   label=name if way == "flat" else f"{name}, {way}")
     front = par.points
     ax.plot([p.iteration_s * 1e3 for p in front], [p.rel_error for p in front], "k-", lw=1.5, marker="o", ms=5,
             mfc="none", label=f"Pareto front ({len(front)} point{'s' if len(front) != 1 else ''})", zorder=3)
@@ -156,6 +157,29 @@ def crossover(result: RunResult, path: Path) -> Path:
     return save_png(fig, path)
 
 
+def hierarchy(result: RunResult, path: Path) -> Path:
+    """Fastest flat against fastest node-aware compression as the inter-node bandwidth varies."""
+    cx = result.crossover
+    assert cx.hierarchy is not None and cx.nic_gbps is not None  # write_plots skips the chart otherwise
+    fig = Figure(figsize=(7.5, 4.8), layout="constrained")
+    ax = fig.subplots()
+    bw = [r["nic_gbps"] for r in cx.hierarchy]
+    for label, key, style in (("fastest flat (compress across all ranks)", "flat_s", "o-"),
+                              ("fastest node-aware (dense in node, compress between)", "node_s", "s-")):
+        ax.plot(bw, [r[key] * 1e3 for r in cx.hierarchy], style, ms=3, label=label)
+    ax.axvline(cx.nic_gbps, color="k", lw=0.8, ls="--", label=f"this cluster ({cx.nic_gbps:g} Gb/s)")
+    for f in cx.hierarchy_flips_gbps or []:
+        ax.axvline(f["nic_gbps"], color="red", lw=1, label=f"crossover {f['nic_gbps']:.3g} Gb/s")
+    ax.set_xscale("log")
+    data_axis(ax, "y", [r[k] * 1e3 for r in cx.hierarchy for k in ("flat_s", "node_s")], log_from=2)
+    ax.set_xlabel("inter-node bandwidth per NIC (Gb/s, log)")
+    ax.set_ylabel("predicted iteration time (ms)")
+    ax.set_title(f"Flat vs node-aware compression (density {cx.density:g})\n{_subtitle(result)}", fontsize=10)
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=7)
+    return save_png(fig, path)
+
+
 def write_plots(result: RunResult, directory: Path) -> tuple[list[Path], list[str]]:
     """The charts written, and a reason for each chart that had nothing to show (not drawn blank)."""
     directory.mkdir(parents=True, exist_ok=True)
@@ -165,4 +189,6 @@ def write_plots(result: RunResult, directory: Path) -> tuple[list[Path], list[st
         skipped.append(f"crossover.png: {result.crossover.note}")
     else:
         written.append(crossover(result, directory / "crossover.png"))
+    if result.crossover.hierarchy:
+        written.append(hierarchy(result, directory / "hierarchy.png"))
     return written, skipped

@@ -23,11 +23,12 @@ def _ms(seconds: float) -> str:
 
 
 def best_per_compressor(result: RunResult) -> list[Candidate]:
-    """Each compressor with its fastest collective, fastest first."""
-    best: dict[str, Candidate] = {}
+    """Each compressor (each way, flat or node-aware) with its fastest collective, fastest first."""
+    best: dict[tuple[str, str], Candidate] = {}
     for c in result.candidates:
-        if c.compressor not in best or c.iteration_s < best[c.compressor].iteration_s:
-            best[c.compressor] = c
+        key = (c.compressor, c.hierarchy)
+        if key not in best or c.iteration_s < best[key].iteration_s:
+            best[key] = c
     return sorted(best.values(), key=lambda c: c.iteration_s)
 
 
@@ -42,7 +43,7 @@ def to_json(result: RunResult) -> dict[str, Any]:
                   "elements": t.elements, "synthetic_data": t.meta["synthetic_data"]},
         "config": {"density": cfg.density, "engine": cfg.engine, "bucket_mb": cfg.bucket_mb, "policy": cfg.policy,
                    "memory": cfg.memory or "default (ef14; none for dense, fp16)", "ratios": list(cfg.ratios),
-                   "compute_profile": cfg.compute_profile, "seed": cfg.seed},
+                   "compute_profile": cfg.compute_profile, "seed": cfg.seed, "hierarchy": cfg.hierarchy},
         "assumptions": result.assumptions,
         "buckets": [{"index": b.index, "elements": b.numel, "layers": len(b.layers), "ready_s": b.ready_s}
                     for b in result.ctx.buckets],
@@ -55,27 +56,29 @@ def to_json(result: RunResult) -> dict[str, Any]:
     }
 
 
-CSV_FIELDS = ("compressor", "collective", "op", "density", "memory", "iteration_s", "compute_s", "compress_s",
-              "comm_s", "exposed_comm_s", "speedup_vs_dense", "speedup_vs_dense_ring", "rel_error", "update_error",
-              "compression_gain", "density_achieved", "bytes_per_rank")
+CSV_FIELDS = ("compressor", "collective", "hierarchy", "op", "density", "memory", "iteration_s", "compute_s",
+              "compress_s", "comm_s", "exposed_comm_s", "speedup_vs_dense", "speedup_vs_dense_ring", "rel_error",
+              "update_error", "compression_gain", "density_achieved", "bytes_per_rank")
 
 
 def write_csv(result: RunResult, path: Path) -> None:
     """One row per evaluated (compressor, collective, density), marking the front and the chosen point."""
-    front = {(p.compressor, p.collective, p.density) for p in result.pareto.points}
+    def key(c: Candidate | ParetoPoint) -> tuple:
+        return c.compressor, c.collective, c.hierarchy, c.density
+
+    front = {key(p) for p in result.pareto.points}
     chosen = result.pareto.chosen
-    rows: dict[tuple, Candidate | ParetoPoint] = {(c.compressor, c.collective, c.density): c for c in result.candidates}
+    rows: dict[tuple, Candidate | ParetoPoint] = {key(c): c for c in result.candidates}
     for p in result.pareto.evaluated:
-        rows.setdefault((p.compressor, p.collective, p.density), p)
+        rows.setdefault(key(p), p)
     buf = io.StringIO()
     writer = csv.DictWriter(buf, fieldnames=[*CSV_FIELDS, "at_density", "on_front", "chosen"])
     writer.writeheader()
-    at = {(c.compressor, c.collective, c.density) for c in result.candidates}
-    for key, row in rows.items():
+    at = {key(c) for c in result.candidates}
+    for k, row in rows.items():
         data = row.to_dict()
-        writer.writerow({**{f: data.get(f, "") for f in CSV_FIELDS}, "at_density": key in at,
-                         "on_front": key in front,
-                         "chosen": key == (chosen.compressor, chosen.collective, chosen.density)})
+        writer.writerow({**{f: data.get(f, "") for f in CSV_FIELDS}, "at_density": k in at,
+                         "on_front": k in front, "chosen": k == key(chosen)})
     write_atomic(path, buf.getvalue())
 
 
@@ -107,13 +110,15 @@ def render(result: RunResult, console: Console, every_collective: bool = False) 
     table.add_row("dense", short_collective(d.op, d.collective), _ms(d.iteration_s), _ms(d.compress_s),
                   _ms(d.comm_s), _ms(d.exposed_comm_s), "1.00×", "0", "1", format_size(d.bytes_per_rank), style="dim")
     for c in rows:
-        table.add_row(c.compressor, short_collective(c.op, c.collective), _ms(c.iteration_s), _ms(c.compress_s),
+        table.add_row(c.compressor, short_collective(c.op, c.collective, c.hierarchy), _ms(c.iteration_s),
+                      _ms(c.compress_s),
                       _ms(c.comm_s), _ms(c.exposed_comm_s), f"{c.speedup_vs_dense:.2f}×", _error(c),
                       f"{c.compression_gain:.3f}", format_size(c.bytes_per_rank))
     console.print(table)
     if result.policy:
         _render_policy(result, console)
     _render_crossover(result, console)
+    _render_hierarchy(result, console)
     _render_pareto(result, console)
     _render_timings(result, console)
 
@@ -144,9 +149,16 @@ def render_fusion(rows: list[dict[str, Any]], console: Console) -> None:
 OP_SHORT = {"allreduce": "AR", "allgather": "AG", "broadcast": "BC", "reducescatter": "RS"}
 
 
-def short_collective(op: str, algo: str) -> str:
-    """``AR rhd``, ``AG hier.``: a collective in a narrow column."""
-    return f"{OP_SHORT.get(op, op)} {'hier.' if algo == 'hierarchical' else algo}"
+def short_collective(op: str, algo: str, hierarchy: str = "flat") -> str:
+    """``AR rhd``, ``AG hier.``, ``AG ring, node``: a collective in a narrow column (node: node-aware, the
+    collective the one between nodes)."""
+    return f"{OP_SHORT.get(op, op)} {'hier.' if algo == 'hierarchical' else algo}" + \
+        ("" if hierarchy == "flat" else f", {hierarchy}")
+
+
+def way(compressor: str, collective: str, hierarchy: str = "flat") -> str:
+    """``topk/ring``, ``topk/ring/node``: a candidate in a sentence."""
+    return f"{compressor}/{collective}" + ("" if hierarchy == "flat" else f"/{hierarchy}")
 
 
 def _render_timings(result: RunResult, console: Console) -> None:
@@ -167,8 +179,10 @@ def _render_policy(result: RunResult, console: Console) -> None:
     for col in ("bucket", "elements", "choice", "time ms", "runners-up (ms)"):
         table.add_column(col, justify="left" if col in ("choice", "runners-up (ms)") else "right")
     for ch in pol.choices[:16]:
-        runners = ", ".join(f"{r['compressor']}/{r['collective']} {_ms(r['time_s'])}" for r in ch.runners_up)
-        table.add_row(str(ch.bucket), f"{ch.elements:,}", f"{ch.compressor} ({ch.op} {ch.collective})",
+        runners = ", ".join(f"{way(r['compressor'], r['collective'], r['hierarchy'])} {_ms(r['time_s'])}"
+                            for r in ch.runners_up)
+        where = "" if ch.hierarchy == "flat" else f", {ch.hierarchy}"
+        table.add_row(str(ch.bucket), f"{ch.elements:,}", f"{ch.compressor} ({ch.op} {ch.collective}{where})",
                       _ms(ch.time_s), runners)
     if len(pol.choices) > 16:
         table.add_row("…", f"{len(pol.choices) - 16} more", "", "", "")
@@ -180,6 +194,24 @@ def _render_policy(result: RunResult, console: Console) -> None:
     elif any(c.rel_error_ci is not None for c in result.candidates):
         console.print("  [dim]every candidate's error interval lies clearly on one side of the limit: the trace's "
                       "steps settle which qualify[/]")
+
+
+def _render_hierarchy(result: RunResult, console: Console) -> None:
+    cx = result.crossover
+    if not cx.hierarchy or cx.nic_gbps is None:
+        return
+    nic_gbps = cx.nic_gbps
+    here = min(cx.hierarchy, key=lambda r: abs(r["nic_gbps"] - nic_gbps))
+    faster = "node-aware" if here["node_s"] < here["flat_s"] else "flat"
+    console.print(f"[bold]Flat / node-aware crossover[/] at density {cx.density:g}: on this cluster ({nic_gbps:g} "
+                  f"Gb/s per NIC) {faster} compression is faster (node-aware {here['node_best']} "
+                  f"{_ms(here['node_s'])} ms vs flat {here['flat_best']} {_ms(here['flat_s'])} ms).")
+    lo, hi = cx.hierarchy[0]["nic_gbps"], cx.hierarchy[-1]["nic_gbps"]
+    for f in cx.hierarchy_flips_gbps or []:
+        console.print(f"  bandwidth: {'node-aware' if f['below'] == 'node' else 'flat'} wins below "
+                      f"{f['nic_gbps']:.3g} Gb/s per NIC, {'node-aware' if f['above'] == 'node' else 'flat'} above")
+    if not cx.hierarchy_flips_gbps:
+        console.print(f"  bandwidth: no flip between {lo:.3g} and {hi:.3g} Gb/s per NIC")
 
 
 def _render_crossover(result: RunResult, console: Console) -> None:
@@ -217,7 +249,8 @@ def _render_pareto(result: RunResult, console: Console) -> None:
         table.add_column(col, justify="left" if col in ("", "compressor", "collective") else "right")
     for p in par.points:
         mark = "★" if p == chosen else ""
-        table.add_row(mark, p.compressor, p.collective, "-" if p.density is None else f"{p.density:g}",
+        table.add_row(mark, p.compressor, p.collective + ("" if p.hierarchy == "flat" else f", {p.hierarchy}"),
+                      "-" if p.density is None else f"{p.density:g}",
                       _ms(p.iteration_s), f"{p.speedup_vs_dense:.2f}×", f"{p.rel_error:.3f}",
                       f"{p.compression_gain:.3f}", style="bold" if mark else None)
     console.print(table)

@@ -14,6 +14,7 @@ from collections import OrderedDict
 from collections.abc import Mapping
 from typing import Any
 
+from arcsim.errors import ArcsimError
 from arcsim.sweep.spec import SweepError
 from arcsim.topology import Topology, load_topology
 
@@ -21,7 +22,7 @@ ANALYSES_KEPT = 2  # traces held in memory per process (each caches its steps)
 
 # the results table's columns, in order: the point, then what arcsim predicts for it
 POINT_COLUMNS = ("point_id", "topology", "bandwidth", "latency", "ranks", "trace", "compressor", "density",
-                 "bucket_mb", "engine", "gpu", "library", "fusion", "memory", "seed")
+                 "bucket_mb", "engine", "gpu", "library", "fusion", "hierarchy", "memory", "seed")
 RESULT_COLUMNS = ("topology_name", "nodes", "gpus_per_node", "world", "nic_gbps", "latency_us", "model", "params",
                   "trace_workers", "collective", "op", "iteration_s", "compute_s", "compress_s", "comm_s",
                   "exposed_comm_s", "dense_iteration_s", "speedup_vs_dense", "rel_error", "compression_gain",
@@ -95,8 +96,12 @@ def evaluate_point(point: Mapping[str, Any]) -> dict[str, Any]:
     topo = point_topology(point)
     ctx = dataclasses.replace(analysis.ctx, topo=topo, engine=point["engine"])
     pricer = Pricer(topo, point["engine"])
-    best = min(candidates_for(analysis.measurement(point["compressor"], point["density"]), ctx, pricer),
-               key=lambda c: c.iteration_s)
+    hierarchy = point.get("hierarchy") or "flat"
+    try:
+        measured = analysis.measurement(point["compressor"], point["density"], hierarchy=hierarchy, topo=topo)
+    except ArcsimError as exc:
+        raise SweepError(f"hierarchy {hierarchy} on {topo.name}: {exc}") from None
+    best = min(candidates_for(measured, ctx, pricer), key=lambda c: c.iteration_s)
     dense = min(candidates_for(analysis.measurement("dense", 1.0), ctx, pricer), key=lambda c: c.iteration_s)
     meta = analysis.trace.meta
     row = {k: point.get(k) for k in POINT_COLUMNS}
@@ -104,6 +109,7 @@ def evaluate_point(point: Mapping[str, Any]) -> dict[str, Any]:
     row["gpu"] = topo.gpu or "cpu"
     row["library"] = topo.library
     row["fusion"] = point.get("fusion") or "bucket"
+    row["hierarchy"] = hierarchy
     if point.get("live") is not None:  # the trace column names the gradients' source
         dataset = f" on {point['live_dataset']}" if point.get("live_dataset") else ""
         row["trace"] = (f"live:{meta.get('model')}{dataset} ({point['live_workers']} workers × "

@@ -24,9 +24,11 @@ from arcsim.sweep.spec import SweepError
 from arcsim.units import parse_duration, parse_rate
 
 # result columns that identify a point's setting (the swept axes as they came out)
-DIMENSIONS = ("topology_name", "nic_gbps", "latency_us", "world", "model", "trace", "density", "bucket_mb", "engine")
+DIMENSIONS = ("topology_name", "nic_gbps", "latency_us", "world", "model", "trace", "density", "bucket_mb", "engine",
+              "hierarchy")
 LABELS = {"topology_name": "topology", "nic_gbps": "NIC Gb/s", "latency_us": "latency µs", "world": "ranks",
-          "model": "model", "trace": "trace", "density": "density", "bucket_mb": "bucket MiB", "engine": "engine"}
+          "model": "model", "trace": "trace", "density": "density", "bucket_mb": "bucket MiB", "engine": "engine",
+          "hierarchy": "hierarchy"}
 
 
 class PlotUnsupported(SweepError):
@@ -44,6 +46,8 @@ def hold_others(df: pd.DataFrame, keep: tuple[str, ...]) -> tuple[pd.DataFrame, 
     """Fix every varied dimension that ``keep`` does not determine at its first value; say which."""
     held = []
     for col in DIMENSIONS:
+        if col not in df:  # a table written before the column existed
+            continue
         sparse = df[~df["compressor"].isin(DENSITY_FREE)] if col == "density" else df  # dense has no density
         if col in keep or not _varied(sparse, col):
             continue
@@ -63,7 +67,7 @@ WHERE: dict[str, tuple[str, Callable[[str], object]]] = {
     "topology": ("topology_name", str), "bandwidth": ("nic_gbps", lambda v: parse_rate(v) * 8 / 1e9),
     "latency": ("latency_us", lambda v: parse_duration(v) * 1e6), "ranks": ("world", int), "model": ("model", str),
     "trace": ("trace", str), "density": ("density", float), "bucket_mb": ("bucket_mb", float),
-    "engine": ("engine", str)}
+    "engine": ("engine", str), "hierarchy": ("hierarchy", str)}
 
 
 def select(df: pd.DataFrame, conditions: tuple[str, ...]) -> pd.DataFrame:
@@ -257,8 +261,9 @@ def breakdown(df: pd.DataFrame, path: Path) -> Path:
     df, held = hold_others(df, ())
     rows = df.sort_values("iteration_s")
     dense = rows["dense_iteration_s"].iloc[0]
-    labels = [f"{c}\n{op} {coll}" for c, op, coll in zip(rows["compressor"], rows["op"], rows["collective"],
-                                                             strict=True)]
+    ways = rows["hierarchy"] if "hierarchy" in rows else pd.Series("flat", index=rows.index)
+    labels = [f"{c}\n{op} {coll}" + ("" if h == "flat" else f", {h}") for c, op, coll, h in
+              zip(rows["compressor"], rows["op"], rows["collective"], ways, strict=True)]
     fig, ax = plt.subplots(figsize=(max(6, 1.0 * len(rows) + 2), 4.5))
     x = np.arange(len(rows))
     bottom = np.zeros(len(rows))
@@ -275,6 +280,33 @@ def breakdown(df: pd.DataFrame, path: Path) -> Path:
     return _finish(fig, path)
 
 
+def hierarchy(df: pd.DataFrame, path: Path) -> Path:
+    """Node-aware over flat iteration time per compressor, across bandwidth: below 1 node-aware is faster."""
+    if "hierarchy" not in df or set(df["hierarchy"].dropna()) != {"flat", "node"}:
+        raise PlotUnsupported("hierarchy needs both flat and node on the hierarchy axis")
+    if not _varied(df, "nic_gbps"):
+        raise PlotUnsupported("hierarchy needs at least two bandwidths")
+    df, held = hold_others(df, ("nic_gbps", "compressor", "hierarchy"))
+    times = df.groupby(["compressor", "nic_gbps", "hierarchy"])["iteration_s"].min().unstack("hierarchy")
+    ratio = (times["node"] / times["flat"]).dropna()
+    bws = sorted(df["nic_gbps"].unique())
+    fig, ax = plt.subplots(figsize=(max(6, 0.8 * len(bws) + 3), 4.5))
+    names = sorted(ratio.index.get_level_values("compressor").unique())
+    colours = _colour_of(names)
+    for name in names:
+        line = ratio.loc[name]
+        ax.plot(line.index, line.to_numpy(), marker="o", color=colours[name], label=name)
+    ax.axhline(1.0, color="grey", lw=0.8, ls=":")
+    _log_ticks_at(ax, bws)
+    ax.set_xlabel("per-NIC bandwidth (Gb/s)")
+    ax.set_ylabel("node-aware ÷ flat iteration time")
+    ax.text(0.02, 0.02, "below 1: node-aware compression is faster", transform=ax.transAxes, va="bottom", fontsize=8)
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=8, title="compressor")
+    _title(ax, "Node-aware (dense in node, compressed between) vs flat compression", df, held)
+    return _finish(fig, path)
+
+
 def _finish(fig: plt.Figure, path: Path) -> Path:
     try:
         return save_png(fig, path)
@@ -283,7 +315,8 @@ def _finish(fig: plt.Figure, path: Path) -> Path:
 
 
 KINDS: dict[str, Callable[[pd.DataFrame, Path], Path]] = {
-    "heatmap": heatmap, "speedup": speedup_vs_ranks, "crossover": crossover, "breakdown": breakdown}
+    "heatmap": heatmap, "speedup": speedup_vs_ranks, "crossover": crossover, "breakdown": breakdown,
+    "hierarchy": hierarchy}
 
 
 def incompleteness(df: pd.DataFrame, expected: int | None) -> str:

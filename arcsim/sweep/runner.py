@@ -42,8 +42,11 @@ def check_points(spec: SweepSpec, announce: Callable[[str], None]) -> list[dict[
     points = spec.points()
     if not points:
         raise SweepError("the sweep has no points")
-    for combo in {(p["topology"], p["bandwidth"], p["latency"], p["ranks"]) for p in points}:
-        point_topology(dict(zip(("topology", "bandwidth", "latency", "ranks"), combo, strict=True)))
+    for combo in {(p["topology"], p["bandwidth"], p["latency"], p["ranks"], p.get("hierarchy")) for p in points}:
+        topo = point_topology(dict(zip(("topology", "bandwidth", "latency", "ranks"), combo[:4], strict=True)))
+        if combo[4] == "node" and (topo.gpus_per_node < 2 or topo.nodes < 2):
+            raise SweepError(f"hierarchy node on {topo.name}: node-aware compression needs two or more nodes of "
+                             "two or more GPUs; drop node from the hierarchy axis or pick such a topology")
     for trace in spec.axes["trace"]:
         if trace is not None:
             open_trace(resolve_trace(trace, allow_capture=True, announce=announce))

@@ -45,8 +45,10 @@ AXES: dict[str, str] = {
     "live": "instead of a trace: a model trained data-parallel here, its gradients fed straight to the "
             "compressors (arcsim run --live): a zoo name (e.g. resnet18) or your own (file.py:build, "
             "package.module:build, hf:CONFIG.json); see live_workers, live_steps, live_device, live_dataset",
+    "hierarchy": "flat (compress across every rank) or node (dense inside a node, compressed between nodes; "
+                 "topologies with several GPUs per node); default flat",
 }
-OPTIONAL_AXES = ("library", "fusion", "params", "live")  # later axes: not in a point's id when unset
+OPTIONAL_AXES = ("library", "fusion", "params", "live", "hierarchy")  # later axes: not in a point's id when unset
 SETTINGS: dict[str, str] = {  # single values, not swept
     "memory": f"error feedback for every compressor: {', '.join(MEMORIES)} (default ef14)",
     "seed": "seed for randomized compressors",
@@ -213,7 +215,7 @@ def build_spec(raw: Mapping[str, Any], source: str = "command line") -> SweepSpe
     defaults: dict[str, Any] = {"topology": DEFAULT_TOPOLOGY, "bandwidth": None, "latency": None, "ranks": None,
                                 "trace": None, "compressor": ["dense", "topk", "randk", "arctopk", "star", "powersgd"],
                                 "density": 0.01, "bucket_mb": 25.0, "engine": "analytic", "gpu": None,
-                                "library": None, "fusion": None, "params": None, "live": None}
+                                "library": None, "fusion": None, "params": None, "live": None, "hierarchy": None}
     for name in AXES:
         if name in raw and raw[name] is None and defaults[name] is not None:
             raise SweepError(f"{source}: axis {name!r} has no value; give one or more (e.g. {name}: "
@@ -334,6 +336,8 @@ def _normalise(name: str, value: Any, source: str) -> Any:
             raise SweepError(f"{where}: {exc}") from None
     if name == "fusion" and value not in FUSIONS:
         raise SweepError(f"{where}: {fusion_message(value)}")
+    if name == "hierarchy" and value not in ("flat", "node"):
+        raise SweepError(f"{where}: a hierarchy on an axis is flat or node (flat,node for both), got {value!r}")
     if name == "compressor" and value not in COMPRESSORS:
         raise SweepError(f"{where}: unknown compressor {value!r}; choose from {', '.join(COMPRESSORS)}")
     if name == "engine" and value not in ENGINES:

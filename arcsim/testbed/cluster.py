@@ -3,11 +3,14 @@
     with EmulatedCluster(ranks=4, bandwidth="1Gbit") as cluster:
         procs = [cluster.spawn(r, [sys.executable, "worker.py"]) for r in range(4)]
 
-Layout: namespace ``<prefix>-br`` holds a Linux bridge; namespace ``<prefix>-r<i>`` holds rank i's end of
+Layout: namespace ``<prefix>-br`` holds a Linux bridge; namespace ``<prefix>-r<i>`` holds node i's end of
 a veth pair (``eth0``, address 10.77.0.<i+1>/24, used only inside these namespaces). Both directions
-are shaped with a token bucket (tbf): on the rank's ``eth0`` (what it sends) and on its bridge port
-(what it receives). Ranks run under real-time priority (``chrt -f 1``) where allowed: on two cores the
-default scheduler adds milliseconds of jitter to small collectives.
+are shaped with a token bucket (tbf): on the node's ``eth0`` (what it sends) and on its bridge port
+(what it receives). A node holds one rank, or ``ranks_per_node`` of them: ranks of one node share its
+namespace and reach each other over loopback (unshaped, as GPUs of a node reach each other over NVLink or
+PCIe), and share its ``eth0`` — one NIC — to the other nodes; ranks are numbered node by node. Ranks run
+under real-time priority (``chrt -f 1``) where allowed: on two cores the default scheduler adds
+milliseconds of jitter to small collectives.
 
 Tear-down removes every namespace with the prefix (which deletes the veths and bridge) after killing
 every process inside — on success, on exceptions, on Ctrl-C or SIGTERM, and from ``arcsim cluster down``
@@ -111,9 +114,14 @@ class EmulatedCluster:
     """P ranks in their own namespaces behind a shaped bridge; a context manager that always cleans up."""
 
     def __init__(self, ranks: int, bandwidth: str | float, delay: str | float = 0.0, prefix: str = PREFIX,
-                 realtime: bool = True, burst: float | None = None) -> None:
+                 realtime: bool = True, burst: float | None = None, ranks_per_node: int = 1) -> None:
         if ranks < 2 or ranks > 64:
             raise ClusterError(f"--ranks must be 2 … 64, got {ranks}")
+        if ranks_per_node < 1 or ranks % ranks_per_node or ranks // ranks_per_node < 2:
+            raise ClusterError(f"--ranks-per-node must divide --ranks into two or more nodes (got {ranks_per_node} "
+                               f"for {ranks} ranks)")
+        self.ranks_per_node = ranks_per_node
+        self.nodes = ranks // ranks_per_node
         self.rate = parse_rate(bandwidth) if isinstance(bandwidth, str) else float(bandwidth)  # bytes/s
         if self.rate <= 0:
             raise ClusterError("--bandwidth must be positive, e.g. 1Gbit or 100Mbit")
@@ -129,11 +137,16 @@ class EmulatedCluster:
         self._signals = contextlib.ExitStack()
         self._forwarder: subprocess.Popen | None = None
 
+    def node_ns(self, node: int) -> str:
+        return f"{self.prefix}-r{node}"
+
     def ns(self, rank: int) -> str:
-        return f"{self.prefix}-r{rank}"
+        """The namespace rank ``rank`` runs in (its node's)."""
+        return self.node_ns(rank // self.ranks_per_node)
 
     def address(self, rank: int) -> str:
-        return f"{SUBNET}.{rank + 1}"
+        """Rank ``rank``'s address: its node's."""
+        return f"{SUBNET}.{rank // self.ranks_per_node + 1}"
 
     def up(self) -> EmulatedCluster:
         """Build the namespaces, bridge and shaping; on any failure, remove what was built."""
@@ -158,16 +171,16 @@ class EmulatedCluster:
 
     def _build(self) -> None:
         _ip("netns", "add", self.bridge_ns)
-        for r in range(self.ranks):
-            _ip("netns", "add", self.ns(r))
+        for n in range(self.nodes):
+            _ip("netns", "add", self.node_ns(n))
         if self.delay > 0:
             self._build_forwarded()
         else:
             self._build_bridged()
-        for r in range(self.ranks):
-            ns = self.ns(r)
+        for n in range(self.nodes):
+            ns = self.node_ns(n)
             _ip("link", "set", "eth0", "mtu", str(self.mtu), ns=ns)
-            _ip("addr", "add", f"{self.address(r)}/24", "dev", "eth0", ns=ns)
+            _ip("addr", "add", f"{SUBNET}.{n + 1}/24", "dev", "eth0", ns=ns)
             _ip("link", "set", "eth0", "up", ns=ns)
             _ip("link", "set", "lo", "up", ns=ns)
             self._shape(ns, "eth0")
@@ -190,16 +203,16 @@ class EmulatedCluster:
     def _build_bridged(self) -> None:
         _ip("link", "add", "br0", "type", "bridge", ns=self.bridge_ns)
         _ip("link", "set", "br0", "up", ns=self.bridge_ns)
-        for r in range(self.ranks):
-            port = f"vb{r}"
-            _ip("link", "add", "eth0", "netns", self.ns(r), "type", "veth", "peer", "name", port,
+        for n in range(self.nodes):
+            port = f"vb{n}"
+            _ip("link", "add", "eth0", "netns", self.node_ns(n), "type", "veth", "peer", "name", port,
                 "netns", self.bridge_ns)
             _ip("link", "set", port, "master", "br0", ns=self.bridge_ns)
             _ip("link", "set", port, "up", ns=self.bridge_ns)
-            self._shape(self.bridge_ns, port)  # what rank r receives
+            self._shape(self.bridge_ns, port)  # what node n receives
 
     def _build_forwarded(self) -> None:
-        argv = [sys.executable, "-m", DELAY_FORWARDER, "--ranks", str(self.ranks), "--delay",
+        argv = [sys.executable, "-m", DELAY_FORWARDER, "--ranks", str(self.nodes), "--delay",
                 repr(self.delay), "--rate", repr(self.rate), "--subnet", SUBNET]
         # above the ranks' real-time priority: a starved forwarder would add its own delay
         prio = ["chrt", "-f", "2"] if self.realtime and realtime_allowed() else []
@@ -211,14 +224,15 @@ class EmulatedCluster:
             self._forwarder.kill()
             err = self._forwarder.communicate(timeout=10)[1].strip().splitlines()
             raise ClusterError(f"the delay forwarder did not start: {err[-1] if err else 'no output'}")
-        for r in range(self.ranks):
-            _ip("link", "set", f"tun{r}", "netns", self.ns(r), ns=self.bridge_ns)
-            _ip("link", "set", f"tun{r}", "name", "eth0", ns=self.ns(r))
+        for n in range(self.nodes):
+            _ip("link", "set", f"tun{n}", "netns", self.node_ns(n), ns=self.bridge_ns)
+            _ip("link", "set", f"tun{n}", "name", "eth0", ns=self.node_ns(n))
 
     def env(self, rank: int, port: int = 29500) -> dict[str, str]:
         """torch.distributed environment for rank ``rank`` (rank 0 is the rendezvous)."""
         return {"MASTER_ADDR": self.address(0), "MASTER_PORT": str(port), "RANK": str(rank),
-                "WORLD_SIZE": str(self.ranks), "LOCAL_RANK": "0", "GLOO_SOCKET_IFNAME": "eth0",
+                "WORLD_SIZE": str(self.ranks), "LOCAL_RANK": str(rank % self.ranks_per_node),
+                "LOCAL_WORLD_SIZE": str(self.ranks_per_node), "GLOO_SOCKET_IFNAME": "eth0",
                 "OMP_NUM_THREADS": "1"}  # as torchrun sets it: ranks sharing cores must not spin on each other
 
     def command(self, rank: int, argv: Sequence[str]) -> list[str]:
@@ -234,8 +248,8 @@ class EmulatedCluster:
     def qdiscs(self) -> str:
         """`tc qdisc show` of every shaped interface (for checks and reports)."""
         lines = []
-        for r in range(self.ranks):
-            shaped = [(self.ns(r), "eth0")] + ([] if self.delay > 0 else [(self.bridge_ns, f"vb{r}")])
+        for n in range(self.nodes):
+            shaped = [(self.node_ns(n), "eth0")] + ([] if self.delay > 0 else [(self.bridge_ns, f"vb{n}")])
             for where, dev in shaped:
                 out = subprocess.run(["ip", "netns", "exec", where, "tc", "qdisc", "show", "dev", dev],
                                      capture_output=True, text=True).stdout.strip()

@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from arcsim.comm.log import CommRecord
+from arcsim.comm.log import CommRecord, scaled
 from arcsim.compressors.base import Layer
 from arcsim.errors import ArcsimError
 from arcsim.traces.format import SCHEMA_VERSION, TraceWriter
@@ -33,8 +33,6 @@ SAMPLE_ELEMENTS = 2**18  # what the compressors run on, across all layers
 SAMPLE_WORKERS = 4
 SAMPLE_STEPS = 2
 DEFAULT_LAYERS = 32
-FIXED_TAGS = frozenset({"counts", "norms", "k", "lambda"})  # one scalar (or a few) per worker, whatever the size
-ROOT_TAGS = frozenset({"sketch"})  # ARC-Top-K's sketch: a few numbers per ROW, and a square layer has √n rows
 
 
 @dataclass(frozen=True)
@@ -67,12 +65,7 @@ class ParamsModel:
 
     def scale_record(self, r: CommRecord) -> CommRecord:
         """What ``r`` (sent by a compressor on the sample) is on the full model."""
-        factor = 1.0 if r.tag in FIXED_TAGS else math.sqrt(self.scale) if r.tag in ROOT_TAGS else self.scale
-        elements = max(1, round(r.elements * factor))
-        item = r.bytes_per_rank // max(1, r.elements)
-        per_rank = elements * item
-        total = per_rank * (r.total_bytes // max(1, r.bytes_per_rank))
-        return CommRecord(r.op, r.tag, elements, r.dtype, per_rank, total)
+        return scaled(r, self.scale)
 
     def sample_trace(self, directory: Path, seed: int = 0) -> Path:
         """The sample as a trace file (written once per (params, layers, seed), then reused)."""

@@ -1,0 +1,179 @@
+"""Node-aware (hierarchical) compression: dense inside a node, compressed only between nodes.
+
+With W workers as N nodes × G GPUs (worker w on node w // G, local rank w % G), one step of a bucket x [W, n]:
+
+1. **reduce-scatter inside each node** (dense, group ``node``): node j's mean s_j of its G workers, local rank
+   g holding slice g of it (the bucket cut into G near-equal slices, as a ring reduce-scatter cuts it);
+2. **between nodes, one rail per local rank**: rank g of every node compresses slice g of its node's mean with
+   its own compressor and error feedback (the memory is per slice, kept by the rank that compresses it) and
+   the N ranks g exchange it with the compressor's own collectives (group ``inter``; the G rails at once);
+3. **all-gather inside each node** (group ``node``): every rank gets the whole aggregate.
+
+The aggregate is the compressor's aggregate over nodes of the node means: with dense it is the flat mean.
+Layers cut by a slice boundary are compressed as flat pieces (a matrix compressor such as PowerSGD sends
+a flat piece as it sends any vector).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from arcsim.comm.inprocess import InProcessComm
+from arcsim.comm.log import CommRecord, record, scaled
+from arcsim.compressors.base import Compressed, Compressor, Layer
+from arcsim.compressors.memory import Memory
+from arcsim.errors import ArcsimError
+
+HIERARCHIES = ("flat", "node", "both")
+
+
+def hierarchy_message(name: str) -> str:
+    return (f"unknown hierarchy {name!r}; choose flat (compress across every rank), node (dense inside a node, "
+            "compressed between nodes) or both (price each compressor both ways)")
+
+
+@dataclass(frozen=True)
+class Grouping:
+    """How the W workers compressed here stand for a topology's nodes: ``nodes`` × ``gpus`` of them, priced as
+    slices of a node of ``priced_gpus`` GPUs."""
+
+    nodes: int
+    gpus: int
+    priced_gpus: int
+
+    @property
+    def slice_scale(self) -> float:
+        """Elements of a priced slice per element of a measured one (n / priced_gpus over n / gpus)."""
+        return self.gpus / self.priced_gpus
+
+    def label(self) -> str:
+        return f"{self.nodes} nodes × {self.gpus}"
+
+
+def group_workers(workers: int, gpus_per_node: int) -> Grouping:
+    """The captured workers as nodes: G' the largest divisor of W that is at most the topology's GPUs per node
+    and leaves at least two nodes. Both levels need two or more ranks (else there is nothing to do inside a
+    node, or between nodes)."""
+    if gpus_per_node < 2:
+        raise ArcsimError("node-aware compression needs several GPUs per node; on a topology with one GPU per "
+                          "node it is flat compression: use --hierarchy flat or a multi-GPU topology (e.g. 8x8-ib100)")
+    fits = [g for g in range(2, min(gpus_per_node, workers // 2) + 1) if workers % g == 0]
+    if not fits:
+        raise ArcsimError(f"the gradients come from {workers} workers, which cannot be grouped into two or more "
+                          "nodes of two or more GPUs; capture with 4 or more workers (an even count), e.g. -w 8")
+    return Grouping(workers // fits[-1], fits[-1], gpus_per_node)
+
+
+def slice_seed(seed: int, bucket: int, part: int) -> int:
+    """The seed of slice ``part`` of bucket ``bucket``'s compressor (flat compressors use seed + bucket)."""
+    return seed + bucket + 7919 * part
+
+
+def slice_bounds(n: int, parts: int) -> list[tuple[int, int]]:
+    """``n`` elements cut into ``parts`` contiguous slices, the first n mod parts one element longer."""
+    base, extra = divmod(n, parts)
+    bounds, lo = [], 0
+    for i in range(parts):
+        hi = lo + base + (i < extra)
+        bounds.append((lo, hi))
+        lo = hi
+    return bounds
+
+
+def slice_layout(layout: tuple[Layer, ...], lo: int, hi: int) -> tuple[Layer, ...]:
+    """The layers of [lo, hi), offsets from lo: a layer wholly inside keeps its shape, a cut one is a flat piece."""
+    out = []
+    for layer in layout:
+        start, end = max(layer.offset, lo), min(layer.offset + layer.numel, hi)
+        if start >= end:
+            continue
+        whole = start == layer.offset and end == layer.offset + layer.numel
+        out.append(Layer(layer.name, layer.shape if whole else (end - start,), start - lo))
+    return tuple(out)
+
+
+@dataclass
+class SliceStats:
+    """What the measurement needs of one step: per node, Σ over slices of ‖C(u)‖², ‖u‖² and elements selected;
+    and the mean over nodes of what they compressed (u, error feedback included), slice by slice."""
+
+    kept2: torch.Tensor
+    sent2: torch.Tensor
+    selected: torch.Tensor
+    u_mean: list[torch.Tensor]
+
+    def compressed_mean(self) -> torch.Tensor:
+        """[1, n]: the mean over nodes of u, the reference the aggregate's error is measured against."""
+        return torch.cat(self.u_mean, dim=1)
+
+    @property
+    def gain(self) -> float:
+        """Mean over nodes of ‖C(u)‖ / ‖u‖ over the node's whole bucket."""
+        return float((self.kept2 / self.sent2.clamp_min(1e-60)).sqrt().mean())
+
+
+class NodeAware:
+    """One bucket's node-aware compression: a compressor and memory per slice, over an N-rank inter-node
+    communicator; each step returns the aggregate and the records priced on a node of ``priced_gpus``."""
+
+    def __init__(self, grouping: Grouping, numel: int, layout: tuple[Layer, ...],
+                 make: Callable[[int], tuple[Compressor, Memory]]) -> None:
+        """``make(g)``: slice g's compressor and memory."""
+        self.grouping = grouping
+        self.bounds = slice_bounds(numel, grouping.gpus)
+        self.layouts = [slice_layout(layout, lo, hi) for lo, hi in self.bounds]
+        self.parts = [make(g) for g in range(grouping.gpus)]
+        self.comm = InProcessComm(grouping.nodes, group="inter")
+        self.numel = numel
+
+    def node_means(self, x: torch.Tensor) -> torch.Tensor:
+        """[N, n]: each node's mean of its workers' rows (what the reduce-scatter leaves, slice by slice)."""
+        g = self.grouping
+        return x.reshape(g.nodes, g.gpus, -1).mean(dim=1)
+
+    def step(self, x: torch.Tensor, step: int, final: bool = False
+             ) -> tuple[torch.Tensor, list[CommRecord], SliceStats]:
+        """Compress a bucket's [W, n] gradients node-aware: the [1, n] aggregate, the step's records and stats."""
+        means = self.node_means(x.float())
+        nodes = self.grouping.nodes
+        stats = SliceStats(torch.zeros(nodes, dtype=torch.float64), torch.zeros(nodes, dtype=torch.float64),
+                           torch.zeros(nodes, dtype=torch.float64), [])
+
+        def observe(u: torch.Tensor, res: Compressed, width: int) -> None:
+            stats.kept2.add_(res.contribution.norms(width).double().pow(2))
+            stats.sent2.add_(u.double().pow(2).sum(dim=1))
+            stats.selected.add_(res.selected.double())
+            stats.u_mean.append(u.mean(dim=0, keepdim=True))
+
+        marks = []
+        outs = []
+        for (lo, hi), (comp, mem), layout in zip(self.bounds, self.parts, self.layouts, strict=True):
+            marks.append(self.comm.log.mark())
+            piece = means[:, lo:hi].contiguous()
+            seen = len(stats.u_mean)
+            outs.append(mem.step(piece, comp, self.comm, step, layout, functools.partial(observe, width=hi - lo),
+                                 final))
+            if len(stats.u_mean) == seen:  # sent dense this step (EF21's first): exact, all of it kept
+                norms2 = piece.double().pow(2).sum(dim=1)
+                stats.kept2.add_(norms2)
+                stats.sent2.add_(norms2)
+                stats.selected.add_(float(hi - lo))
+                stats.u_mean.append(piece.mean(dim=0, keepdim=True))
+        rail = self.comm.log.records[marks[0]:marks[1] if len(marks) > 1 else None]
+        del self.comm.log.records[marks[0]:]
+        return torch.cat(outs, dim=1), self.records(rail), stats
+
+    def records(self, rail: list[CommRecord]) -> list[CommRecord]:
+        """The step's collectives as one rank sees them on the priced node: the dense reduce-scatter and all-gather
+        inside it, and its rail's exchange — the first slice's (the rails run at once, on the node's NICs
+        shared as pricing's ``inter`` group says), measured on a slice of n / G' and scaled to one of n / G."""
+        g = self.grouping.priced_gpus
+        inside = (self.numel, math.ceil(self.numel / g))
+        return [record("reducescatter", "node", 4, "float32", inside[0], g, "node"),
+                *(scaled(r, self.grouping.slice_scale) for r in rail),
+                record("allgather", "node", 4, "float32", inside[1], g, "node")]
