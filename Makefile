@@ -17,7 +17,7 @@ demo: $(BIN)/arcsim
 test: $(BIN)/arcsim
 	$(BIN)/ruff check .
 	$(BIN)/mypy
-	$(BIN)/pytest -q
+	$(BIN)/pytest -q -n auto --maxprocesses 4
 	$(BIN)/python tests/install_check.py --venv $(VENV)-wheel
 
 bench: $(BIN)/arcsim
