@@ -154,6 +154,9 @@ def test_run_prices_every_compressor_both_ways_and_the_policy_chooses(tmp_path):
     assert "node-aware" in " ".join(result["assumptions"])
     crossing = result["crossover"]["hierarchy"]  # fastest flat and node-aware as the NIC bandwidth varies
     assert len(crossing) > 2 and all(r["flat_s"] > 0 and r["node_s"] > 0 for r in crossing)
+    by_gpus = result["crossover"]["hierarchy_by_gpus"]  # the same 64 ranks packed 2, 4, … 32 to a node
+    assert [(r["gpus_per_node"], r["nodes"]) for r in by_gpus] == [(2, 32), (4, 16), (8, 8), (16, 4), (32, 2)]
+    assert all(r["node_s"] > 0 and r["flat_s"] > 0 for r in by_gpus)
 
 
 @pytest.mark.parametrize(("args", "message"), [

@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from arcsim.catalog import AG_FAMILY, AR_TOPK_FAMILY
+from arcsim.errors import ArcsimError
 from arcsim.pricing import Pricer
 from arcsim.run.candidates import Candidate, Context, candidates_for
 from arcsim.run.measure import Measurement
@@ -102,6 +103,8 @@ class Crossover(Decision):
     nic_gbps: float | None = None
     hierarchy: list[dict[str, Any]] | None = None     # per scaled NIC bandwidth: best flat, best node-aware
     hierarchy_flips_gbps: list[dict[str, Any]] | None = None
+    hierarchy_by_gpus: list[dict[str, Any]] | None = None  # per GPUs per node (same ranks): best flat, best node
+    hierarchy_flips_gpus: list[dict[str, Any]] | None = None
 
     @property
     def applies(self) -> bool:
@@ -209,8 +212,36 @@ def with_hierarchy(cx: Crossover, compressors: Sequence[str], density: float, ct
             fastest = min(options, key=lambda c: c.iteration_s)
             row[f"{way}_s"], row[f"{way}_best"] = fastest.iteration_s, f"{fastest.compressor}/{fastest.collective}"
         rows.append(row)
+    by_gpus = _by_gpus_per_node(compressors, density, ctx, measurement)
     return dataclasses.replace(cx, hierarchy=rows, hierarchy_flips_gbps=_flips(rows, "nic_gbps", ("flat", "node")),
+                               hierarchy_by_gpus=by_gpus,
+                               hierarchy_flips_gpus=_flips(by_gpus, "gpus_per_node", ("flat", "node")),
                                density=density, nic_gbps=ctx.topo.network.bandwidth_per_nic * 8 / 1e9)
+
+
+def _by_gpus_per_node(compressors: Sequence[str], density: float, ctx: Context,
+                      measurement: Measure) -> list[dict[str, Any]]:
+    """Fastest flat and node-aware candidate with the same ranks packed G to a node (G = 2, 4, 8, … leaving two
+    nodes; each node keeps the topology's NICs, at most G), node-aware measured on workers grouped for each G."""
+    base, rows = ctx.topo, []
+    g = 2
+    while base.ranks % g == 0 and base.ranks // g >= 2:
+        topo = dataclasses.replace(base, name=f"{base.name}, {g} GPUs per node", nodes=base.ranks // g,
+                                   gpus_per_node=g, network=dataclasses.replace(
+                                       base.network, nics_per_node=min(base.network.nics_per_node, g)))
+        at, pricer = dataclasses.replace(ctx, topo=topo, engine="analytic"), Pricer(topo, "analytic")
+        row: dict[str, Any] = {"gpus_per_node": g, "nodes": topo.nodes}
+        try:
+            for way in ("flat", "node"):
+                options = [c for n in compressors for c in
+                           candidates_for(measurement(n, density, hierarchy=way, topo=topo), at, pricer)]
+                fastest = min(options, key=lambda c: c.iteration_s)
+                row[f"{way}_s"], row[f"{way}_best"] = fastest.iteration_s, f"{fastest.compressor}/{fastest.collective}"
+        except ArcsimError:  # the captured workers cannot stand for nodes of g
+            break
+        rows.append(row)
+        g *= 2
+    return rows
 
 
 def _scaled_networks(ctx: Context) -> list[tuple[float, Context, Pricer]]:

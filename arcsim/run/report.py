@@ -212,6 +212,15 @@ def _render_hierarchy(result: RunResult, console: Console) -> None:
                       f"{f['nic_gbps']:.3g} Gb/s per NIC, {'node-aware' if f['above'] == 'node' else 'flat'} above")
     if not cx.hierarchy_flips_gbps:
         console.print(f"  bandwidth: no flip between {lo:.3g} and {hi:.3g} Gb/s per NIC")
+    rows = cx.hierarchy_by_gpus or []
+    for f in cx.hierarchy_flips_gpus or []:
+        console.print(f"  GPUs per node (same {result.ctx.topo.ranks} ranks): "
+                      f"{'node-aware' if f['below'] == 'node' else 'flat'} wins below {f['gpus_per_node']:.3g}, "
+                      f"{'node-aware' if f['above'] == 'node' else 'flat'} above")
+    if rows and not cx.hierarchy_flips_gpus:
+        faster = "node-aware" if rows[0]["node_s"] < rows[0]["flat_s"] else "flat"
+        console.print(f"  GPUs per node (same {result.ctx.topo.ranks} ranks): {faster} at every count from "
+                      f"{rows[0]['gpus_per_node']} to {rows[-1]['gpus_per_node']}")
 
 
 def _render_crossover(result: RunResult, console: Console) -> None:
