@@ -31,10 +31,9 @@ import torch.distributed as dist
 
 from arcsim.catalog import options_for
 from arcsim.comm.distributed import DistributedComm, gather_into, scatter_from
-from arcsim.comm.log import record
 from arcsim.compressors import Compressor, make_compressor
 from arcsim.compressors.base import Layer
-from arcsim.compressors.hierarchy import slice_bounds, slice_layout, slice_seed
+from arcsim.compressors.hierarchy import in_node_records, slice_bounds, slice_layout, slice_seed
 from arcsim.compressors.memory import Memory, make_memory
 
 
@@ -142,8 +141,8 @@ def _compress_node_aware(state: CompressionState, nodes: NodeGroups, index: int,
     for row, (lo, hi) in enumerate(bounds):
         padded[row, :hi - lo] = grad[lo:hi]
     mine = torch.empty(width)
-    log = state.comm.log
-    log.records.append(record("reducescatter", "node", 4, "float32", n, g, "node"))
+    log, (scatter, gather) = state.comm.log, in_node_records(n, g)
+    log.records.append(scatter)
     scatter_from(mine, padded.view(-1), group=nodes.node)
     lo, hi = bounds[nodes.local_rank]
     comp, mem = state.for_bucket(index, n)
@@ -151,7 +150,7 @@ def _compress_node_aware(state: CompressionState, nodes: NodeGroups, index: int,
     out = torch.zeros(width)
     out[:hi - lo] = piece.view(-1)
     gathered = torch.empty(g * width)
-    log.records.append(record("allgather", "node", 4, "float32", width, g, "node"))
+    log.records.append(gather)
     gather_into(gathered, out, group=nodes.node)
     rows = gathered.view(g, width)
     return torch.cat([rows[r, :b - a] for r, (a, b) in enumerate(bounds)]).to(flat.dtype)

@@ -172,8 +172,12 @@ class NodeAware:
         """The step's collectives as one rank sees them on the priced node: the dense reduce-scatter and all-gather
         inside it, and its rail's exchange — the first slice's (the rails run at once, on the node's NICs
         shared as pricing's ``inter`` group says), measured on a slice of n / G' and scaled to one of n / G."""
-        g = self.grouping.priced_gpus
-        inside = (self.numel, math.ceil(self.numel / g))
-        return [record("reducescatter", "node", 4, "float32", inside[0], g, "node"),
-                *(scaled(r, self.grouping.slice_scale) for r in rail),
-                record("allgather", "node", 4, "float32", inside[1], g, "node")]
+        scatter, gather = in_node_records(self.numel, self.grouping.priced_gpus)
+        return [scatter, *(scaled(r, self.grouping.slice_scale) for r in rail), gather]
+
+
+def in_node_records(numel: int, gpus: int) -> tuple[CommRecord, CommRecord]:
+    """The dense steps inside a node of ``gpus`` for a bucket of ``numel`` fp32 elements: the reduce-scatter of
+    the whole bucket and the all-gather of one (the longest, padded) slice."""
+    return (record("reducescatter", "node", 4, "float32", numel, gpus, "node"),
+            record("allgather", "node", 4, "float32", math.ceil(numel / gpus), gpus, "node"))

@@ -338,9 +338,7 @@ class Analysis:
         """The compressor measured on the trace (kept in memory, and on disk by arcsim.run.cache); grid points
         may use fewer steps (``grid_steps``). Live training measures several in one pass (``_measure_live``).
         ``hierarchy``: flat, or node-aware with the workers grouped for ``topo``'s nodes (default the run's)."""
-        grouping = None if hierarchy == "flat" else self.grouping_for(topo) if topo is not None else self.grouping
-        if hierarchy != "flat" and grouping is None:
-            grouping = self.grouping_for(self.topo)
+        grouping = None if hierarchy == "flat" else self.grouping_for(topo or self.topo)
         key = self._key(compressor, density, grid, grouping)
         if key in self._measured:
             return self._measured[key]

@@ -203,15 +203,9 @@ def with_hierarchy(cx: Crossover, compressors: Sequence[str], density: float, ct
                    measurement: Measure) -> Crossover:
     """``cx`` with the flat / node-aware crossover: the fastest flat and the fastest node-aware candidate (any
     compressor at ``density``, any collective) as the inter-node bandwidth per NIC varies."""
-    rows = []
-    for s, scaled, pricer in _scaled_networks(ctx):
-        row: dict[str, Any] = {"nic_gbps": ctx.topo.network.bandwidth_per_nic * s * 8 / 1e9}
-        for way in ("flat", "node"):
-            options = [c for n in compressors
-                       for c in candidates_for(measurement(n, density, hierarchy=way), scaled, pricer)]
-            fastest = min(options, key=lambda c: c.iteration_s)
-            row[f"{way}_s"], row[f"{way}_best"] = fastest.iteration_s, f"{fastest.compressor}/{fastest.collective}"
-        rows.append(row)
+    rows = [{"nic_gbps": ctx.topo.network.bandwidth_per_nic * s * 8 / 1e9,
+             **_fastest_each_way(compressors, density, scaled, pricer, measurement)}
+            for s, scaled, pricer in _scaled_networks(ctx)]
     by_gpus = _by_gpus_per_node(compressors, density, ctx, measurement)
     return dataclasses.replace(cx, hierarchy=rows, hierarchy_flips_gbps=_flips(rows, "nic_gbps", ("flat", "node")),
                                hierarchy_by_gpus=by_gpus,
@@ -230,18 +224,26 @@ def _by_gpus_per_node(compressors: Sequence[str], density: float, ctx: Context,
                                    gpus_per_node=g, network=dataclasses.replace(
                                        base.network, nics_per_node=min(base.network.nics_per_node, g)))
         at, pricer = dataclasses.replace(ctx, topo=topo, engine="analytic"), Pricer(topo, "analytic")
-        row: dict[str, Any] = {"gpus_per_node": g, "nodes": topo.nodes}
         try:
-            for way in ("flat", "node"):
-                options = [c for n in compressors for c in
-                           candidates_for(measurement(n, density, hierarchy=way, topo=topo), at, pricer)]
-                fastest = min(options, key=lambda c: c.iteration_s)
-                row[f"{way}_s"], row[f"{way}_best"] = fastest.iteration_s, f"{fastest.compressor}/{fastest.collective}"
+            rows.append({"gpus_per_node": g, "nodes": topo.nodes,
+                         **_fastest_each_way(compressors, density, at, pricer, measurement)})
         except ArcsimError:  # the captured workers cannot stand for nodes of g
             break
-        rows.append(row)
         g *= 2
     return rows
+
+
+def _fastest_each_way(compressors: Sequence[str], density: float, ctx: Context, pricer: Pricer,
+                      measurement: Measure) -> dict[str, Any]:
+    """``flat_s``, ``flat_best``, ``node_s``, ``node_best``: the fastest candidate flat and node-aware (any of
+    ``compressors`` at ``density``, any collective) on ``ctx``'s topology (node-aware grouped for its nodes)."""
+    row: dict[str, Any] = {}
+    for way in ("flat", "node"):
+        options = [c for n in compressors
+                   for c in candidates_for(measurement(n, density, hierarchy=way, topo=ctx.topo), ctx, pricer)]
+        fastest = min(options, key=lambda c: c.iteration_s)
+        row[f"{way}_s"], row[f"{way}_best"] = fastest.iteration_s, f"{fastest.compressor}/{fastest.collective}"
+    return row
 
 
 def _scaled_networks(ctx: Context) -> list[tuple[float, Context, Pricer]]:
