@@ -27,6 +27,15 @@ def _leftovers(prefix: str) -> list[str]:
     return namespaces(prefix)
 
 
+def _all_reduce_in(c: EmulatedCluster, out: Path) -> None:
+    """A gloo all-reduce over every rank of ``c`` (tests/_cluster_allreduce.py); each rank writes ``out.<rank>``."""
+    port = free_port()
+    procs = [c.spawn(r, [sys.executable, str(HERE / "_cluster_allreduce.py"), str(out)], port=port,
+                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT) for r in range(c.ranks)]
+    for p in procs:
+        assert cl.wait_for(p, 120) == 0, p.stdout.read()
+
+
 @needs_netns
 def test_gloo_all_reduce_across_shaped_namespaces(tmp_path):
     prefix = "arcsimt1"
@@ -34,11 +43,7 @@ def test_gloo_all_reduce_across_shaped_namespaces(tmp_path):
         assert _leftovers(prefix) == [f"{prefix}-br", f"{prefix}-r0", f"{prefix}-r1", f"{prefix}-r2"]
         shaping = c.qdiscs()
         assert shaping.count("tbf") == 6 and shaping.count("rate 200Mbit") == 6  # both directions, every rank
-        port = free_port()
-        procs = [c.spawn(r, [sys.executable, str(HERE / "_cluster_allreduce.py"), str(tmp_path / "out")], port=port,
-                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT) for r in range(3)]
-        for p in procs:
-            assert cl.wait_for(p, 120) == 0, p.stdout.read()
+        _all_reduce_in(c, tmp_path / "out")
     assert _leftovers(prefix) == []
     assert {float((tmp_path / f"out.{r}").read_text()) for r in range(3)} == {6.0}  # 1 + 2 + 3
 
@@ -59,8 +64,10 @@ def test_exception_and_leftover_processes_are_cleaned_up():
 def test_interrupted_or_killed_owner_leaves_nothing_after_down(how, delay):
     prefix = f"arcsimt3{how.value}{'d' if delay != '0s' else ''}"
     run_cli("cluster", "down", "--prefix", prefix)  # a cluster an earlier, killed test run left behind
+    mark = f"ARCSIM_VICTIM={prefix}"  # inherited by what it starts: the processes of this case, not another's
     proc = subprocess.Popen([sys.executable, str(HERE / "_cluster_victim.py"), prefix, delay],
-                            stdout=subprocess.PIPE, text=True, preexec_fn=interruptible)
+                            stdout=subprocess.PIPE, text=True, preexec_fn=interruptible,
+                            env={**os.environ, "ARCSIM_VICTIM": prefix})
     assert proc.stdout.readline().strip() == "up"
     assert len(_leftovers(prefix)) == 3
     os.kill(proc.pid, how)
@@ -73,8 +80,16 @@ def test_interrupted_or_killed_owner_leaves_nothing_after_down(how, delay):
     time.sleep(0.2)
     stray = subprocess.run(["pgrep", "-f", "sleep 300|arcsim.testbed.delay_forwarder"], capture_output=True,
                            text=True).stdout.split()
-    assert not [p for p in stray if Path(f"/proc/{p}/ns/net").exists() and
+    assert not [p for p in stray if Path(f"/proc/{p}/ns/net").exists() and mark in _environ(p) and
                 os.readlink(f"/proc/{p}/ns/net") != os.readlink("/proc/self/ns/net")]
+
+
+def _environ(pid: str) -> list[str]:
+    """A process's environment (empty once it has gone)."""
+    try:
+        return Path(f"/proc/{pid}/environ").read_bytes().decode(errors="replace").split("\0")
+    except OSError:
+        return []
 
 
 @needs_netns
@@ -187,11 +202,7 @@ def test_nodes_of_several_ranks_share_a_namespace_and_one_shaped_link(tmp_path):
         route = subprocess.run(["ip", "netns", "exec", c.ns(1), "ip", "route", "get", c.address(0)],
                                capture_output=True, text=True).stdout
         assert "dev lo" in route  # the same node: loopback, unshaped
-        port = free_port()
-        procs = [c.spawn(r, [sys.executable, str(HERE / "_cluster_allreduce.py"), str(tmp_path / "out")], port=port,
-                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT) for r in range(4)]
-        for p in procs:
-            assert cl.wait_for(p, 120) == 0, p.stdout.read()
+        _all_reduce_in(c, tmp_path / "out")
     assert _leftovers(prefix) == []
     assert {float((tmp_path / f"out.{r}").read_text()) for r in range(4)} == {10.0}  # 1 + 2 + 3 + 4
     with pytest.raises(ClusterError, match="two or more nodes"):
