@@ -101,8 +101,8 @@ class CompressionState:
         return self._comm
 
     def for_bucket(self, index: int, numel: int) -> tuple[Compressor, Memory]:
-        """The bucket's compressor and memory (node-aware: those of this rank's slice of it); a rebuilt bucket
-        (DDP re-buckets once) gets fresh ones."""
+        """The bucket's compressor and memory (node-aware: those of this rank's slice of it, ``numel`` the slice's);
+        a rebuilt bucket (DDP re-buckets once) gets fresh ones."""
         key = (index, numel)
         if key not in self.per_bucket:
             seed = self.seed + index if self.nodes is None else slice_seed(self.seed, index, self.nodes.local_rank)
@@ -134,7 +134,7 @@ def _compress_node_aware(state: CompressionState, nodes: NodeGroups, index: int,
     """Reduce-scatter inside the node (slices padded to one length), this rank's slice compressed over its
     rail, all-gather inside the node; each collective in ``state.comm.log`` with its group."""
     g, n = nodes.gpus_per_node, flat.numel()
-    bounds = slice_bounds(n, g)
+    bounds = slice_bounds(n, g, layout)
     width = max(hi - lo for lo, hi in bounds)
     padded = torch.zeros(g, width)
     grad = flat.detach().float()
@@ -145,7 +145,7 @@ def _compress_node_aware(state: CompressionState, nodes: NodeGroups, index: int,
     log.records.append(scatter)
     scatter_from(mine, padded.view(-1), group=nodes.node)
     lo, hi = bounds[nodes.local_rank]
-    comp, mem = state.for_bucket(index, n)
+    comp, mem = state.for_bucket(index, hi - lo)  # by the slice's size: a rebuilt bucket's layout can move its cuts
     piece = mem.step((mine[:hi - lo] / g).view(1, -1), comp, state.comm, state.step, slice_layout(layout, lo, hi))
     out = torch.zeros(width)
     out[:hi - lo] = piece.view(-1)

@@ -42,6 +42,29 @@ def test_slices_and_their_layers_by_hand():
     layout = (Layer("w", (4, 5), 0), Layer("b", (5,), 20), Layer("v", (30,), 25))
     assert slice_layout(layout, 0, 25) == (Layer("w", (4, 5), 0), Layer("b", (5,), 20))
     assert slice_layout(layout, 18, 40) == (Layer("w", (2,), 0), Layer("b", (5,), 2), Layer("v", (15,), 7))
+    assert slice_layout(layout, 10, 30) == (Layer("w", (2, 5), 0), Layer("b", (5,), 10), Layer("v", (5,), 15))
+
+
+def test_cuts_inside_a_matrix_move_to_its_nearest_row_boundary():
+    layout = (Layer("w", (8, 6), 0), Layer("b", (8,), 48), Layer("v", (47,), 56))
+    # 26 lies in w's fifth row (24…30): moved to 24; 52 (in b) and 78 (in v) cut vectors and stay
+    assert slice_bounds(103, 4, layout) == [(0, 24), (24, 52), (52, 78), (78, 103)]
+    assert slice_layout(layout, 24, 52) == (Layer("w", (4, 6), 0), Layer("b", (4,), 24))
+    conv = (Layer("c", (4, 2, 3, 3), 0),)  # rows (output channels) of 18: 24 → 18, 48 → 54
+    assert slice_bounds(72, 3, conv) == [(0, 18), (18, 54), (54, 72)]
+    assert slice_layout(conv, 18, 54) == (Layer("c", (2, 2, 3, 3), 0),)
+    assert slice_bounds(4, 4, (Layer("m", (2, 2), 0),)) == [(0, 1), (1, 2), (2, 3), (3, 4)]  # else a slice is empty
+
+
+def test_node_aware_powersgd_sends_the_low_rank_factors_of_a_cut_matrix():
+    """A 64 × 32 layer cut in two row blocks: each rail sends P (32 × r) and Q (32 × r), not 1,024 values."""
+    n, layout = 64 * 32, (Layer("w", (64, 32), 0),)
+    node = NodeAware(Grouping(NODES, 2, 2), n, layout,
+                     lambda g: (make_compressor("powersgd", 0.1, seed=g, rank=2), make_memory("ef14")))
+    x = torch.randn(NODES * 2, n, generator=torch.Generator().manual_seed(0))
+    _, records, _ = node.step(x, 0)
+    assert node.layouts == [(Layer("w", (32, 32), 0),)] * 2
+    assert sorted(r.elements for r in records if r.group == "inter") == [32 * 2, 32 * 2]
 
 
 def test_the_captured_workers_are_grouped_into_nodes():
@@ -102,7 +125,7 @@ def test_every_compressor_node_aware_is_its_flat_self_on_each_slice_of_the_node_
         out, _, stats = node.step(x, step)
         means = torch.stack([x[j * GPUS:(j + 1) * GPUS].mean(dim=0) for j in range(NODES)])
         pieces = [mem.step(means[:, lo:hi].contiguous(), comp, comm, step, slice_layout(layout, lo, hi))
-                  for (lo, hi), (comp, mem) in zip(slice_bounds(N, GPUS), parts, strict=True)]
+                  for (lo, hi), (comp, mem) in zip(slice_bounds(N, GPUS, layout), parts, strict=True)]
         assert torch.allclose(out, torch.cat(pieces, dim=1), atol=1e-5), step
         assert stats.compressed_mean().shape == (1, N)
 

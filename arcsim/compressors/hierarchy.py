@@ -10,13 +10,14 @@ With W workers as N nodes × G GPUs (worker w on node w // G, local rank w % G),
 3. **all-gather inside each node** (group ``node``): every rank gets the whole aggregate.
 
 The aggregate is the compressor's aggregate over nodes of the node means: with dense it is the flat mean.
-Layers cut by a slice boundary are compressed as flat pieces (a matrix compressor such as PowerSGD sends
-a flat piece as it sends any vector).
+Slice boundaries that fall inside a matrix move to its nearest row boundary, so a matrix compressor
+(PowerSGD) still sees the rows of a cut layer as a matrix; a piece of a vector is a shorter vector.
 """
 
 from __future__ import annotations
 
 import functools
+import itertools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -74,26 +75,36 @@ def slice_seed(seed: int, bucket: int, part: int) -> int:
     return seed + bucket + 7919 * part
 
 
-def slice_bounds(n: int, parts: int) -> list[tuple[int, int]]:
-    """``n`` elements cut into ``parts`` contiguous slices, the first n mod parts one element longer."""
+def slice_bounds(n: int, parts: int, layout: tuple[Layer, ...] = ()) -> list[tuple[int, int]]:
+    """``n`` elements cut into ``parts`` contiguous slices, the first n mod parts one element longer; with a
+    ``layout``, a cut inside a layer of two or more dimensions moves to its nearest row boundary (so the
+    pieces stay matrices, see :func:`slice_layout`) where that leaves no slice empty."""
     base, extra = divmod(n, parts)
-    bounds, lo = [], 0
-    for i in range(parts):
-        hi = lo + base + (i < extra)
-        bounds.append((lo, hi))
-        lo = hi
-    return bounds
+    cuts = [0] + [i * base + min(i, extra) for i in range(1, parts)] + [n]
+    for i in range(1, parts):
+        layer = next((x for x in layout if x.offset < cuts[i] < x.offset + x.numel and len(x.shape) >= 2), None)
+        if layer is None:
+            continue
+        row = layer.numel // layer.shape[0]
+        aligned = layer.offset + round((cuts[i] - layer.offset) / row) * row
+        if cuts[i - 1] < aligned < cuts[i + 1]:
+            cuts[i] = aligned
+    return list(itertools.pairwise(cuts))
 
 
 def slice_layout(layout: tuple[Layer, ...], lo: int, hi: int) -> tuple[Layer, ...]:
-    """The layers of [lo, hi), offsets from lo: a layer wholly inside keeps its shape, a cut one is a flat piece."""
+    """The layers of [lo, hi), offsets from lo: a layer wholly inside keeps its shape, a piece of whole rows of
+    a layer of two or more dimensions is those rows (a matrix still), any other cut piece is flat."""
     out = []
     for layer in layout:
         start, end = max(layer.offset, lo), min(layer.offset + layer.numel, hi)
         if start >= end:
             continue
-        whole = start == layer.offset and end == layer.offset + layer.numel
-        out.append(Layer(layer.name, layer.shape if whole else (end - start,), start - lo))
+        shape: tuple[int, ...] = (end - start,)
+        row = layer.numel // layer.shape[0] if len(layer.shape) >= 2 else 0
+        if row and (start - layer.offset) % row == 0 and (end - layer.offset) % row == 0:
+            shape = ((end - start) // row, *layer.shape[1:])
+        out.append(Layer(layer.name, shape, start - lo))
     return tuple(out)
 
 
@@ -125,7 +136,7 @@ class NodeAware:
                  make: Callable[[int], tuple[Compressor, Memory]]) -> None:
         """``make(g)``: slice g's compressor and memory."""
         self.grouping = grouping
-        self.bounds = slice_bounds(numel, grouping.gpus)
+        self.bounds = slice_bounds(numel, grouping.gpus, layout)
         self.layouts = [slice_layout(layout, lo, hi) for lo, hi in self.bounds]
         self.parts = [make(g) for g in range(grouping.gpus)]
         self.comm = InProcessComm(grouping.nodes, group="inter")
