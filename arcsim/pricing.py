@@ -155,20 +155,22 @@ class PricedRecord:
 
 def group_topology(topo: Topology, group: str) -> Topology:
     """The links a group of ``topo``'s ranks uses, as a topology of its own (priced as its library runs it):
-    ``world`` is ``topo``; ``node`` the GPUs of one node on the intra-node links (its measured fits dropped:
-    they were measured across nodes); ``inter`` one rank per node — one of the node's G rails, which run at
-    once and share the node's NICs, so each has nics / G of them (one NIC each on a rail-aligned node)."""
+    ``world`` is ``topo``; ``node`` the GPUs of one node on the intra-node links; ``inter`` one rank per node —
+    one of the node's G rails, which run at once and share the node's NICs, so each has nics / G of them (one
+    NIC each on a rail-aligned node). A group's measured fits (``group_calibration``, measured in that group)
+    replace its step model; the world's fits are not the group's (other ranks, other links)."""
     if group == "world":
         return topo
-    g = topo.gpus_per_node
+    g, fits = topo.gpus_per_node, dict(topo.group_calibration.get(group, {}))
     if group == "node":
-        return dataclasses.replace(topo, name=f"{topo.name}: one node", nodes=1, calibration={},
-                                   stragglers={r: s for r, s in topo.stragglers.items() if r < g})
+        return dataclasses.replace(topo, name=f"{topo.name}: one node", nodes=1, calibration=fits,
+                                   group_calibration={}, stragglers={r: s for r, s in topo.stragglers.items() if r < g})
     if group == "inter":
         net = topo.network
         share = net.bandwidth_per_nic * net.nics_per_node / g
         rail = dataclasses.replace(net, nics_per_node=1, bandwidth_per_nic=share)
         return dataclasses.replace(topo, name=f"{topo.name}: one rail", gpus_per_node=1, network=rail,
+                                   calibration=fits, group_calibration={},
                                    stragglers={r // g: s for r, s in topo.stragglers.items() if r % g == 0})
     raise CollectiveError(f"unknown group {group!r}; choose one of {', '.join(GROUPS)}")
 

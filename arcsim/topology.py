@@ -118,6 +118,8 @@ class Topology:
     description: str = ""
     source: str = ""
     calibration: Mapping[str, Calibrated] = field(default_factory=dict)  # op → measured fit (arcsim calibrate)
+    # group (node: one node's ranks; inter: one rail of one rank per node, all rails at once) → op → measured fit
+    group_calibration: Mapping[str, Mapping[str, Calibrated]] = field(default_factory=dict)
     gpu: str | None = None  # the catalogue device its ranks are (devices/*.yaml); None: compute measured here
     library: str = "ideal"  # the communication library (arcsim.collectives.libraries): nccl, gloo, mpi, ideal
 
@@ -152,17 +154,18 @@ class Topology:
                        library: str | None = None, nodes: int | None = None, gpu: str | None = None) -> Topology:
         """This topology with the network's per-NIC bandwidth and one-way latency, its library, node count or GPU
         replaced; measured fits (calibration) scale with the bandwidth and latency they were measured at."""
-        net, calib = self.network, dict(self.calibration)
+        net, calib, rail = self.network, dict(self.calibration), dict(self.group_calibration.get("inter", {}))
         if bandwidth is not None:
             scale = bandwidth / net.bandwidth_per_nic
             net = dataclasses.replace(net, bandwidth_per_nic=bandwidth)
-            calib = {op: c.scaled(bandwidth=scale) for op, c in calib.items()}
+            calib, rail = ({op: c.scaled(bandwidth=scale) for op, c in fits.items()} for fits in (calib, rail))
         if latency is not None:
             scale = latency / net.latency if net.latency > 0 else 1.0
             net = dataclasses.replace(net, latency=latency)
-            calib = {op: c.scaled(latency=scale) for op, c in calib.items()}
-        return dataclasses.replace(self, network=net, calibration=calib, nodes=nodes or self.nodes,
-                                   gpu=gpu or self.gpu, library=library or self.library)
+            calib, rail = ({op: c.scaled(latency=scale) for op, c in fits.items()} for fits in (calib, rail))
+        groups = {**self.group_calibration, **({"inter": rail} if rail else {})}  # the node's own links stay
+        return dataclasses.replace(self, network=net, calibration=calib, group_calibration=groups,
+                                   nodes=nodes or self.nodes, gpu=gpu or self.gpu, library=library or self.library)
 
     # -- paths, vectorised for the closed-form engine ------------------------------------------------
     def link_arrays(self, src: np.ndarray, dst: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -249,10 +252,9 @@ class Topology:
             "jitter": self.jitter,
         }
         if self.calibration:
-            out["calibration"] = {op: {"latency_s": c.latency, "bandwidth_Bps": c.bandwidth, "r2": c.r2,
-                                       "ranks": c.ranks, "library": c.library,
-                                       "small": None if c.small is None else dataclasses.asdict(c.small)}
-                                  for op, c in self.calibration.items()}
+            out["calibration"] = _fits_dict(self.calibration)
+        if self.group_calibration:
+            out["calibration_groups"] = {group: _fits_dict(fits) for group, fits in self.group_calibration.items()}
         if net.fabric == "fat-tree":
             out["network"]["nodes_per_leaf"] = net.nodes_per_leaf
             out["network"]["oversubscription"] = net.oversubscription
@@ -276,8 +278,10 @@ class Topology:
             ("stragglers", ", ".join(f"rank {r}: {s:g}×" for r, s in sorted(self.stragglers.items())) or "none"),
             ("latency jitter", f"{self.jitter:g} × latency (mean, exponential)" if self.jitter else "none"),
         ]
-        for op, c in self.calibration.items():
-            rows.append((f"measured {op}", f"{format_duration(c.latency)} + size / {format_rate(c.bandwidth)} "
+        measured = [("", op, c) for op, c in self.calibration.items()] + [
+            (f"{group} ", op, c) for group, fits in self.group_calibration.items() for op, c in fits.items()]
+        for group, op, c in measured:
+            rows.append((f"measured {group}{op}", f"{format_duration(c.latency)} + size / {format_rate(c.bandwidth)} "
                                            f"(R² {c.r2:.4f}, {c.ranks} ranks"
                                            + (f", run by {c.library})" if c.library else ")")
                                            + ("" if c.small is None else
@@ -457,8 +461,14 @@ def from_dict(raw: Mapping[str, Any], source: str = "", default_name: str = "cus
     except (TypeError, ValueError) as exc:
         raise TopologyError(f"{source}: field 'stragglers' must map rank numbers to slowdown factors") from exc
     calibration = _calibration(reader.mapping("calibration", required=False) or {}, source)
+    groups = reader.mapping("calibration_groups", required=False) or {}
+    unknown_groups = [g for g in groups if g not in CALIBRATED_GROUPS]
+    if unknown_groups:
+        raise TopologyError(f"{source}: calibration_groups has {', '.join(map(str, unknown_groups))}; measured groups "
+                            f"are {', '.join(CALIBRATED_GROUPS)}")
+    group_calibration = {g: _calibration(fits or {}, source, f"calibration_groups.{g}.") for g, fits in groups.items()}
     reader.reject_unknown({"name", "description", "nodes", "gpus_per_node", "intra", "network", "gamma",
-                           "stragglers", "jitter", "calibration", "gpu",
+                           "stragglers", "jitter", "calibration", "calibration_groups", "gpu",
                            "library"})
     intra_reader.reject_unknown({"kind", "bandwidth", "latency"})
     net_reader.reject_unknown({"kind", "nics_per_node", "bandwidth_per_nic", "latency", "fabric",
@@ -475,6 +485,7 @@ def from_dict(raw: Mapping[str, Any], source: str = "", default_name: str = "cus
         description=reader.text("description", default=""),
         source=source,
         calibration=calibration,
+        group_calibration=group_calibration,
         gpu=_gpu(reader.text("gpu", default="") or None, source),
         library=reader.text("library", default="ideal"),
     )
@@ -497,19 +508,26 @@ def _gpu(name: str | None, where: str) -> str | None:
     return name.lower()
 
 
-CALIBRATED_OPS = ("allreduce", "allgather", "broadcast")
+CALIBRATED_OPS = ("allreduce", "allgather", "broadcast", "reducescatter")
+CALIBRATED_GROUPS = ("node", "inter")
 
 
-def _calibration(raw: Mapping[str, Any], source: str) -> dict[str, Calibrated]:
+def _fits_dict(fits: Mapping[str, Calibrated]) -> dict[str, dict[str, Any]]:
+    return {op: {"latency_s": c.latency, "bandwidth_Bps": c.bandwidth, "r2": c.r2, "ranks": c.ranks,
+                 "library": c.library, "small": None if c.small is None else dataclasses.asdict(c.small)}
+            for op, c in fits.items()}
+
+
+def _calibration(raw: Mapping[str, Any], source: str, where: str = "calibration.") -> dict[str, Calibrated]:
     out = {}
     for op, fields in raw.items():
         if op not in CALIBRATED_OPS:
-            raise TopologyError(f"{source}: calibration for {op!r}; measured ops are {', '.join(CALIBRATED_OPS)}")
-        r = _FieldReader(fields, source, f"calibration.{op}.")
+            raise TopologyError(f"{source}: {where}{op} is not a measured op; they are {', '.join(CALIBRATED_OPS)}")
+        r = _FieldReader(fields, source, f"{where}{op}.")
         small_raw = r.mapping("small", required=False)
         small = None
         if small_raw is not None:
-            b = _FieldReader(small_raw, source, f"calibration.{op}.small.")
+            b = _FieldReader(small_raw, source, f"{where}{op}.small.")
             small = Band(b.quantity("up_to", parse_size), b.quantity("latency", parse_duration),
                          _fitted_rate(b))
             b.reject_unknown({"up_to", "latency", "bandwidth"})

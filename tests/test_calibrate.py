@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -65,6 +66,42 @@ def test_written_topology_loads_and_measured_collectives_price_by_their_fit(tmp_
     assert topo.network.bandwidth_per_nic == pytest.approx(2 * 3 / 4 * 1e7, rel=1e-5)  # ring: 2(p−1)/p · n / B
     priced = Pricer(topo).price("allgather", 1e5, "ring")
     assert priced.algo == "measured" and priced.time_s == pytest.approx(2e-3 + 4e5 / 5e6, rel=1e-5)
+
+
+def test_groups_are_measured_fitted_and_priced_by_their_own_fits(tmp_path):
+    """--ranks-per-node 2: the node's reduce-scatter and all-gather and the rails' collectives are measured
+    (each group of a kind at once), written under calibration_groups and price their group's records; the
+    NIC is derived from the rails' all-reduce (G rails share it) and the link in a node from its all-gather."""
+    out = tmp_path / "loop22.yaml"
+    r = run_cli("calibrate", "--loopback", "--ranks", "4", "--ranks-per-node", "2", "--sizes", "256KB,2MB,8MB",
+                "--repeats", "2", "--out", str(out), "--json", str(tmp_path / "c.json"))
+    assert r.returncode == 0, r.stderr
+    assert "node reducescatter:" in r.stderr and "inter allreduce:" in r.stderr
+    topo = load_topology(str(out))
+    assert (topo.nodes, topo.gpus_per_node, topo.ranks) == (2, 2, 4)
+    assert set(topo.group_calibration["node"]) == {"reducescatter", "allgather"}
+    assert set(topo.group_calibration["inter"]) == {"allreduce", "allgather", "broadcast"}
+    rail = topo.group_calibration["inter"]["allreduce"]
+    assert rail.ranks == 2 and topo.calibration["allreduce"].ranks == 4
+    assert topo.network.bandwidth_per_nic == pytest.approx(2 * 2 * (2 - 1) / 2 * rail.bandwidth, rel=1e-5)
+    ag = topo.group_calibration["node"]["allgather"]
+    assert topo.intra.bandwidth == pytest.approx(ag.bandwidth / 2, rel=1e-5)
+    pricer = Pricer(topo)
+    for group, op in (("node", "reducescatter"), ("inter", "allreduce"), ("inter", "allgather")):
+        fit = topo.group_calibration[group][op]
+        priced = pricer.group(group).price(op, 1e6)
+        size = 1e6 * (2 if op == "allgather" else 1)  # an all-gather's size: its output over the group's 2 ranks
+        assert priced.algo == "measured" and priced.time_s == pytest.approx(fit.time(size)), (group, op)
+    assert set(json.loads((tmp_path / "c.json").read_text())["group_fits"]) == {"node", "inter"}
+
+
+def test_a_group_without_fits_of_its_own_is_priced_by_its_links_not_the_worlds_fits(tmp_path):
+    measured = {"median_s": {"allreduce": {"1000": 1e-3 + 1e3 / 1e7, "100000": 1e-3 + 1e5 / 1e7}}}
+    path = tmp_path / "flat.yaml"
+    path.write_text(topology_text("flat", 4, fits_from(measured, 4), "test"))
+    topo = dataclasses.replace(load_topology(str(path)), nodes=2, gpus_per_node=2)
+    assert Pricer(topo).price("allreduce", 1e5).algo == "measured"
+    assert Pricer(topo).group("inter").price("allreduce", 1e5).algo != "measured"  # 4 ranks' fit is not a rail's
 
 
 def test_loopback_calibration_feeds_arcsim_run(tmp_path):

@@ -43,7 +43,35 @@ def test_validate_writes_a_consistent_report(tmp_path):
     assert pd.read_csv(tmp_path / "validation.csv")["measured"].tolist() == rows["measured"].tolist()
 
 
+@pytest.mark.skipif(not netns_available(), reason="needs root and network namespaces")
+def test_node_aware_validation_runs_both_hierarchies_on_nodes_of_two(tmp_path):
+    """2 nodes × 2 ranks: one calibration (world, node and rail groups), flat and node-aware DDP hooks measured
+    and each predicted its own way on the calibrated 2 × 2 topology."""
+    from arcsim.pricing import Pricer
+    from arcsim.topology import load_topology
+
+    r = run_cli("validate", "--ranks", "4", "--ranks-per-node", "2", "--hierarchy", "both", "--bandwidth", "200Mbit",
+                "-c", "dense,topk", "--model", "mlp", "--steps", "4", "--repeats", "1", "--out", str(tmp_path),
+                timeout=900)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "by hierarchy: flat" in " ".join(r.stdout.split())
+    rows = pd.read_csv(tmp_path / "validation.csv")
+    assert list(zip(rows["hierarchy"], rows["compressor"], strict=True)) == [
+        ("flat", "dense"), ("flat", "topk"), ("node", "dense"), ("node", "topk")]
+    assert (rows["ranks_per_node"] == 2).all() and np.isfinite(rows["error"]).all()
+    topo = load_topology(str(tmp_path / "validation" / "topo-4rx2-200Mbit.yaml"))
+    assert (topo.nodes, topo.gpus_per_node) == (2, 2)
+    assert set(topo.group_calibration) == {"node", "inter"}
+    assert Pricer(topo).group("node").price("reducescatter", 1e5).algo == "measured"
+    assert Pricer(topo).group("inter").price("allgather", 1e3).algo == "measured"
+    assert (tmp_path / "validation" / "compute-4rx2-200Mbit-node.json").exists()
+    assert namespaces() == []
+
+
 @pytest.mark.parametrize(("args", "fragment"), [
+    (("--hierarchy", "node"), "needs nodes of two or more ranks: add --ranks-per-node 2"),
+    (("--hierarchy", "rack"), "unknown hierarchy 'rack'"),
+    (("--ranks", "4,6", "--ranks-per-node", "4"), "6 does not"),
     (("--ranks", "two"), "--ranks takes whole numbers"),
     (("-c", "zipk"), "unknown compressor zipk"),
     (("--model", "alexnet"), "unknown model 'alexnet'"),

@@ -30,6 +30,11 @@ def _list(text: str) -> tuple[str, ...]:
 @click.option("--ranks", default="2,4", show_default=True, help="Rank counts, comma-separated.")
 @click.option("--bandwidth", default="1Gbit,100Mbit", show_default=True, help="Link rates, comma-separated.")
 @click.option("--delay", default="0s", show_default=True, help="One-way delay added to every link, e.g. 0.5ms.")
+@click.option("--ranks-per-node", default="1", show_default=True, type=Count(),
+              help="Ranks per emulated node (they share its namespace and link; loopback between them).")
+@click.option("--hierarchy", default="flat", show_default=True,
+              help="flat, node (node-aware hooks: dense inside a node, compressed between nodes) or both; node "
+                   "needs --ranks-per-node 2 or more.")
 @click.option("--compressors", "-c", default="dense,topk,arctopk,star,powersgd", show_default=True)
 @click.option("--model", default="mlp_wide", show_default=True)
 @click.option("--dataset", default="digits", show_default=True)
@@ -46,9 +51,9 @@ def _list(text: str) -> tuple[str, ...]:
 @click.option("--topology", "-t", type=click.Path(dir_okay=False), default=None,
               help="With --measured: the topology calibrated on that cluster (arcsim calibrate under torchrun).")
 @json_option
-def validate(ranks: str, bandwidth: str, delay: str, compressors: str, model: str, dataset: str, density: float,
-             steps: int, batch: int, repeats: int, out: str, write_config: str | None, measured: str | None,
-             topology: str | None, json_out: str | None) -> None:
+def validate(ranks: str, bandwidth: str, delay: str, ranks_per_node: int, hierarchy: str, compressors: str,
+             model: str, dataset: str, density: float, steps: int, batch: int, repeats: int, out: str,
+             write_config: str | None, measured: str | None, topology: str | None, json_out: str | None) -> None:
     """Measure DDP iterations on the emulated cluster (or a real one) and compare with arcsim run's predictions."""
     import json
 
@@ -76,9 +81,13 @@ def validate(ranks: str, bandwidth: str, delay: str, compressors: str, model: st
         raise ArcsimError(f"--density must lie in (0, 1], got {density}")
     if repeats < 1:
         raise ArcsimError(f"--repeats must be at least 1 (3 or more to see the noise), got {repeats}")
+    hierarchies = _hierarchies(hierarchy, ranks_per_node, rank_list)
+    if measured and hierarchies != ("flat",):
+        raise ArcsimError("--measured compares flat runs only; drop --hierarchy (node-aware runs on a real cluster "
+                          "are not written yet)")
     cfg = ValidateConfig(ranks=rank_list, bandwidths=_list(bandwidth), delay=delay, compressors=comps, model=model,
                          dataset=dataset, density=density, steps=steps, batch=batch, out_dir=Path(out),
-                         repeats=repeats)
+                         repeats=repeats, ranks_per_node=ranks_per_node, hierarchies=hierarchies)
     if write_config:
         directory = Path(write_config)
         directory.mkdir(parents=True, exist_ok=True)
@@ -102,20 +111,45 @@ def validate(ranks: str, bandwidth: str, delay: str, compressors: str, model: st
         _render(rows, s, model, density)
 
 
+def _hierarchies(hierarchy: str, ranks_per_node: int, ranks: tuple[int, ...]) -> tuple[str, ...]:
+    """The hierarchies asked for, checked against the emulated nodes."""
+    from arcsim.compressors.hierarchy import HIERARCHIES, hierarchy_message
+
+    if hierarchy not in HIERARCHIES:
+        raise ArcsimError(hierarchy_message(hierarchy))
+    chosen = ("flat", "node") if hierarchy == "both" else (hierarchy,)
+    if "node" in chosen and ranks_per_node < 2:
+        raise ArcsimError(f"--hierarchy {hierarchy} needs nodes of two or more ranks: add --ranks-per-node 2 "
+                          "(e.g. --ranks 4 --ranks-per-node 2)")
+    bad = [r for r in ranks if r % ranks_per_node or r // ranks_per_node < 2]
+    if ranks_per_node > 1 and bad:
+        raise ArcsimError(f"--ranks-per-node {ranks_per_node} must divide every rank count into two or more nodes; "
+                          f"{', '.join(map(str, bad))} does not (e.g. --ranks 4 --ranks-per-node 2)")
+    return chosen
+
+
 def _render(rows: list[dict], s: dict, model: str, density: float) -> None:
+    from arcsim.testbed.validate import setting
+
     table = Table(title=f"Validation: {model} on the emulated cluster (gloo), density {density:g}")
-    for col in ("ranks", "bandwidth", "compressor", "measured ms (runs' min–max)", "predicted ms", "error", "inside"):
-        table.add_column(col, justify="left" if col in ("bandwidth", "compressor") else "right")
+    node_aware = any(setting(r)[2] != "flat" for r in rows)
+    columns = ("ranks", "bandwidth", *(("hierarchy",) if node_aware else ()), "compressor",
+               "measured ms (runs' min–max)", "predicted ms", "error", "inside")
+    for col in columns:
+        table.add_column(col, justify="left" if col in ("bandwidth", "hierarchy", "compressor") else "right")
     for r in rows:
-        table.add_row(str(r["ranks"]), r["bandwidth"], r["compressor"],
+        table.add_row(str(r["ranks"]), r["bandwidth"], *((setting(r)[2],) if node_aware else ()), r["compressor"],
                       f"{r['measured']:.2f} ({r['spread_min']:.2f}–{r['spread_max']:.2f})",
                       f"{r['predicted']:.2f}", f"{r['error']:+.1%}", "yes" if r["inside_spread"] else "no")
     console.print(table)
     console.print(f"MAPE {s['mape']:.1%} over {s['cases']} cases' medians (goal ≤ 10%); {s['inside_spread']} of "
                   f"{s['cases']} predictions inside the measured spread (goal ≥ 80%)")
     console.print("  by compressor: " + ", ".join(f"{k} {v:.1%}" for k, v in s["mape_by_compressor"].items()))
+    if len(s["mape_by_hierarchy"]) > 1:
+        console.print("  by hierarchy: " + ", ".join(f"{k} {v:.1%}" for k, v in s["mape_by_hierarchy"].items()))
     for c in s["ag_ar"]:
         verdict = "agrees" if c["agrees"] else "DISAGREES"
         scope = "" if c["counts"] else " (gap ≤ 10%: not counted)"
-        console.print(f"  {c['ranks']} ranks, {c['bandwidth']}: measured faster {c['measured_faster']} by "
+        where = f"{c['ranks']} ranks, {c['bandwidth']}" + (", node-aware" if c["hierarchy"] == "node" else "")
+        console.print(f"  {where}: measured faster {c['measured_faster']} by "
                       f"{c['measured_gap']:.0%}, predicted {c['predicted_faster']}: {verdict}{scope}")

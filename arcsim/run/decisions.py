@@ -216,12 +216,13 @@ def with_hierarchy(cx: Crossover, compressors: Sequence[str], density: float, ct
 def _by_gpus_per_node(compressors: Sequence[str], density: float, ctx: Context,
                       measurement: Measure) -> list[dict[str, Any]]:
     """Fastest flat and node-aware candidate with the same ranks packed G to a node (G = 2, 4, 8, … leaving two
-    nodes; each node keeps the topology's NICs, at most G), node-aware measured on workers grouped for each G."""
+    nodes; each node keeps the topology's NICs, at most G), node-aware measured on workers grouped for each G.
+    Fits measured in a node's or a rail's group were for the topology's own G: other packings go without."""
     base, rows = ctx.topo, []
     g = 2
     while base.ranks % g == 0 and base.ranks // g >= 2:
         topo = dataclasses.replace(base, name=f"{base.name}, {g} GPUs per node", nodes=base.ranks // g,
-                                   gpus_per_node=g, network=dataclasses.replace(
+                                   gpus_per_node=g, group_calibration={}, network=dataclasses.replace(
                                        base.network, nics_per_node=min(base.network.nics_per_node, g)))
         at, pricer = dataclasses.replace(ctx, topo=topo, engine="analytic"), Pricer(topo, "analytic")
         try:
@@ -251,10 +252,7 @@ def _scaled_networks(ctx: Context) -> list[tuple[float, Context, Pricer]]:
     base_topo, out = ctx.topo, []
     base = base_topo.network.bandwidth_per_nic
     for s in BANDWIDTH_SCALES:
-        topo = dataclasses.replace(
-            base_topo, network=dataclasses.replace(base_topo.network, bandwidth_per_nic=base * s),
-            calibration={op: dataclasses.replace(c, bandwidth=c.bandwidth * s)
-                         for op, c in base_topo.calibration.items()})
+        topo = base_topo.with_overrides(bandwidth=base * s)
         out.append((s, dataclasses.replace(ctx, topo=topo, engine="analytic"), Pricer(topo, "analytic")))
     return out
 

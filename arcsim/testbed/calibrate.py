@@ -32,7 +32,8 @@ from arcsim.topology import Band, Calibrated, load_topology
 from arcsim.units import format_bits, format_duration, format_size
 
 DEFAULT_SIZES = tuple(4**i * 1024 for i in range(0, 7))   # 1 KiB … 4 MiB per rank
-SIZE_FACTOR = {"allreduce": lambda p: 1, "allgather": lambda p: p, "broadcast": lambda p: 1}
+SIZE_FACTOR = {"allreduce": lambda p: 1, "allgather": lambda p: p, "broadcast": lambda p: 1,
+               "reducescatter": lambda p: 1}  # reduce-scatter: its input, as nccl-tests count it
 MEASURED_LIBRARY = "gloo"  # the microbenchmark's process group
 POOR_RESIDUAL = 0.25
 SMALL_BAND_BYTES = 65536.0  # collectives up to this size (nccl-tests counting) get their own line
@@ -97,28 +98,56 @@ def fit_line(points: list[tuple[float, float]], op: str) -> Fit:
     return Fit(op, float(alpha), float(1 / beta), r2, float(np.max(np.abs(pred - t) / t)), list(zip(n, t, strict=True)))
 
 
-def fits_from(measured: dict, world: int) -> dict[str, Fit]:
-    """Per-collective fits from a microbenchmark result (median seconds by per-rank bytes)."""
-    return {op: fit_bands([(float(size) * SIZE_FACTOR[op](world), t) for size, t in by.items()], op)
+def fits_from(measured: dict, world: int, group: str = "") -> dict[str, Fit]:
+    """Per-collective fits from a microbenchmark result (median seconds by per-rank bytes); ``group`` names
+    the group they were measured in, in messages."""
+    return {op: fit_bands([(float(size) * SIZE_FACTOR[op](world), t) for size, t in by.items()],
+                          f"{group} {op}" if group else op)
             for op, by in measured["median_s"].items()}
 
 
-def topology_text(name: str, world: int, fits: dict[str, Fit], how: str) -> str:
-    """A topology YAML: flat `world` ranks, network from the all-reduce fit, plus every collective's fit."""
-    ar = fits["allreduce"]
-    latency = ar.latency / (2 * (world - 1))
-    bandwidth = 2 * (world - 1) / world * ar.bandwidth
+def group_fits(measured: dict) -> dict[str, dict[str, Fit]]:
+    """The node and rail groups' fits (microbench with GPUS_PER_NODE > 1), each at its group's size."""
+    return {name: fits_from(m, m["ranks"], name) for name, m in measured.get("groups", {}).items()}
+
+
+def _fit_lines(op: str, fit: Fit, ranks: int, indent: str) -> list[str]:
+    lines = [f"{indent}{op}:", f"{indent}  latency: {fit.latency * 1e6:.6g}us",
+             f"{indent}  bandwidth: {fit.bandwidth:.6g}B/s", f"{indent}  r2: {fit.r2:.6f}", f"{indent}  ranks: {ranks}",
+             f"{indent}  library: {MEASURED_LIBRARY}"]
+    if fit.small is not None:
+        lines += [f"{indent}  small:", f"{indent}    up_to: {SMALL_BAND_BYTES:.0f}B",
+                  f"{indent}    latency: {fit.small.latency * 1e6:.6g}us",
+                  f"{indent}    bandwidth: {fit.small.bandwidth:.6g}B/s"]
+    return lines
+
+
+def topology_text(name: str, world: int, fits: dict[str, Fit], how: str, gpus_per_node: int = 1,
+                  groups: dict[str, dict[str, Fit]] | None = None) -> str:
+    """A topology YAML with every collective's fit. One rank per node: the network from the all-reduce fit
+    through the ring formula (2(p−1) latencies, 2(p−1)/p · n / B). ``gpus_per_node`` > 1 (ranks numbered node
+    by node, ``groups`` measured): the NIC from the rails' all-reduce (a ring over the nodes; G rails share a
+    NIC, so it carries G times one rail), the link inside a node from the node's all-gather (a ring over G),
+    and each group's fits under ``calibration_groups``."""
+    g, groups = gpus_per_node, groups or {}
+    nodes = world // g
+    ar = groups["inter"]["allreduce"] if g > 1 else fits["allreduce"]
+    latency = ar.latency / (2 * (nodes - 1))
+    bandwidth = g * 2 * (nodes - 1) / nodes * ar.bandwidth
+    intra = ["  kind: none", "  bandwidth: 1TB/s", "  latency: 0us"]
+    if g > 1:
+        ag = groups["node"]["allgather"]
+        intra = ["  kind: loopback", f"  bandwidth: {(g - 1) / g * ag.bandwidth:.6g}B/s",
+                 f"  latency: {ag.latency / (g - 1) * 1e6:.6g}us"]
+    placement = "one per node" if g == 1 else f"{nodes} nodes of {g}"
     lines = [f"name: {name}",
              "description: >-",
-             f"  Calibrated by arcsim calibrate ({how}): {world} ranks, one per node. The network parameters come",
+             f"  Calibrated by arcsim calibrate ({how}): {world} ranks, {placement}. The network parameters come",
              "  from the all-reduce fit through the ring formula; the calibration section holds each",
              "  collective's measured fit (time = latency + size / bandwidth), which arcsim run uses directly.",
-             f"nodes: {world}",
-             "gpus_per_node: 1",
-             "intra:",
-             "  kind: none",
-             "  bandwidth: 1TB/s",
-             "  latency: 0us",
+             f"nodes: {nodes}",
+             f"gpus_per_node: {g}",
+             "intra:", *intra,
              "network:",
              "  kind: ethernet",
              "  nics_per_node: 1",
@@ -127,11 +156,12 @@ def topology_text(name: str, world: int, fits: dict[str, Fit], how: str) -> str:
              "  fabric: switch",
              "calibration:"]
     for op, f in fits.items():
-        lines += [f"  {op}:", f"    latency: {f.latency * 1e6:.6g}us", f"    bandwidth: {f.bandwidth:.6g}B/s",
-                  f"    r2: {f.r2:.6f}", f"    ranks: {world}", f"    library: {MEASURED_LIBRARY}"]
-        if f.small is not None:
-            lines += ["    small:", f"      up_to: {SMALL_BAND_BYTES:.0f}B",
-                      f"      latency: {f.small.latency * 1e6:.6g}us", f"      bandwidth: {f.small.bandwidth:.6g}B/s"]
+        lines += _fit_lines(op, f, world, "  ")
+    if groups:
+        lines.append("calibration_groups:")
+        for group, by_op in groups.items():
+            size = g if group == "node" else nodes
+            lines += [f"  {group}:", *(line for op, f in by_op.items() for line in _fit_lines(op, f, size, "    "))]
     return "\n".join(lines) + "\n"
 
 
@@ -143,26 +173,30 @@ def samples_text(fits: dict[str, Fit]) -> str:
 
 def run_microbench(ranks: int, where: str, bandwidth: str | None, sizes: tuple[int, ...], repeats: int,
                    timeout: float = 1800, delay: str = "0s", burst: float | None = None,
-                   announce: Callable[[str], None] = print) -> dict:
-    """Spawn one process per rank on loopback or in a new emulated cluster; returns rank 0's medians."""
+                   announce: Callable[[str], None] = print, ranks_per_node: int = 1) -> dict:
+    """Spawn one process per rank on loopback or in a new emulated cluster; returns rank 0's medians.
+    ``ranks_per_node`` > 1: the ranks as nodes of that many (sharing a namespace), the groups measured too."""
     from arcsim.testbed.cluster import EmulatedCluster
 
     if where == "loopback":
-        return microbench(None, ranks, sizes, repeats, timeout)
+        return microbench(None, ranks, sizes, repeats, timeout, ranks_per_node)
     if bandwidth is None:
         raise ArcsimError("--cluster emulated needs --bandwidth (e.g. 1Gbit)")
-    with EmulatedCluster(ranks, bandwidth, delay, burst=burst) as cluster:
+    with EmulatedCluster(ranks, bandwidth, delay, burst=burst, ranks_per_node=ranks_per_node) as cluster:
         announce(f"shaping: {cluster.knobs()}")
-        return microbench(cluster, ranks, sizes, repeats, timeout)
+        return microbench(cluster, ranks, sizes, repeats, timeout, ranks_per_node)
 
 
-def microbench(cluster, ranks: int, sizes: tuple[int, ...], repeats: int, timeout: float = 1800) -> dict:
-    """Run the microbenchmark with one process per rank: in ``cluster`` (an EmulatedCluster) or on loopback."""
+def microbench(cluster, ranks: int, sizes: tuple[int, ...], repeats: int, timeout: float = 1800,
+               gpus_per_node: int = 1) -> dict:
+    """Run the microbenchmark with one process per rank: in ``cluster`` (an EmulatedCluster) or on loopback;
+    ``gpus_per_node`` > 1 measures the node and rail groups too."""
     from arcsim.testbed.cluster import wait_for
 
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "bench.json"
-        argv = [sys.executable, "-m", MICROBENCH, str(out), ",".join(map(str, sizes)), str(repeats)]
+        argv = [sys.executable, "-m", MICROBENCH, str(out), ",".join(map(str, sizes)), str(repeats),
+                str(gpus_per_node)]
         port = free_port()
         if cluster is None:
             procs = [subprocess.Popen(argv, env={**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
@@ -175,24 +209,20 @@ def microbench(cluster, ranks: int, sizes: tuple[int, ...], repeats: int, timeou
         return json.loads(out.read_text())
 
 
-def measure_in_job(sizes: tuple[int, ...], repeats: int) -> dict | None:
-    """Under torchrun (RANK, WORLD_SIZE, MASTER_* set): measure here; rank 0 gets the medians, others None."""
-    import statistics
-
+def measure_in_job(sizes: tuple[int, ...], repeats: int, gpus_per_node: int = 1) -> dict | None:
+    """Under torchrun (RANK, WORLD_SIZE, MASTER_* set): measure here; rank 0 gets the medians, others None.
+    ``gpus_per_node`` > 1 (torchrun's --nproc_per_node) measures the node and rail groups too."""
     import torch.distributed as dist
 
-    from arcsim.testbed.microbench import measure
+    from arcsim.testbed.microbench import results
 
     dist.init_process_group("gloo")
     try:
-        result = measure(list(sizes), repeats)
-        world, rank = dist.get_world_size(), dist.get_rank()
+        measured = results(list(sizes), repeats, gpus_per_node)
+        rank = dist.get_rank()
     finally:
         dist.destroy_process_group()
-    if rank != 0:
-        return None
-    return {"world": world, "median_s": {op: {size: statistics.median(ts) for size, ts in by.items()}
-                                         for op, by in result.items()}}
+    return measured if rank == 0 else None
 
 
 def collect(procs: list[subprocess.Popen], timeout: float, wait_for) -> None:

@@ -1,9 +1,12 @@
 """One rank of the collective microbenchmark (run by `arcsim calibrate`, one process per rank).
 
-    python -m arcsim.testbed.microbench OUT.json SIZES REPEATS    # env: RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT
+    python -m arcsim.testbed.microbench OUT.json SIZES REPEATS [GPUS_PER_NODE]   # env: RANK, WORLD_SIZE, MASTER_*
 
 For every collective and size (bytes each rank contributes): a barrier, then the collective timed on
 every rank; the slowest rank's time (an all-reduce MAX) is the collective's. Rank 0 writes the medians.
+With ranks numbered node by node, GPUS_PER_NODE > 1 also measures the groups node-aware compression uses,
+each as it runs in training — every group at once: inside each node (``node``: the dense reduce-scatter and
+all-gather) and along each rail of one rank per node (``inter``: the compressors' collectives).
 """
 
 from __future__ import annotations
@@ -16,34 +19,40 @@ import time
 import torch
 import torch.distributed as dist
 
-from arcsim.comm.distributed import gather_into, run_gloo_job
+from arcsim.comm.distributed import gather_into, run_gloo_job, scatter_from
 
 OPS = ("allreduce", "allgather", "broadcast")
+GROUP_OPS = {"node": ("reducescatter", "allgather"), "inter": OPS}  # what node-aware compression runs in each
 WARMUP = 2
 
 
-def _run(op: str, t: torch.Tensor, out: torch.Tensor) -> None:
+def _run(op: str, t: torch.Tensor, out: torch.Tensor, group: dist.ProcessGroup | None, root: int) -> None:
     if op == "allreduce":
-        dist.all_reduce(t)
+        dist.all_reduce(t, group=group)
     elif op == "allgather":
-        gather_into(out, t)
+        gather_into(out, t, group=group)
+    elif op == "reducescatter":
+        scatter_from(out, t, group=group)
     else:
-        dist.broadcast(t, src=0)
+        dist.broadcast(t, src=root, group=group)
 
 
-def measure(sizes: list[int], repeats: int) -> dict[str, dict[str, list[float]]]:
-    world = dist.get_world_size()
+def measure(sizes: list[int], repeats: int, ops: tuple[str, ...] = OPS, group: dist.ProcessGroup | None = None,
+            root: int = 0) -> dict[str, dict[str, list[float]]]:
+    """Seconds per repeat of each op and size (bytes each rank puts in) in ``group`` (every rank's world
+    when None; ``root``: the broadcast's source, a global rank in the group), the slowest rank's."""
+    ranks = dist.get_world_size(group)
     result: dict[str, dict[str, list[float]]] = {}
-    for op in OPS:
+    for op in ops:
         result[op] = {}
         for size in sizes:
-            t = torch.ones(max(1, size // 4))
-            out = torch.empty(t.numel() * world)
+            t = torch.ones(max(1, size // 4 // ranks) * ranks if op == "reducescatter" else max(1, size // 4))
+            out = torch.empty(t.numel() // ranks if op == "reducescatter" else t.numel() * ranks)
             times = []
             for i in range(WARMUP + repeats):
                 dist.barrier()
                 started = time.perf_counter()
-                _run(op, t, out)
+                _run(op, t, out, group, root)
                 took = torch.tensor([time.perf_counter() - started], dtype=torch.float64)
                 dist.all_reduce(took, op=dist.ReduceOp.MAX)
                 if i >= WARMUP:
@@ -52,16 +61,37 @@ def measure(sizes: list[int], repeats: int) -> dict[str, dict[str, list[float]]]
     return result
 
 
+def measure_groups(sizes: list[int], repeats: int, gpus_per_node: int) -> dict[str, dict]:
+    """The node and rail groups' collectives (ranks numbered node by node), every group of a kind at once."""
+    rank, world, g = dist.get_rank(), dist.get_world_size(), gpus_per_node
+    nodes = [dist.new_group(list(range(j * g, (j + 1) * g))) for j in range(world // g)]
+    rails = [dist.new_group(list(range(r, world, g))) for r in range(g)]
+    mine = {"node": (nodes[rank // g], rank // g * g, g), "inter": (rails[rank % g], rank % g, world // g)}
+    return {name: {"ranks": size, "median_s": _medians(measure(sizes, repeats, GROUP_OPS[name], group, root))}
+            for name, (group, root, size) in mine.items()}
+
+
+def _medians(result: dict[str, dict[str, list[float]]]) -> dict[str, dict[str, float]]:
+    return {op: {size: statistics.median(ts) for size, ts in by.items()} for op, by in result.items()}
+
+
+def results(sizes: list[int], repeats: int, gpus_per_node: int = 1) -> dict:
+    """Every rank measures; what rank 0 writes: the world's medians and samples, and the groups' medians."""
+    result = measure(sizes, repeats)
+    groups = measure_groups(sizes, repeats, gpus_per_node) if gpus_per_node > 1 else {}
+    return {"world": dist.get_world_size(), "median_s": _medians(result), "samples_s": result,
+            **({"groups": groups} if groups else {})}
+
+
 def main() -> None:
     out, sizes, repeats = sys.argv[1], [int(s) for s in sys.argv[2].split(",")], int(sys.argv[3])
+    gpus_per_node = int(sys.argv[4]) if len(sys.argv) > 4 else 1
 
     def work() -> None:
-        result = measure(sizes, repeats)
+        measured = results(sizes, repeats, gpus_per_node)
         if dist.get_rank() == 0:
             with open(out, "w") as fh:
-                json.dump({"world": dist.get_world_size(), "median_s": {
-                    op: {size: statistics.median(ts) for size, ts in by.items()} for op, by in result.items()},
-                    "samples_s": result}, fh)
+                json.dump(measured, fh)
 
     run_gloo_job(work)
 

@@ -50,37 +50,51 @@ class ValidateConfig:
     calib_sizes: tuple[int, ...] = tuple(256 * 4**i for i in range(8))  # 256 B … 4 MiB: latency and bandwidth
     calib_repeats: int = 9
     repeats: int = 3  # DDP trainings per case, each in fresh processes
+    ranks_per_node: int = 1  # >1: ranks share a node's namespace (loopback between them), one shaped link out
+    hierarchies: tuple[str, ...] = ("flat",)  # flat and/or node (node-aware hooks over node and rail groups)
+
+
+def case_tag(cfg: ValidateConfig, ranks: int, bandwidth: str) -> str:
+    """How a case's files are named: ranks (and ranks per node), link rate."""
+    return f"{ranks}r{'' if cfg.ranks_per_node == 1 else f'x{cfg.ranks_per_node}'}-{bandwidth}"
 
 
 def _case(cfg: ValidateConfig, ranks: int, bandwidth: str, work: Path,
-          note: Callable[[str], None]) -> tuple[Path, Path, list[dict[str, Any]]]:
-    """Calibrate and measure one (ranks, bandwidth) case; returns (topology, compute profile, times of every
-    repeat)."""
+          note: Callable[[str], None]) -> tuple[Path, dict[str, tuple[Path, list[dict[str, Any]]]]]:
+    """Calibrate and measure one (ranks, bandwidth) case in every hierarchy; returns the topology and, per
+    hierarchy, (compute profile, times of every repeat)."""
     from arcsim.processes import free_port
-    from arcsim.testbed.calibrate import collect, fits_from, microbench, topology_text, write_topology
+    from arcsim.testbed.calibrate import collect, fits_from, group_fits, microbench, topology_text, write_topology
     from arcsim.testbed.cluster import EmulatedCluster, wait_for
 
-    tag = f"{ranks}r-{bandwidth}"
-    (work / f"{tag}.json").write_text(json.dumps(worker_config(cfg)))
-    with EmulatedCluster(ranks, bandwidth, cfg.delay) as cluster:
-        note(f"[{tag}] calibrating collectives …")
-        measured = microbench(cluster, ranks, cfg.calib_sizes, cfg.calib_repeats)
-        for k in range(cfg.repeats):
-            note(f"[{tag}] training {cfg.model} with {', '.join(cfg.compressors)} ({cfg.steps} steps each), "
-                 f"run {k + 1} of {cfg.repeats} …")
-            argv = [sys.executable, "-m", VALIDATE_WORKER, str(work / f"{tag}.json"), str(work / f"{tag}-r{k}-")]
-            port = free_port()
-            procs = [cluster.spawn(r, argv, port=port, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-                     for r in range(ranks)]
-            collect(procs, 1800, wait_for)
+    tag, g = case_tag(cfg, ranks, bandwidth), cfg.ranks_per_node
+    with EmulatedCluster(ranks, bandwidth, cfg.delay, ranks_per_node=g) as cluster:
+        note(f"[{tag}] calibrating collectives{'' if g == 1 else ' (world, inside nodes, along rails)'} …")
+        measured = microbench(cluster, ranks, cfg.calib_sizes, cfg.calib_repeats, gpus_per_node=g)
+        for hierarchy in cfg.hierarchies:
+            (work / f"{tag}-{hierarchy}.json").write_text(json.dumps(worker_config(cfg, hierarchy)))
+            for k in range(cfg.repeats):
+                note(f"[{tag}] training {cfg.model} with {', '.join(cfg.compressors)} ({cfg.steps} steps each"
+                     f"{', node-aware' if hierarchy == 'node' else ''}), run {k + 1} of {cfg.repeats} …")
+                argv = [sys.executable, "-m", VALIDATE_WORKER, str(work / f"{tag}-{hierarchy}.json"),
+                        str(work / f"{tag}-{hierarchy}-r{k}-")]
+                port = free_port()
+                procs = [cluster.spawn(r, argv, port=port, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+                         for r in range(ranks)]
+                collect(procs, 1800, wait_for)
     topo = cfg.out_dir / "validation" / f"topo-{tag}.yaml"
     write_topology(topo, topology_text(topo.stem, ranks, fits_from(measured, ranks),
-                                       f"emulated cluster, {ranks} ranks, {link_label(cfg, bandwidth)}"))
-    times = [json.loads((work / f"{tag}-r{k}-times.json").read_text()) for k in range(cfg.repeats)]
-    profile = cfg.out_dir / "validation" / f"compute-{tag}.json"
-    profile.write_text(json.dumps(median_profile([json.loads((work / f"{tag}-r{k}-profile.json").read_text())
-                                                  for k in range(cfg.repeats)])))
-    return topo, profile, times
+                                       f"emulated cluster, {ranks} ranks, {link_label(cfg, bandwidth)}", g,
+                                       group_fits(measured)))
+    out = {}
+    for hierarchy in cfg.hierarchies:
+        stem = work / f"{tag}-{hierarchy}"
+        times = [json.loads(Path(f"{stem}-r{k}-times.json").read_text()) for k in range(cfg.repeats)]
+        profile = cfg.out_dir / "validation" / f"compute-{tag}{'' if hierarchy == 'flat' else '-node'}.json"
+        profile.write_text(json.dumps(median_profile([json.loads(Path(f"{stem}-r{k}-profile.json").read_text())
+                                                      for k in range(cfg.repeats)])))
+        out[hierarchy] = (profile, times)
+    return topo, out
 
 
 def median_profile(profiles: list[dict[str, Any]]) -> dict[str, Any]:
@@ -112,7 +126,7 @@ def core_sharing(ranks: int) -> float:
 
 
 def _predict(cfg: ValidateConfig, topo: Path, trace: Path, profile: Path,
-             compress_scale: float | dict[str, float] = 1.0) -> dict[str, dict[str, float]]:
+             compress_scale: float | dict[str, float] = 1.0, hierarchy: str = "flat") -> dict[str, dict[str, float]]:
     import torch
 
     from arcsim.run.analysis import Analysis, RunConfig
@@ -120,7 +134,7 @@ def _predict(cfg: ValidateConfig, topo: Path, trace: Path, profile: Path,
     run = RunConfig(topology=str(topo), trace=str(trace), compressors=tuple(cfg.compressors),
                     density=cfg.density, memory=cfg.memory, bucket_mb=cfg.bucket_mb, policy="none",
                     ratios=(cfg.density,), compute_profile=str(profile), seed=cfg.seed, allow_capture=False,
-                    compress_scale=compress_scale)
+                    compress_scale=compress_scale, hierarchy=hierarchy)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # time compression as a rank runs it (one thread, as torchrun sets)
     try:
@@ -132,22 +146,24 @@ def _predict(cfg: ValidateConfig, topo: Path, trace: Path, profile: Path,
 
 
 def compare(cfg: ValidateConfig, ranks: int, label: str, topo: Path, trace: Path, profile: Path,
-            runs: list[dict[str, Any]], sharing: float = 1.0) -> list[dict[str, Any]]:
+            runs: list[dict[str, Any]], sharing: float = 1.0, hierarchy: str = "flat") -> list[dict[str, Any]]:
     """Predict every compressor of one measured case and pair it with the measurement: the median over the
     runs of each run's median iteration, the runs' min–max as the spread, and the pooled 10th–90th
     percentiles of single iterations. Compression is scaled by what the worker measured of it as run
-    (``compress_scale`` in the profile); a profile without it by ``sharing`` (ranks ÷ cores)."""
+    (``compress_scale`` in the profile); a profile without it by ``sharing`` (ranks ÷ cores). ``hierarchy``:
+    how the runs compressed (flat, or node-aware), and so how they are predicted."""
     extra = json.loads(profile.read_text()).get("extra", {})
     measured_scale, where = extra.get("compress_scale"), extra.get("machine", "unknown")
     compress_scale = {c: measured_scale.get(c, sharing) for c in cfg.compressors} if measured_scale else sharing
-    predicted = _predict(cfg, topo, trace, profile, compress_scale)
+    predicted = _predict(cfg, topo, trace, profile, compress_scale, hierarchy)
     rows = []
     for name in cfg.compressors:
         medians = [float(np.median(run[name]["iteration_s"])) for run in runs]
         pooled = np.concatenate([np.asarray(run[name]["iteration_s"]) for run in runs])
         measured, lo, hi = float(np.median(medians)), min(medians), max(medians)
         p = predicted[name]
-        rows.append({"ranks": ranks, "bandwidth": label, "machine": where, "model": cfg.model, "compressor": name,
+        rows.append({"ranks": ranks, "ranks_per_node": cfg.ranks_per_node, "hierarchy": hierarchy,
+                     "bandwidth": label, "machine": where, "model": cfg.model, "compressor": name,
                      "density": cfg.density if name not in ("dense", "fp16", "bf16") else 1.0,
                      "collective": "allgather" if name in AG_FAMILY else "allreduce",
                      "measured": measured * 1e3, "predicted": p["iteration_s"] * 1e3,
@@ -181,11 +197,11 @@ def measured_phases(runs: list[dict[str, Any]]) -> dict[str, float]:
     return out
 
 
-def worker_config(cfg: ValidateConfig) -> dict[str, Any]:
+def worker_config(cfg: ValidateConfig, hierarchy: str = "flat") -> dict[str, Any]:
     """What every rank of the validation worker needs (written as JSON for torchrun on a real cluster)."""
     return {"model": cfg.model, "dataset": cfg.dataset, "batch": cfg.batch, "seed": cfg.seed, "steps": cfg.steps,
             "warmup": cfg.warmup, "bucket_mb": cfg.bucket_mb, "density": cfg.density, "memory": cfg.memory,
-            "compressors": list(cfg.compressors)}
+            "compressors": list(cfg.compressors), "gpus_per_node": cfg.ranks_per_node, "hierarchy": hierarchy}
 
 
 def run_validation(cfg: ValidateConfig, note: Callable[[str], None] = print) -> list[dict[str, Any]]:
@@ -208,9 +224,10 @@ def run_validation(cfg: ValidateConfig, note: Callable[[str], None] = print) -> 
             note(f"capturing a {cfg.model} trace with {ranks} workers …")
             trace = _trace(cfg, ranks)
             for bandwidth in todo:
-                topo, profile, runs = _case(cfg, ranks, bandwidth, Path(tmp), note)
-                case = compare(cfg, ranks, link_label(cfg, bandwidth), topo, trace, profile, runs,
-                               core_sharing(ranks))
+                topo, by_hierarchy = _case(cfg, ranks, bandwidth, Path(tmp), note)
+                case = [row for hierarchy, (profile, runs) in by_hierarchy.items()
+                        for row in compare(cfg, ranks, link_label(cfg, bandwidth), topo, trace, profile, runs,
+                                           core_sharing(ranks), hierarchy)]
                 keep_case(cfg, case)
                 rows += case
     order = {(r, link_label(cfg, b)): i for i, (r, b) in enumerate((r, b) for r in cfg.ranks for b in cfg.bandwidths)}
@@ -223,7 +240,7 @@ def cases_path(cfg: ValidateConfig) -> Path:
 
 def _settings(cfg: ValidateConfig) -> dict[str, Any]:
     """What a finished case depends on besides its ranks and link: a resumed run must match all of it."""
-    return {**worker_config(cfg), "delay": cfg.delay, "repeats": cfg.repeats,
+    return {**worker_config(cfg), "hierarchies": list(cfg.hierarchies), "delay": cfg.delay, "repeats": cfg.repeats,
             "calib_sizes": list(cfg.calib_sizes), "calib_repeats": cfg.calib_repeats}
 
 
@@ -278,16 +295,31 @@ def validate_measured(cfg: ValidateConfig, measured: Path, topology: Path,
     return compare(cfg, ranks, topology.stem, topology, _trace(cfg, ranks), profile, runs)
 
 
+def setting(row: dict[str, Any]) -> tuple[int, str, str]:
+    """A row's cluster setting: ranks, link and hierarchy (rows from before hierarchies were flat)."""
+    return int(row["ranks"]), str(row["bandwidth"]), str(row.get("hierarchy", "flat"))
+
+
+def setting_label(key: tuple[int, str, str], per_node: int = 1) -> str:
+    ranks, bandwidth, hierarchy = key
+    nodes = "" if per_node == 1 else f" ({per_node} per node)"
+    return f"{ranks} ranks{nodes}, {bandwidth}" + ("" if hierarchy == "flat" else ", node-aware")
+
+
+def _mape(rows: list[dict[str, Any]], field: str) -> dict[str, float]:
+    return {v: float(np.mean([abs(r["error"]) for r in rows if str(r.get(field, "flat")) == v]))
+            for v in dict.fromkeys(str(r.get(field, "flat")) for r in rows)}
+
+
 def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
     """MAPE over the cases' medians, the share of predictions inside the measured spread, the MAPE per
-    compressor, and whether the predicted faster of all-gather and all-reduce matches the measured one."""
+    compressor and per hierarchy, and whether the predicted faster of all-gather and all-reduce matches the
+    measured one."""
     mape = float(np.mean([abs(r["error"]) for r in rows])) if rows else float("nan")
     inside = sum(bool(r.get("inside_spread")) for r in rows)
-    per_compressor = {name: float(np.mean([abs(r["error"]) for r in rows if r["compressor"] == name]))
-                      for name in dict.fromkeys(r["compressor"] for r in rows)}
     checks = []
-    for key in sorted({(r["ranks"], r["bandwidth"]) for r in rows}):
-        case = [r for r in rows if (r["ranks"], r["bandwidth"]) == key]
+    for key in sorted({setting(r) for r in rows}):
+        case = [r for r in rows if setting(r) == key]
         ag = [r for r in case if r["collective"] == "allgather"]
         ar = [r for r in case if r["collective"] == "allreduce" and r["compressor"] not in ("dense", "fp16", "bf16")]
         if not ag or not ar:
@@ -297,12 +329,12 @@ def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
         gap = abs(best_ag["measured_s"] / best_ar["measured_s"] - 1)
         measured_ag = best_ag["measured_s"] < best_ar["measured_s"]
         predicted_ag = min(r["predicted_s"] for r in ag) < min(r["predicted_s"] for r in ar)
-        checks.append({"ranks": key[0], "bandwidth": key[1], "measured_gap": gap,
+        checks.append({"ranks": key[0], "bandwidth": key[1], "hierarchy": key[2], "measured_gap": gap,
                        "measured_faster": "allgather" if measured_ag else "allreduce",
                        "predicted_faster": "allgather" if predicted_ag else "allreduce",
                        "counts": gap > 0.10, "agrees": measured_ag == predicted_ag})
-    return {"mape": mape, "cases": len(rows), "inside_spread": inside, "mape_by_compressor": per_compressor,
-            "ag_ar": checks}
+    return {"mape": mape, "cases": len(rows), "inside_spread": inside, "mape_by_compressor": _mape(rows, "compressor"),
+            "mape_by_hierarchy": _mape(rows, "hierarchy"), "ag_ar": checks}
 
 
 def write_outputs(rows: list[dict[str, Any]], out_dir: Path) -> tuple[Path, Path]:
@@ -320,10 +352,11 @@ def write_outputs(rows: list[dict[str, Any]], out_dir: Path) -> tuple[Path, Path
     from arcsim.plotting import MARKERS, PALETTE
 
     names = sorted({r["compressor"] for r in rows})
-    settings = sorted({(r["ranks"], str(r["bandwidth"])) for r in rows})  # bandwidth: a label (1Gbit, cluster)
-    for i, name in enumerate(names):  # colour: compressor; marker: cluster setting (ranks, link rate)
-        for j, (ranks, bandwidth) in enumerate(settings):
-            pts = [r for r in rows if r["compressor"] == name and (r["ranks"], r["bandwidth"]) == (ranks, bandwidth)]
+    settings = sorted({setting(r) for r in rows})  # bandwidth: a label (1Gbit, cluster)
+    per_node = int(rows[0].get("ranks_per_node", 1))
+    for i, name in enumerate(names):  # colour: compressor; marker: cluster setting (ranks, link rate, hierarchy)
+        for j, key in enumerate(settings):
+            pts = [r for r in rows if r["compressor"] == name and setting(r) == key]
             if pts:
                 ax.errorbar([r["measured"] for r in pts], [r["predicted"] for r in pts],
                             xerr=[[r["measured"] - r["spread_min"] for r in pts],
@@ -332,7 +365,7 @@ def write_outputs(rows: list[dict[str, Any]], out_dir: Path) -> tuple[Path, Path
     colour_keys = [Line2D([], [], color=PALETTE[i % len(PALETTE)], marker="o", ls="", label=n)
                    for i, n in enumerate(names)]
     marker_keys = [Line2D([], [], color="k", marker=MARKERS[j % len(MARKERS)], ls="", mfc="none",
-                          label=f"{ranks} ranks, {bandwidth}") for j, (ranks, bandwidth) in enumerate(settings)]
+                          label=setting_label(key, per_node)) for j, key in enumerate(settings)]
     lo = min(min(r["measured_s"], r["predicted_s"]) for r in rows) * 1e3 * 0.8
     hi = max(max(r["measured_s"], r["predicted_s"]) for r in rows) * 1e3 * 1.2
     ax.plot([lo, hi], [lo, hi], "k-", lw=1, label="prediction = measurement")
@@ -342,7 +375,7 @@ def write_outputs(rows: list[dict[str, Any]], out_dir: Path) -> tuple[Path, Path
     ax.set_xlabel(f"measured iteration time (ms; median of {rows[0]['runs']} runs, bars: their min–max)")
     ax.set_ylabel("arcsim's predicted iteration time (ms)")
     s = summary(rows)
-    ax.set_title(f"Validation: {rows[0]['model']}, {len({(r['ranks'], r['bandwidth']) for r in rows})} cluster "
+    ax.set_title(f"Validation: {rows[0]['model']}, {len(settings)} cluster "
                  f"settings on {rows[0].get('machine', 'an unnamed machine')}\nMAPE {s['mape']:.1%} "
                  f"over {s['cases']} cases' medians; {s['inside_spread']} of {s['cases']} inside the measured spread",
                  fontsize=10)

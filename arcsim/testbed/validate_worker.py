@@ -32,7 +32,8 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from arcsim.comm.distributed import DistributedComm, run_gloo_job
-from arcsim.hooks import CompressionState, compression_hook
+from arcsim.compressors.hierarchy import slice_bounds, slice_layout, slice_seed
+from arcsim.hooks import CompressionState, NodeGroups, compression_hook, node_groups
 from arcsim.models import loss_fn, model_entry
 from arcsim.models.datasets import make_dataset
 from arcsim.traces.profile import ComputeProfile, LayerTiming, device_name
@@ -123,10 +124,12 @@ def _no_communication(state, bucket):  # unannotated: DDP checks annotations, an
 
 
 class TimedComm(DistributedComm):
-    """DistributedComm that records the seconds each collective takes (waiting for peers included)."""
+    """DistributedComm that records the seconds each collective takes (waiting for peers included). Node-aware
+    (over a rail): the compressor's collectives between nodes; the dense steps inside the node are the hook's
+    own calls, so they count as its local work."""
 
-    def __init__(self) -> None:
-        super().__init__()
+    def __init__(self, group: dist.ProcessGroup | None = None, name: str = "world") -> None:
+        super().__init__(group, name)
         self.calls: list[float] = []  # this iteration's collectives, in order
 
     def _timed(self, call, *args, **kwargs):  # unannotated: the three collectives return different things
@@ -148,21 +151,28 @@ class TimedComm(DistributedComm):
 PHASES = ("before_hook_s", "hook_local_s", "hook_comm_s", "after_hook_s")
 
 
-def train_times(cfg: dict, compressor: str, rank: int, world: int) -> tuple[list[float], list[float], dict]:
+def node_groups_for(cfg: dict) -> NodeGroups | None:
+    """Node-aware runs (``hierarchy`` node): this rank's node and rail groups (every rank makes them all)."""
+    return node_groups(cfg["gpus_per_node"]) if cfg.get("hierarchy", "flat") == "node" else None
+
+
+def train_times(cfg: dict, compressor: str, rank: int, world: int,
+                nodes: NodeGroups | None = None) -> tuple[list[float], list[float], dict]:
     """Per-iteration times (slowest rank), the time spent inside the hook (this rank), and every rank's
     per-iteration phases: before the first hook call (forward, backward up to the bucket), the hook's local
     work, its collectives (waiting for the other ranks included) and what follows the hook (rest of backward,
     DDP's copies, the optimizer step).
 
-    ``compressor`` "noop" runs DDP with a hook that communicates nothing (the framework's own cost)."""
+    ``compressor`` "noop" runs DDP with a hook that communicates nothing (the framework's own cost); ``nodes``:
+    node-aware compression over those groups."""
     entry, ds, net = _setup(cfg)
     ddp = DDP(net, bucket_cap_mb=cfg["bucket_mb"])
     in_hook, first_call = [0.0], [0.0]
-    comm = TimedComm()
+    comm = TimedComm() if nodes is None else TimedComm(nodes.rail, "inter")
     if compressor == "noop":
         ddp.register_comm_hook(None, _no_communication)
     elif compressor != "none":
-        state = CompressionState(compressor, cfg["density"], _memory(cfg, compressor), seed=cfg["seed"])
+        state = CompressionState(compressor, cfg["density"], _memory(cfg, compressor), seed=cfg["seed"], nodes=nodes)
         state._comm = comm  # the hook's collectives, timed
 
         def timed_hook(state, bucket):  # unannotated: DDP checks annotations, and this module defers them
@@ -203,7 +213,7 @@ def train_times(cfg: dict, compressor: str, rank: int, world: int) -> tuple[list
 COMPRESS_REPEATS = 11  # timed compressions per compressor, after one untimed
 
 
-def compression_as_run(cfg: dict, rank: int, world: int) -> dict[str, float]:
+def compression_as_run(cfg: dict, rank: int, world: int, nodes: NodeGroups | None = None) -> dict[str, float]:
     """How much longer each compressor's local work takes in training than arcsim times it alone, per compressor.
 
     After a backward, from a barrier until the LAST rank has compressed (a second barrier), with all ranks
@@ -212,7 +222,9 @@ def compression_as_run(cfg: dict, rank: int, world: int) -> dict[str, float]:
     other ranks waiting). A property of the machine, like compute as run: ranks sharing cores, the work a
     backward leaves behind, caches the backward filled with other data; near 1 where each rank has its own
     cores. (Subtracting the same bracket after a backward with nothing in it instead drops what the backward
-    leaves behind, which the hook does pay: measured, it under-predicts the 4-rank cases by 12–43 %.)"""
+    leaves behind, which the hook does pay: measured, it under-predicts the 4-rank cases by 12–43 %.)
+    Node-aware (``nodes``): each rank compresses its slice of the gradient over its rail, as in the hook, over
+    the one-rank timing of slice 0 (as ``arcsim run`` times a node-aware bucket)."""
     from arcsim.comm.solo import SoloComm
     from arcsim.compressors.base import layout_of
     from arcsim.compressors.memory import make_memory
@@ -242,6 +254,16 @@ def compression_as_run(cfg: dict, rank: int, world: int) -> dict[str, float]:
             times.append(time.perf_counter() - started)
         return float(torch.tensor(_max_over_ranks(times[1:])).median()), g
 
+    parts = 1 if nodes is None else nodes.gpus_per_node
+    bounds = slice_bounds(sum(p.numel() for p in params), parts, layout)
+    own = 0 if nodes is None else nodes.local_rank
+    mine, first = (slice_layout(layout, *bounds[own]), slice_layout(layout, *bounds[0])) if nodes else (layout, layout)
+    peers = world if nodes is None else nodes.nodes
+
+    def part(g: torch.Tensor, which: int) -> torch.Tensor:  # a node-aware rank's slice of its node's mean
+        lo, hi = bounds[which]
+        return g if nodes is None else (g[:, lo:hi] / parts).contiguous()
+
     empty, _ = bracketed(lambda k, g: None, after_backward=False)
     scales = {}
     for name in cfg["compressors"]:
@@ -249,25 +271,28 @@ def compression_as_run(cfg: dict, rank: int, world: int) -> dict[str, float]:
             continue
         memory = _memory(cfg, name)
         state = CompressionState(name, cfg["density"], memory, seed=cfg["seed"])
-        comp, mem, solo = state.make(cfg["seed"]), make_memory(memory), SoloComm(world, rank)
-        took, g = bracketed(lambda k, g, comp=comp, mem=mem, solo=solo: mem.step(g, comp, solo, k, layout))
+        seed = cfg["seed"] if nodes is None else slice_seed(cfg["seed"], 0, own)
+        comp, mem, solo = state.make(seed), make_memory(memory), SoloComm(peers, rank // parts)
+        took, g = bracketed(lambda k, g, comp=comp, mem=mem, solo=solo: mem.step(part(g, own), comp, solo, k, mine))
         if rank == 0:
-            alone = one_rank_seconds(g.expand(world, -1), name, cfg["density"], memory, cfg["seed"],
-                                     state.options_for_compressor(), layout)
+            alone = one_rank_seconds(part(g, 0).expand(peers, -1), name, cfg["density"], memory, seed,
+                                     state.options_for_compressor(), first)
             scales[name] = max(took - empty, alone) / alone
         dist.barrier()
     return scales
 
 
 def run(cfg: dict, prefix: str) -> None:
-    """This rank's part: compute before, DDP's own overhead, every compressor, compute after; rank 0 writes."""
+    """This rank's part: compute before, DDP's own overhead, every compressor (node-aware with ``hierarchy``
+    node), compute after; rank 0 writes."""
     rank, world = dist.get_rank(), dist.get_world_size()
+    nodes = node_groups_for(cfg)
     before = compute_profile(cfg, rank, world)
     noop, _, _ = train_times(cfg, "noop", rank, world)
-    compress_scale = compression_as_run(cfg, rank, world)
+    compress_scale = compression_as_run(cfg, rank, world, nodes)
     results = {}
     for c in cfg["compressors"]:
-        times, hooks, phases = train_times(cfg, c, rank, world)
+        times, hooks, phases = train_times(cfg, c, rank, world, nodes)
         results[c] = {"iteration_s": times, "hook_s": hooks, "phases": phases}
     after = compute_profile(cfg, rank, world)
     profile = min(before, after, key=lambda p: p.compute_s)
