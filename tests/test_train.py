@@ -118,11 +118,38 @@ def test_target_never_reached_is_reported_not_an_error():
     (("--workers", "200", "--batch", "16"), "exceeds the"),
     (("--seeds", "a"), "'--seeds': value 1 of 'a': 'a' is not a number"),
     (("--topology", "moon"), "unknown topology"),
+    (("--hierarchy", "node"), "give --topology with two or more GPUs per node"),
+    (("--hierarchy", "node", "-t", "8x1-eth10"), "give --topology with two or more GPUs per node"),
+    (("--hierarchy", "node", "-t", "2x8-ib100", "-w", "3"), "cannot be grouped"),
+    (("--hierarchy", "both", "-t", "2x2-eth10"), "train runs one hierarchy"),
+    (("--hierarchy", "node", "-t", "2x2-eth10", "--network-schedule", "s.yaml"), "not written yet"),
 ])
 def test_bad_requests_are_one_line_exit_2(args, fragment, tmp_path):
     r = run_cli("train", *args, "-o", str(tmp_path / "t"), timeout=120)
     assert r.returncode == 2 and fragment in r.stderr, r.stderr
     assert not (tmp_path / "t").exists()
+
+
+def test_node_aware_training_dense_is_flat_dense_and_topk_sends_only_between_nodes(tmp_path):
+    """Node-aware dense is the flat mean (the same run, step for step); node-aware Top-K's records are the node's
+    reduce-scatter and all-gather and one rail's all-gather, and its steps are priced on the 2 × 2 topology."""
+    flat = TrainConfig(**SMALL, compressors=("dense",))
+    node = TrainConfig(**SMALL, compressors=("dense", "topk"), hierarchy="node", gpus_per_node=2)
+    setup = prepare(flat)
+    np.testing.assert_allclose(train(node, setup, "dense", seed=1).loss, train(flat, setup, "dense", seed=1).loss,
+                               rtol=1e-5)
+    hist = train(node, setup, "topk", seed=1)
+    assert hist.measurement.hierarchy == "node" and all(np.isfinite(hist.loss))
+    groups = [(r.op, r.group) for bucket in hist.measurement.records[0] for r in bucket]
+    assert groups == [("reducescatter", "node"), ("allgather", "inter"), ("allgather", "node")] * len(setup.buckets)
+    out = tmp_path / "t"
+    r = run_cli("train", "--model", "mlp", "-c", "dense,topk", "--steps", "8", "--eval-every", "4", "--workers", "4",
+                "--batch", "8", "-t", "2x2-eth10", "--hierarchy", "node", "-o", str(out), timeout=600)
+    assert r.returncode == 0, r.stderr
+    assert "node-aware (2 nodes × 2)" in r.stderr
+    history = load_history(out)
+    assert np.isfinite(history["time_s"]).all() and set(history["compressor"]) == {"dense", "topk"}
+    assert '"hierarchy": "node"' in (out / "config.json").read_text()
 
 
 def test_cli_end_to_end_with_seeds_topology_and_target(tmp_path):

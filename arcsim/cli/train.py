@@ -60,6 +60,9 @@ if TYPE_CHECKING:
               help="Seeds, comma-separated (≥ 3 to judge noise).")
 @click.option("--topology", "-t", default=None, help="Price every step on this topology (wall-clock axis).")
 @click.option("--engine", default="analytic", show_default=True, type=click.Choice(["analytic", "des"]))
+@click.option("--hierarchy", default="flat", show_default=True,
+              help="flat, or node: dense inside each node of --topology, compressed between nodes (the workers "
+                   "grouped into nodes as arcsim run groups them).")
 @click.option("--gpu", default=None, help="Price steps on this GPU instead of the topology's (cpu: as measured here).")
 @library_option
 @click.option("--fusion", type=click.Choice(FUSIONS), default="bucket", show_default=True,
@@ -97,7 +100,8 @@ if TYPE_CHECKING:
 @scope_option
 def train(model: str, model_args: tuple[str, ...], data: str | None, dataset: str | None, workers: int,
           compressors: str, density: float, memory: str, steps: int, batch: int, eval_every: int,
-          seeds: tuple[int, ...], topology: str | None, engine: str, gpu: str | None, library: str | None,
+          seeds: tuple[int, ...], topology: str | None, engine: str, hierarchy: str, gpu: str | None,
+          library: str | None,
           fusion: str, compute_profile: str | None, target: float | None, target_loss: float | None,
           out: str | None, json_out: str | None, scope: str, precision: str, schedule: str | None = None,
           policies: str | None = None, candidates: str | None = None, ratios: tuple[float, ...] | None = None,
@@ -119,12 +123,24 @@ def train(model: str, model_args: tuple[str, ...], data: str | None, dataset: st
                           "drop --data and give --dataset digits, mnist1d or python-text")
     dataset = source.dataset_for(dataset, None)
     settings = optimizer_settings(optimizer)
+    if hierarchy != "flat" and schedule is not None:
+        raise ArcsimError("--hierarchy node with --network-schedule is not written yet: the policies switch flat "
+                          "compressors; drop one of them")
+    gpus_per_node = 0
+    if hierarchy != "flat" and topology:
+        from arcsim.topology import load_topology
+
+        gpus_per_node = load_topology(topology).gpus_per_node
     cfg = TrainConfig(model=model, model_args=model_args, dataset=dataset or "", workers=workers,
                       compressors=tuple(c.strip() for c in compressors.split(",") if c.strip()), density=density,
                       memory=memory, steps=steps, batch=batch, eval_every=eval_every,
                       seeds=seeds, compute_profile=compute_profile, scope=scope, fusion=fusion, precision=precision,
-                      **settings)
+                      hierarchy=hierarchy, gpus_per_node=gpus_per_node, **settings)
     cfg.check()
+    grouping = cfg.grouping()
+    if grouping is not None:
+        note(f"node-aware ({grouping.label()}): the {workers} workers as nodes, dense inside each, compressed "
+             f"between them; priced on nodes of {gpus_per_node}")
     if schedule is not None:
         from arcsim.cli.train_schedule import train_under_schedule
 
@@ -167,7 +183,8 @@ def train(model: str, model_args: tuple[str, ...], data: str | None, dataset: st
         _table(summary, goal, topology)
         for line in claims(summary, goal):
             console.print(f"  {line}")
-    what = f"{source.label} on {dataset}, {workers} workers, density {density:g}, {memory}"
+    what = (f"{source.label} on {dataset}, {workers} workers, density {density:g}, {memory}"
+            + ("" if grouping is None else f", node-aware ({grouping.label()})"))
     metric = goal.metric if goal is not None else "accuracy"
     written = [accuracy_plot(history, "step", directory / f"{metric}_vs_step.png", f"Held-out {metric} — {what}",
                              goal)]

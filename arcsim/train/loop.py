@@ -23,6 +23,7 @@ import torch
 
 from arcsim.catalog import FUSIONS, check_compression, fusion_message
 from arcsim.compressors.base import Layer
+from arcsim.compressors.hierarchy import Grouping, group_workers
 from arcsim.errors import ArcsimError
 from arcsim.files import writable_cache_dir
 from arcsim.models.datasets import DATASETS, Dataset, make_dataset
@@ -57,6 +58,8 @@ class TrainConfig:
     betas: tuple[float, float] | None = None  # adamw's ((0.9, 0.999) when None)
     weight_decay: float = 0.0
     precision: str = "fp32"       # fp32, or bf16 autocast
+    hierarchy: str = "flat"       # flat, or node: node-aware compression (arcsim.compressors.hierarchy)
+    gpus_per_node: int = 0        # node-aware: the priced topology's GPUs per node
 
     @property
     def source(self) -> ModelSource:
@@ -71,7 +74,9 @@ class TrainConfig:
         directories still resume)."""
         given = {"model_args": list(self.model_args), "optimizer": self.optimizer,
                  "betas": list(self.betas) if self.betas else None, "weight_decay": self.weight_decay,
-                 "precision": None if self.precision == "fp32" else self.precision}
+                 "precision": None if self.precision == "fp32" else self.precision,
+                 "hierarchy": None if self.hierarchy == "flat" else self.hierarchy,
+                 "gpus_per_node": self.gpus_per_node if self.hierarchy != "flat" else None}
         return {k: v for k, v in given.items() if v}
 
     def check(self) -> None:
@@ -103,6 +108,19 @@ class TrainConfig:
             raise ArcsimError("--seeds is empty; give at least one, e.g. 0,1,2")
         if self.fusion not in FUSIONS:
             raise ArcsimError(fusion_message(self.fusion))
+        if self.hierarchy not in ("flat", "node"):
+            raise ArcsimError(f"--hierarchy {self.hierarchy}: train runs one hierarchy, flat or node (both is for "
+                              "arcsim run, which prices each compressor both ways)")
+        self.grouping()  # node-aware: the workers must make two or more nodes
+
+    def grouping(self) -> Grouping | None:
+        """Node-aware: the workers grouped into nodes of the priced topology (None: flat)."""
+        if self.hierarchy == "flat":
+            return None
+        if self.gpus_per_node < 2:
+            raise ArcsimError("--hierarchy node compresses between nodes of a topology: give --topology with two or "
+                              "more GPUs per node (e.g. 4x8-eth25-a100-nvlink)")
+        return group_workers(self.workers, self.gpus_per_node)
 
 
 @dataclass
@@ -218,9 +236,10 @@ class TrainingRun:
         self.opt = build_optimizer(self.model.parameters(), cfg.optimizer_name, cfg.lr or setup.source.default_lr,
                                    sgd_momentum(cfg), cfg.betas, cfg.weight_decay)
         self.bc = BucketedCompression(setup.buckets, compressor, cfg.density if density is None else density,
-                                      cfg.memory, seed=seed, options={"scope": cfg.scope}, timed=timed)
+                                      cfg.memory, seed=seed, options={"scope": cfg.scope}, timed=timed,
+                                      grouping=cfg.grouping())
         self.hist = History(compressor, seed, self.bc.memory,
-                            Measurement(compressor, self.bc.density, self.bc.memory, setup.elements))
+                            Measurement(compressor, self.bc.density, self.bc.memory, setup.elements, cfg.hierarchy))
         self.generator = torch.Generator().manual_seed(seed).get_state()  # a state: Generators do not pickle
         self.step = 0  # the next step to train
 
