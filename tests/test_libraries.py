@@ -12,7 +12,7 @@ from arcsim.collectives import build
 from arcsim.collectives.libraries import LIBRARIES, get_library
 from arcsim.collectives.libraries.gloo import STEP_OVERHEAD_S, TCP
 from arcsim.errors import CollectiveError
-from arcsim.netsim import analytic
+from arcsim.netsim import analytic, estimate
 from arcsim.pricing import Pricer, plan, price_collective
 from arcsim.topology import Calibrated, load_topology
 
@@ -61,6 +61,25 @@ def test_nccl_ring_over_one_node_is_its_tuning_formula():
     assert simple.protocol.base_s + analytic.schedule_time(build("allreduce", "ring", n, links), links) == \
         pytest.approx(expected, rel=1e-9)
     assert res[0].time_s <= expected * (1 + 1e-9)  # NCCL takes the cheapest protocol
+
+
+def test_nccl_ring_across_nodes_pays_the_network_latency_only_on_the_hops_that_cross():
+    """8 nodes × 8 GPUs, a tiny all-gather on ring LL: NCCL's latency term is base 6.6 µs + 7 crossing steps ×
+    the network's 5 µs (over its LL hop 2.7) + 56 steps × the in-node hop (LL 0.6, raised to the 1 µs network
+    overhead of a multi-node ring) = 97.6 µs (tuning.cc), where lock-step steps would charge 63 × 5 µs."""
+    t = load_topology("8x8-ib100")
+    n = 64.0 * 8  # 8 bytes per rank
+    ll = next(c for c in get_library("nccl").choices("allgather", "ring", n, t) if c.protocol.name == "LL")
+    links = ll.protocol.links(t)
+    for engine in ("analytic", "des"):
+        took = ll.protocol.base_s + estimate(build("allgather", "ring", n, links), links, engine).time_s
+        assert took == pytest.approx(6.6e-6 + 7 * 5e-6 + 56 * 1.0e-6, rel=0.01), engine
+    flat = load_topology("8x1-ib100")  # one GPU per node: every step crosses, nothing changes
+    one = next(c for c in get_library("nccl").choices("allgather", "ring", 64.0, flat) if c.protocol.name == "LL")
+    assert one.protocol.latency_scale == 1.0 and one.protocol.step_overhead_s == 0.0
+    ar = next(c for c in get_library("nccl").choices("allreduce", "ring", n, t) if c.protocol.name == "LL")
+    share = 16 / 126  # all-reduce: 2 · 8 crossing steps of 2 · 63 (tuning.cc's nInterSteps)
+    assert ar.protocol.latency_scale == pytest.approx(share)
 
 
 def test_rings_use_every_nic():

@@ -60,6 +60,30 @@ def protocol(algo: str, proto: int, topo: Topology) -> Protocol:
                     hop_inter_s=inter * 1e-6, efficiency=efficiency, chunk_bytes=STEP_BYTES[proto])
 
 
+def ring_steps(op: str, topo: Topology) -> tuple[int, int]:
+    """(steps, steps that cross nodes) of NCCL's ring latency term (tuning.cc: nsteps and nInterSteps)."""
+    p, n = topo.ranks, topo.nodes
+    if op == "allreduce":
+        return 2 * (p - 1), 2 * n if n > 1 else 0
+    return p - 1, n - 1  # all-gather, reduce-scatter
+
+
+def ring_chain(proto: Protocol, op: str, topo: Topology) -> Protocol:
+    """A ring over nodes of several GPUs, as NCCL's ring runs: each rank forwards a piece as soon as it
+    arrives (up to NCCL_STEPS pieces in flight), so a small message pays the network's latency only on the
+    hops of its way round that cross nodes and the in-node hop latency on the others — not the slowest hop
+    at every step, as lock-step steps would (on 8 GPUs per node that charges the network 7 times too often).
+    Every step is given the mean hop latency of that way round, which sums to NCCL's own ring latency term:
+    crossing steps × max(network hop, link latency) + the other steps × in-node hop."""
+    steps, crossing = ring_steps(op, topo)
+    if topo.nodes < 2 or topo.gpus_per_node < 2 or steps == 0:
+        return proto
+    share, intra = min(1.0, crossing / steps), proto.hop_intra_s or 0.0
+    floor = share * proto.hop_inter_s + (1 - share) * intra
+    return dataclasses.replace(proto, hop_intra_s=floor, hop_inter_s=floor,
+                               latency_scale=share * proto.latency_scale, step_overhead_s=(1 - share) * intra)
+
+
 PIPELINE_DEPTH = {  # hops from the root to the farthest rank
     "tree": lambda t: node_tree_depth(t.nodes, t.gpus_per_node),
     "chain": lambda t: t.ranks - 1,
@@ -92,5 +116,5 @@ class Nccl(Library):
                     proto = pipelined(proto, PIPELINE_DEPTH[a](topo), chunks)
                     out.append(Choice(a, proto, chunks))
                 else:
-                    out.append(Choice(a, proto))
+                    out.append(Choice(a, ring_chain(proto, op, topo) if a == "ring" else proto))
         return out
