@@ -14,6 +14,7 @@ The network seen by a message, as resources with a bandwidth each:
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 import os
 import re
@@ -91,18 +92,41 @@ class Calibrated:
     ranks: int = 0      # rank count it was measured at
     library: str = ""   # the library that ran the measured collectives (calibrate: gloo)
     small: Band | None = None
+    # (size, seconds) measured, sizes increasing and times not decreasing: priced between them by interpolation
+    measured: tuple[tuple[float, float], ...] = ()
+    burst: float = 0.0  # bytes the line carries at no cost (a token bucket's burst): latency + (size − burst)⁺ / bw
 
     def scaled(self, bandwidth: float = 1.0, latency: float = 1.0) -> Calibrated:
-        """The same fits on a network ``bandwidth`` times as fast and with ``latency`` times the latency."""
+        """The same fits on a network ``bandwidth`` times as fast and with ``latency`` times the latency; each
+        measured point moves as the lines do at its size (its distance from them kept as a ratio)."""
         small = None if self.small is None else Band(self.small.up_to, self.small.latency * latency,
                                                      self.small.bandwidth * bandwidth)
-        return dataclasses.replace(self, latency=self.latency * latency, bandwidth=self.bandwidth * bandwidth,
-                                   small=small)
+        out = dataclasses.replace(self, latency=self.latency * latency, bandwidth=self.bandwidth * bandwidth,
+                                  small=small, measured=())
+        return dataclasses.replace(out, measured=tuple((n, t * out.line(n) / self.line(n)) for n, t in self.measured))
 
-    def time(self, nbytes: float) -> float:
+    def line(self, nbytes: float) -> float:
+        """The fitted model: latency + (size − burst)⁺ / bandwidth, the small band's line up to its size."""
         if self.small is not None and nbytes <= self.small.up_to:
             return self.small.latency + nbytes / self.small.bandwidth
-        return self.latency + nbytes / self.bandwidth
+        return self.latency + max(0.0, nbytes - self.burst) / self.bandwidth
+
+    def time(self, nbytes: float) -> float:
+        """The fitted model through the measured points: at a measured size its time; between two, straight
+        from one to the other in the model's time (the model gives the shape — a burst's knee, say — and the
+        points the level; monotone as both are); beyond them the model scaled to meet the nearest point;
+        without points the model."""
+        pts = self.measured
+        if len(pts) < 2:
+            return self.line(nbytes)
+        if nbytes <= pts[0][0] or nbytes >= pts[-1][0]:
+            n, t = pts[0] if nbytes <= pts[0][0] else pts[-1]
+            return t * self.line(nbytes) / self.line(n)
+        hi = next(i for i, (n, _) in enumerate(pts) if n >= nbytes)
+        (n0, t0), (n1, t1) = pts[hi - 1], pts[hi]
+        u0, u1 = self.line(n0), self.line(n1)
+        along = (self.line(nbytes) - u0) / (u1 - u0) if u1 > u0 else (nbytes - n0) / (n1 - n0)
+        return t0 + (t1 - t0) * along
 
 
 @dataclass(frozen=True)
@@ -514,7 +538,8 @@ CALIBRATED_GROUPS = ("node", "inter")
 
 def _fits_dict(fits: Mapping[str, Calibrated]) -> dict[str, dict[str, Any]]:
     return {op: {"latency_s": c.latency, "bandwidth_Bps": c.bandwidth, "r2": c.r2, "ranks": c.ranks,
-                 "library": c.library, "small": None if c.small is None else dataclasses.asdict(c.small)}
+                 "library": c.library, "small": None if c.small is None else dataclasses.asdict(c.small),
+                 "measured": [list(p) for p in c.measured], "burst_B": c.burst}
             for op, c in fits.items()}
 
 
@@ -533,9 +558,27 @@ def _calibration(raw: Mapping[str, Any], source: str, where: str = "calibration.
             b.reject_unknown({"up_to", "latency", "bandwidth"})
         out[op] = Calibrated(r.quantity("latency", parse_duration), _fitted_rate(r),
                              r.number("r2", default=1.0), r.integer("ranks", default=0),
-                             r.text("library", default=""), small)
-        r.reject_unknown({"latency", "bandwidth", "r2", "ranks", "library", "small"})
+                             r.text("library", default=""), small, _measured_points(r, fields),
+                             r.quantity("burst", parse_size, default=0.0))
+        r.reject_unknown({"latency", "bandwidth", "r2", "ranks", "library", "small", "measured", "burst"})
     return out
+
+
+def _measured_points(reader: _FieldReader, fields: Any) -> tuple[tuple[float, float], ...]:
+    """``measured: [[bytes, seconds], …]``: sizes increasing, times positive and not decreasing."""
+    raw = fields.get("measured") if isinstance(fields, Mapping) else None
+    if raw is None:
+        return ()
+    try:
+        points = tuple((float(n), float(t)) for n, t in raw)
+    except (TypeError, ValueError):
+        raise reader.error("measured", "must list [bytes, seconds] pairs, e.g. [[1024, 0.0002], [4096, 0.0003]]") \
+            from None
+    ok = all(math.isfinite(n) and math.isfinite(t) and n > 0 and t > 0 for n, t in points) and all(
+        n1 > n0 and t1 >= t0 for (n0, t0), (n1, t1) in itertools.pairwise(points))
+    if not ok:
+        raise reader.error("measured", "needs positive sizes in increasing order with times that do not decrease")
+    return points
 
 
 def _fitted_rate(reader: _FieldReader) -> float:

@@ -5,13 +5,14 @@ from __future__ import annotations
 import dataclasses
 import json
 
+import numpy as np
 import pytest
 from conftest import run_cli
 
-from arcsim.errors import ArcsimError
+from arcsim.errors import ArcsimError, TopologyError
 from arcsim.pricing import Pricer
-from arcsim.testbed.calibrate import Fit, fit_line, fits_from, topology_text
-from arcsim.topology import load_topology
+from arcsim.testbed.calibrate import Fit, best_fit, fit_burst, fit_line, fits_from, monotone, topology_text
+from arcsim.topology import Calibrated, load_topology
 
 
 def test_fit_recovers_a_known_line():
@@ -66,6 +67,58 @@ def test_written_topology_loads_and_measured_collectives_price_by_their_fit(tmp_
     assert topo.network.bandwidth_per_nic == pytest.approx(2 * 3 / 4 * 1e7, rel=1e-5)  # ring: 2(p−1)/p · n / B
     priced = Pricer(topo).price("allgather", 1e5, "ring")
     assert priced.algo == "measured" and priced.time_s == pytest.approx(2e-3 + 4e5 / 5e6, rel=1e-5)
+
+
+def test_measured_points_price_between_them_and_the_lines_carry_on_beyond():
+    """Priced at a measured size: its time; between two: straight from one to the other in the model's time;
+    beyond: the line scaled to meet the last point (continuous); monotone throughout; a faster network moves
+    every point."""
+    cal = Calibrated(1e-4, 1e8, measured=((1e3, 3e-4), (4e3, 6e-4), (1.6e4, 6e-4), (6.4e4, 1.2e-3)))
+    assert [cal.time(n) for n, _ in cal.measured] == pytest.approx([t for _, t in cal.measured])
+    assert cal.time(2e3) == pytest.approx(3e-4 + 3e-4 / 3)  # the line's time is a third of the way at 2 kB
+    assert cal.time(1e7) == pytest.approx(1.2e-3 * cal.line(1e7) / cal.line(6.4e4))
+    assert cal.time(10.0) == pytest.approx(3e-4 * cal.line(10.0) / cal.line(1e3))
+    sizes = np.geomspace(10, 1e8, 400)
+    assert (np.diff([cal.time(n) for n in sizes]) >= -1e-15).all()
+    fast = cal.scaled(bandwidth=2.0)
+    for n, t in cal.measured:
+        assert fast.time(n) == pytest.approx(t * (1e-4 + n / 2e8) / (1e-4 + n / 1e8))
+
+
+def test_calibrate_keeps_its_points_monotone_and_checks_sizes_it_did_not_measure(tmp_path):
+    """A noisy dip is pooled with the size before it; each interior size priced from its neighbours is the
+    held-out check: within 10 % on a smooth curve, and a warning where a step between sizes is missed."""
+    smooth = [(n, 2e-4 + n / 1e8) for n in (1e3, 4e3, 1.6e4, 6.4e4, 2.56e5, 1.024e6)]
+    fit = fit_line(smooth, "allreduce")
+    assert fit.held_out_error() < 0.10 and not fit.warnings()
+    np.testing.assert_allclose(monotone([(1e3, 2e-4), (4e3, 1.8e-4), (1.6e4, 3e-4)]),
+                               [(1e3, 1.9e-4), (4e3, 1.9e-4), (1.6e4, 3e-4)])  # a dip pooled with the size before
+    stepped = fit_line([(n, t * (3 if n == 6.4e4 else 1)) for n, t in smooth], "allgather")
+    assert stepped.held_out_error() > 0.10
+    assert any("priced from its neighbours" in w for w in stepped.warnings())
+    path = tmp_path / "pts.yaml"
+    path.write_text(topology_text("pts", 2, {"allreduce": fit}, "test"))
+    topo = load_topology(str(path))
+    np.testing.assert_allclose(topo.calibration["allreduce"].measured, smooth, rtol=1e-5)
+    assert Pricer(topo).price("allreduce", 3e4).time_s == pytest.approx(topo.calibration["allreduce"].time(3e4))
+    bad = path.read_text().replace("measured: [[1000,", "measured: [[99000000,")
+    path.write_text(bad)
+    with pytest.raises(TopologyError, match="increasing order"):
+        load_topology(str(path))
+
+
+def test_a_token_bucket_burst_is_found_between_measured_sizes_and_prices_the_sizes_held_out():
+    """tbf at 100 Mbit/s with a 12.5 kB burst: flat to the burst, then the rate. Fitted on 1, 4, 16, 64 and
+    256 kB, the knee is placed between 4 and 16 kB, and 8 and 32 kB (not measured) are priced within 10 %."""
+    def truth(n: float) -> float:
+        return 5e-4 + max(0.0, n - 12_500) / 12.5e6
+
+    fit = best_fit([(n, truth(n)) for n in (1e3, 4e3, 1.6e4, 6.4e4, 2.56e5)], "broadcast")
+    assert fit.burst and 4e3 < fit.burst < 1.6e4
+    cal = fit.calibrated(2)
+    for n in (8e3, 3.2e4, 1.28e5):
+        assert cal.time(n) == pytest.approx(truth(n), rel=0.10), n
+    assert fit_burst([(1e3, 1e-3), (2e3, 1.1e-3)], "allreduce") is None  # too few sizes to place a knee
 
 
 def test_groups_are_measured_fitted_and_priced_by_their_own_fits(tmp_path):

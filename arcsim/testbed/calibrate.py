@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import subprocess
 import sys
@@ -36,6 +37,8 @@ SIZE_FACTOR = {"allreduce": lambda p: 1, "allgather": lambda p: p, "broadcast": 
                "reducescatter": lambda p: 1}  # reduce-scatter: its input, as nccl-tests count it
 MEASURED_LIBRARY = "gloo"  # the microbenchmark's process group
 POOR_RESIDUAL = 0.25
+HELD_OUT_LIMIT = 0.10  # a measured size priced without it, from the sizes around it
+BURST_STEPS = 16  # candidate bursts per doubling of size
 SMALL_BAND_BYTES = 65536.0  # collectives up to this size (nccl-tests counting) get their own line
 
 
@@ -48,14 +51,30 @@ class Fit:
     worst_rel_residual: float
     points: list[tuple[float, float]]   # (collective size in bytes, median seconds)
     small: Fit | None = None            # the small-message band's own line (sizes ≤ SMALL_BAND_BYTES)
+    burst: float = 0.0                  # bytes carried free before the line rises (a token bucket's burst)
 
-    def calibrated(self, ranks: int) -> Calibrated:
+    def calibrated(self, ranks: int, points: list[tuple[float, float]] | None = None) -> Calibrated:
+        """The fit as a topology holds it: its lines and its measured points (``points`` instead, when given)."""
         band = None if self.small is None else Band(SMALL_BAND_BYTES, self.small.latency, self.small.bandwidth)
-        return Calibrated(self.latency, self.bandwidth, self.r2, ranks, MEASURED_LIBRARY, band)
+        return Calibrated(self.latency, self.bandwidth, self.r2, ranks, MEASURED_LIBRARY, band,
+                          monotone(self.points if points is None else points), self.burst)
 
-    def warnings(self) -> list[str]:
-        """What makes this fit doubtful: a term pinned at zero, or a point far off the line."""
+    def held_out_error(self) -> float:
+        """The worst relative error at a measured size priced without it (from its neighbours and the lines):
+        how far the model can be trusted between the sizes measured. 0 with fewer than three sizes."""
+        pts = monotone(self.points)
+        errors = [abs(self.calibrated(0, list(pts[:i] + pts[i + 1:])).time(n) / t - 1)
+                  for i, (n, t) in enumerate(pts) if 0 < i < len(pts) - 1]
+        return max(errors, default=0.0)
+
+    def warnings(self, whole: bool = True) -> list[str]:
+        """What makes this fit doubtful: a term pinned at zero, a point far off the line (priced by the points
+        in between, but not beyond them), or (``whole``: the whole fit, not its small band) sizes too far apart
+        to price those between them."""
         out = []
+        if whole and self.held_out_error() > HELD_OUT_LIMIT:
+            out.append(f"{self.op}: a measured size priced from its neighbours is {self.held_out_error():.0%} off "
+                       f"(over {HELD_OUT_LIMIT:.0%}): measure more sizes in between")
         if self.latency == 0:
             out.append(f"{self.op}: the fitted latency is pinned at 0 (the small sizes do not rise above the line); "
                        "measure smaller sizes or more repeats")
@@ -63,7 +82,25 @@ class Fit:
             out.append(f"{self.op}: a point lies {self.worst_rel_residual:.0%} off the fitted line (over "
                        f"{POOR_RESIDUAL:.0%}): small messages often cost more than the α–β line says; "
                        "do not trust this fit outside the measured sizes")
-        return out + ([] if self.small is None else self.small.warnings())
+        return out + ([] if self.small is None else self.small.warnings(whole=False))
+
+
+def monotone(points: list[tuple[float, float]]) -> tuple[tuple[float, float], ...]:
+    """(size, seconds) by size, made non-decreasing the least-squares way (pool adjacent violators: a run of
+    sizes whose medians fall gets their mean, since a larger collective never costs less and the dip is
+    noise); the median of a size measured twice."""
+    by_size: dict[float, list[float]] = {}
+    for n, t in points:
+        by_size.setdefault(float(n), []).append(float(t))
+    blocks: list[list[float]] = []  # [sum of times, count]
+    for n in sorted(by_size):
+        blocks.append([float(np.median(by_size[n])), 1.0])
+        while len(blocks) > 1 and blocks[-2][0] / blocks[-2][1] > blocks[-1][0] / blocks[-1][1]:
+            total, count = blocks.pop()
+            blocks[-1][0] += total
+            blocks[-1][1] += count
+    level = [b[0] / b[1] for b in blocks for _ in range(int(b[1]))]
+    return tuple(zip(sorted(by_size), level, strict=True))
 
 
 def fit_bands(points: list[tuple[float, float]], op: str) -> Fit:
@@ -80,6 +117,33 @@ def fit_bands(points: list[tuple[float, float]], op: str) -> Fit:
     except ArcsimError:  # flat (latency-bound) or noisy small sizes: no line of their own, one line for all
         return fit_line(points, op)
     return dataclasses.replace(main, points=list(points), small=band)
+
+
+def fit_burst(points: list[tuple[float, float]], op: str) -> Fit | None:
+    """t ≈ α + (n − b)⁺ / B: a line whose first b bytes cost nothing more than α, as a token bucket (tbf's
+    burst, a NIC's or switch's buffer) lets a message up to its burst leave at line speed. b is chosen from 0
+    and a grid of BURST_STEPS per doubling below the second-largest size (two sizes must lie above it: the
+    first of them, against the line through the others, places the knee between measured sizes); the fit
+    with the least worst relative residual is kept; None when no b gives a rising line."""
+    n = np.array([p[0] for p in points], dtype=float)
+    t = np.array([p[1] for p in points], dtype=float)
+    w = 1 / np.sqrt(t)
+    sizes = sorted(set(n))
+    if len(sizes) < 3:
+        return None
+    steps = max(1, int(BURST_STEPS * math.log2(sizes[-2] / sizes[0])))
+    best: Fit | None = None
+    for b in [0.0, *np.geomspace(sizes[0], sizes[-2], steps, endpoint=False)]:
+        over = np.maximum(n - b, 0.0)
+        (alpha, beta), _ = nnls(np.column_stack([w, over * w]), t * w)
+        if beta <= 0:
+            continue
+        pred = alpha + beta * over
+        worst = float(np.max(np.abs(pred - t) / t))
+        if best is None or worst < best.worst_rel_residual:
+            r2 = 1 - float(np.sum((t - pred) ** 2) / np.sum((t - t.mean()) ** 2)) if np.ptp(t) > 0 else 1.0
+            best = Fit(op, float(alpha), float(1 / beta), r2, worst, list(points), burst=float(b))
+    return best
 
 
 def fit_line(points: list[tuple[float, float]], op: str) -> Fit:
@@ -101,9 +165,16 @@ def fit_line(points: list[tuple[float, float]], op: str) -> Fit:
 def fits_from(measured: dict, world: int, group: str = "") -> dict[str, Fit]:
     """Per-collective fits from a microbenchmark result (median seconds by per-rank bytes); ``group`` names
     the group they were measured in, in messages."""
-    return {op: fit_bands([(float(size) * SIZE_FACTOR[op](world), t) for size, t in by.items()],
-                          f"{group} {op}" if group else op)
+    return {op: best_fit([(float(size) * SIZE_FACTOR[op](world), t) for size, t in by.items()],
+                         f"{group} {op}" if group else op)
             for op, by in measured["median_s"].items()}
+
+
+def best_fit(points: list[tuple[float, float]], op: str) -> Fit:
+    """The model whose shape prices held-out sizes best (each measured size from the others,
+    :meth:`Fit.held_out_error`): two α–β bands, or one line with a burst; the first on a tie."""
+    banded, burst = fit_bands(points, op), fit_burst(points, op)
+    return banded if burst is None or banded.held_out_error() <= burst.held_out_error() else burst
 
 
 def group_fits(measured: dict) -> dict[str, dict[str, Fit]]:
@@ -119,7 +190,9 @@ def _fit_lines(op: str, fit: Fit, ranks: int, indent: str) -> list[str]:
         lines += [f"{indent}  small:", f"{indent}    up_to: {SMALL_BAND_BYTES:.0f}B",
                   f"{indent}    latency: {fit.small.latency * 1e6:.6g}us",
                   f"{indent}    bandwidth: {fit.small.bandwidth:.6g}B/s"]
-    return lines
+    points = ", ".join(f"[{n:.0f}, {t:.6g}]" for n, t in monotone(fit.points))
+    burst = [f"{indent}  burst: {fit.burst:.0f}B"] if fit.burst else []
+    return [*lines, *burst, f"{indent}  measured: [{points}]"]
 
 
 def topology_text(name: str, world: int, fits: dict[str, Fit], how: str, gpus_per_node: int = 1,
@@ -173,30 +246,30 @@ def samples_text(fits: dict[str, Fit]) -> str:
 
 def run_microbench(ranks: int, where: str, bandwidth: str | None, sizes: tuple[int, ...], repeats: int,
                    timeout: float = 1800, delay: str = "0s", burst: float | None = None,
-                   announce: Callable[[str], None] = print, ranks_per_node: int = 1) -> dict:
+                   announce: Callable[[str], None] = print, ranks_per_node: int = 1, gap_s: float = 0.0) -> dict:
     """Spawn one process per rank on loopback or in a new emulated cluster; returns rank 0's medians.
     ``ranks_per_node`` > 1: the ranks as nodes of that many (sharing a namespace), the groups measured too."""
     from arcsim.testbed.cluster import EmulatedCluster
 
     if where == "loopback":
-        return microbench(None, ranks, sizes, repeats, timeout, ranks_per_node)
+        return microbench(None, ranks, sizes, repeats, timeout, ranks_per_node, gap_s)
     if bandwidth is None:
         raise ArcsimError("--cluster emulated needs --bandwidth (e.g. 1Gbit)")
     with EmulatedCluster(ranks, bandwidth, delay, burst=burst, ranks_per_node=ranks_per_node) as cluster:
         announce(f"shaping: {cluster.knobs()}")
-        return microbench(cluster, ranks, sizes, repeats, timeout, ranks_per_node)
+        return microbench(cluster, ranks, sizes, repeats, timeout, ranks_per_node, gap_s)
 
 
 def microbench(cluster, ranks: int, sizes: tuple[int, ...], repeats: int, timeout: float = 1800,
-               gpus_per_node: int = 1) -> dict:
+               gpus_per_node: int = 1, gap_s: float = 0.0) -> dict:
     """Run the microbenchmark with one process per rank: in ``cluster`` (an EmulatedCluster) or on loopback;
-    ``gpus_per_node`` > 1 measures the node and rail groups too."""
+    ``gpus_per_node`` > 1 measures the node and rail groups too; ``gap_s`` idle before each collective."""
     from arcsim.testbed.cluster import wait_for
 
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "bench.json"
         argv = [sys.executable, "-m", MICROBENCH, str(out), ",".join(map(str, sizes)), str(repeats),
-                str(gpus_per_node)]
+                str(gpus_per_node), str(gap_s)]
         port = free_port()
         if cluster is None:
             procs = [subprocess.Popen(argv, env={**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
@@ -243,7 +316,10 @@ def write_topology(path: Path, text: str) -> None:
     write_atomic(path, text, check=lambda tmp: load_topology(str(tmp)))
 
 
-def describe(fit: Fit) -> str:
-    line = (f"{fit.op}: {format_duration(fit.latency)} + size / {format_bits(fit.bandwidth)}, "
+def describe(fit: Fit, whole: bool = True) -> str:
+    size = f"(size − {format_size(fit.burst)})⁺" if fit.burst else "size"
+    line = (f"{fit.op}: {format_duration(fit.latency)} + {size} / {format_bits(fit.bandwidth)}, "
             f"R² {fit.r2:.4f}, worst residual {fit.worst_rel_residual:.1%}")
-    return line if fit.small is None else f"{line}; {describe(fit.small)}"
+    if fit.small is not None:
+        line = f"{line}; {describe(fit.small, whole=False)}"
+    return f"{line}; held out (each size from its neighbours) worst {fit.held_out_error():.1%}" if whole else line

@@ -1,9 +1,10 @@
 """One rank of the collective microbenchmark (run by `arcsim calibrate`, one process per rank).
 
-    python -m arcsim.testbed.microbench OUT.json SIZES REPEATS [GPUS_PER_NODE]   # env: RANK, WORLD_SIZE, MASTER_*
+    python -m arcsim.testbed.microbench OUT.json SIZES REPEATS [GPUS_PER_NODE [GAP_S]]   # env: RANK, WORLD_SIZE, …
 
-For every collective and size (bytes each rank contributes): a barrier, then the collective timed on
-every rank; the slowest rank's time (an all-reduce MAX) is the collective's. Rank 0 writes the medians.
+For every collective and size (bytes each rank contributes): a barrier, then (after GAP_S seconds of busy
+CPU and idle network, as training computes between collectives) the collective timed on every rank; the slowest rank's
+time (an all-reduce MAX) is the collective's. Rank 0 writes the medians.
 With ranks numbered node by node, GPUS_PER_NODE > 1 also measures the groups node-aware compression uses,
 each as it runs in training — every group at once: inside each node (``node``: the dense reduce-scatter and
 all-gather) and along each rail of one rank per node (``inter``: the compressors' collectives).
@@ -38,9 +39,10 @@ def _run(op: str, t: torch.Tensor, out: torch.Tensor, group: dist.ProcessGroup |
 
 
 def measure(sizes: list[int], repeats: int, ops: tuple[str, ...] = OPS, group: dist.ProcessGroup | None = None,
-            root: int = 0) -> dict[str, dict[str, list[float]]]:
+            root: int = 0, gap_s: float = 0.0) -> dict[str, dict[str, list[float]]]:
     """Seconds per repeat of each op and size (bytes each rank puts in) in ``group`` (every rank's world
-    when None; ``root``: the broadcast's source, a global rank in the group), the slowest rank's."""
+    when None; ``root``: the broadcast's source, a global rank in the group), the slowest rank's; ``gap_s``
+    busy between the barrier and the collective (the network idle)."""
     ranks = dist.get_world_size(group)
     result: dict[str, dict[str, list[float]]] = {}
     for op in ops:
@@ -51,6 +53,9 @@ def measure(sizes: list[int], repeats: int, ops: tuple[str, ...] = OPS, group: d
             times = []
             for i in range(WARMUP + repeats):
                 dist.barrier()
+                busy_until = time.perf_counter() + gap_s
+                while time.perf_counter() < busy_until:  # busy, as a rank computing between collectives is
+                    pass
                 started = time.perf_counter()
                 _run(op, t, out, group, root)
                 took = torch.tensor([time.perf_counter() - started], dtype=torch.float64)
@@ -75,9 +80,9 @@ def _medians(result: dict[str, dict[str, list[float]]]) -> dict[str, dict[str, f
     return {op: {size: statistics.median(ts) for size, ts in by.items()} for op, by in result.items()}
 
 
-def results(sizes: list[int], repeats: int, gpus_per_node: int = 1) -> dict:
+def results(sizes: list[int], repeats: int, gpus_per_node: int = 1, gap_s: float = 0.0) -> dict:
     """Every rank measures; what rank 0 writes: the world's medians and samples, and the groups' medians."""
-    result = measure(sizes, repeats)
+    result = measure(sizes, repeats, gap_s=gap_s)
     groups = measure_groups(sizes, repeats, gpus_per_node) if gpus_per_node > 1 else {}
     return {"world": dist.get_world_size(), "median_s": _medians(result), "samples_s": result,
             **({"groups": groups} if groups else {})}
@@ -86,9 +91,10 @@ def results(sizes: list[int], repeats: int, gpus_per_node: int = 1) -> dict:
 def main() -> None:
     out, sizes, repeats = sys.argv[1], [int(s) for s in sys.argv[2].split(",")], int(sys.argv[3])
     gpus_per_node = int(sys.argv[4]) if len(sys.argv) > 4 else 1
+    gap_s = float(sys.argv[5]) if len(sys.argv) > 5 else 0.0
 
     def work() -> None:
-        measured = results(sizes, repeats, gpus_per_node)
+        measured = results(sizes, repeats, gpus_per_node, gap_s)
         if dist.get_rank() == 0:
             with open(out, "w") as fh:
                 json.dump(measured, fh)
