@@ -29,6 +29,7 @@ NOT_RUN = {
     "--scheduler tcp://head": "needs a Dask cluster",
     "--measured val/": "needs results measured on a real cluster",
     "torchrun --nnodes 8": "needs a real 8-node cluster",
+    "torchrun --nnodes 4": "needs a real cluster of 4 nodes × 8 GPUs",
     "resnet50.npz": "captures ResNet-50 (33–70 s) and analyses it (~80 s) on 2 cores",
     "resnet18.npz": "captures ResNet-18 first (~40 s on 2 cores)",
     "capture --model resnet18": "captures ResNet-18 (~40 s on 2 cores)",
