@@ -35,6 +35,7 @@ from arcsim.compressors import Compressor, make_compressor
 from arcsim.compressors.base import Layer
 from arcsim.compressors.hierarchy import in_node_records, slice_bounds, slice_layout, slice_seed
 from arcsim.compressors.memory import Memory, make_memory
+from arcsim.topology import splits_into_nodes
 
 
 @dataclass
@@ -54,7 +55,7 @@ def node_groups(gpus_per_node: int) -> NodeGroups:
     rank, as torchrun numbers them). Every rank must call it, in the same order (``dist.new_group``)."""
     world, rank = dist.get_world_size(), dist.get_rank()
     g = gpus_per_node
-    if g < 2 or world % g or world // g < 2:
+    if g < 2 or not splits_into_nodes(world, g):
         raise ValueError(f"node-aware compression needs two or more nodes of {g} ranks; the job has {world} ranks")
     nodes = world // g
     by_node = [dist.new_group(list(range(j * g, (j + 1) * g))) for j in range(nodes)]

@@ -315,6 +315,11 @@ class Topology:
         return rows
 
 
+def splits_into_nodes(ranks: int, per_node: int) -> bool:
+    """Whether ``ranks`` numbered node by node make two or more whole nodes of ``per_node``."""
+    return per_node >= 1 and ranks % per_node == 0 and ranks // per_node >= 2
+
+
 def _validate(t: Topology) -> None:
     where = f" in topology {t.name!r}" + (f" ({t.source})" if t.source else "")
 

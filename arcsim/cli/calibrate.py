@@ -46,6 +46,7 @@ def calibrate(cluster: str | None, loopback: bool, ranks: int | None, bandwidth:
         topology_text,
         write_topology,
     )
+    from arcsim.topology import splits_into_nodes
 
     path = Path(out)
     if path.suffix not in (".yaml", ".yml"):
@@ -66,7 +67,7 @@ def calibrate(cluster: str | None, loopback: bool, ranks: int | None, bandwidth:
             raise ArcsimError("say where to measure: --loopback, --cluster emulated, or run under torchrun")
         if ranks is None or ranks < 2:
             raise ArcsimError("--ranks must be at least 2")
-        if ranks_per_node > 1 and (ranks % ranks_per_node or ranks // ranks_per_node < 2):
+        if ranks_per_node > 1 and not splits_into_nodes(ranks, ranks_per_node):
             raise ArcsimError(f"--ranks-per-node {ranks_per_node} must divide --ranks {ranks} into two or more nodes "
                               f"(e.g. --ranks 4 --ranks-per-node 2)")
         where = "loopback" if loopback else "emulated"

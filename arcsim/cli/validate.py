@@ -114,6 +114,7 @@ def validate(ranks: str, bandwidth: str, delay: str, ranks_per_node: int, hierar
 def _hierarchies(hierarchy: str, ranks_per_node: int, ranks: tuple[int, ...]) -> tuple[str, ...]:
     """The hierarchies asked for, checked against the emulated nodes."""
     from arcsim.compressors.hierarchy import HIERARCHIES, hierarchy_message
+    from arcsim.topology import splits_into_nodes
 
     if hierarchy not in HIERARCHIES:
         raise ArcsimError(hierarchy_message(hierarchy))
@@ -121,7 +122,7 @@ def _hierarchies(hierarchy: str, ranks_per_node: int, ranks: tuple[int, ...]) ->
     if "node" in chosen and ranks_per_node < 2:
         raise ArcsimError(f"--hierarchy {hierarchy} needs nodes of two or more ranks: add --ranks-per-node 2 "
                           "(e.g. --ranks 4 --ranks-per-node 2)")
-    bad = [r for r in ranks if r % ranks_per_node or r // ranks_per_node < 2]
+    bad = [r for r in ranks if not splits_into_nodes(r, ranks_per_node)]
     if ranks_per_node > 1 and bad:
         raise ArcsimError(f"--ranks-per-node {ranks_per_node} must divide every rank count into two or more nodes; "
                           f"{', '.join(map(str, bad))} does not (e.g. --ranks 4 --ranks-per-node 2)")

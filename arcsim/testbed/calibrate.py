@@ -1,9 +1,11 @@
-"""`arcsim calibrate`: measure collectives where training will run, fit α + size/B per collective, write a topology.
+"""`arcsim calibrate`: measure collectives where training will run, fit each one, write a topology.
 
 gloo's collectives differ a lot on the same bytes (its all-gather is CPU-copy bound), so each collective
 gets its own fit rather than one β for all. The fit minimises relative residuals — sizes span orders of
 magnitude — weighted by 1/√t with non-negative latency and slope, and reports R² and the worst
-relative residual. The written topology carries the fits
+relative residual; of two shapes (two α–β bands, or one line with a burst) the one that prices held-out
+sizes best is kept, and the measured points go with it (priced at and between them, :class:`Calibrated`).
+The written topology carries the fits
 (``calibration:``, used by ``arcsim run`` for those collectives) and network parameters derived from the
 all-reduce fit through the ring formula (2(p−1) latencies, 2(p−1)/p · n / B), so other algorithms and
 operations still price sensibly.
@@ -71,9 +73,9 @@ class Fit:
         """What makes this fit doubtful: a term pinned at zero, a point far off the line (priced by the points
         in between, but not beyond them), or (``whole``: the whole fit, not its small band) sizes too far apart
         to price those between them."""
-        out = []
-        if whole and self.held_out_error() > HELD_OUT_LIMIT:
-            out.append(f"{self.op}: a measured size priced from its neighbours is {self.held_out_error():.0%} off "
+        out, held_out = [], self.held_out_error() if whole else 0.0
+        if held_out > HELD_OUT_LIMIT:
+            out.append(f"{self.op}: a measured size priced from its neighbours is {held_out:.0%} off "
                        f"(over {HELD_OUT_LIMIT:.0%}): measure more sizes in between")
         if self.latency == 0:
             out.append(f"{self.op}: the fitted latency is pinned at 0 (the small sizes do not rise above the line); "
@@ -217,7 +219,7 @@ def topology_text(name: str, world: int, fits: dict[str, Fit], how: str, gpus_pe
              "description: >-",
              f"  Calibrated by arcsim calibrate ({how}): {world} ranks, {placement}. The network parameters come",
              "  from the all-reduce fit through the ring formula; the calibration section holds each",
-             "  collective's measured fit (time = latency + size / bandwidth), which arcsim run uses directly.",
+             "  collective's measured fit and points (priced at and between them), which arcsim run uses directly.",
              f"nodes: {nodes}",
              f"gpus_per_node: {g}",
              "intra:", *intra,

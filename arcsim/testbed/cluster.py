@@ -41,6 +41,7 @@ from types import TracebackType
 from arcsim.errors import ArcsimError
 from arcsim.processes import signals_interrupt
 from arcsim.testbed import DELAY_FORWARDER
+from arcsim.topology import splits_into_nodes
 from arcsim.units import parse_duration, parse_rate
 
 PREFIX = "arcsim"
@@ -117,7 +118,7 @@ class EmulatedCluster:
                  realtime: bool = True, burst: float | None = None, ranks_per_node: int = 1) -> None:
         if ranks < 2 or ranks > 64:
             raise ClusterError(f"--ranks must be 2 … 64, got {ranks}")
-        if ranks_per_node < 1 or ranks % ranks_per_node or ranks // ranks_per_node < 2:
+        if not splits_into_nodes(ranks, ranks_per_node):
             raise ClusterError(f"--ranks-per-node must divide --ranks into two or more nodes (got {ranks_per_node} "
                                f"for {ranks} ranks)")
         self.ranks_per_node = ranks_per_node
