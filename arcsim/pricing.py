@@ -91,7 +91,7 @@ def plan(topo: Topology, op: str, algo: str, nbytes: float, chunks: int | None =
         except TooMuchWork as exc:
             refused.append(str(exc))
     if not plans:
-        raise TooMuchWork("; ".join(refused))
+        raise TooMuchWork("; ".join(dict.fromkeys(refused)))  # protocols refused for one reason: say it once
     return min(plans, key=lambda p: p.analytic_s)
 
 

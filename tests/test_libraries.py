@@ -27,16 +27,34 @@ def _published():
 
 
 def test_published_nccl_timings_within_the_recorded_errors():
-    """22 all-reduce timings from nccl-tests runs and NCCL maintainers (benchmarks/published): the NCCL model's
+    """27 all-reduce timings from nccl-tests runs and NCCL maintainers (benchmarks/published): the NCCL model's
     MAPE per source stays where it was measured, and beats the library-free `ideal` pricing overall."""
     pub = _published()
     nccl, ideal = pub.errors("nccl"), pub.errors("ideal")
-    bound = {"nccl-tests#150": 20, "DeepEP#303": 16, "nccl-tests#232": 15, "nccl-tests#290": 10, "nccl-tests#160": 10}
+    bound = {"nccl-tests#150": 20, "DeepEP#303": 16, "nccl-tests#232": 15, "nccl-tests#290": 10, "nccl-tests#160": 10,
+             "a3mega-ztan": 6}
     for source, errs in nccl.items():
         assert pub.mape(errs) < bound[source], source
     every = [e for v in nccl.values() for e in v]
-    assert pub.mape(every) < 15
+    assert pub.mape(every) < 12
     assert pub.mape(every) < 0.5 * pub.mape([e for v in ideal.values() for e in v])
+
+
+def test_two_nodes_of_eight_gpus_on_eight_nics_run_the_tree_unforced_as_the_a3_mega_run_shows():
+    """The A3 Mega run (2 × 8 H100, 8 × 200 Gb/s NICs, NCCL's own choice) reached 339 GB/s bus bandwidth at
+    8 GiB, above the 200 GB/s any ring over those NICs can: NCCL ran its tree, one channel per NIC. arcsim
+    picks the tree there and prices the large rows within 10 %; a ring would be ~70 % slow at 8 GiB."""
+    pub = _published()
+    topo = load_topology(pub.topology("2x8-a3mega-tcpxo.yaml"))
+    for row in pub.rows():
+        if row["source"] == "a3mega-ztan":
+            measured, nbytes = float(row["measured_us"]) * 1e-6, float(row["bytes"])
+            chosen = plan(topo, "allreduce", "auto", nbytes)
+            assert chosen.algo == "tree"
+            assert abs(price_collective(topo, "allreduce", "auto", nbytes, ("analytic",))[0].time_s / measured
+                       - 1) < 0.10
+    ring = price_collective(topo, "allreduce", "ring", 8589934592, ("analytic",))[0].time_s
+    assert ring / 47535e-6 > 1.4
 
 
 def test_nccl_picks_tree_and_low_latency_protocols_for_small_messages_and_ring_simple_for_large():

@@ -16,7 +16,7 @@ from arcsim.errors import CollectiveError
 from arcsim.topology import Topology
 
 __all__ = ["ALGORITHMS", "ALGORITHM_NAMES", "OPS", "PIPELINED", "Schedule", "Step", "build", "busbw_factor",
-           "make_step", "normalize_op"]
+           "make_step", "normalize_op", "tree_channels"]
 
 
 def _groups(topo: Topology) -> tuple[np.ndarray, np.ndarray]:
@@ -39,6 +39,12 @@ def _rings(topo: Topology) -> np.ndarray:
     return np.stack([(nodes + (j + 1 + np.arange(g)) % g).ravel() for j in range(nics)])
 
 
+def tree_channels(topo: Topology) -> int:
+    """Channels a tree all-reduce runs side by side: one per NIC when nodes have several (each channel's
+    chains headed by the GPU on its NIC, as NCCL places them), else one (all share the node's NIC)."""
+    return topo.network.nics_per_node if topo.nodes > 1 else 1
+
+
 Built = tuple["list[Step] | tuple[Step, ...]", str]  # the steps, and a note such as the chunk count chosen
 Builder = Callable[[Topology, float, "int | None"], Built]
 
@@ -51,12 +57,15 @@ def _slowest_link(topo: Topology) -> tuple[float, float]:
 
 
 def _tree_all_reduce(topo: Topology, n: float, chunks: int | None) -> Built:
-    """NCCL's tree: chains inside nodes under a double binary tree of nodes, each tree carrying n/2."""
+    """NCCL's tree: chains inside nodes under a double binary tree of nodes, one pair of trees per channel
+    (:func:`tree_channels`), each tree carrying n / (2 · channels)."""
+    channels = tree_channels(topo)
     if chunks is None:
         alpha, beta = _slowest_link(topo)
         levels = tree.node_tree_depth(topo.nodes, topo.gpus_per_node) + 1
-        chunks = tree.best_chunks(levels, n, alpha, beta)
-    return tree.chain_tree_all_reduce(topo.nodes, topo.gpus_per_node, n, chunks), f"{chunks} chunks per tree"
+        chunks = tree.best_chunks(levels, n / channels, alpha, beta)
+    steps = tree.chain_tree_all_reduce(topo.nodes, topo.gpus_per_node, n, chunks, channels)
+    return steps, f"{chunks} chunks per tree" + (f", {channels} channels (one per NIC)" if channels > 1 else "")
 
 
 def _chain_broadcast(topo: Topology, n: float, chunks: int | None) -> Built:

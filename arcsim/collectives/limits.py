@@ -57,9 +57,21 @@ def store(messages: int) -> None:
         return
     counter[0] += messages
     if counter[0] > STORED_MESSAGES:
-        raise TooMuchWork(f"its steps hold more than {STORED_MESSAGES / 1e6:.0f} M messages "
-                          f"(over {STORED_MESSAGES * 32 / 1e9:.1f} GB); use fewer ranks or another algorithm "
-                          "(ring and hierarchical stay small), or --force to build it anyway")
+        _refuse_storing()
+
+
+def expect_stored(messages: int) -> None:
+    """Refuse before building when the steps about to be built will hold ``messages`` past the limit (a
+    builder that knows its count up front, so that a refusal costs no work)."""
+    counter = _stored.get()
+    if counter is not None and not _unlimited.get() and counter[0] + messages > STORED_MESSAGES:
+        _refuse_storing()
+
+
+def _refuse_storing() -> None:
+    raise TooMuchWork(f"its steps hold more than {STORED_MESSAGES / 1e6:.0f} M messages "
+                      f"(over {STORED_MESSAGES * 32 / 1e9:.1f} GB); use fewer ranks or another algorithm "
+                      "(ring and hierarchical stay small), or --force to build it anyway")
 
 
 def des_events(simulated_messages: float) -> float:

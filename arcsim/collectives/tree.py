@@ -9,6 +9,7 @@ import math
 
 import numpy as np
 
+from arcsim.collectives import limits
 from arcsim.collectives.schedule import Step, make_step
 
 MAX_CHUNKS = 64
@@ -69,19 +70,21 @@ def double_binary_trees(p: int) -> tuple[np.ndarray, np.ndarray]:
     return a, b
 
 
-def node_chain_trees(nodes: int, gpus_per_node: int) -> tuple[np.ndarray, np.ndarray]:
-    """NCCL's trees: a double binary tree over nodes, and inside each node a chain from its first GPU.
+def node_chain_trees(nodes: int, gpus_per_node: int, head: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """NCCL's trees of one channel: a double binary tree over nodes, and inside each node a chain.
 
-    Rank ``n·g`` (the node's first GPU) hangs under the first GPU of its node's parent in each tree;
-    GPU i > 0 of a node hangs under GPU i − 1. With one GPU per node this is the double binary tree
-    over ranks.
+    The chain starts at the node's GPU ``head`` (the one whose NIC carries this channel between nodes)
+    and runs head, head + 1, … (mod g): GPU ``head`` hangs under GPU ``head`` of its node's parent in each
+    tree, every other GPU under the one before it in the chain. With one GPU per node this is the double
+    binary tree over ranks.
     """
     g = gpus_per_node
+    chain = np.arange(nodes)[:, None] * g + (head + np.arange(g)) % g  # rank at each chain position, per node
     out = []
     for node_parent in double_binary_trees(nodes):
-        parent = np.arange(nodes * g) - 1  # the chain inside a node
-        heads = np.arange(nodes) * g
-        parent[heads] = np.where(node_parent >= 0, node_parent * g, -1)
+        parent = np.full(nodes * g, -1, dtype=np.int64)
+        parent[chain[:, 1:]] = chain[:, :-1]
+        parent[chain[:, 0]] = np.where(node_parent >= 0, chain[node_parent, 0], -1)
         out.append(parent)
     return out[0], out[1]
 
@@ -127,19 +130,25 @@ def pipelined_tree_all_reduce(trees: tuple[np.ndarray, ...], nbytes: float, chun
 
 
 @functools.lru_cache(maxsize=16)
-def _chain_tree_pattern(nodes: int, gpus_per_node: int, chunks: int) -> tuple[Step, ...]:
-    trees = node_chain_trees(nodes, gpus_per_node)
+def _chain_tree_pattern(nodes: int, gpus_per_node: int, chunks: int, channels: int) -> tuple[Step, ...]:
+    trees = tuple(t for head in range(channels) for t in node_chain_trees(nodes, gpus_per_node, head))
     return tuple(pipelined_tree_all_reduce(trees, float(len(trees) * chunks), chunks))  # one byte a chunk
 
 
-def chain_tree_all_reduce(nodes: int, gpus_per_node: int, nbytes: float, chunks: int) -> list[Step]:
-    """:func:`pipelined_tree_all_reduce` over :func:`node_chain_trees`. Only the chunk size depends on
-    ``nbytes``, so the message pattern is built once per (nodes, GPUs per node, chunks) and scaled: building
-    it was most of the time `arcsim run` spent pricing (4 of 9 s on ResNet-50's grid). The work limits count
-    a pattern when it is built; a kept one shares its index arrays, so using it again is not counted."""
-    chunk = nbytes / 2 / chunks
+def chain_tree_all_reduce(nodes: int, gpus_per_node: int, nbytes: float, chunks: int,
+                          channels: int = 1) -> list[Step]:
+    """:func:`pipelined_tree_all_reduce` over the trees of ``channels`` channels side by side, channel j's
+    chains headed by GPU j of each node (so on nodes with several NICs each channel crosses between nodes
+    on its own NIC, as NCCL spreads its tree channels over the NICs); each of the 2 × channels trees carries
+    nbytes / (2 · channels). Only the chunk size depends on ``nbytes``, so the message pattern is built once
+    per (nodes, GPUs per node, chunks, channels) and scaled: building it was most of the time `arcsim run`
+    spent pricing (4 of 9 s on ResNet-50's grid). The work limits count a pattern when it is built; a kept
+    one shares its index arrays, so using it again is not counted."""
+    # every non-root rank of each of the 2 × channels trees sends each chunk once up and once down
+    limits.expect_stored(2 * 2 * channels * (nodes * gpus_per_node - 1) * chunks)
+    chunk = nbytes / (2 * channels) / chunks
     return [dataclasses.replace(s, nbytes=s.nbytes * chunk, reduce=s.reduce * chunk)
-            for s in _chain_tree_pattern(nodes, gpus_per_node, chunks)]
+            for s in _chain_tree_pattern(nodes, gpus_per_node, chunks, channels)]
 
 
 def binomial_reduce(p: int, nbytes: float) -> list[Step]:

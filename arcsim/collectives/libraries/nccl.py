@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from arcsim.collectives import tree_channels
 from arcsim.collectives.libraries.base import Choice, Library, Protocol
 from arcsim.collectives.tree import node_tree_depth
 from arcsim.topology import Topology
@@ -112,7 +113,7 @@ class Nccl(Library):
             for p in range(len(PROTOCOLS)):
                 proto = protocol(a, p, topo)
                 if a in PIPELINE_DEPTH:
-                    chunks = proto.chunks(nbytes, 2.0 if a == "tree" else 1.0) or 1
+                    chunks = proto.chunks(nbytes, 2.0 * tree_channels(topo) if a == "tree" else 1.0) or 1
                     proto = pipelined(proto, PIPELINE_DEPTH[a](topo), chunks)
                     out.append(Choice(a, proto, chunks))
                 else:
