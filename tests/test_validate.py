@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -14,6 +15,9 @@ from conftest import free_port, netns_available, run_cli
 
 from arcsim.testbed.cluster import namespaces
 from arcsim.testbed.validate_worker import PHASES
+
+ROOT = Path(__file__).resolve().parent.parent
+REPORT = ROOT / "reports" / "validation.csv"
 
 
 @pytest.mark.skipif(not netns_available(), reason="needs root and network namespaces")
@@ -76,6 +80,9 @@ def test_node_aware_validation_runs_both_hierarchies_on_nodes_of_two(tmp_path):
     (("-c", "zipk"), "unknown compressor zipk"),
     (("--model", "alexnet"), "unknown model 'alexnet'"),
     (("--density", "0"), "'--density': must lie in (0, 1]"),
+    (("--report", str(ROOT / "README.md")), "README.md is not a CSV arcsim validate wrote"),
+    (("--report", "no-such.csv"), "no-such.csv does not exist"),
+    (("--report", str(REPORT), "--measured", "reports"), "takes neither --measured"),
 ])
 def test_bad_validate_requests(args, fragment):
     r = run_cli("validate", *args)
@@ -161,3 +168,38 @@ def test_a_case_keeps_the_median_repeat_and_the_median_compression_factors():
                                      "compress_scale": {"topk": topk, "dense": 1.0}}).to_json()
     got = median_profile([profile(3.0, 1.3), profile(1.0, 2.8), profile(2.0, 2.4)])
     assert got["forward_s"] == 2.0 and got["extra"]["compress_scale"] == {"topk": 2.4, "dense": 1.0}
+
+
+def _case(**over):
+    row = {"measured_s": 0.030, "predicted_s": 0.026, "error": 0.026 / 0.030 - 1,
+           "measured_before_hook_s": 0.008, "measured_after_hook_s": 0.001, "measured_hook_local_s": 0.012,
+           "measured_hook_comm_s": 0.006, "predicted_compute_s": 0.0095, "predicted_compress_s": 0.010,
+           "predicted_comm_s": 0.007}
+    return {**row, **over}
+
+
+def test_a_case_splits_into_compute_hook_and_the_rest_and_names_the_term_furthest_off():
+    from arcsim.testbed.validate import terms, worst_term
+
+    split = terms(_case())
+    assert split["compute"] == pytest.approx((0.009, 0.0095))
+    assert split["hook"] == pytest.approx((0.018, 0.017))  # local and collectives compare only together
+    assert split["other"] == pytest.approx((0.003, -0.0005))  # measured: the barrier; predicted: overlap
+    worst = worst_term(_case())
+    assert worst["term"] == "other" and worst["gap_s"] == pytest.approx(-0.0035)
+    assert worst["share"] == pytest.approx(-0.0035 / 0.030)
+    assert worst_term(_case(predicted_compress_s=0.002))["term"] == "hook"
+    assert terms({k: v for k, v in _case().items() if not k.startswith("measured_hook")}) is None
+
+
+def test_report_reprints_a_committed_validation_with_the_term_each_case_outside_misses_by():
+    r = run_cli("validate", "--report", str(REPORT), "--json", "-")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    frame = pd.read_csv(REPORT)
+    s = out["summary"]
+    assert s["cases"] == len(frame) and s["inside_spread"] == int(frame["inside_spread"].sum())
+    assert len(s["outside_by_term"]) == len(frame) - s["inside_spread"]
+    for t in s["outside_by_term"]:
+        assert t["term"] in ("compute", "hook", "other")
+        assert t["gap_s"] == pytest.approx(t["predicted_s"] - t["measured_s"])

@@ -50,16 +50,21 @@ def _list(text: str) -> tuple[str, ...]:
               help="Real cluster: compare the worker's results in DIR (with --topology) instead of emulating.")
 @click.option("--topology", "-t", type=click.Path(dir_okay=False), default=None,
               help="With --measured: the topology calibrated on that cluster (arcsim calibrate under torchrun).")
+@click.option("--report", type=click.Path(dir_okay=False), default=None,
+              help="Print a validation CSV written before (its table, summary and the term furthest off in each "
+                   "case outside the spread) without measuring anything.")
 @json_option
 def validate(ranks: str, bandwidth: str, delay: str, ranks_per_node: int, hierarchy: str, compressors: str,
              model: str, dataset: str, density: float, steps: int, batch: int, repeats: int, out: str,
-             write_config: str | None, measured: str | None, topology: str | None, json_out: str | None) -> None:
+             write_config: str | None, measured: str | None, topology: str | None, report: str | None,
+             json_out: str | None) -> None:
     """Measure DDP iterations on the emulated cluster (or a real one) and compare with arcsim run's predictions."""
     import json
 
     from arcsim.catalog import MODELS
     from arcsim.testbed.validate import (
         ValidateConfig,
+        read_report,
         run_validation,
         summary,
         validate_measured,
@@ -67,6 +72,16 @@ def validate(ranks: str, bandwidth: str, delay: str, ranks_per_node: int, hierar
         write_outputs,
     )
 
+    if report:
+        if measured or write_config:
+            raise ArcsimError("--report prints a validation CSV written before; it takes neither --measured nor "
+                              "--write-config")
+        rows = read_report(Path(report))
+        s = summary(rows)
+        write_json({"rows": rows, "summary": s, "csv": report}, json_out)
+        if tables_wanted(json_out):
+            _render(rows, s, str(rows[0]["model"]), float(rows[0]["density"]))
+        return
     try:
         rank_list = tuple(int(r) for r in _list(ranks))
     except ValueError:
@@ -154,3 +169,18 @@ def _render(rows: list[dict], s: dict, model: str, density: float) -> None:
         where = f"{c['ranks']} ranks, {c['bandwidth']}" + (", node-aware" if c["hierarchy"] == "node" else "")
         console.print(f"  {where}: measured faster {c['measured_faster']} by "
                       f"{c['measured_gap']:.0%}, predicted {c['predicted_faster']}: {verdict}{scope}")
+    if s["outside_by_term"]:
+        _render_terms(s["outside_by_term"])
+
+
+def _render_terms(outside: list[dict]) -> None:
+    table = Table(title="Outside the spread: the term furthest off (compute: forward and backward; hook: "
+                        "compression and collectives; other: the rest of the iteration)")
+    for col in ("case", "term", "measured ms", "predicted ms", "gap ms", "of the iteration", "case error"):
+        table.add_column(col, justify="left" if col in ("case", "term") else "right")
+    for t in outside:
+        case = f"{t['ranks']} ranks, {t['bandwidth']}{', node-aware' if t['hierarchy'] == 'node' else ''}, " \
+               f"{t['compressor']}"
+        table.add_row(case, t["term"], f"{t['measured_s'] * 1e3:.2f}", f"{t['predicted_s'] * 1e3:.2f}",
+                      f"{t['gap_s'] * 1e3:+.2f}", f"{t['share']:+.1%}", f"{t['error']:+.1%}")
+    console.print(table)

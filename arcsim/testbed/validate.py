@@ -311,10 +311,41 @@ def _mape(rows: list[dict[str, Any]], field: str) -> dict[str, float]:
             for v in dict.fromkeys(str(r.get(field, "flat")) for r in rows)}
 
 
+TERMS = ("compute", "hook", "other")
+
+
+def terms(row: dict[str, Any]) -> dict[str, tuple[float, float]] | None:
+    """(measured, predicted) seconds of each term of a case's iteration, or None for rows measured before the
+    worker timed phases. compute: forward and backward (the phases before and after the hook); hook: the
+    compression and the collectives together (a rank waiting in a collective for one still compressing on
+    shared cores moves time between the two, so only their sum compares); other: the rest of the iteration
+    (measured: the barrier and what no phase holds; predicted: minus what overlaps backward)."""
+    if "measured_hook_local_s" not in row or not np.isfinite(float(row["measured_hook_local_s"])):
+        return None
+    compute = (float(row["measured_before_hook_s"]) + float(row["measured_after_hook_s"]),
+               float(row["predicted_compute_s"]))
+    hook = (float(row["measured_hook_local_s"]) + float(row["measured_hook_comm_s"]),
+            float(row["predicted_compress_s"]) + float(row["predicted_comm_s"]))
+    other = (float(row["measured_s"]) - compute[0] - hook[0], float(row["predicted_s"]) - compute[1] - hook[1])
+    return dict(zip(TERMS, (compute, hook, other), strict=True))
+
+
+def worst_term(row: dict[str, Any]) -> dict[str, Any] | None:
+    """The term whose prediction is furthest from its measurement: its name, both times and the gap (s), the
+    gap as a share of the measured iteration, and the case's whole error for comparison."""
+    split = terms(row)
+    if split is None:
+        return None
+    name = max(split, key=lambda t: abs(split[t][1] - split[t][0]))
+    measured, predicted = split[name]
+    return {"term": name, "measured_s": measured, "predicted_s": predicted, "gap_s": predicted - measured,
+            "share": (predicted - measured) / float(row["measured_s"]), "error": float(row["error"])}
+
+
 def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
     """MAPE over the cases' medians, the share of predictions inside the measured spread, the MAPE per
-    compressor and per hierarchy, and whether the predicted faster of all-gather and all-reduce matches the
-    measured one."""
+    compressor and per hierarchy, whether the predicted faster of all-gather and all-reduce matches the
+    measured one, and for each case outside the spread the term furthest off (:func:`worst_term`)."""
     mape = float(np.mean([abs(r["error"]) for r in rows])) if rows else float("nan")
     inside = sum(bool(r.get("inside_spread")) for r in rows)
     checks = []
@@ -333,8 +364,34 @@ def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
                        "measured_faster": "allgather" if measured_ag else "allreduce",
                        "predicted_faster": "allgather" if predicted_ag else "allreduce",
                        "counts": gap > 0.10, "agrees": measured_ag == predicted_ag})
+    outside = [{"ranks": int(r["ranks"]), "bandwidth": str(r["bandwidth"]), "hierarchy": setting(r)[2],
+                "compressor": str(r["compressor"]), **term}
+               for r in rows if not bool(r.get("inside_spread")) and (term := worst_term(r)) is not None]
     return {"mape": mape, "cases": len(rows), "inside_spread": inside, "mape_by_compressor": _mape(rows, "compressor"),
-            "mape_by_hierarchy": _mape(rows, "hierarchy"), "ag_ar": checks}
+            "mape_by_hierarchy": _mape(rows, "hierarchy"), "ag_ar": checks, "outside_by_term": outside}
+
+
+def read_report(path: Path) -> list[dict[str, Any]]:
+    """The rows of a validation CSV that :func:`write_outputs` wrote, checked for the columns a summary needs."""
+    import pandas as pd
+
+    if not path.is_file():
+        raise ArcsimError(f"{path} does not exist; give the validation.csv that arcsim validate wrote")
+    try:
+        frame = pd.read_csv(path)
+    except (ValueError, UnicodeDecodeError) as err:
+        raise ArcsimError(f"{path} is not a CSV arcsim validate wrote ({' '.join(str(err).split())})") from None
+    missing = [c for c in REPORT_COLUMNS if c not in frame.columns]
+    if frame.empty or missing:
+        raise ArcsimError(f"{path} is not a validation CSV: " + (f"no column {', '.join(missing)}" if missing
+                                                                  else "no rows") + "; give the validation.csv "
+                          "that arcsim validate wrote")
+    return [{k: (v.item() if hasattr(v, "item") else v) for k, v in row.items()} for row in
+            frame.to_dict("records")]
+
+
+REPORT_COLUMNS = ("ranks", "bandwidth", "model", "compressor", "density", "collective", "measured", "predicted",
+                  "spread_min", "spread_max", "runs", "inside_spread", "measured_s", "predicted_s", "error")
 
 
 def write_outputs(rows: list[dict[str, Any]], out_dir: Path) -> tuple[Path, Path]:
