@@ -18,7 +18,8 @@ from arcsim.files import cache_key, cache_read, cache_write, file_fact
 from arcsim.run.buckets import Bucket
 from arcsim.run.measure import Measurement
 
-VERSION = 3  # bump when what a measurement holds changes (or, up to ties, how it is measured)
+VERSION = 4  # bump when what a measurement holds changes (or, up to ties, how it is measured); 4: node-aware
+#             slices cut at row boundaries (their measurements from before are of other slices)
 
 
 def trace_hash(path: Path) -> str:
