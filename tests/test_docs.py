@@ -28,6 +28,7 @@ NOT_RUN = {
     "--device cuda": "needs a CUDA GPU",
     "--scheduler tcp://head": "needs a Dask cluster",
     "--measured val/": "needs results measured on a real cluster",
+    "--report reports/validation.csv": "reads the checkout's committed validation; tests/test_validate.py runs it",
     "torchrun --nnodes 8": "needs a real 8-node cluster",
     "torchrun --nnodes 4": "needs a real cluster of 4 nodes × 8 GPUs",
     "resnet50.npz": "captures ResNet-50 (33–70 s) and analyses it (~80 s) on 2 cores",
