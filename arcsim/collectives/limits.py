@@ -18,8 +18,8 @@ STORED_MESSAGES = 50_000_000      # closed form: about 1.6 GB of step arrays
 DES_EVENTS = 20_000_000           # DES: about seven minutes at ~50,000 events/s on one core
 PROGRESS_EVENTS = 1_000_000       # DES runs estimated above this show progress
 EVENTS_PER_MESSAGE = 2.4          # measured: 2.38 and 2.39 (NCCL's tree over 8 NICs, 1,024 and 10,240 ranks)
-EVENTS_PER_SECOND = 50_000        # measured on a 2-core CPU, slower as runs grow: 85,000/s (1,024-rank tree),
-#                                   57,000/s (10,240 ranks, 77.6 s), 42,000/s (131,072 ranks, 24 M events in 577 s)
+EVENTS_PER_SECOND = 50_000        # measured on a 2-core CPU, slower as runs grow: 61,000/s (1,024-rank tree, 7.0 s),
+#                                   53,000/s (10,240 ranks, 83.3 s), 42,000/s (131,072 ranks, 24 M events in 577 s)
 
 _unlimited: ContextVar[bool] = ContextVar("unlimited", default=False)
 _stored: ContextVar[list[int] | None] = ContextVar("stored", default=None)
