@@ -145,7 +145,7 @@ def _hierarchies(hierarchy: str, ranks_per_node: int, ranks: tuple[int, ...]) ->
 
 
 def _render(rows: list[dict], s: dict, model: str, density: float) -> None:
-    from arcsim.testbed.validate import setting
+    from arcsim.testbed.validate import setting, setting_label
 
     table = Table(title=f"Validation: {model} on the emulated cluster (gloo), density {density:g}")
     node_aware = any(setting(r)[2] != "flat" for r in rows)
@@ -166,7 +166,7 @@ def _render(rows: list[dict], s: dict, model: str, density: float) -> None:
     for c in s["ag_ar"]:
         verdict = "agrees" if c["agrees"] else "DISAGREES"
         scope = "" if c["counts"] else " (gap ≤ 10%: not counted)"
-        where = f"{c['ranks']} ranks, {c['bandwidth']}" + (", node-aware" if c["hierarchy"] == "node" else "")
+        where = setting_label((c["ranks"], c["bandwidth"], c["hierarchy"]))
         console.print(f"  {where}: measured faster {c['measured_faster']} by "
                       f"{c['measured_gap']:.0%}, predicted {c['predicted_faster']}: {verdict}{scope}")
     if s["outside_by_term"]:
@@ -174,13 +174,14 @@ def _render(rows: list[dict], s: dict, model: str, density: float) -> None:
 
 
 def _render_terms(outside: list[dict]) -> None:
+    from arcsim.testbed.validate import setting_label
+
     table = Table(title="Outside the spread: the term furthest off (compute: forward and backward; hook: "
                         "compression and collectives; other: the rest of the iteration)")
     for col in ("case", "term", "measured ms", "predicted ms", "gap ms", "of the iteration", "case error"):
         table.add_column(col, justify="left" if col in ("case", "term") else "right")
     for t in outside:
-        case = f"{t['ranks']} ranks, {t['bandwidth']}{', node-aware' if t['hierarchy'] == 'node' else ''}, " \
-               f"{t['compressor']}"
+        case = f"{setting_label((t['ranks'], t['bandwidth'], t['hierarchy']))}, {t['compressor']}"
         table.add_row(case, t["term"], f"{t['measured_s'] * 1e3:.2f}", f"{t['predicted_s'] * 1e3:.2f}",
                       f"{t['gap_s'] * 1e3:+.2f}", f"{t['share']:+.1%}", f"{t['error']:+.1%}")
     console.print(table)

@@ -371,6 +371,10 @@ def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
             "mape_by_hierarchy": _mape(rows, "hierarchy"), "ag_ar": checks, "outside_by_term": outside}
 
 
+REPORT_COLUMNS = ("ranks", "bandwidth", "model", "compressor", "density", "collective", "measured", "predicted",
+                  "spread_min", "spread_max", "runs", "inside_spread", "measured_s", "predicted_s", "error")
+
+
 def read_report(path: Path) -> list[dict[str, Any]]:
     """The rows of a validation CSV that :func:`write_outputs` wrote, checked for the columns a summary needs."""
     import pandas as pd
@@ -388,10 +392,6 @@ def read_report(path: Path) -> list[dict[str, Any]]:
                           "that arcsim validate wrote")
     return [{k: (v.item() if hasattr(v, "item") else v) for k, v in row.items()} for row in
             frame.to_dict("records")]
-
-
-REPORT_COLUMNS = ("ranks", "bandwidth", "model", "compressor", "density", "collective", "measured", "predicted",
-                  "spread_min", "spread_max", "runs", "inside_spread", "measured_s", "predicted_s", "error")
 
 
 def write_outputs(rows: list[dict[str, Any]], out_dir: Path) -> tuple[Path, Path]:
