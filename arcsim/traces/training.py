@@ -45,6 +45,18 @@ def build_optimizer(params: Iterable[torch.nn.Parameter], name: str, lr: float, 
                            weight_decay=weight_decay)
 
 
+def describe_torch_optimizer(optimizer: torch.optim.Optimizer) -> str:
+    """An optimizer as traces record it, from its first parameter group: its class, lr, betas or momentum,
+    weight decay (e.g. 'AdamW lr 0.001 betas (0.9, 0.999) weight decay 0')."""
+    group = optimizer.param_groups[0]
+    words = [type(optimizer).__name__, f"lr {float(group['lr']):g}"]
+    if "betas" in group:
+        words.append(f"betas ({float(group['betas'][0]):g}, {float(group['betas'][1]):g})")
+    if "momentum" in group:
+        words.append(f"momentum {float(group['momentum']):g}")
+    return " ".join([*words, f"weight decay {float(group.get('weight_decay', 0)):g}"])
+
+
 @dataclass
 class TrainingConfig:
     """What data-parallel training produces gradients from (a capture and a live run alike)."""
@@ -84,11 +96,7 @@ class TrainingConfig:
 
     def describe_optimizer(self) -> str:
         """What the trace says it trained with, e.g. 'AdamW lr 0.001 betas (0.9, 0.999) weight decay 0'."""
-        if self.optimizer_name() == "adamw":
-            b1, b2 = self.betas or DEFAULT_BETAS
-            return f"AdamW lr {self.learning_rate():g} betas ({b1:g}, {b2:g}) weight decay {self.weight_decay:g}"
-        momentum = DEFAULT_MOMENTUM if self.momentum is None else self.momentum
-        return f"SGD lr {self.learning_rate():g} momentum {momentum:g} weight decay {self.weight_decay:g}"
+        return describe_torch_optimizer(self.make_optimizer([torch.nn.Parameter(torch.zeros(1))]))
 
     def check(self) -> None:
         """Refuse bad settings before any work; an unknown model or a missing CUDA device included."""
