@@ -150,15 +150,20 @@ def loss_of(result: Any, what: str) -> torch.Tensor:
                      "tuple holding the loss (as nanoGPT's (logits, loss))")
 
 
+def call_forward(model: nn.Module, batch: Any) -> Any:
+    """A user's batch through the model by its type: dict → ``model(**b)``, tuple/list → ``model(*b)``, else
+    ``model(b)``."""
+    if isinstance(batch, dict):
+        return model(**batch)
+    if isinstance(batch, tuple | list):
+        return model(*batch)
+    return model(batch)
+
+
 def forward_loss(model: nn.Module, batch: Any, what: str) -> torch.Tensor:
-    """A user's batch through the model by its type (dict → **, tuple/list → *, else one argument)."""
+    """The loss of a user's batch through the model (:func:`call_forward`)."""
     try:
-        if isinstance(batch, dict):
-            result = model(**batch)
-        elif isinstance(batch, tuple | list):
-            result = model(*batch)
-        else:
-            result = model(batch)
+        result = call_forward(model, batch)
     except Exception as exc:
         raise ModelError(f"{what} rejected a batch: {type(exc).__name__}: {str(exc)[:300]}") from None
     return loss_of(result, what)
@@ -247,6 +252,33 @@ class ModelSource:
             raise ModelError(f"--model {self.ref} returned {type(model).__name__}, not a torch.nn.Module")
         return model
 
+    def try_forward(self, spec: DataSpec | None, data: str | None) -> None:
+        """One forward of a user's model on 2 examples on the meta device (shapes only, nothing computed, no data
+        made), so that a forward that raises, or returns neither a loss nor logits, is refused before any data is
+        prepared; a forward the meta device cannot run (one that reads values) is left to the real run."""
+        if self.entry is not None:
+            return
+        with torch.device("meta"):
+            model = self.build(spec)
+            if spec is not None:
+                x = torch.zeros((2, *spec.shape), dtype=torch.long if spec.kind == "tokens" else torch.float)
+                batch: Any = (x, torch.zeros(x.shape if spec.kind == "tokens" else (2,), dtype=torch.long))
+        if spec is None:
+            assert data is not None
+            batch = to_device(UserBatches(data, 2, 0).next(), torch.device("meta"))
+        what = f"a batch of {spec.kind} data, shape {tuple(batch[0].shape)}" if spec else "a batch of --data"
+        try:
+            with torch.device("meta"):
+                out = model(batch[0]) if spec is not None else call_forward(model, batch)
+        except Exception as exc:
+            if isinstance(exc, NotImplementedError) or "meta" in str(exc):
+                return
+            raise ModelError(f"--model {self.ref} rejected {what}: {type(exc).__name__}: {str(exc)[:300]}") from None
+        if spec is not None:
+            self.loss_of_output(out, batch[1], spec)
+        else:
+            loss_of(out, f"--model {self.ref}")
+
     def loss(self, model: nn.Module, batch: Any, spec: DataSpec | None) -> torch.Tensor:
         """One shard's loss: the zoo's rule, a user batch by its type, or a user model on a built-in dataset."""
         if spec is None:
@@ -270,6 +302,10 @@ class ModelSource:
         if loss is not None:
             return loss
         logits = output_logits(out)
+        if logits is not None and logits.ndim >= 2 and logits.shape[-1] < spec.classes:  # more: padded vocabulary
+            raise ModelError(f"--model {self.ref} returned logits of shape {tuple(logits.shape)}, over "
+                             f"{logits.shape[-1]} classes where the {spec.kind} data has {spec.classes}: build it "
+                             f"with {spec.classes} outputs or more")
         try:
             return loss_fn(spec.kind, out if logits is None else logits, y)
         except Exception as exc:

@@ -26,7 +26,7 @@ import torch
 from arcsim.compressors.base import Layer
 from arcsim.errors import ArcsimError
 from arcsim.models import count_params
-from arcsim.models.datasets import make_dataset
+from arcsim.models.datasets import data_spec, make_dataset
 from arcsim.models.source import ModelSource, UserBatches, model_source, to_device
 from arcsim.traces.profile import resolve_device
 from arcsim.traces.timing import ComputeTimer, StepTiming
@@ -102,7 +102,7 @@ class TrainingConfig:
         """Refuse bad settings before any work; an unknown model or a missing CUDA device included."""
         source = self.source
         source.check()
-        source.dataset_for(self.dataset, self.data, self.input_size)
+        dataset = source.dataset_for(self.dataset, self.data, self.input_size)
         if self.optimizer not in (None, *OPTIMIZERS):
             raise ArcsimError(f"unknown optimizer {self.optimizer!r}; choose {' or '.join(OPTIMIZERS)}")
         if self.precision not in ("fp32", "bf16"):
@@ -126,6 +126,7 @@ class TrainingConfig:
         if self.lr is not None and not self.lr > 0:
             raise ArcsimError(f"--lr must be positive, got {self.lr}")
         resolve_device(self.device)
+        source.try_forward(data_spec(dataset, self.input_size) if dataset else None, self.data)
 
     @property
     def on_gpu(self) -> bool:

@@ -26,7 +26,7 @@ from arcsim.compressors.base import Layer
 from arcsim.compressors.hierarchy import Grouping, group_workers
 from arcsim.errors import ArcsimError
 from arcsim.files import writable_cache_dir
-from arcsim.models.datasets import DATASETS, Dataset, make_dataset
+from arcsim.models.datasets import DATASETS, Dataset, data_spec, make_dataset
 from arcsim.models.source import ModelSource, model_source
 from arcsim.run.buckets import Bucket, make_buckets
 from arcsim.run.measure import BucketedCompression, Measurement
@@ -112,6 +112,7 @@ class TrainConfig:
             raise ArcsimError(f"--hierarchy {self.hierarchy}: train runs one hierarchy, flat or node (both is for "
                               "arcsim run, which prices each compressor both ways)")
         self.grouping()  # node-aware: the workers must make two or more nodes
+        self.source.try_forward(data_spec(self.dataset), None)  # a wrong model fails before the data is made
 
     def grouping(self) -> Grouping | None:
         """Node-aware: the workers grouped into nodes of the priced topology (None: flat)."""
