@@ -10,9 +10,10 @@ in its metadata), so `arcsim run` can rebuild the model on the meta device and p
 
 How a batch becomes a loss: a zoo model keeps its own rule (cross-entropy of ``model(x)`` against ``y``).
 Otherwise a dict batch is passed as ``model(**batch)``, a tuple or list as ``model(*batch)``, anything else
-as ``model(batch)``; the result is the loss — a scalar tensor, or an object with ``.loss`` as HuggingFace
-models return. A user's model on a built-in dataset gets ``model(x)``; if that is not a loss it is taken
-as logits for the dataset's cross-entropy.
+as ``model(batch)``; the result is the loss — a scalar tensor, an object with ``.loss`` as HuggingFace
+models return, or a tuple holding it as nanoGPT's ``(logits, loss)``. A user's model on a built-in dataset
+gets ``model(x)``; if that is not a loss it is taken as logits (a tensor, ``.logits``, a tuple's first) for
+the dataset's cross-entropy.
 """
 
 from __future__ import annotations
