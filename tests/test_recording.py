@@ -176,3 +176,18 @@ def test_merge_takes_the_jobs_data_or_dataset_not_both(users_job: Path, tmp_path
     r = run_cli("trace", "merge", "rank0.pt", "rank1.pt", "--data", "batches.py:batches", "--dataset",
                 "python-text", "-o", str(tmp_path / "e.npz"), cwd=str(users_job))
     assert r.returncode == 2 and "give one of them" in r.stderr and not (tmp_path / "e.npz").exists()
+
+
+def test_a_recording_without_its_input_is_refused_on_a_gpu_with_the_way_out(users_job: Path, tmp_path: Path):
+    for rank in (0, 1):  # as the hook wrote them before it kept the input's shapes
+        part = torch.load(users_job / f"rank{rank}.pt", weights_only=True)
+        del part["inputs"]
+        torch.save(part, tmp_path / f"rank{rank}.pt")
+    r = run_cli("trace", "merge", "rank0.pt", "rank1.pt", "--model", f"{users_job / 'my_gpt.py'}:build", "-o",
+                "old.npz", cwd=str(tmp_path))
+    assert r.returncode == 0, r.stderr
+    r = run_cli("run", "--trace", "old.npz", "-t", "4x8-eth25-a100", "-c", "dense", cwd=str(tmp_path))
+    assert r.returncode == 2 and "does not say what its model 'my_gpt:build' was fed" in r.stderr, r.stderr
+    r = run_cli("run", "--trace", "old.npz", "-t", "4x8-eth25-a100", "-c", "dense", "--policy", "none", "--gpu",
+                "cpu", cwd=str(tmp_path))
+    assert r.returncode == 0, r.stderr

@@ -320,6 +320,11 @@ class Analysis:
                            "give --compute-profile (arcsim trace profile on that GPU), or --gpu cpu for the "
                            "capture's own timings")
         dataset, size, data = input_of_trace(meta)
+        if dataset is None and data is None and source.entry is None:
+            raise RunError(f"the trace does not say what its model {meta['model']!r} was fed, so its compute on "
+                           f"{name} cannot be modelled: record the job again with this arcsim's recording hook "
+                           "(it keeps the input's shapes), or give --compute-profile, or --gpu cpu for the "
+                           "recording's own timings")
         self.compute_basis = compute_basis(self.cfg, meta, where.gpu)
         self.announce(f"compute on {name}: {self.compute_basis['text']}")
         return where.gpu, predict_compute(source, name, self.compute_basis["batch"], self.compute_basis["precision"],
