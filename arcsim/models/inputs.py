@@ -77,7 +77,8 @@ class RecordedInput:
     @property
     def batch(self) -> int:
         """The recorded batch: the leading dimension of the first tensor (0 when no tensor has one)."""
-        shape = _first_shape(json.loads(self.tree)["args"]) or _first_shape(json.loads(self.tree)["kwargs"])
+        raw = json.loads(self.tree)
+        shape = _first_shape(raw["args"]) or _first_shape(raw["kwargs"])
         return int(shape[0]) if shape else 0
 
     def describe(self) -> str:
