@@ -191,3 +191,23 @@ def test_a_recording_without_its_input_is_refused_on_a_gpu_with_the_way_out(user
     r = run_cli("run", "--trace", "old.npz", "-t", "4x8-eth25-a100", "-c", "dense", "--policy", "none", "--gpu",
                 "cpu", cwd=str(tmp_path))
     assert r.returncode == 0, r.stderr
+
+
+def test_a_recorded_huggingface_input_is_counted_with_its_own_loss_at_any_batch(tmp_path: Path):
+    pytest.importorskip("transformers")
+    from arcsim.devices.workload import count_workload
+    from arcsim.models.inputs import RecordedInput
+
+    config = {"model_type": "llama", "hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4,
+              "num_hidden_layers": 1, "vocab_size": 1000, "tie_word_embeddings": False}
+    (tmp_path / "tiny.json").write_text(json.dumps(config))
+    ids = torch.zeros(4, 16, dtype=torch.long)
+    recorded = RecordedInput.of_call((), {"input_ids": ids, "labels": ids})  # model(**batch) returns .loss
+    assert recorded.batch == 4 and recorded.describe() == "input_ids=4×16 int64, labels=4×16 int64"
+    args, kwargs = recorded.example(32)
+    assert args == [] and kwargs["labels"].shape == (32, 16) and kwargs["labels"].device.type == "meta"
+    source = ModelSource(f"hf:{tmp_path / 'tiny.json'}")
+    small, large = (count_workload(source, batch, data=recorded) for batch in (4, 32))
+    matmul = [sum(op.flops for op in w.forward if op.cls == "matmul") for w in (small, large)]
+    assert matmul[0] > 0 and matmul[1] == pytest.approx(8 * matmul[0])
+    assert set(large.numel) == {n for n, _ in source.build(None).named_parameters()}
