@@ -170,39 +170,54 @@ def compression_hook(state: CompressionState, bucket: dist.GradBucket) -> torch.
 @dataclass
 class RecordingState:
     """What the recording hook keeps: the steps to record and, per recorded step, this rank's gradient of
-    every parameter (fp32, on the CPU), when each became ready, and the step's forward time.
+    every parameter (fp32, on the CPU), when each became ready, and the step's forward time; and once, the
+    shapes and dtypes of the forward's input (:class:`arcsim.models.inputs.RecordedInput`, never its values),
+    the autocast precision the forward ran under, and the optimizer when it is given.
 
-    ``RecordingState.for_model(ddp, steps=(10, 20))``, then ``ddp.register_comm_hook(state, recording_hook)``;
-    ``state.save(path)`` writes this rank's part, and ``arcsim trace merge`` (or
-    :func:`arcsim.traces.merge.merge_recordings`) joins the ranks' parts into one trace of world-size
-    workers. The hook still all-reduces every bucket, so training is unchanged.
+    ``RecordingState.for_model(ddp, steps=(10, 20), optimizer=opt)``, then
+    ``ddp.register_comm_hook(state, recording_hook)``; ``state.save(path)`` writes this rank's part, and
+    ``arcsim trace merge`` (or :func:`arcsim.traces.merge.merge_recordings`) joins the ranks' parts into one
+    trace of world-size workers. The hook still all-reduces every bucket, so training is unchanged.
     """
 
     names: dict
     steps: tuple
     process_group: dist.ProcessGroup | None = None
+    optimizer: torch.optim.Optimizer | None = None
     step: int = 0                              # iterations completed
     grads: dict = field(default_factory=dict)  # step → {name: flat fp32 gradient}
     ready: dict = field(default_factory=dict)  # step → {name: seconds from the end of forward}
     forward: dict = field(default_factory=dict)  # step → forward seconds
     order: list = field(default_factory=list)  # parameter names in the order their buckets became ready
     shapes: dict = field(default_factory=dict)
+    inputs: dict | None = None                 # the first recorded forward's input (RecordedInput.to_meta)
+    precision: str = "fp32"                    # the autocast the first recorded forward ran under
     _marks: list = field(default_factory=lambda: [0.0, 0.0])  # forward start, forward end
 
     @classmethod
-    def for_model(cls, ddp: torch.nn.Module, steps: tuple, process_group: dist.ProcessGroup | None = None
-                  ) -> "RecordingState":
+    def for_model(cls, ddp: torch.nn.Module, steps: tuple, process_group: dist.ProcessGroup | None = None,
+                  optimizer: torch.optim.Optimizer | None = None) -> "RecordingState":
         module = getattr(ddp, "module", ddp)
-        state = cls({id(p): n for n, p in module.named_parameters()}, tuple(sorted(steps)), process_group)
-        module.register_forward_pre_hook(lambda *_: state._mark(0))
+        state = cls({id(p): n for n, p in module.named_parameters()}, tuple(sorted(steps)), process_group, optimizer)
+        module.register_forward_pre_hook(state._enter, with_kwargs=True)
         module.register_forward_hook(lambda *_: state._mark(1))
         return state
+
+    def _enter(self, _module: torch.nn.Module, args: tuple, kwargs: dict) -> None:
+        if self.inputs is None and self.step in self.steps:
+            from arcsim.models.inputs import RecordedInput
+
+            self.inputs = RecordedInput.of_call(args, kwargs).to_meta()
+            self.precision = autocast_precision()
+        self._mark(0)
 
     def _mark(self, which: int) -> None:
         self._marks[which] = time.perf_counter()
 
     def save(self, path) -> None:
         """This rank's recorded steps (call after the last one): a .pt file ``arcsim trace merge`` reads."""
+        from arcsim.traces.training import describe_torch_optimizer
+
         missing = [s for s in self.steps if s not in self.grads]
         if missing:
             raise RuntimeError(f"steps {missing} were never reached (the job ran {self.step} steps)")
@@ -213,7 +228,17 @@ class RecordingState:
                                                     for s in self.steps},
                     "ready_s": {s: [self.ready[s][n] for n in self.order] for s in self.steps},
                     "forward_s": {s: self.forward[s] for s in self.steps},
+                    "inputs": self.inputs, "precision": self.precision,
+                    "optimizer": describe_torch_optimizer(self.optimizer) if self.optimizer is not None else None,
                     "torch_version": str(torch.__version__)}, path)
+
+
+def autocast_precision() -> str:
+    """The precision autocast runs the current forward in: bf16, fp16, or fp32 when autocast is off."""
+    for device_type in ("cuda", "cpu"):
+        if torch.is_autocast_enabled(device_type):
+            return {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(torch.get_autocast_dtype(device_type), "fp32")
+    return "fp32"
 
 
 def recording_hook(state: RecordingState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:

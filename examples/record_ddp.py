@@ -40,9 +40,9 @@ def main() -> None:
     entry, data = MODELS["mlp"], make_dataset("mnist1d")
     torch.manual_seed(args.seed)
     model = DDP(entry.build(data.spec).to(device), device_ids=None if device is None else [device])
-    state = RecordingState.for_model(model, steps=tuple(range(args.steps)))  # arcsim
-    model.register_comm_hook(state, recording_hook)                          # arcsim
     opt = torch.optim.SGD(model.parameters(), lr=entry.lr, momentum=0.9)
+    state = RecordingState.for_model(model, steps=tuple(range(args.steps)), optimizer=opt)  # arcsim
+    model.register_comm_hook(state, recording_hook)                                         # arcsim
     gen = torch.Generator().manual_seed(args.seed)
     for _ in range(args.steps):
         x, y = data.draw(world * args.batch, gen)  # one global batch, this rank's shard

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -71,3 +72,142 @@ def test_parts_that_do_not_belong_together_are_refused(recorded: Path, tmp_path:
     r = run_cli("trace", "merge", str(parts[0]), str(tmp_path / "junk.pt"), "-o", str(tmp_path / "y.npz"))
     assert r.returncode == 2 and "is not a recording part" in r.stderr
     assert not (tmp_path / "x.npz").exists() and not (tmp_path / "y.npz").exists()
+
+
+USER_GPT = '''
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+
+class GPT(nn.Module):  # nanoGPT's contract: forward(idx, targets) -> (logits, loss)
+    def __init__(self, vocab=512, width=64, depth=2, heads=4, block=32):
+        super().__init__()
+        self.tok, self.pos = nn.Embedding(vocab, width), nn.Embedding(block, width)
+        layer = nn.TransformerEncoderLayer(width, heads, 4 * width, dropout=0.0, batch_first=True, norm_first=True)
+        self.blocks = nn.TransformerEncoder(layer, depth, enable_nested_tensor=False)
+        self.head = nn.Linear(width, vocab)
+
+    def forward(self, idx, targets=None):
+        x = self.tok(idx) + self.pos(torch.arange(idx.shape[1], device=idx.device))
+        mask = nn.Transformer.generate_square_subsequent_mask(idx.shape[1], device=idx.device)
+        logits = self.head(self.blocks(x, mask=mask, is_causal=True))
+        loss = None if targets is None else F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
+        return logits, loss
+
+
+def build(**kwargs):
+    return GPT(**kwargs)
+'''
+
+USER_JOB = '''
+import sys
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+from arcsim.hooks import RecordingState, recording_hook
+from my_gpt import build
+
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+torch.manual_seed(0)
+model = DDP(build())
+opt = torch.optim.AdamW(model.parameters(), lr=3e-4, weight_decay=0.1)
+state = RecordingState.for_model(model, steps=(0, 1), optimizer=opt)
+model.register_comm_hook(state, recording_hook)
+gen = torch.Generator().manual_seed(rank)
+for _ in range(2):
+    idx = torch.randint(512, (4, 32), generator=gen)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        _, loss = model(idx, targets=idx)
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+state.save(f"rank{rank}.pt")
+dist.destroy_process_group()
+'''
+
+
+@pytest.fixture(scope="module")
+def users_job(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A user's own GPT trained by their own torchrun script (AdamW, bf16 autocast, batch 4 per rank), in a
+    folder of its own: the recording parts it leaves there."""
+    where = tmp_path_factory.mktemp("users-job")
+    (where / "my_gpt.py").write_text(USER_GPT)
+    (where / "train.py").write_text(USER_JOB)
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port",
+                           str(free_port()), "train.py"], capture_output=True, text=True, timeout=300, cwd=where)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return where
+
+
+def test_a_users_recorded_job_is_priced_on_the_clusters_gpu(users_job: Path):
+    r = run_cli("trace", "merge", "rank0.pt", "rank1.pt", "--model", "my_gpt.py:build", "-o", "rec.npz",
+                cwd=str(users_job))
+    assert r.returncode == 0, r.stderr
+    r = run_cli("trace", "info", "rec.npz", "--no-stats", "--json", "-", cwd=str(users_job))
+    meta = json.loads(r.stdout)["metadata"]
+    assert meta["optimizer"] == "AdamW lr 0.0003 betas (0.9, 0.999) weight decay 0.1"
+    assert (meta["precision"], meta["batch_per_worker"]) == ("bf16", 4)
+    assert meta["recorded_input"]["args"] == {"list": [{"tensor": [4, 32], "dtype": "int64"}]}
+    assert meta["recorded_input"]["kwargs"] == {"dict": {"targets": {"tensor": [4, 32], "dtype": "int64"}}}
+    run = ("run", "--trace", "rec.npz", "--topology", "4x8-eth25-a100", "-c", "dense", "--policy", "none",
+           "--json", "-")
+    r = run_cli(*run, cwd=str(users_job))
+    assert r.returncode == 0, r.stderr
+    assert "compute on a100: batch 4 per GPU (the recorded job's), bf16 (the trace's)" in r.stderr
+    own = json.loads(r.stdout)
+    assert own["compute_basis"]["batch"] == 4 and own["compute_basis"]["precision"] == "bf16"
+    assert own["assumptions"][0].startswith("compute: modelled on NVIDIA A100")
+    r = run_cli(*run, "--batch", "64", "--precision", "fp32", cwd=str(users_job))
+    assert r.returncode == 0, r.stderr
+    told = json.loads(r.stdout)
+    assert (told["compute_basis"]["batch_from"], told["compute_basis"]["precision_from"]) == ("--batch", "--precision")
+    assert "batch 64 per GPU, fp32" in told["assumptions"][0]
+
+
+def test_merge_takes_the_jobs_data_or_dataset_not_both(users_job: Path, tmp_path: Path):
+    (users_job / "batches.py").write_text("import torch\ndef batches(batch_size, seed):\n    while True:\n"
+                                          "        yield torch.zeros(batch_size, 32, dtype=torch.long)\n")
+    r = run_cli("trace", "merge", "rank0.pt", "rank1.pt", "--model", "my_gpt.py:build", "--data",
+                "batches.py:batches", "-o", str(tmp_path / "d.npz"), cwd=str(users_job))
+    assert r.returncode == 0, r.stderr
+    assert open_trace(tmp_path / "d.npz").meta["dataset"] == f"{users_job / 'batches.py'}:batches"
+    r = run_cli("trace", "merge", "rank0.pt", "rank1.pt", "--data", "batches.py:batches", "--dataset",
+                "python-text", "-o", str(tmp_path / "e.npz"), cwd=str(users_job))
+    assert r.returncode == 2 and "give one of them" in r.stderr and not (tmp_path / "e.npz").exists()
+
+
+def test_a_recording_without_its_input_is_refused_on_a_gpu_with_the_way_out(users_job: Path, tmp_path: Path):
+    for rank in (0, 1):  # as the hook wrote them before it kept the input's shapes
+        part = torch.load(users_job / f"rank{rank}.pt", weights_only=True)
+        del part["inputs"]
+        torch.save(part, tmp_path / f"rank{rank}.pt")
+    r = run_cli("trace", "merge", "rank0.pt", "rank1.pt", "--model", f"{users_job / 'my_gpt.py'}:build", "-o",
+                "old.npz", cwd=str(tmp_path))
+    assert r.returncode == 0, r.stderr
+    r = run_cli("run", "--trace", "old.npz", "-t", "4x8-eth25-a100", "-c", "dense", cwd=str(tmp_path))
+    assert r.returncode == 2 and "does not say what its model 'my_gpt:build' was fed" in r.stderr, r.stderr
+    r = run_cli("run", "--trace", "old.npz", "-t", "4x8-eth25-a100", "-c", "dense", "--policy", "none", "--gpu",
+                "cpu", cwd=str(tmp_path))
+    assert r.returncode == 0, r.stderr
+
+
+def test_a_recorded_huggingface_input_is_counted_with_its_own_loss_at_any_batch(tmp_path: Path):
+    pytest.importorskip("transformers")
+    from arcsim.devices.workload import count_workload
+    from arcsim.models.inputs import RecordedInput
+
+    config = {"model_type": "llama", "hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4,
+              "num_hidden_layers": 1, "vocab_size": 1000, "tie_word_embeddings": False}
+    (tmp_path / "tiny.json").write_text(json.dumps(config))
+    ids = torch.zeros(4, 16, dtype=torch.long)
+    recorded = RecordedInput.of_call((), {"input_ids": ids, "labels": ids})  # model(**batch) returns .loss
+    assert recorded.batch == 4 and recorded.describe() == "input_ids=4×16 int64, labels=4×16 int64"
+    args, kwargs = recorded.example(32)
+    assert args == [] and kwargs["labels"].shape == (32, 16) and kwargs["labels"].device.type == "meta"
+    source = ModelSource(f"hf:{tmp_path / 'tiny.json'}")
+    small, large = (count_workload(source, batch, data=recorded) for batch in (4, 32))
+    matmul = [sum(op.flops for op in w.forward if op.cls == "matmul") for w in (small, large)]
+    assert matmul[0] > 0 and matmul[1] == pytest.approx(8 * matmul[0])
+    assert set(large.numel) == {n for n, _ in source.build(None).named_parameters()}

@@ -167,3 +167,24 @@ def test_bad_requests_are_one_line_exit_2(args, fragment, tmp_path):
 def test_a_model_of_ones_own_needs_a_dataset(tmp_path, mlp_copy):
     r = run_cli("train", "--model", mlp_copy, "-o", str(tmp_path / "t"), timeout=120)
     assert r.returncode == 2 and "give --dataset" in r.stderr, r.stderr
+
+
+TOKENS = """
+from torch import nn
+
+def build(vocab=32000):
+    return nn.Sequential(nn.Embedding(vocab, 8), nn.Linear(8, vocab))
+"""
+
+
+def test_train_takes_an_input_size_and_says_how_long_it_will_take(tmp_path):
+    (tmp_path / "tokens.py").write_text(TOKENS)
+    out = tmp_path / "t"
+    r = run_cli("train", "--model", f"{tmp_path / 'tokens.py'}:build", "--dataset", "python-text", "--input-size",
+                "16", "-c", "dense", "--steps", "2", "--eval-every", "2", "-w", "2", "--batch", "2", "-o", str(out),
+                "--json", "-", timeout=300)
+    assert r.returncode == 0, r.stderr
+    estimate = [line for line in r.stderr.splitlines() if line.startswith("estimate:")]
+    assert len(estimate) == 1 and "1 run(s) × 2 steps × 2 workers at" in estimate[0], r.stderr
+    assert json.loads((out / "config.json").read_text())["input_size"] == 16
+    assert len(pd.read_csv(out / "history.csv")) == 2

@@ -11,6 +11,7 @@ import pytest
 import torch
 from conftest import run_cli
 
+from arcsim.models.datasets import DataSpec
 from arcsim.models.source import ModelError, ModelSource, UserBatches, parse_args
 from arcsim.traces.capture import CaptureConfig, capture
 from arcsim.traces.format import open_trace
@@ -72,6 +73,45 @@ MODEL_FILE = textwrap.dedent('''
 
     def few(batch_size, seed):
         yield torch.randn(batch_size, 16), torch.randn(batch_size)
+
+
+    class Nano(nn.Module):  # nanoGPT's contract: forward(idx, targets=None) -> (logits, loss or None)
+        def __init__(self, vocab):
+            super().__init__()
+            self.embed, self.head = nn.Embedding(vocab, 16), nn.Linear(16, vocab)
+
+        def forward(self, idx, targets=None):
+            logits = self.head(self.embed(idx))
+            loss = None if targets is None else nn.functional.cross_entropy(logits.flatten(0, 1), targets.flatten())
+            return logits, loss
+
+
+    def nano(vocab=32000):
+        return Nano(vocab)
+
+
+    def token_batches(batch_size, seed):
+        g = torch.Generator().manual_seed(seed)
+        while True:
+            idx = torch.randint(64, (batch_size, 8), generator=g)
+            yield idx, idx
+
+
+    class Broken(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.head = nn.Linear(16, 4)
+
+        def forward(self, idx):
+            raise ValueError("the head wants 16 features")
+
+
+    def broken():
+        return Broken()
+
+
+    def wrong_output():
+        return nn.Embedding(32000, 8)  # 8 features per token, not 32000 logits
 ''')
 
 
@@ -161,6 +201,32 @@ def test_bad_user_models_are_one_line_and_leave_nothing(user_dir: Path, args: li
     lines = r.stderr.strip().splitlines()
     assert r.returncode == 2 and len(lines) == 1 and phrase in lines[0], r.stderr[-1500:]
     assert not (user_dir / "x.npz").exists()
+
+
+def test_a_nanogpt_style_model_returning_logits_and_loss_trains_on_user_batches_and_a_dataset(user_dir: Path):
+    r = run_cli("trace", "capture", "--model", "mine.py:nano", "--model-arg", "vocab=64", "--data",
+                "mine.py:token_batches", "-w", "2", "-s", "1", "-b", "2", "-o", str(user_dir / "n.npz"),
+                cwd=str(user_dir))
+    assert r.returncode == 0, r.stderr
+    assert open_trace(user_dir / "n.npz").elements == 64 * 16 + 16 * 64 + 64
+    spec = DataSpec("tokens", (8,), 64)  # on a built-in dataset it gets model(x): (logits, None)
+    source = ModelSource(f"{user_dir / 'mine.py'}:nano", (("vocab", 64),))
+    model, x = source.build(spec), torch.randint(64, (2, 8))
+    loss = source.loss(model, (x, x), spec)
+    torch.testing.assert_close(loss, torch.nn.functional.cross_entropy(model(x)[0].flatten(0, 1), x.flatten()))
+
+
+@pytest.mark.parametrize(("model", "phrase"), [
+    ("mine.py:broken", "rejected a batch of tokens data, shape (2, 16): ValueError: the head wants 16 features"),
+    ("mine.py:wrong_output", "returned logits of shape (2, 16, 8), over 8 classes where the tokens data has 32000"),
+])
+def test_a_wrong_model_is_refused_before_any_text_is_prepared(user_dir: Path, model: str, phrase: str):
+    cache = user_dir / "cache"
+    r = run_cli("trace", "capture", "--model", model, "--dataset", "python-text", "--input-size", "16", "-w", "2",
+                "-o", str(user_dir / "x.npz"), cwd=str(user_dir), env={"ARCSIM_CACHE_DIR": str(cache)})
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 2 and len(lines) == 1 and phrase in lines[0], r.stderr[-1500:]
+    assert not list(cache.rglob("tokenizer.json")) and not (user_dir / "x.npz").exists()
 
 
 def test_model_args_are_read_as_yaml_scalars():

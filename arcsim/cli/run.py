@@ -93,9 +93,10 @@ if TYPE_CHECKING:  # torch stays unimported until a command needs it
 @click.option("--gpu", default=None, help="Price compute and compression on this GPU (arcsim device list); "
                                           "default: the topology's, cpu for what this machine measures.")
 @click.option("--batch", "-b", type=Count(), default=None,
-              help="Batch per GPU for the GPU's compute (default 32).")
-@click.option("--precision", type=click.Choice(["fp32", "bf16"]), default="fp32", show_default=True,
-              help="The GPU's compute: fp32 (TF32 convolutions, PyTorch's defaults) or bf16 autocast.")
+              help="Batch per GPU for the GPU's compute (default: the trace's, else 32).")
+@click.option("--precision", type=click.Choice(["fp32", "bf16"]), default=None,
+              help="The GPU's compute: fp32 (TF32 convolutions, PyTorch's defaults) or bf16 autocast (default: "
+                   "the trace's, else fp32).")
 @click.option("--compare-gpu", default=None,
               help="With --plot: also run on this GPU and draw both breakdowns side by side (breakdown-gpus.png).")
 @click.option("--compute-profile", type=click.Path(), default=None,
@@ -120,7 +121,7 @@ def run(topology: str, trace: str | None, no_capture: bool, params: str | None, 
         engine: str, library: str | None, bandwidth: str | None, latency: str | None, bucket_mb: float,
         fusion: str, hierarchy: str, policy: str, slack: float, ratios: tuple[float, ...],
         weights: tuple[float, float] | None,
-        gpu: str | None, batch: int | None, precision: str, compare_gpu: str | None, compute_profile: str | None,
+        gpu: str | None, batch: int | None, precision: str | None, compare_gpu: str | None, compute_profile: str | None,
         seed: int,
         grid_steps: int | None, all_collectives: bool, json_out: str | None, csv_out: str | None, plot_dir: str | None,
         scope: str, schedule: str | None = None, history_dir: str | None = None) -> None:

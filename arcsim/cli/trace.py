@@ -113,8 +113,10 @@ def trace_profile(model: str, model_args: tuple[str, ...], data: str | None, dat
 @click.option("--model", default=None, help="The model the job trained (as --model takes it elsewhere), so that "
                                             "arcsim run can price its compute; checked against the recording.")
 @model_arg_options
-@click.option("--dataset", default=None, help="The built-in dataset it trained on, if any.")
-@click.option("--batch", "-b", default="0", type=Count(minimum=0), help="Batch per rank (0: not known).")
+@click.option("--dataset", default=None, help="The built-in dataset it trained on, if any (not needed: the recording "
+                                            "keeps the shapes of the model's input).")
+@click.option("--batch", "-b", default="0", type=Count(minimum=0),
+              help="Batch per rank (default: the recorded input's leading dimension).")
 @click.option("--dtype", type=click.Choice(["fp16", "fp32"]), default="fp16", show_default=True)
 @click.option("--out", "-o", required=True, type=OutputPath(), help="Trace file to write (.npz).")
 def trace_merge(parts: tuple[str, ...], model: str | None, model_args: tuple[str, ...], data: str | None,
@@ -124,12 +126,10 @@ def trace_merge(parts: tuple[str, ...], model: str | None, model_args: tuple[str
     from arcsim.traces.format import open_trace
     from arcsim.traces.merge import merge_recordings
 
-    if data is not None:
-        raise ArcsimError("trace merge takes --dataset, not --data: the job's batches are already recorded")
     if not out.endswith(".npz"):
         raise ArcsimError(f"--out {out}: a trace file name must end in .npz")
     source = model_source(model, model_args) if model else None
-    path = merge_recordings([Path(p) for p in parts], Path(out), source, dataset, batch, dtype)
+    path = merge_recordings([Path(p) for p in parts], Path(out), source, dataset, batch, dtype, data)
     t = open_trace(path)
     note(f"wrote {path}: {t.steps} steps × {t.workers} workers × {t.elements:,} elements "
          f"({format_size(path.stat().st_size)})")

@@ -15,6 +15,7 @@ from rich.table import Table
 from arcsim.catalog import COMPRESSORS, FUSIONS, MEMORIES, MODELS
 from arcsim.cli.common import (
     DENSITY,
+    INPUT_SIZE,
     Count,
     ListOf,
     Number,
@@ -52,6 +53,8 @@ if TYPE_CHECKING:
 @click.option("--memory", "-m", default="ef14", show_default=True, help=f"Error feedback: {', '.join(MEMORIES)}.")
 @click.option("--steps", default="300", show_default=True, type=Count())
 @click.option("--batch", "-b", default="16", show_default=True, type=Count(), help="Batch per worker.")
+@click.option("--input-size", type=INPUT_SIZE, default=None,
+              help="Image side or sequence length (default: the dataset's; python-text: 256).")
 @optimizer_options
 @click.option("--precision", type=click.Choice(["fp32", "bf16"]), default="fp32", show_default=True,
               help="bf16 runs forward and loss under autocast (gradients stay fp32).")
@@ -99,7 +102,8 @@ if TYPE_CHECKING:
 @json_option
 @scope_option
 def train(model: str, model_args: tuple[str, ...], data: str | None, dataset: str | None, workers: int,
-          compressors: str, density: float, memory: str, steps: int, batch: int, eval_every: int,
+          compressors: str, density: float, memory: str, steps: int, batch: int, input_size: int | None,
+          eval_every: int,
           seeds: tuple[int, ...], topology: str | None, engine: str, hierarchy: str, gpu: str | None,
           library: str | None,
           fusion: str, compute_profile: str | None, target: float | None, target_loss: float | None,
@@ -135,7 +139,7 @@ def train(model: str, model_args: tuple[str, ...], data: str | None, dataset: st
                       compressors=tuple(c.strip() for c in compressors.split(",") if c.strip()), density=density,
                       memory=memory, steps=steps, batch=batch, eval_every=eval_every,
                       seeds=seeds, compute_profile=compute_profile, scope=scope, fusion=fusion, precision=precision,
-                      hierarchy=hierarchy, gpus_per_node=gpus_per_node, **settings)
+                      hierarchy=hierarchy, gpus_per_node=gpus_per_node, input_size=input_size, **settings)
     cfg.check()
     grouping = cfg.grouping()
     if grouping is not None:

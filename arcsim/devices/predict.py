@@ -11,6 +11,7 @@ from arcsim.devices.compute import find_measured, load_fit, modelled_profile
 from arcsim.devices.workload import count_workload
 from arcsim.errors import ArcsimError
 from arcsim.files import writable_cache_dir
+from arcsim.models.inputs import RecordedInput
 from arcsim.models.source import ModelSource, as_source
 from arcsim.traces.profile import ComputeProfile, load_profile
 
@@ -68,10 +69,10 @@ def expected_error(model: str, dev: Device) -> tuple[float, str]:
 
 
 def predict_compute(model: str | ModelSource, gpu: str, batch: int, precision: str = "fp32", modelled: bool = False,
-                    dataset: str | None = None, data: str | None = None,
+                    dataset: str | None = None, data: str | RecordedInput | None = None,
                     input_size: int | None = None) -> ComputePrediction:
     """``model``: a zoo name or any model source; ``dataset`` (default: the model's own) sets the input shape,
-    and a measured profile must share it; ``data``: the user's batches instead."""
+    and a measured profile must share it; ``data``: the user's batches, or a recorded job's input, instead."""
     source = as_source(model)
     dev = check_request(source, gpu, batch, precision)
     dataset = source.dataset_for(dataset, data, input_size)  # None: the user's batches feed it

@@ -25,6 +25,7 @@ from torch.utils._pytree import tree_flatten
 from torch.utils.flop_counter import flop_registry
 
 from arcsim.models.datasets import DataSpec
+from arcsim.models.inputs import RecordedInput
 
 if TYPE_CHECKING:
     from arcsim.models.source import ModelSource
@@ -167,11 +168,11 @@ WORKLOAD_VERSION = 1  # bump when counting changes: workloads kept on disk by an
 
 
 def count_workload(model: str | ModelSource, batch: int, dataset: str | None = None,
-                   input_size: int | None = None, data: str | None = None) -> Workload:
+                   input_size: int | None = None, data: str | RecordedInput | None = None) -> Workload:
     """Count one fp32 training step of ``model`` (a zoo name or any model source) at ``batch`` per GPU on meta
-    tensors (nothing is computed), fed by a built-in dataset (the named or the model's own) or one batch of
-    the user's ``data``; counted once for each (model, batch, input) and kept in memory and on disk
-    (arcsim.files): counting imports torch._dynamo for meta convolutions, 1.2 s a run."""
+    tensors (nothing is computed), fed by a built-in dataset (the named or the model's own), one batch of
+    the user's ``data``, or the input a recorded job saw; counted once for each (model, batch, input) and
+    kept in memory and on disk (arcsim.files): counting imports torch._dynamo for meta convolutions, 1.2 s a run."""
     from arcsim.models.datasets import data_spec
     from arcsim.models.source import as_source
 
@@ -182,12 +183,13 @@ def count_workload(model: str | ModelSource, batch: int, dataset: str | None = N
 
 
 @lru_cache(maxsize=64)
-def _workload(source: ModelSource, batch: int, spec: DataSpec | None, data: str | None) -> Workload:
+def _workload(source: ModelSource, batch: int, spec: DataSpec | None, data: str | RecordedInput | None) -> Workload:
     from arcsim.files import cache_key, cache_read, cache_write
 
     name = "workload-" + cache_key({"v": WORKLOAD_VERSION, "torch": torch.__version__,
                                     "model": source.ref if source.entry else source.identity(), "batch": batch,
-                                    "spec": dataclasses.asdict(spec) if spec else data})
+                                    "spec": dataclasses.asdict(spec) if spec else
+                                    data.tree if isinstance(data, RecordedInput) else data})
     kept = cache_read(name)
     if kept is not None:
         return _workload_from(kept)
@@ -209,7 +211,7 @@ def _workload_from(raw: dict[str, Any]) -> Workload:
                     raw["ready_after"], raw["numel"], raw["order"])
 
 
-def _count(source: ModelSource, batch: int, spec: DataSpec | None, data: str | None) -> Workload:
+def _count(source: ModelSource, batch: int, spec: DataSpec | None, data: str | RecordedInput | None) -> Workload:
     from arcsim.models.source import UserBatches, to_device
 
     torch.manual_seed(0)
@@ -221,6 +223,8 @@ def _count(source: ModelSource, batch: int, spec: DataSpec | None, data: str | N
             x = torch.randint(spec.classes, shape) if spec.kind == "tokens" else torch.randn(shape)
             y = torch.randint(spec.classes, shape if spec.kind == "tokens" else (batch,))
         example: Any = (x, y)
+    elif isinstance(data, RecordedInput):
+        example = data.example(batch)
     else:
         assert data is not None
         example = to_device(UserBatches(data, batch, 0).next(), torch.device("meta"))
@@ -236,7 +240,8 @@ def _count(source: ModelSource, batch: int, spec: DataSpec | None, data: str | N
     handles = [p.register_post_accumulate_grad_hook(lambda _p, n=n: ready(n)) for n, p in params.items()]
     try:
         with recorder, _fused_attention(recorder), torch.device("meta"):  # tensors made in forward: meta too
-            loss = source.loss(model, example, spec)
+            loss = (data.loss(model, example, f"--model {source.ref}") if isinstance(data, RecordedInput) else
+                    source.loss(model, example, spec))
             work.forward = list(recorder.ops)
             recorder.ops.clear()
             loss.backward()

@@ -10,9 +10,10 @@ in its metadata), so `arcsim run` can rebuild the model on the meta device and p
 
 How a batch becomes a loss: a zoo model keeps its own rule (cross-entropy of ``model(x)`` against ``y``).
 Otherwise a dict batch is passed as ``model(**batch)``, a tuple or list as ``model(*batch)``, anything else
-as ``model(batch)``; the result is the loss — a scalar tensor, or an object with ``.loss`` as HuggingFace
-models return. A user's model on a built-in dataset gets ``model(x)``; if that is not a loss it is taken
-as logits for the dataset's cross-entropy.
+as ``model(batch)``; the result is the loss — a scalar tensor, an object with ``.loss`` as HuggingFace
+models return, or a tuple holding it as nanoGPT's ``(logits, loss)``. A user's model on a built-in dataset
+gets ``model(x)``; if that is not a loss it is taken as logits (a tensor, ``.logits``, a tuple's first) for
+the dataset's cross-entropy.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from torch import nn
 
 from arcsim.models import MODELS, ModelEntry, loss_fn
 from arcsim.models.datasets import DatasetError, DataSpec
+from arcsim.models.inputs import RecordedInput
 
 # a user's model trains, unless told otherwise, as most transformers do
 USER_OPTIMIZER, USER_LR, USER_BATCH = "adamw", 1e-3, 8
@@ -112,24 +114,57 @@ def call_user(fn: Callable[..., Any], args: dict[str, Any], what: str) -> Any:
         raise ModelError(f"{what} raised {type(exc).__name__}: {exc}") from None
 
 
+def _is_loss(value: Any) -> bool:
+    return isinstance(value, torch.Tensor) and value.ndim == 0 and value.is_floating_point()
+
+
+def output_loss(out: Any) -> torch.Tensor | None:
+    """The loss in a forward's result, as popular code returns it: a scalar tensor, ``.loss`` (HuggingFace's
+    ``ModelOutput``), or the scalar in a tuple (nanoGPT's ``(logits, loss)``); None when there is none."""
+    if _is_loss(out):
+        return out
+    if _is_loss(getattr(out, "loss", None)):
+        return out.loss
+    if isinstance(out, tuple | list):
+        return next((v for v in out if _is_loss(v)), None)
+    return None
+
+
+def output_logits(out: Any) -> torch.Tensor | None:
+    """The logits in a forward's result: a tensor, ``.logits``, or the first tensor of a tuple."""
+    if isinstance(out, torch.Tensor) and out.ndim > 0:
+        return out
+    if isinstance(getattr(out, "logits", None), torch.Tensor):
+        return out.logits
+    if isinstance(out, tuple | list):
+        return next((v for v in out if isinstance(v, torch.Tensor) and v.ndim > 0), None)
+    return None
+
+
 def loss_of(result: Any, what: str) -> torch.Tensor:
-    """The loss a forward returned: a scalar tensor, or ``.loss`` of an output object."""
-    loss = result if getattr(result, "loss", None) is None else result.loss
-    if isinstance(loss, torch.Tensor) and loss.ndim == 0:
+    """The loss a forward returned (:func:`output_loss`), or one error saying what came back instead."""
+    loss = output_loss(result)
+    if loss is not None:
         return loss
     got = type(result).__name__ + (f" of shape {tuple(result.shape)}" if isinstance(result, torch.Tensor) else "")
-    raise ModelError(f"{what} returned {got}, not a loss: return a scalar tensor or an object with .loss")
+    raise ModelError(f"{what} returned {got}, not a loss: return a scalar tensor, an object with .loss, or a "
+                     "tuple holding the loss (as nanoGPT's (logits, loss))")
+
+
+def call_forward(model: nn.Module, batch: Any) -> Any:
+    """A user's batch through the model by its type: dict → ``model(**b)``, tuple/list → ``model(*b)``, else
+    ``model(b)``."""
+    if isinstance(batch, dict):
+        return model(**batch)
+    if isinstance(batch, tuple | list):
+        return model(*batch)
+    return model(batch)
 
 
 def forward_loss(model: nn.Module, batch: Any, what: str) -> torch.Tensor:
-    """A user's batch through the model by its type (dict → **, tuple/list → *, else one argument)."""
+    """The loss of a user's batch through the model (:func:`call_forward`)."""
     try:
-        if isinstance(batch, dict):
-            result = model(**batch)
-        elif isinstance(batch, tuple | list):
-            result = model(*batch)
-        else:
-            result = model(batch)
+        result = call_forward(model, batch)
     except Exception as exc:
         raise ModelError(f"{what} rejected a batch: {type(exc).__name__}: {str(exc)[:300]}") from None
     return loss_of(result, what)
@@ -186,13 +221,16 @@ class ModelSource:
                              "path/to/file.py:build, package.module:build or hf:config.json")
         load_callable(self.ref, "--model")
 
-    def dataset_for(self, dataset: str | None, data: str | None, input_size: int | None = None) -> str | None:
-        """The built-in dataset this model is fed (None when the user's ``data`` feeds it), after checking that
-        exactly one of the two is there: one rule for capture, profiles and the device model's count."""
+    def dataset_for(self, dataset: str | None, data: str | RecordedInput | None,
+                    input_size: int | None = None) -> str | None:
+        """The built-in dataset this model is fed (None when the user's ``data``, or a recorded job's input, feeds
+        it), after checking that exactly one of the two is there: one rule for capture, profiles and the device
+        model's count."""
         if data is not None:
             if dataset is not None or input_size is not None:
                 raise ModelError("--data gives the batches: drop --dataset and --input-size")
-            load_callable(data, "--data")
+            if isinstance(data, str):
+                load_callable(data, "--data")
             return None
         if dataset is None and self.default_dataset is None:
             raise ModelError(f"--model {self.ref} is your own: give --dataset (a built-in dataset its forward "
@@ -215,6 +253,33 @@ class ModelSource:
             raise ModelError(f"--model {self.ref} returned {type(model).__name__}, not a torch.nn.Module")
         return model
 
+    def try_forward(self, spec: DataSpec | None, data: str | None) -> None:
+        """One forward of a user's model on 2 examples on the meta device (shapes only, nothing computed, no data
+        made), so that a forward that raises, or returns neither a loss nor logits, is refused before any data is
+        prepared; a forward the meta device cannot run (one that reads values) is left to the real run."""
+        if self.entry is not None:
+            return
+        with torch.device("meta"):
+            model = self.build(spec)
+            if spec is not None:
+                x = torch.zeros((2, *spec.shape), dtype=torch.long if spec.kind == "tokens" else torch.float)
+                batch: Any = (x, torch.zeros(x.shape if spec.kind == "tokens" else (2,), dtype=torch.long))
+        if spec is None:
+            assert data is not None
+            batch = to_device(UserBatches(data, 2, 0).next(), torch.device("meta"))
+        what = f"a batch of {spec.kind} data, shape {tuple(batch[0].shape)}" if spec else "a batch of --data"
+        try:
+            with torch.device("meta"):
+                out = model(batch[0]) if spec is not None else call_forward(model, batch)
+        except Exception as exc:
+            if isinstance(exc, NotImplementedError) or "meta" in str(exc):
+                return
+            raise ModelError(f"--model {self.ref} rejected {what}: {type(exc).__name__}: {str(exc)[:300]}") from None
+        if spec is not None:
+            self.loss_of_output(out, batch[1], spec)
+        else:
+            loss_of(out, f"--model {self.ref}")
+
     def loss(self, model: nn.Module, batch: Any, spec: DataSpec | None) -> torch.Tensor:
         """One shard's loss: the zoo's rule, a user batch by its type, or a user model on a built-in dataset."""
         if spec is None:
@@ -234,11 +299,16 @@ class ModelSource:
         the loss it returned, else the dataset's loss on its logits."""
         if self.entry is not None:
             return loss_fn(spec.kind, out, y)
-        if (isinstance(out, torch.Tensor) and out.ndim == 0) or getattr(out, "loss", None) is not None:
-            return loss_of(out, f"--model {self.ref}")
-        logits = getattr(out, "logits", out)
+        loss = output_loss(out)
+        if loss is not None:
+            return loss
+        logits = output_logits(out)
+        if logits is not None and logits.ndim >= 2 and logits.shape[-1] < spec.classes:  # more: padded vocabulary
+            raise ModelError(f"--model {self.ref} returned logits of shape {tuple(logits.shape)}, over "
+                             f"{logits.shape[-1]} classes where the {spec.kind} data has {spec.classes}: build it "
+                             f"with {spec.classes} outputs or more")
         try:
-            return loss_fn(spec.kind, logits, y)
+            return loss_fn(spec.kind, out if logits is None else logits, y)
         except Exception as exc:
             raise ModelError(f"--model {self.ref} returned {type(out).__name__} that is neither a loss nor "
                              f"{spec.kind} logits: {type(exc).__name__}: {str(exc)[:200]}") from None
@@ -354,14 +424,15 @@ def to_device(batch: Any, device: torch.device) -> Any:
     return batch
 
 
-def input_of_trace(meta: dict[str, Any]) -> tuple[str | None, int | None, str | None]:
+def input_of_trace(meta: dict[str, Any]) -> tuple[str | None, int | None, str | RecordedInput | None]:
     """What a trace's model was fed, to feed it alike on the meta device: (built-in dataset, its input size
-    when not the default, None) or (None, None, the user's ``--data``)."""
+    when not the default, None), or (None, None, the input a recorded job saw, else the user's ``--data``)."""
     from arcsim.models.datasets import DATASETS, data_spec
 
     dataset = meta.get("dataset")
     if dataset not in DATASETS:
-        return None, None, dataset if isinstance(dataset, str) and ":" in dataset else None
+        recorded = RecordedInput.from_meta(meta.get("recorded_input"))
+        return None, None, recorded or (dataset if isinstance(dataset, str) and ":" in dataset else None)
     shape = tuple(meta.get("input_shape") or ())
     if not shape or shape == data_spec(dataset).shape:
         return dataset, None, None

@@ -79,8 +79,8 @@ class RunConfig:
     #                                                ranks share cores: emulation)
     options: dict[str, Any] = field(default_factory=lambda: {"scope": "tensor"})  # each compressor takes its own
     gpu: str | None = None              # catalogue device; None: the topology's, else compute as the trace measured
-    batch: int | None = None            # per GPU, for a GPU's compute (None: DEFAULT_GPU_BATCH)
-    precision: str = "fp32"             # fp32 or bf16 autocast, for a GPU's compute
+    batch: int | None = None            # per GPU, for a GPU's compute (None: the trace's, else DEFAULT_GPU_BATCH)
+    precision: str | None = None        # fp32 or bf16 autocast, for a GPU's compute (None: the trace's, else fp32)
     library: str | None = None          # the communication library; None: the topology's
     bandwidth: float | None = None      # per-NIC bandwidth override, bytes/s
     latency: float | None = None        # one-way network latency override, s
@@ -115,18 +115,18 @@ class RunConfig:
         writable_cache_dir()  # measurements are kept there, generated traces written there
         check_compression(self.compressors, self.memory, RunError)
         check_options(self.compressors, self.options, RunError)
-        if self.precision not in PRECISIONS:
+        if self.precision is not None and self.precision not in PRECISIONS:
             raise RunError(f"unknown precision {self.precision!r}; choose {' or '.join(PRECISIONS)}")
         if self.gpu is not None:
             from arcsim.devices.catalog import device
 
             gpu = device(self.gpu)
-            if gpu.modelled:
+            if gpu.modelled and self.precision is not None:
                 gpu.check_precision(self.precision)
         if self.batch is not None and self.batch < 1:
             raise RunError(f"--batch is per GPU and at least 1, got {self.batch}")
         flags = [f for f, given in (("--batch", self.batch is not None and self.live is None),
-                                    ("--precision bf16", self.precision != "fp32")) if given]
+                                    ("--precision bf16", self.precision == "bf16")) if given]
         why = self.compute_source().why_not_modelled if flags else None
         if flags and why:
             raise RunError(f"{' and '.join(flags)} shape the compute modelled on a catalogue GPU, but {why}; "
@@ -183,6 +183,7 @@ class RunResult:
     crossover: decisions.Crossover
     assumptions: list[str]
     timings: dict[str, float] = field(default_factory=dict)
+    compute_basis: dict[str, Any] | None = None  # a modelled compute's batch and precision, and whence each
 
 
 def _set_speedups(c: Candidate, dense: Candidate, ring: Candidate) -> None:
@@ -205,6 +206,29 @@ def density_notes(cands: list[Candidate], tolerance: float = 0.2) -> list[str]:
     return notes
 
 
+def compute_basis(cfg: RunConfig, meta: dict[str, Any], gpu: Device) -> dict[str, Any]:
+    """The batch per GPU and the precision ``gpu``'s compute is modelled at, and whence each: as asked, else the
+    trace's own (a recorded job's batch — a capture's is the one it ran on the CPU —, and the precision it
+    trained in, where ``gpu`` has it), else DEFAULT_GPU_BATCH and fp32."""
+    trace_batch, trace_precision = int(meta.get("batch_per_worker") or 0), meta.get("precision")
+    if cfg.batch:
+        batch, batch_from = cfg.batch, "--batch"
+    elif trace_batch and meta.get("device") == "recorded":
+        batch, batch_from = trace_batch, "the recorded job's"
+    else:
+        batch, batch_from = DEFAULT_GPU_BATCH, (f"the default; a capture's batch ({trace_batch}) is not the training's"
+                                                if trace_batch else "the default; the trace records none")
+    if cfg.precision is not None:
+        precision, precision_from = cfg.precision, "--precision"
+    elif trace_precision in gpu.peak_tflops and trace_precision in PRECISIONS:
+        precision, precision_from = trace_precision, "the trace's"
+    else:
+        precision, precision_from = "fp32", ("the default: the trace records none" if trace_precision is None else
+                                             f"the trace's {trace_precision} is not modelled on {gpu.name}")
+    return {"batch": batch, "batch_from": batch_from, "precision": precision, "precision_from": precision_from,
+            "text": f"batch {batch} per GPU ({batch_from}), {precision} ({precision_from})"}
+
+
 class Analysis:
     """Measures compressors on the trace once per (compressor, density) and prices them on demand."""
 
@@ -216,6 +240,8 @@ class Analysis:
         cfg.check()
         self.cfg = cfg
         self.progress = progress or (lambda _: None)
+        self.announce = announce
+        self.compute_basis: dict[str, Any] | None = None  # a modelled compute's batch and precision, and whence
         self.topo = load_topology(cfg.topology).with_overrides(cfg.bandwidth, cfg.latency, cfg.library)
         changed = [f"{format_bits(cfg.bandwidth)} per NIC" if cfg.bandwidth else "",
                    f"{format_duration(cfg.latency)} latency" if cfg.latency is not None else ""]
@@ -294,8 +320,15 @@ class Analysis:
                            "give --compute-profile (arcsim trace profile on that GPU), or --gpu cpu for the "
                            "capture's own timings")
         dataset, size, data = input_of_trace(meta)
-        return where.gpu, predict_compute(source, name, self.cfg.batch or DEFAULT_GPU_BATCH, self.cfg.precision,
-                                             dataset=dataset, input_size=size, data=data)
+        if dataset is None and data is None and source.entry is None:
+            raise RunError(f"the trace does not say what its model {meta['model']!r} was fed, so its compute on "
+                           f"{name} cannot be modelled: record the job again with this arcsim's recording hook "
+                           "(it keeps the input's shapes), or give --compute-profile, or --gpu cpu for the "
+                           "recording's own timings")
+        self.compute_basis = compute_basis(self.cfg, meta, where.gpu)
+        self.announce(f"compute on {name}: {self.compute_basis['text']}")
+        return where.gpu, predict_compute(source, name, self.compute_basis["batch"], self.compute_basis["precision"],
+                                          dataset=dataset, input_size=size, data=data)
 
     def steps(self) -> Iterator[tuple[int, torch.Tensor]]:
         """The trace's steps: held in memory as stored when they fit CACHE_BYTES (a half-precision trace is
@@ -412,6 +445,7 @@ class Analysis:
         measured = sum(v for k, v in self.timings.items() if k.startswith("measure "))
         self.timings["pricing, policy, front and crossover"] = time.perf_counter() - started - measured
         result.timings = dict(self.timings)
+        result.compute_basis = self.compute_basis
         return result
 
     def _run(self) -> RunResult:

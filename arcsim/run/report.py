@@ -44,6 +44,7 @@ def to_json(result: RunResult) -> dict[str, Any]:
         "config": {"density": cfg.density, "engine": cfg.engine, "bucket_mb": cfg.bucket_mb, "policy": cfg.policy,
                    "memory": cfg.memory or "default (ef14; none for dense, fp16)", "ratios": list(cfg.ratios),
                    "compute_profile": cfg.compute_profile, "seed": cfg.seed, "hierarchy": cfg.hierarchy},
+        "compute_basis": result.compute_basis,
         "assumptions": result.assumptions,
         "buckets": [{"index": b.index, "elements": b.numel, "layers": len(b.layers), "ready_s": b.ready_s}
                     for b in result.ctx.buckets],

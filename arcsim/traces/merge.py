@@ -5,8 +5,10 @@ became ready, the ready times and the forward time (:class:`arcsim.hooks.Recordi
 come from one job: the same world size (one part per rank), recorded steps, parameter names and shapes.
 The trace's compute timings are the medians over the ranks; its losses were not seen by the hook (zeros,
 and ``losses_recorded`` false in the metadata). Naming the model (``--model``, as capture takes it)
-records how to rebuild it, after checking that its parameters are the recorded ones, so that ``arcsim
-run`` can price its compute on a GPU.
+records how to rebuild it, after checking that its parameters are the recorded ones; with the input the
+hook saw (shapes and dtypes: ``recorded_input``), ``arcsim run`` prices its compute on a GPU with nothing
+more. The batch (the input's leading dimension), the autocast precision and the optimizer (when the job
+gave it to the hook) are the job's own.
 """
 
 from __future__ import annotations
@@ -22,7 +24,8 @@ import torch
 
 from arcsim.compressors.base import Layer
 from arcsim.errors import ArcsimError
-from arcsim.models.source import ModelSource
+from arcsim.models.inputs import RecordedInput
+from arcsim.models.source import ModelSource, absolute_ref, load_callable
 from arcsim.traces.format import SCHEMA_VERSION, TraceWriter
 
 
@@ -40,8 +43,9 @@ def _read(path: Path) -> dict[str, Any]:
 
 
 def merge_recordings(paths: list[Path], out: Path, source: ModelSource | None = None, dataset: str | None = None,
-                     batch: int = 0, dtype: str = "fp16") -> Path:
-    """Write ``out`` from the ranks' parts; every mismatch between them is one ArcsimError."""
+                     batch: int = 0, dtype: str = "fp16", data: str | None = None) -> Path:
+    """Write ``out`` from the ranks' parts; every mismatch between them is one ArcsimError. ``batch``: per rank
+    (0: the recorded input's); ``dataset`` or ``data``: what the job trained on, when it is one of those."""
     parts = sorted((_read(Path(p)) for p in paths), key=lambda part: part["rank"])
     world = parts[0]["world"]
     if [part["rank"] for part in parts] != list(range(world)) or any(part["world"] != world for part in parts):
@@ -49,6 +53,10 @@ def merge_recordings(paths: list[Path], out: Path, source: ModelSource | None = 
                           f"{sorted({part['world'] for part in parts})}: give one part per rank of one job")
     if world < 2:
         raise ArcsimError("a trace needs at least 2 workers; record a job of 2 or more ranks")
+    if data is not None:
+        if dataset is not None:
+            raise ArcsimError("--data and --dataset both name what the job trained on: give one of them")
+        load_callable(data, "--data")
     first = parts[0]
     for part in parts[1:]:
         for key in ("steps", "order", "shapes"):
@@ -60,16 +68,22 @@ def merge_recordings(paths: list[Path], out: Path, source: ModelSource | None = 
         layers.append(Layer(name, tuple(first["shapes"][name]), offset))
         offset += math.prod(first["shapes"][name])
     params = offset
+    recorded = RecordedInput.from_meta(first.get("inputs"))
     if source is not None:
-        _check_source(source, dataset, layers)
+        _check_source(source, dataset, data, layers)
     steps = first["steps"]
     ready = np.median([[part["ready_s"][s] for s in steps] for part in parts], axis=0)  # [steps, layers]
     ready = np.maximum.accumulate(np.clip(ready, 0, None), axis=1)
     forward = np.median([[part["forward_s"][s] for s in steps] for part in parts], axis=0)
     meta = {"schema_version": SCHEMA_VERSION, "model": source.label if source else "recorded",
             **({"model_source": source.to_meta()} if source else {}),
-            "dataset": dataset or "the recorded job's", "dataset_description": "the recorded DDP job's own data",
-            "synthetic_data": False, "params": params, "batch_per_worker": batch, "workers": world,
+            "dataset": dataset or (absolute_ref(data) if data else "the recorded job's"),
+            "dataset_description": "the recorded DDP job's own data",
+            **({"recorded_input": recorded.to_meta()} if recorded else {}),
+            "optimizer": first.get("optimizer") or "not recorded (give RecordingState.for_model the optimizer)",
+            "precision": first.get("precision", "fp32"),
+            "synthetic_data": False, "params": params, "batch_per_worker": batch or (recorded.batch if recorded else 0),
+            "workers": world,
             "steps": len(steps), "recorded_steps": list(steps), "dtype": dtype, "device": "recorded",
             "device_name": "the recorded job's", "torch_version": first.get("torch_version", torch.__version__),
             "seed": 0, "losses_recorded": False, "command": shlex.join(["arcsim", *sys.argv[1:]])}
@@ -82,12 +96,12 @@ def merge_recordings(paths: list[Path], out: Path, source: ModelSource | None = 
     return Path(out)
 
 
-def _check_source(source: ModelSource, dataset: str | None, layers: list[Layer]) -> None:
+def _check_source(source: ModelSource, dataset: str | None, data: str | None, layers: list[Layer]) -> None:
     """The named model must have exactly the recorded parameters, or pricing it would price another."""
     from arcsim.models.datasets import data_spec
 
     source.check()
-    name = dataset or source.default_dataset
+    name = None if data else dataset or source.default_dataset
     spec = data_spec(name) if name else None
     with torch.device("meta"):
         model = source.build(spec)

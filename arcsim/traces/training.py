@@ -26,7 +26,7 @@ import torch
 from arcsim.compressors.base import Layer
 from arcsim.errors import ArcsimError
 from arcsim.models import count_params
-from arcsim.models.datasets import make_dataset
+from arcsim.models.datasets import data_spec, make_dataset
 from arcsim.models.source import ModelSource, UserBatches, model_source, to_device
 from arcsim.traces.profile import resolve_device
 from arcsim.traces.timing import ComputeTimer, StepTiming
@@ -43,6 +43,18 @@ def build_optimizer(params: Iterable[torch.nn.Parameter], name: str, lr: float, 
         return torch.optim.AdamW(params, lr=lr, betas=betas or DEFAULT_BETAS, weight_decay=weight_decay)
     return torch.optim.SGD(params, lr=lr, momentum=DEFAULT_MOMENTUM if momentum is None else momentum,
                            weight_decay=weight_decay)
+
+
+def describe_torch_optimizer(optimizer: torch.optim.Optimizer) -> str:
+    """An optimizer as traces record it, from its first parameter group: its class, lr, betas or momentum,
+    weight decay (e.g. 'AdamW lr 0.001 betas (0.9, 0.999) weight decay 0')."""
+    group = optimizer.param_groups[0]
+    words = [type(optimizer).__name__, f"lr {float(group['lr']):g}"]
+    if "betas" in group:
+        words.append(f"betas ({float(group['betas'][0]):g}, {float(group['betas'][1]):g})")
+    if "momentum" in group:
+        words.append(f"momentum {float(group['momentum']):g}")
+    return " ".join([*words, f"weight decay {float(group.get('weight_decay', 0)):g}"])
 
 
 @dataclass
@@ -84,17 +96,13 @@ class TrainingConfig:
 
     def describe_optimizer(self) -> str:
         """What the trace says it trained with, e.g. 'AdamW lr 0.001 betas (0.9, 0.999) weight decay 0'."""
-        if self.optimizer_name() == "adamw":
-            b1, b2 = self.betas or DEFAULT_BETAS
-            return f"AdamW lr {self.learning_rate():g} betas ({b1:g}, {b2:g}) weight decay {self.weight_decay:g}"
-        momentum = DEFAULT_MOMENTUM if self.momentum is None else self.momentum
-        return f"SGD lr {self.learning_rate():g} momentum {momentum:g} weight decay {self.weight_decay:g}"
+        return describe_torch_optimizer(self.make_optimizer([torch.nn.Parameter(torch.zeros(1))]))
 
     def check(self) -> None:
         """Refuse bad settings before any work; an unknown model or a missing CUDA device included."""
         source = self.source
         source.check()
-        source.dataset_for(self.dataset, self.data, self.input_size)
+        dataset = source.dataset_for(self.dataset, self.data, self.input_size)
         if self.optimizer not in (None, *OPTIMIZERS):
             raise ArcsimError(f"unknown optimizer {self.optimizer!r}; choose {' or '.join(OPTIMIZERS)}")
         if self.precision not in ("fp32", "bf16"):
@@ -118,6 +126,7 @@ class TrainingConfig:
         if self.lr is not None and not self.lr > 0:
             raise ArcsimError(f"--lr must be positive, got {self.lr}")
         resolve_device(self.device)
+        source.try_forward(data_spec(dataset, self.input_size) if dataset else None, self.data)
 
     @property
     def on_gpu(self) -> bool:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -18,8 +19,9 @@ import pandas as pd
 from arcsim.errors import ArcsimError
 from arcsim.files import AppendOnlyCSV, atomic_path, read_json, write_atomic
 from arcsim.topology import Topology, load_topology
-from arcsim.train.loop import TrainConfig, prepare, train
+from arcsim.train.loop import Setup, TrainConfig, prepare, train
 from arcsim.train.outcome import compute_times, history_rows, price, priced_on
+from arcsim.units import format_duration
 
 HISTORY_COLUMNS = ("compressor", "seed", "memory", "step", "loss", "accuracy", "val_loss", "time_s", "collective",
                    "diverged")
@@ -96,6 +98,18 @@ def append_history(out: Path, rows: list[dict[str, Any]]) -> None:
     AppendOnlyCSV(out / "history.csv", HISTORY_COLUMNS).append(rows)
 
 
+def estimate_seconds(cfg: TrainConfig, setup: Setup, runs: int) -> float | None:
+    """How long ``runs`` runs take on this machine, from the compute profile measured here (None when it was
+    given): every step trains each worker's batch; each evaluation runs forward over the held-out split."""
+    if setup.profile_path is not None:
+        return None
+    held_out = setup.data.held_out()
+    examples = len(held_out[0]) if held_out is not None else 0
+    evaluations = math.ceil(cfg.steps / cfg.eval_every)
+    step = cfg.workers * (setup.profile.forward_s + setup.profile.backward_s)
+    return runs * (cfg.steps * step + evaluations * examples / cfg.batch * setup.profile.forward_s)
+
+
 def run_experiment(cfg: TrainConfig, out: Path, topology: str | None = None, engine: str = "analytic",
                    announce: Callable[[str], None] = print,
                    progress: Callable[[int, int], None] | None = None, gpu: str | None = None,
@@ -119,6 +133,12 @@ def run_experiment(cfg: TrainConfig, out: Path, topology: str | None = None, eng
         announce(f"{setup.source.label} on {cfg.dataset}: {setup.elements:,} parameters in "
                  f"{len(setup.buckets)} bucket(s), {cfg.workers} workers × batch {cfg.batch}; compute "
                  f"{(compute.forward_s + compute.backward_s) * 1e3:.2f} ms per step ({where})")
+        took = estimate_seconds(cfg, setup, len(todo))
+        if took is not None:
+            announce(f"estimate: {len(todo)} run(s) × {cfg.steps} steps × {cfg.workers} workers at "
+                     f"{setup.profile.forward_s + setup.profile.backward_s:.3g} s a worker's step here ≈ "
+                     f"{format_duration(took)} with the held-out evaluations (--input-size, --batch, --workers, "
+                     "--steps or fewer --compressors shorten it)")
         total, done_steps = len(todo) * cfg.steps, [0]
 
         def tick(n: int) -> None:

@@ -26,7 +26,7 @@ from arcsim.compressors.base import Layer
 from arcsim.compressors.hierarchy import Grouping, group_workers
 from arcsim.errors import ArcsimError
 from arcsim.files import writable_cache_dir
-from arcsim.models.datasets import DATASETS, Dataset, make_dataset
+from arcsim.models.datasets import DATASETS, Dataset, data_spec, make_dataset
 from arcsim.models.source import ModelSource, model_source
 from arcsim.run.buckets import Bucket, make_buckets
 from arcsim.run.measure import BucketedCompression, Measurement
@@ -60,6 +60,7 @@ class TrainConfig:
     precision: str = "fp32"       # fp32, or bf16 autocast
     hierarchy: str = "flat"       # flat, or node: node-aware compression (arcsim.compressors.hierarchy)
     gpus_per_node: int = 0        # node-aware: the priced topology's GPUs per node
+    input_size: int | None = None  # image side or sequence length (None: the dataset's)
 
     @property
     def source(self) -> ModelSource:
@@ -76,7 +77,8 @@ class TrainConfig:
                  "betas": list(self.betas) if self.betas else None, "weight_decay": self.weight_decay,
                  "precision": None if self.precision == "fp32" else self.precision,
                  "hierarchy": None if self.hierarchy == "flat" else self.hierarchy,
-                 "gpus_per_node": self.gpus_per_node if self.hierarchy != "flat" else None}
+                 "gpus_per_node": self.gpus_per_node if self.hierarchy != "flat" else None,
+                 "input_size": self.input_size}
         return {k: v for k, v in given.items() if v}
 
     def check(self) -> None:
@@ -112,6 +114,8 @@ class TrainConfig:
             raise ArcsimError(f"--hierarchy {self.hierarchy}: train runs one hierarchy, flat or node (both is for "
                               "arcsim run, which prices each compressor both ways)")
         self.grouping()  # node-aware: the workers must make two or more nodes
+        # a wrong model (or input size) fails before the data is made
+        self.source.try_forward(data_spec(self.dataset, self.input_size), None)
 
     def grouping(self) -> Grouping | None:
         """Node-aware: the workers grouped into nodes of the priced topology (None: flat)."""
@@ -139,6 +143,9 @@ class History:
     diverged_at: int | None = None
 
 
+PROFILE_REPEATS = 3  # timed CPU iterations of the compute profile (after one untimed): a large model's take seconds
+
+
 @dataclass
 class Setup:
     """What every run of a config shares: data, layer layout, buckets and the compute profile."""
@@ -150,6 +157,7 @@ class Setup:
     profile: ComputeProfile
     precision: str = "fp32"
     profile_path: str | None = None  # the --compute-profile the profile was read from (None: measured here)
+    input_size: int | None = None    # the image side or sequence length trained (None: the dataset's)
 
     @property
     def elements(self) -> int:
@@ -160,7 +168,7 @@ class Setup:
 def prepare(cfg: TrainConfig) -> Setup:
     cfg.check()
     source = cfg.source
-    data = make_dataset(cfg.dataset)
+    data = make_dataset(cfg.dataset, cfg.input_size)
     if data.held_out() is None:
         raise ArcsimError(f"dataset {cfg.dataset} has no held-out split to measure accuracy on; use digits, "
                           "mnist1d or python-text")
@@ -179,7 +187,8 @@ def prepare(cfg: TrainConfig) -> Setup:
             raise ArcsimError(f"compute profile {cfg.compute_profile} is not of {cfg.model} on {cfg.dataset}; "
                               f"write one with `arcsim trace profile --model {cfg.model} --dataset {cfg.dataset}`")
     else:
-        profile = measure_profile(source, cfg.batch, "cpu", dataset=cfg.dataset, repeats=10, warmup=3,
+        profile = measure_profile(source, cfg.batch, "cpu", dataset=cfg.dataset, input_size=cfg.input_size,
+                                  repeats=PROFILE_REPEATS, warmup=1,
                                   bf16=cfg.precision == "bf16")
     order = [la.name for la in profile.layers] + [n for n in params if n not in {la.name for la in profile.layers}]
     layers, offset = [], 0
@@ -189,7 +198,7 @@ def prepare(cfg: TrainConfig) -> Setup:
     ready = {la.name: la.ready_s for la in profile.layers}
     cap = float("inf") if cfg.fusion == "model" else cfg.bucket_mb * 2**20
     buckets = make_buckets(layers, [ready.get(la.name, profile.backward_s) for la in layers], cap)
-    return Setup(source, data, tuple(layers), buckets, profile, cfg.precision, cfg.compute_profile)
+    return Setup(source, data, tuple(layers), buckets, profile, cfg.precision, cfg.compute_profile, cfg.input_size)
 
 
 def evaluate(model: torch.nn.Module, source: ModelSource, data: Dataset) -> tuple[float, float]:

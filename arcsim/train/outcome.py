@@ -42,7 +42,7 @@ def priced_on(setup: Setup, topo: Topology) -> tuple[ComputeTimes, list[Bucket],
     if where.kind != "modelled" or where.gpu is None:
         return compute_times(setup), setup.buckets, where.gpu
     pred = predict_compute(setup.source, where.gpu.name, setup.profile.batch, setup.precision,
-                           dataset=setup.data.name)
+                           dataset=setup.data.name, input_size=setup.input_size)
     ready = {la.name: la.ready_s for la in pred.profile.layers}
     compute = ComputeTimes(pred.profile.forward_s, pred.profile.backward_s,
                            np.array([ready[la.name] for la in setup.layers]), "cuda",
