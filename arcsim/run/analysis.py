@@ -181,6 +181,7 @@ class RunResult:
     policy: decisions.Policy | None
     pareto: decisions.ParetoFront
     crossover: decisions.Crossover
+    recommendation: decisions.Recommendation
     assumptions: list[str]
     timings: dict[str, float] = field(default_factory=dict)
 
@@ -429,8 +430,9 @@ class Analysis:
             _set_speedups(c, dense, ring)
         grid = self._grid(dense, ring)
         policy = self._policy(cands) if cfg.policy == "auto" else None
-        return RunResult(cfg, self.ctx, cands, dense, policy, self._pareto(grid), self._crossover(cands, grid),
-                         self._assumptions() + density_notes(cands))
+        front = self._pareto(grid)
+        return RunResult(cfg, self.ctx, cands, dense, policy, front, self._crossover(cands, grid),
+                         decisions.recommend(front, grid, dense, policy), self._assumptions() + density_notes(cands))
 
     # -- decisions (arcsim/run/decisions.py) ------------------------------------------------------------
     def _policy(self, cands: list[Candidate]) -> decisions.Policy:
