@@ -198,3 +198,16 @@ def test_the_entry_point_restarts_once_with_glibc_keeping_freed_memory():
     assert out.stdout.splitlines() == ["glibc.malloc.arena_max=2"]
     assert [processes._repeatable(a) for a in (["python"], ["python", "-"], ["python", "-c", "x"],
                                                ["python", "/bin/arcsim", "run"])] == [False, False, True, True]
+
+
+def test_help_and_listings_say_what_the_code_does():
+    from arcsim.collectives.limits import DES_EVENTS, STORED_MESSAGES
+    from arcsim.topology import GRAMMAR
+
+    listing = " ".join(run_cli("topo", "list", env={"COLUMNS": "100"}).stdout.split())
+    assert GRAMMAR.split()[0] in listing  # rich markup once ate "[x<NICs>]"
+    assert "[x<NICs>]" in " ".join(run_cli("run", "--help").stdout.split())
+    capture = " ".join(run_cli("trace", "capture", "--help").stdout.split())
+    assert "Not the training precision (--precision)" in capture and "that is --dtype" in capture
+    force = " ".join(run_cli("collective", "--help").stdout.split())
+    assert f"{STORED_MESSAGES / 1e6:.0f} M stored messages; DES: {DES_EVENTS / 1e6:.0f} M events" in force

@@ -11,6 +11,7 @@ import click
 from arcsim.catalog import COMPRESSORS, DEFAULT_RATIOS, FUSIONS, LIVE_DEFAULTS, MEMORIES, POLICIES
 from arcsim.cli.common import (
     DENSITY,
+    TOPOLOGY_HELP,
     Count,
     ListOf,
     Number,
@@ -37,7 +38,7 @@ if TYPE_CHECKING:  # torch stays unimported until a command needs it
 
 @click.command("run")
 @click.option("--topology", "-t", default=DEFAULT_TOPOLOGY, show_default=True,
-              help="Preset, YAML file or NxG-<fabric><Gbps>[xNICs].")
+              help=TOPOLOGY_HELP)
 @click.option("--trace", default=None,
               help="Gradient trace (.npz); a known model's name (resnet50.npz) is captured if missing. "
                    "Default: the shipped traces/cnn-digits-small.npz.")

@@ -31,6 +31,8 @@ from arcsim.units import format_duration, format_size
 MODEL_HELP = (f"One of the zoo ({', '.join(MODELS)}), or your own: path/to/file.py:build or package.module:build, "
               "a callable returning an nn.Module.")
 DATASET_HELP = f"One of: {', '.join(DATASETS)} (default: the model's own)."
+DTYPE_HELP = ("How the file stores the recorded gradients: fp16 halves it (a gradient past fp16's range is refused), "
+              "fp32 keeps them exact; the compressors read them as fp32. Not the training precision (--precision).")
 
 
 @click.group()
@@ -50,11 +52,12 @@ def trace() -> None:
               help="Training steps before the first.")
 @click.option("--batch", "-b", default=None, type=Count(), help="Batch per worker (default: the model's).")
 @click.option("--device", default="cpu", show_default=True, help="cpu or cuda.")
-@click.option("--dtype", type=click.Choice(["fp16", "fp32"]), default="fp16", show_default=True)
+@click.option("--dtype", type=click.Choice(["fp16", "fp32"]), default="fp16", show_default=True, help=DTYPE_HELP)
 @click.option("--seed", default=0, show_default=True, type=Count(minimum=0))
 @optimizer_options
 @click.option("--precision", type=click.Choice(["fp32", "bf16"]), default="fp32", show_default=True,
-              help="Training as it is trained: bf16 runs forward and loss under autocast (gradients stay fp32).")
+              help="Training as it is trained: bf16 runs forward and loss under autocast (gradients stay fp32). "
+                   "Not how the file stores them: that is --dtype.")
 @click.option("--input-size", type=INPUT_SIZE, default=None, help="Image side or sequence length.")
 @click.option("--out", "-o", required=True, type=OutputPath(), help="Trace file to write (.npz).")
 def trace_capture(model: str, model_args: tuple[str, ...], data: str | None, dataset: str | None, workers: int,
@@ -115,7 +118,7 @@ def trace_profile(model: str, model_args: tuple[str, ...], data: str | None, dat
 @model_arg_options
 @click.option("--dataset", default=None, help="The built-in dataset it trained on, if any.")
 @click.option("--batch", "-b", default="0", type=Count(minimum=0), help="Batch per rank (0: not known).")
-@click.option("--dtype", type=click.Choice(["fp16", "fp32"]), default="fp16", show_default=True)
+@click.option("--dtype", type=click.Choice(["fp16", "fp32"]), default="fp16", show_default=True, help=DTYPE_HELP)
 @click.option("--out", "-o", required=True, type=OutputPath(), help="Trace file to write (.npz).")
 def trace_merge(parts: tuple[str, ...], model: str | None, model_args: tuple[str, ...], data: str | None,
                 dataset: str | None, batch: int, dtype: str, out: str) -> None:

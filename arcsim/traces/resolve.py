@@ -19,7 +19,7 @@ from arcsim.traces.format import TraceError
 
 DEFAULT_TRACE_NAME = "cnn-digits-small.npz"
 SHIPPED_DEFAULT = CaptureConfig(model="cnn", dataset="digits", workers=8, steps=16, every=4, warmup=20, batch=16,
-                                dtype="fp16", out=Path("arcsim") / "data" / "traces" / DEFAULT_TRACE_NAME)
+                                dtype="fp16", out=Path("traces") / DEFAULT_TRACE_NAME)
 
 
 def shipped_traces_dir() -> Path:
