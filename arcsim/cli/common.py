@@ -20,6 +20,8 @@ from arcsim.collectives.limits import DES_EVENTS, EVENTS_PER_SECOND, STORED_MESS
 from arcsim.files import unwritable_reason, write_atomic
 from arcsim.topology import GRAMMAR
 
+FORCE_TRAINING_HELP = ("Train even where the estimate (printed first: memory from the model's parameters × workers, "
+                       "time from its FLOPs) exceeds the memory this machine has available.")
 TOPOLOGY_HELP = f"Preset name (arcsim topo list), YAML path, or a name in the grammar {GRAMMAR.split()[0]}."
 
 TABLE_WIDTH = 100  # columns for tables when stdout is no terminal and COLUMNS is unset

@@ -11,6 +11,7 @@ from rich.table import Table
 
 from arcsim.catalog import DATASETS, MODELS
 from arcsim.cli.common import (
+    FORCE_TRAINING_HELP,
     INPUT_SIZE,
     Count,
     OutputPath,
@@ -60,9 +61,10 @@ def trace() -> None:
                    "Not how the file stores them: that is --dtype.")
 @click.option("--input-size", type=INPUT_SIZE, default=None, help="Image side or sequence length.")
 @click.option("--out", "-o", required=True, type=OutputPath(), help="Trace file to write (.npz).")
+@click.option("--force", is_flag=True, help=FORCE_TRAINING_HELP)
 def trace_capture(model: str, model_args: tuple[str, ...], data: str | None, dataset: str | None, workers: int,
                   steps: int, every: int, warmup: int, batch: int | None, device: str, dtype: str, seed: int,
-                  input_size: int | None, precision: str, out: str, **optimizer: Any) -> None:
+                  input_size: int | None, precision: str, out: str, force: bool, **optimizer: Any) -> None:
     """Capture per-worker gradients and compute timings from live data-parallel training."""
     from arcsim.traces.capture import CaptureConfig, capture
     from arcsim.traces.format import open_trace
@@ -70,6 +72,14 @@ def trace_capture(model: str, model_args: tuple[str, ...], data: str | None, dat
     cfg = CaptureConfig(model=model, out=Path(out), dataset=dataset, workers=workers, steps=steps, every=every,
                         warmup=warmup, batch=batch, device=device, dtype=dtype, seed=seed, input_size=input_size,
                         precision=precision, model_args=model_args, data=data, **optimizer_settings(optimizer))
+    cfg.check()
+    if not cfg.on_gpu:
+        from arcsim.estimates import CAPTURE_BYTES_PER_ELEMENT, check_training, training
+
+        estimate = check_training(f"capturing {model}",
+                                  lambda: training(cfg, state_per_element=CAPTURE_BYTES_PER_ELEMENT), force)
+        if estimate is not None and estimate.worth_saying:
+            note(f"capture {model}: {estimate.describe()}")
     with step_progress(f"capture {model}", unit="train step") as progress:
         path = capture(cfg, progress)
     t = open_trace(path)
