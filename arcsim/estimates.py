@@ -22,9 +22,10 @@ if TYPE_CHECKING:
 
 BASE_BYTES = 450e6            # the arcsim process with torch loaded: 428-446 MB peak RSS (a cached `arcsim run`,
 #                               a cnn capture)
-TRAIN_FLOPS_PER_S = 35e9      # training on this CPU, forward + backward, 2 workers × 1 step captured: llama_60m 264
-#                               GFLOP in 7.8 s (34 G/s), resnet18 85 GFLOP in 2.1 s (40 G/s)
-TRAIN_START_S = 1.0           # building the model and its data: the cnn capture took 1.0 s for 0.5 GFLOP
+TRAIN_FLOPS_PER_S = 70e9      # training on this CPU, forward + backward (captures, 2026-11-25): resnet18 85 GFLOP in
+#                               2.1 s and 341 GFLOP in 3.1 s (the 256 GFLOP between in 1.0 s); llama_60m 264 GFLOP in
+#                               7.8 s and 527 GFLOP in 7.7 s (its text data's set-up dominates)
+TRAIN_START_S = 2.0           # building the model and its data: cnn 1.0-1.1 s, resnet18 ~1.8 s, llama_60m ~7 s
 MEASURE_ELEMENTS_PER_S = 200e6  # measuring compressors with their error feedback on a trace: gradient elements read
 #                                (workers × steps × elements) per second over a default run's 67 measurements:
 #                                164-205 M/s on the shipped cnn trace (328 M in 1.6-2.0 s), 220 M/s on a resnet18
