@@ -208,7 +208,7 @@ def test_help_and_listings_say_what_the_code_does():
     assert GRAMMAR.split()[0] in listing  # rich markup once ate "[x<NICs>]"
     assert "[x<NICs>]" in " ".join(run_cli("run", "--help").stdout.split())
     capture = " ".join(run_cli("trace", "capture", "--help").stdout.split())
-    assert "Not the training precision (--precision)" in capture and "that is --dtype" in capture
+    assert "Not the precision training ran in (capture: --precision)" in capture and "that is --dtype" in capture
     force = " ".join(run_cli("collective", "--help").stdout.split())
     assert f"{STORED_MESSAGES / 1e6:.0f} M stored messages; DES: {DES_EVENTS / 1e6:.0f} M events" in force
 

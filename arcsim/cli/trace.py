@@ -33,7 +33,8 @@ MODEL_HELP = (f"One of the zoo ({', '.join(MODELS)}), or your own: path/to/file.
               "a callable returning an nn.Module.")
 DATASET_HELP = f"One of: {', '.join(DATASETS)} (default: the model's own)."
 DTYPE_HELP = ("How the file stores the recorded gradients: fp16 halves it (a gradient past fp16's range is refused), "
-              "fp32 keeps them exact; the compressors read them as fp32. Not the training precision (--precision).")
+              "fp32 keeps them exact; the compressors read them as fp32. Not the precision training ran in "
+              "(capture: --precision).")
 
 
 @click.group()
