@@ -64,3 +64,13 @@ def test_a_cold_run_counts_what_it_must_measure_and_a_warm_one_nothing():
     assert seconds == pytest.approx(estimates.measuring_seconds(read, timed=cold.ctx.gpu is None))
     cold.run()
     assert Analysis(cfg).measuring_work() == (0, 0.0)  # all in the cache now
+
+
+def test_a_capture_on_demand_says_its_estimate_and_is_refused_past_the_memory(monkeypatch, tmp_path):
+    from arcsim.traces.resolve import resolve_trace
+
+    monkeypatch.setenv("ARCSIM_TRACE_DIR", str(tmp_path))
+    monkeypatch.setattr(estimates, "available_memory", lambda: 1.0)
+    with pytest.raises(estimates.TooBig, match=r"capturing resnet18\.npz needs about .* --force"):
+        resolve_trace("resnet18.npz", announce=lambda _: None)
+    assert not any(tmp_path.iterdir())  # refused before any training

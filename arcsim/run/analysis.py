@@ -75,6 +75,7 @@ class RunConfig:
     slack: float = 0.25                 # policy: error allowed above Top-K's, relative
     seed: int = 0
     allow_capture: bool = True
+    force: bool = False                 # past the estimated memory of a capture (arcsim.estimates)
     grid_steps: int | None = None       # trace steps for ratio-grid points (None: all, or 1 for large traces)
     compress_scale: float | dict[str, float] = 1.0  # measured compression × this, or per compressor (> 1 where
     #                                                ranks share cores: emulation)
@@ -238,7 +239,7 @@ class Analysis:
             self.trace = LiveSource(cfg.live, capture_progress)
         else:
             path = (self.params.sample_trace(generated_traces_dir(), cfg.seed) if self.params is not None else
-                    resolve_trace(cfg.trace, allow_capture=cfg.allow_capture, announce=announce,
+                    resolve_trace(cfg.trace, allow_capture=cfg.allow_capture, announce=announce, force=cfg.force,
                                   progress=capture_progress))
             self.trace = open_trace(path)
         self._hash: Future[str] | None = None  # the trace file's content hash, for the measurement cache:
