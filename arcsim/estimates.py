@@ -64,15 +64,15 @@ def rough_duration(seconds: float) -> str:
     return f"{value:.0f} {unit}" if value >= 10 else f"{value:.2g} {unit}"
 
 
-def training(cfg: TrainingConfig, stored_bytes: float = 0.0, state_per_element: float = 0.0) -> Estimate:
+def training(cfg: TrainingConfig, state_per_element: float = 0.0) -> Estimate:
     """Training ``cfg`` here: the model's parameters, gradients, their average and the optimizer's state (fp32),
     the recorded step's gradients of every worker, one worker's activations (every forward operation's operands
-    and result, counted on the meta device: an upper estimate), plus ``stored_bytes`` and ``state_per_element`` ×
-    workers × parameters (what the caller keeps beside); time from the step's FLOPs."""
+    and result, counted on the meta device: an upper estimate), plus ``state_per_element`` bytes × workers ×
+    parameters (what the caller keeps beside); time from the step's FLOPs."""
     params, activations, flops = _step(cfg)
     state = 4 * params * (3 + OPTIMIZER_SLOTS.get(cfg.optimizer_name(), 2))
     recorded = 4 * cfg.workers * params
-    memory = BASE_BYTES + state + recorded + activations + stored_bytes + state_per_element * cfg.workers * params
+    memory = BASE_BYTES + state + recorded + activations + state_per_element * cfg.workers * params
     seconds = TRAIN_START_S + flops * cfg.workers * cfg.total_steps / TRAIN_FLOPS_PER_S
     return Estimate(memory, seconds, f"{params:,} parameters × {cfg.workers} workers, {cfg.total_steps} training "
                                      f"step(s) of {flops / 1e9:,.1f} GFLOP per worker")

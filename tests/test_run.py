@@ -206,7 +206,7 @@ def test_the_fastest_unusable_point_is_never_chosen_and_the_reason_is_said():
     front = pareto(grid, [0.01], (1.0, 0.0))  # time alone: before, the fastest point whatever its error
     assert {p.compressor for p in front.points} == {"dense", "randk", "topk"}  # the front still shows it
     assert front.chosen.compressor == "topk"
-    rec = recommend(front, grid, grid[0], None)
+    rec = recommend(front, grid, None)
     assert (rec.compressor, rec.speedup_vs_dense) == ("topk", pytest.approx(2.0 / 1.5))
     assert any("faster but unusable" in w and "randk" in w for w in rec.why)
 

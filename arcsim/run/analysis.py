@@ -453,7 +453,7 @@ class Analysis:
         policy = self._policy(cands) if cfg.policy == "auto" else None
         front = self._pareto(grid)
         return RunResult(cfg, self.ctx, cands, dense, policy, front, self._crossover(cands, grid),
-                         decisions.recommend(front, grid, dense, policy), self._assumptions() + density_notes(cands))
+                         decisions.recommend(front, grid, policy), self._assumptions() + density_notes(cands))
 
     # -- decisions (arcsim/run/decisions.py) ------------------------------------------------------------
     def _policy(self, cands: list[Candidate]) -> decisions.Policy:

@@ -195,7 +195,7 @@ class Recommendation(Decision):
     why: list[str]
 
 
-def recommend(front: ParetoFront, grid: Sequence[Candidate], dense: Candidate, pol: Policy | None) -> Recommendation:
+def recommend(front: ParetoFront, grid: Sequence[Candidate], pol: Policy | None) -> Recommendation:
     """The front's chosen point as one deployable setting, with the reasons the other "winners" lost."""
     c = front.chosen
     op = next(g.op for g in grid if ParetoPoint.of(g) == c)
@@ -212,14 +212,14 @@ def recommend(front: ParetoFront, grid: Sequence[Candidate], dense: Candidate, p
     if pol is not None and pol.iteration_s < c.iteration_s and len({(b.compressor, b.collective, b.hierarchy)
                                                                        for b in pol.choices}) > 1:
         mix = sorted({b.compressor for b in pol.choices})
-        why.append(f"the per-bucket policy's mix of {', '.join(mix)} would take {pol.iteration_s * 1e3:.3g} ms but "
-                   "needs a hook that switches compressor per bucket")
+        why.append(f"the per-bucket policy's mix ({', '.join(mix)}) would take {pol.iteration_s * 1e3:.3g} ms but "
+                   "needs a hook that switches per bucket")
     return Recommendation(c.compressor, c.collective, op, c.hierarchy, c.density, c.iteration_s,
                           c.speedup_vs_dense, c.rel_error, UNUSABLE_ERROR, why)
 
 
 def _setting(c: Candidate | ParetoPoint) -> str:
-    """``topk on allgather ring at density 0.01``: a setting in a sentence."""
+    """``topk/ring at density 0.01``, ``fp16/tree``: a setting in a sentence."""
     where = "" if c.hierarchy == "flat" else f", {c.hierarchy}-aware"
     return f"{c.compressor}/{c.collective}{where}" + ("" if c.density is None else f" at density {c.density:g}")
 
