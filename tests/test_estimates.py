@@ -71,6 +71,7 @@ def test_a_capture_on_demand_says_its_estimate_and_is_refused_past_the_memory(mo
 
     monkeypatch.setenv("ARCSIM_TRACE_DIR", str(tmp_path))
     monkeypatch.setattr(estimates, "available_memory", lambda: 1.0)
-    with pytest.raises(estimates.TooBig, match=r"capturing resnet18\.npz needs about .* --force"):
+    refused = r"capturing resnet18\.npz needs about .* --force to try anyway \(or .*arcsim trace capture .* --force\)"
+    with pytest.raises(estimates.TooBig, match=refused):
         resolve_trace("resnet18.npz", announce=lambda _: None)
     assert not any(tmp_path.iterdir())  # refused before any training

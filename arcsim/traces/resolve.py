@@ -60,10 +60,13 @@ def resolve_trace(value: str | None, allow_capture: bool = True,
     cfg = default_capture(model, out)
     if not allow_capture:
         raise TraceError(f"trace {value} does not exist; capture it with: {cfg.command()}")
-    from arcsim.estimates import CAPTURE_BYTES_PER_ELEMENT, check_training, training
+    from arcsim.estimates import CAPTURE_BYTES_PER_ELEMENT, TooBig, check_training, training
 
-    estimate = check_training(f"capturing {value}", lambda: training(cfg, state_per_element=CAPTURE_BYTES_PER_ELEMENT),
-                              force)
+    try:
+        estimate = check_training(f"capturing {value}",
+                                  lambda: training(cfg, state_per_element=CAPTURE_BYTES_PER_ELEMENT), force)
+    except TooBig as exc:  # not every command that captures on demand takes --force: the capture itself does
+        raise TooBig(f"{exc} (or capture it first: {cfg.command()} --force)") from None
     announce(f"trace {value} not found; capturing it now: {cfg.command()}"
              + (f" ({estimate.describe()})" if estimate is not None else ""))
     started = time.perf_counter()
