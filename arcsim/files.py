@@ -1,8 +1,9 @@
 """Where arcsim's files live, and writing them so that no reader ever sees half of one.
 
 - Data shipped with the package (presets, GPU catalogue, kernel tables, the default trace, measured
-  profiles) is read from ``arcsim/data`` as a package resource: an editable and a wheel install read the
-  same files (:func:`packaged`).
+  profiles) is read from ``arcsim/data`` as a package resource; the presets and the traces have their source
+  in the top-level ``topologies/`` and ``traces/``, which the build copies there: an editable and a wheel
+  install read the same files (:func:`packaged`).
 - What arcsim makes for itself (kept results, traces captured on demand, ``--params`` samples) goes to the
   user cache: $ARCSIM_CACHE_DIR, else $XDG_CACHE_HOME/arcsim, else ~/.cache/arcsim — never into the package
   or the working directory. Kept results are gzipped JSON capped at CACHE_CAP_BYTES, the least recently
@@ -204,9 +205,19 @@ CACHE_SUFFIX = ".json.gz"
 TRACE_INDEX = "traces.json"  # facts about trace files by (path, size, mtime): content hash, checksum verified
 
 
+SOURCE_FOLDERS = ("topologies", "traces")  # shipped data whose source is a top-level folder beside arcsim/ (the
+#                                           build copies it into arcsim/data: setup.py)
+
+
 def packaged(*parts: str) -> Path:
-    """A file or folder shipped inside the package, under ``arcsim/data`` (installs are unpacked, so a path)."""
-    return Path(str(_resource_files("arcsim").joinpath("data", *parts)))
+    """A file or folder shipped inside the package, under ``arcsim/data`` (installs are unpacked, so a path). The
+    presets and the default trace are there in a wheel; in a checkout or an editable install they are read from
+    their top-level source folders beside the package (never from the working directory)."""
+    package = Path(str(_resource_files("arcsim")))
+    if parts and parts[0] in SOURCE_FOLDERS and not (package / "data" / parts[0]).is_dir() \
+            and (package.parent / parts[0]).is_dir():
+        return package.parent.joinpath(*parts)
+    return package.joinpath("data", *parts)
 
 
 def generated_traces_dir() -> Path:

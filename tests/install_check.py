@@ -73,8 +73,18 @@ def tree_digest(directory: Path) -> str:
     return h.hexdigest()
 
 
-def answer(arcsim: Path, args: list[str], data_dir: Path) -> object:
-    """The command's JSON with machine-specific parts replaced: where the package and the cache are."""
+def data_dirs(package: Path) -> dict[str, str]:
+    """Where an install reads its shipped data, each as the placeholder it is compared under: ``arcsim/data``, or
+    for an editable install the top-level source folders beside the package (topologies/, traces/)."""
+    dirs = {str(package / "data"): "<arcsim-data>"}
+    for folder in ("topologies", "traces"):
+        if not (package / "data" / folder).is_dir():
+            dirs[str(package.parent / folder)] = f"<arcsim-data>/{folder}"
+    return dirs
+
+
+def answer(arcsim: Path, args: list[str], data: dict[str, str]) -> object:
+    """The command's JSON with machine-specific parts replaced: where the package's data and the cache are."""
     with tempfile.TemporaryDirectory() as cwd, tempfile.TemporaryDirectory() as cache:
         env = {**os.environ, "ARCSIM_CACHE_DIR": cache, "COLUMNS": "100"}
         env.pop("ARCSIM_TRACE_DIR", None)
@@ -83,7 +93,9 @@ def answer(arcsim: Path, args: list[str], data_dir: Path) -> object:
         if any(Path(cwd).iterdir()):
             raise SystemExit(f"install check: arcsim {' '.join(args)} wrote into the working directory: "
                              f"{sorted(p.name for p in Path(cwd).iterdir())}")
-        text = text.replace(str(data_dir), "<arcsim-data>").replace(cache, "<cache>")
+        for where, placeholder in sorted(data.items(), key=lambda kv: -len(kv[0])):
+            text = text.replace(where, placeholder)
+        text = text.replace(cache, "<cache>")
     obj = json.loads(text)
     if isinstance(obj, dict):
         obj = {k: v for k, v in obj.items() if k not in VOLATILE}
@@ -126,8 +138,8 @@ def main() -> None:
     pool = ThreadPoolExecutor(2)  # the two installs side by side
     for command in COMMANDS:
         label = "arcsim " + " ".join(command)
-        editable = pool.submit(answer, args.editable, command, editable_pkg / "data")
-        from_wheel = pool.submit(answer, installed, command, wheel_pkg / "data")
+        editable = pool.submit(answer, args.editable, command, data_dirs(editable_pkg))
+        from_wheel = pool.submit(answer, installed, command, data_dirs(wheel_pkg))
         difference = first_difference(editable.result(), from_wheel.result())
         if difference is None:
             passed += 1

@@ -198,3 +198,27 @@ def test_the_entry_point_restarts_once_with_glibc_keeping_freed_memory():
     assert out.stdout.splitlines() == ["glibc.malloc.arena_max=2"]
     assert [processes._repeatable(a) for a in (["python"], ["python", "-"], ["python", "-c", "x"],
                                                ["python", "/bin/arcsim", "run"])] == [False, False, True, True]
+
+
+def test_help_and_listings_say_what_the_code_does():
+    from arcsim.collectives.limits import DES_EVENTS, STORED_MESSAGES
+    from arcsim.topology import GRAMMAR
+
+    listing = " ".join(run_cli("topo", "list", env={"COLUMNS": "100"}).stdout.split())
+    assert GRAMMAR.split()[0] in listing  # rich markup once ate "[x<NICs>]"
+    assert "[x<NICs>]" in " ".join(run_cli("run", "--help").stdout.split())
+    capture = " ".join(run_cli("trace", "capture", "--help").stdout.split())
+    assert "Not the precision training ran in (capture: --precision)" in capture and "that is --dtype" in capture
+    force = " ".join(run_cli("collective", "--help").stdout.split())
+    assert f"{STORED_MESSAGES / 1e6:.0f} M stored messages; DES: {DES_EVENTS / 1e6:.0f} M events" in force
+
+
+def test_openmp_waits_passively_unless_the_user_chose(monkeypatch):
+    from arcsim.processes import wait_passively
+
+    monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+    wait_passively()  # spinning threads cost a cold default run 124 s instead of 1.9 s on busy shared cores
+    assert os.environ["OMP_WAIT_POLICY"] == "PASSIVE"
+    monkeypatch.setenv("OMP_WAIT_POLICY", "ACTIVE")
+    wait_passively()
+    assert os.environ["OMP_WAIT_POLICY"] == "ACTIVE"

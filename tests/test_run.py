@@ -166,6 +166,61 @@ def test_policy_choices_are_eligible_and_fastest(default_run):
         assert name in ("dense", "fp16") or errors[name] <= pol["error_limit"]
 
 
+def test_the_recommendation_leads_the_output_and_is_in_the_json(default_run):
+    r, res, _ = default_run
+    rec = res["recommendation"]
+    assert r.stdout.index("Recommended:") < r.stdout.index("Iteration time per compressor")
+    assert f"Recommended: {rec['compressor']} over " in r.stdout
+    chosen = res["pareto"]["chosen"]  # one answer: the front's pick is the recommendation
+    assert (rec["compressor"], rec["collective"], rec["density"]) == \
+        (chosen["compressor"], chosen["collective"], chosen["density"])
+    assert rec["rel_error"] < rec["error_limit"] == 0.95
+    assert rec["speedup_vs_dense"] == pytest.approx(res["dense"]["iteration_s"] / rec["iteration_s"])
+    assert rec["why"] and all(isinstance(w, str) for w in rec["why"])
+    for c in res["candidates"]:
+        assert c["usable"] == (c["rel_error"] < 0.95)
+
+
+def test_unusable_candidates_go_last_marked_in_the_table(default_run):
+    r, res, _ = default_run
+    table = r.stdout[r.stdout.index("Iteration time per compressor"):r.stdout.index("Switching policy")]
+    unusable = {c["compressor"] for c in res["candidates"] if not c["usable"]}
+    assert "randk" in unusable  # Rand-K's error is 0.99 on the default trace
+    rows = [line.split()[0] for line in table.splitlines() if line.split() and line.split()[0] in
+            {c["compressor"] for c in res["candidates"]}]
+    marked = [line.split()[0] for line in table.splitlines() if "✗" in line and line.split()[0] in rows]
+    assert set(marked) == unusable and rows[-len(marked):] == marked
+
+
+def _candidate(name: str, seconds: float, error: float, density: float | None = 0.01):
+    from arcsim.run.candidates import Candidate
+
+    return Candidate(name, "ring", density, "ef14", "allreduce", seconds, 0.0, 0.0, seconds, seconds, error, error,
+                     1.0, density or 1.0, 1.0, speedup_vs_dense=2.0 / seconds)
+
+
+def test_the_fastest_unusable_point_is_never_chosen_and_the_reason_is_said():
+    from arcsim.run.decisions import pareto, recommend
+
+    grid = [_candidate("dense", 2.0, 0.0, None), _candidate("randk", 1.0, 0.99), _candidate("topk", 1.5, 0.5)]
+    front = pareto(grid, [0.01], (1.0, 0.0))  # time alone: before, the fastest point whatever its error
+    assert {p.compressor for p in front.points} == {"dense", "randk", "topk"}  # the front still shows it
+    assert front.chosen.compressor == "topk"
+    rec = recommend(front, grid, None)
+    assert (rec.compressor, rec.speedup_vs_dense) == ("topk", pytest.approx(2.0 / 1.5))
+    assert any("faster but unusable" in w and "randk" in w for w in rec.why)
+
+
+def test_one_node_has_no_crossover_over_inter_node_bandwidth(tmp_path):
+    out = tmp_path / "one.json"
+    r = run_cli("run", "-t", "1x8-ib100", *FAST, "--json", str(out), env={"COLUMNS": "200"})
+    assert r.returncode == 0, r.stderr
+    crossover = r.stdout[r.stdout.index("AG/AR crossover"):r.stdout.index("Pareto front:")]
+    assert "Gb/s per NIC" not in crossover and "one node" in crossover and "ratio:" in crossover
+    cx = json.loads(out.read_text())["crossover"]
+    assert "bandwidth" not in cx and "bandwidth_flips_gbps" not in cx and cx["ratio"]
+
+
 def test_csv_and_plots(default_run):
     _, res, out = default_run
     with open(out / "r.csv") as fh:

@@ -260,9 +260,10 @@ def test_shipped_default_trace_is_real_data_and_small():
     assert not trace.meta["synthetic_data"] and trace.workers == 8
     assert trace.loss[-1] < trace.loss[0]  # recorded along real training
     root = Path(__file__).resolve().parents[1]
-    tracked = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "arcsim/data"], cwd=root,
-                             capture_output=True, text=True, check=True).stdout.split()
-    assert f"arcsim/data/traces/{DEFAULT_TRACE_NAME}" in tracked
+    tracked = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "arcsim/data", "topologies", "traces"],
+                             cwd=root, capture_output=True, text=True, check=True).stdout.split()
+    assert f"traces/{DEFAULT_TRACE_NAME}" in tracked  # the source folder at the top; the build puts it in the wheel
+    assert path == root / "traces" / DEFAULT_TRACE_NAME  # a checkout reads it there
     assert sum((root / name).stat().st_size for name in tracked) <= 20e6  # what the wheel carries
 
 

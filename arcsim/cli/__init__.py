@@ -8,10 +8,11 @@ __all__ = ["cli", "main"]
 
 
 def main() -> None:
-    """Console entry point: first restart with glibc keeping freed memory (before torch is imported, so the
-    restart costs milliseconds), then run the command (arcsim.cli.main)."""
-    from arcsim.processes import restart_keeping_freed_memory
+    """Console entry point: first restart with glibc keeping freed memory and OpenMP waiting passively (before
+    torch is imported, so the restart costs milliseconds), then run the command (arcsim.cli.main)."""
+    from arcsim.processes import restart_keeping_freed_memory, wait_passively
 
+    wait_passively()
     restart_keeping_freed_memory()
     from arcsim.cli.main import main as run
 

@@ -16,7 +16,13 @@ from rich.console import Console
 from tqdm import tqdm
 
 from arcsim.catalog import SCOPES
+from arcsim.collectives.limits import DES_EVENTS, EVENTS_PER_SECOND, STORED_MESSAGES
 from arcsim.files import unwritable_reason, write_atomic
+from arcsim.topology import GRAMMAR
+
+FORCE_TRAINING_HELP = ("Train even where the estimate (printed first: memory from the model's parameters × workers, "
+                       "time from its FLOPs) exceeds the memory this machine has available.")
+TOPOLOGY_HELP = f"Preset name (arcsim topo list), YAML path, or a name in the grammar {GRAMMAR.split()[0]}."
 
 TABLE_WIDTH = 100  # columns for tables when stdout is no terminal and COLUMNS is unset
 
@@ -247,14 +253,13 @@ class OutputPath(click.Path):
 
 force_option = click.option(
     "--force", is_flag=True,
-    help="Price even past the work limits (closed form: 50 M stored messages; DES: 50 M events, ~10 min here).")
+    help=f"Price even past the work limits (closed form: {STORED_MESSAGES / 1e6:.0f} M stored messages; DES: "
+         f"{DES_EVENTS / 1e6:.0f} M events, ~{DES_EVENTS / EVENTS_PER_SECOND / 60:.0f} min here).")
 
 
 @contextmanager
 def des_progress() -> Iterator[Callable[[str, float, float], None]]:
     """``follow(algorithm, fraction, events)`` for long DES runs: one note with the estimate, then a bar."""
-    from arcsim.collectives.limits import EVENTS_PER_SECOND
-
     bars: dict[str, tqdm] = {}
 
     def follow(name: str, done: float, events: float) -> None:

@@ -6,6 +6,7 @@ import sys
 import traceback
 
 import click
+from rich.markup import escape
 from rich.table import Table
 
 from arcsim import __version__
@@ -15,6 +16,7 @@ from arcsim.cli.calibrate import calibrate as calibrate_command
 from arcsim.cli.cluster import cluster as cluster_group
 from arcsim.cli.common import (
     DENSITY,
+    TOPOLOGY_HELP,
     Count,
     Number,
     Verbosity,
@@ -79,7 +81,7 @@ def topo_list(json_out: str | None) -> None:
                  "node_bandwidth_Bps": t.node_bandwidth, "description": t.description} for t in topologies], json_out)
     if not tables_wanted(json_out):
         return
-    table = Table(title="Preset topologies", caption=f"Also any YAML path, or the grammar {GRAMMAR}")
+    table = Table(title="Preset topologies", caption=f"Also any YAML path, or the grammar {escape(GRAMMAR)}")
     for col in ("name", "ranks", "inter-node per node", "description"):
         table.add_column(col)
     for t in topologies:
@@ -108,7 +110,7 @@ def topo_show(spec: str, json_out: str | None) -> None:
 # -- collectives ---------------------------------------------------------------------------------------
 @cli.command()
 @click.option("--topology", "-t", default=DEFAULT_TOPOLOGY, show_default=True,
-              help="Preset name, YAML path, or grammar name (NxG-<fabric><Gbps>[x<NICs>]).")
+              help=TOPOLOGY_HELP)
 @click.option("--op", default="allreduce", show_default=True,
               help="allreduce, allgather, broadcast or reducescatter.")
 @click.option("--algo", type=click.Choice(ALGO_CHOICES), default="auto", show_default=True,

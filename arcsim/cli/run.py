@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -11,6 +12,8 @@ import click
 from arcsim.catalog import COMPRESSORS, DEFAULT_RATIOS, FUSIONS, LIVE_DEFAULTS, MEMORIES, POLICIES
 from arcsim.cli.common import (
     DENSITY,
+    FORCE_TRAINING_HELP,
+    TOPOLOGY_HELP,
     Count,
     ListOf,
     Number,
@@ -26,7 +29,9 @@ from arcsim.cli.common import (
     tables_wanted,
     write_json,
 )
+from arcsim.collectives.limits import allow_any
 from arcsim.errors import ArcsimError
+from arcsim.estimates import NOTE_SECONDS, rough_duration
 from arcsim.netsim import ENGINES
 from arcsim.topology import DEFAULT_TOPOLOGY
 from arcsim.units import parse_duration, parse_params, parse_rate
@@ -37,7 +42,7 @@ if TYPE_CHECKING:  # torch stays unimported until a command needs it
 
 @click.command("run")
 @click.option("--topology", "-t", default=DEFAULT_TOPOLOGY, show_default=True,
-              help="Preset, YAML file or NxG-<fabric><Gbps>[xNICs].")
+              help=TOPOLOGY_HELP)
 @click.option("--trace", default=None,
               help="Gradient trace (.npz); a known model's name (resnet50.npz) is captured if missing. "
                    "Default: the shipped traces/cnn-digits-small.npz.")
@@ -114,6 +119,7 @@ if TYPE_CHECKING:  # torch stays unimported until a command needs it
 @click.option("--csv", "csv_out", type=OutputPath(), default=None, help="Write every point as CSV.")
 @click.option("--plot", "plot_dir", type=OutputPath(directory=True), default=None, help="Write PNG charts here.")
 @scope_option
+@click.option("--force", is_flag=True, help=f"{FORCE_TRAINING_HELP} With --engine des: price past its work limits.")
 def run(topology: str, trace: str | None, no_capture: bool, params: str | None, layers: int | None,
         live: bool, model: str | None, model_args: tuple[str, ...], data: str | None, dataset: str | None,
         workers: int, steps: int, live_device: str,
@@ -124,7 +130,7 @@ def run(topology: str, trace: str | None, no_capture: bool, params: str | None, 
         gpu: str | None, batch: int | None, precision: str | None, compare_gpu: str | None, compute_profile: str | None,
         seed: int,
         grid_steps: int | None, all_collectives: bool, json_out: str | None, csv_out: str | None, plot_dir: str | None,
-        scope: str, schedule: str | None = None, history_dir: str | None = None) -> None:
+        scope: str, schedule: str | None = None, history_dir: str | None = None, force: bool = False) -> None:
     """Predict the iteration time of every compressor and collective for a trace on a topology."""
     from arcsim.run import report
     from arcsim.run.analysis import Analysis, RunConfig
@@ -134,7 +140,7 @@ def run(topology: str, trace: str | None, no_capture: bool, params: str | None, 
                                                                        if c.strip()),
                     density=density, memory=memory, engine=engine, bucket_mb=bucket_mb, policy=policy,
                     ratios=tuple(sorted(ratios)), weights=weights,
-                    compute_profile=compute_profile, slack=slack, seed=seed, allow_capture=not no_capture,
+                    compute_profile=compute_profile, slack=slack, seed=seed, allow_capture=not no_capture, force=force,
                     grid_steps=grid_steps, options={"scope": scope}, gpu=gpu, batch=batch, precision=precision,
                     library=library, bandwidth=parse_rate(bandwidth) if bandwidth else None,
                     latency=parse_duration(latency) if latency else None,
@@ -161,15 +167,28 @@ def run(topology: str, trace: str | None, no_capture: bool, params: str | None, 
         device(compare_gpu)  # an unknown name fails before any work
         if not plot_dir:
             raise ArcsimError("--compare-gpu draws a chart: give --plot DIR too")
+    if training is not None and not training.on_gpu:
+        from arcsim.estimates import check_training, live_run
+        from arcsim.run.analysis import LIVE_MEMORY_BYTES
+
+        estimate = check_training(f"--live training of {model}", functools.partial(
+            live_run, training, cfg.planned_measurements_at_most(), LIVE_MEMORY_BYTES), force)
+        if estimate is not None and estimate.worth_saying:
+            note(f"--live {model}: {estimate.describe()}")
     with step_progress("training" if live else "capture", unit="train step") as capture_progress:
         analysis = Analysis(cfg, announce=note, capture_progress=capture_progress)
+    todo, seconds = analysis.measuring_work()
+    if todo and seconds >= NOTE_SECONDS:
+        note(f"measuring {todo} compressor run(s) on the trace: ~{rough_duration(seconds)} here "
+             f"({analysis.planned_measurements() - todo} cached)")
     with progress_bar(analysis.planned_measurements(), "measuring compressors on the trace", "run") as bar:
         def progress(label: str) -> None:
             bar.set_postfix_str(label)
             bar.update()
 
         analysis.progress = progress
-        result = analysis.run()
+        with allow_any(force):
+            result = analysis.run()
     fused = None
     if fusion == "both":
         from arcsim.run.analysis import fusion_comparison

@@ -11,6 +11,7 @@ from rich.table import Table
 
 from arcsim.catalog import DATASETS, MODELS
 from arcsim.cli.common import (
+    FORCE_TRAINING_HELP,
     INPUT_SIZE,
     Count,
     OutputPath,
@@ -31,6 +32,9 @@ from arcsim.units import format_duration, format_size
 MODEL_HELP = (f"One of the zoo ({', '.join(MODELS)}), or your own: path/to/file.py:build or package.module:build, "
               "a callable returning an nn.Module.")
 DATASET_HELP = f"One of: {', '.join(DATASETS)} (default: the model's own)."
+DTYPE_HELP = ("How the file stores the recorded gradients: fp16 halves it (a gradient past fp16's range is refused), "
+              "fp32 keeps them exact; the compressors read them as fp32. Not the precision training ran in "
+              "(capture: --precision).")
 
 
 @click.group()
@@ -50,16 +54,18 @@ def trace() -> None:
               help="Training steps before the first.")
 @click.option("--batch", "-b", default=None, type=Count(), help="Batch per worker (default: the model's).")
 @click.option("--device", default="cpu", show_default=True, help="cpu or cuda.")
-@click.option("--dtype", type=click.Choice(["fp16", "fp32"]), default="fp16", show_default=True)
+@click.option("--dtype", type=click.Choice(["fp16", "fp32"]), default="fp16", show_default=True, help=DTYPE_HELP)
 @click.option("--seed", default=0, show_default=True, type=Count(minimum=0))
 @optimizer_options
 @click.option("--precision", type=click.Choice(["fp32", "bf16"]), default="fp32", show_default=True,
-              help="Training as it is trained: bf16 runs forward and loss under autocast (gradients stay fp32).")
+              help="Training as it is trained: bf16 runs forward and loss under autocast (gradients stay fp32). "
+                   "Not how the file stores them: that is --dtype.")
 @click.option("--input-size", type=INPUT_SIZE, default=None, help="Image side or sequence length.")
 @click.option("--out", "-o", required=True, type=OutputPath(), help="Trace file to write (.npz).")
+@click.option("--force", is_flag=True, help=FORCE_TRAINING_HELP)
 def trace_capture(model: str, model_args: tuple[str, ...], data: str | None, dataset: str | None, workers: int,
                   steps: int, every: int, warmup: int, batch: int | None, device: str, dtype: str, seed: int,
-                  input_size: int | None, precision: str, out: str, **optimizer: Any) -> None:
+                  input_size: int | None, precision: str, out: str, force: bool, **optimizer: Any) -> None:
     """Capture per-worker gradients and compute timings from live data-parallel training."""
     from arcsim.traces.capture import CaptureConfig, capture
     from arcsim.traces.format import open_trace
@@ -67,6 +73,14 @@ def trace_capture(model: str, model_args: tuple[str, ...], data: str | None, dat
     cfg = CaptureConfig(model=model, out=Path(out), dataset=dataset, workers=workers, steps=steps, every=every,
                         warmup=warmup, batch=batch, device=device, dtype=dtype, seed=seed, input_size=input_size,
                         precision=precision, model_args=model_args, data=data, **optimizer_settings(optimizer))
+    cfg.check()
+    if not cfg.on_gpu:
+        from arcsim.estimates import CAPTURE_BYTES_PER_ELEMENT, check_training, training
+
+        estimate = check_training(f"capturing {model}",
+                                  lambda: training(cfg, state_per_element=CAPTURE_BYTES_PER_ELEMENT), force)
+        if estimate is not None and estimate.worth_saying:
+            note(f"capture {model}: {estimate.describe()}")
     with step_progress(f"capture {model}", unit="train step") as progress:
         path = capture(cfg, progress)
     t = open_trace(path)
@@ -117,7 +131,7 @@ def trace_profile(model: str, model_args: tuple[str, ...], data: str | None, dat
                                             "keeps the shapes of the model's input).")
 @click.option("--batch", "-b", default="0", type=Count(minimum=0),
               help="Batch per rank (default: the recorded input's leading dimension).")
-@click.option("--dtype", type=click.Choice(["fp16", "fp32"]), default="fp16", show_default=True)
+@click.option("--dtype", type=click.Choice(["fp16", "fp32"]), default="fp16", show_default=True, help=DTYPE_HELP)
 @click.option("--out", "-o", required=True, type=OutputPath(), help="Trace file to write (.npz).")
 def trace_merge(parts: tuple[str, ...], model: str | None, model_args: tuple[str, ...], data: str | None,
                 dataset: str | None, batch: int, dtype: str, out: str) -> None:

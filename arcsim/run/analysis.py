@@ -31,6 +31,7 @@ from arcsim.devices.kernels import kernel_source
 from arcsim.devices.predict import DEFAULT_GPU_BATCH, ComputePrediction
 from arcsim.devices.source import ComputeSource, compute_source
 from arcsim.errors import ArcsimError
+from arcsim.estimates import LIVE_STATE_BYTES_PER_ELEMENT, measuring_seconds
 from arcsim.files import cache_dir, generated_traces_dir, writable_cache_dir
 from arcsim.models.source import input_of_trace, source_of_trace
 from arcsim.netsim import ENGINES
@@ -74,6 +75,7 @@ class RunConfig:
     slack: float = 0.25                 # policy: error allowed above Top-K's, relative
     seed: int = 0
     allow_capture: bool = True
+    force: bool = False                 # past the estimated memory of a capture (arcsim.estimates)
     grid_steps: int | None = None       # trace steps for ratio-grid points (None: all, or 1 for large traces)
     compress_scale: float | dict[str, float] = 1.0  # measured compression × this, or per compressor (> 1 where
     #                                                ranks share cores: emulation)
@@ -94,6 +96,12 @@ class RunConfig:
     def hierarchies(self) -> tuple[str, ...]:
         """The ways each compressor is priced: flat, node-aware, or both."""
         return ("flat", "node") if self.hierarchy == "both" else (self.hierarchy,)
+
+    def planned_measurements_at_most(self) -> int:
+        """How many compressor measurements a run makes at most (dense; each compressor at --density and over the
+        ratio grid, each way of --hierarchy), known before any trace is read."""
+        per_way = sum(1 if INFO[c].density_free else len({self.density, *self.ratios}) for c in self.compressors)
+        return 1 + per_way * len(self.hierarchies)
 
     def params_model(self) -> ParamsModel | None:
         """The synthetic model --params asks for (None: a trace run)."""
@@ -181,6 +189,7 @@ class RunResult:
     policy: decisions.Policy | None
     pareto: decisions.ParetoFront
     crossover: decisions.Crossover
+    recommendation: decisions.Recommendation
     assumptions: list[str]
     timings: dict[str, float] = field(default_factory=dict)
     compute_basis: dict[str, Any] | None = None  # a modelled compute's batch and precision, and whence each
@@ -256,7 +265,7 @@ class Analysis:
             self.trace = LiveSource(cfg.live, capture_progress)
         else:
             path = (self.params.sample_trace(generated_traces_dir(), cfg.seed) if self.params is not None else
-                    resolve_trace(cfg.trace, allow_capture=cfg.allow_capture, announce=announce,
+                    resolve_trace(cfg.trace, allow_capture=cfg.allow_capture, announce=announce, force=cfg.force,
                                   progress=capture_progress))
             self.trace = open_trace(path)
         self._hash: Future[str] | None = None  # the trace file's content hash, for the measurement cache:
@@ -380,10 +389,8 @@ class Analysis:
             return self._measured[key]
         started = time.perf_counter()
         self.progress(f"{compressor} @ {key[1]:g}")
-        memory = self._memory(compressor)
-        timed = self.ctx.gpu is None
-        name = cache.key(self._trace_hash(), self.ctx.buckets, compressor, key[1], memory, self.cfg.seed,
-                         self.cfg.options, key[2], timed, grouping)
+        memory, timed = self._memory(compressor), self.ctx.gpu is None
+        name = self._cache_name(key)
         meas = cache.load(name)
         if meas is not None:
             self.cached += 1
@@ -400,6 +407,21 @@ class Analysis:
                      f"({key[2]} steps)"] = time.perf_counter() - started
         return meas
 
+    def _cache_name(self, key: MeasurementKey) -> str:
+        compressor, density, steps, grouping = key
+        return cache.key(self._trace_hash(), self.ctx.buckets, compressor, density, self._memory(compressor),
+                         self.cfg.seed, self.cfg.options, steps, self.ctx.gpu is None, grouping)
+
+    def measuring_work(self) -> tuple[int, float]:
+        """The planned measurements neither in memory nor in the cache, and the seconds they should take here
+        (arcsim.estimates); (0, 0) for live training, whose training was estimated before it started."""
+        if not isinstance(self.trace, Trace):
+            return 0, 0.0
+        todo = [k for k in self.planned_keys() if k not in self._measured
+                and not cache.held(self._cache_name(k))]
+        return len(todo), measuring_seconds(sum(self.trace.workers * k[2] * self.trace.elements for k in todo),
+                                            timed=self.ctx.gpu is None)
+
     def _memory(self, compressor: str) -> str | None:
         return self.cfg.memory if not INFO[compressor].density_free else None
 
@@ -408,7 +430,7 @@ class Analysis:
         as many steps, as many as fit LIVE_MEMORY_BYTES (each keeps error-feedback state for every worker)."""
         live = self.trace
         assert isinstance(live, LiveSource)
-        room = max(1, int(LIVE_MEMORY_BYTES // (2 * live.workers * live.elements * 4)))
+        room = max(1, int(LIVE_MEMORY_BYTES // (LIVE_STATE_BYTES_PER_ELEMENT * live.workers * live.elements)))
         group = [wanted, *(k for k in self.planned_keys() if k[2] == wanted[2] and k[3] == wanted[3]
                            and k != wanted and k not in self._measured)][:room]
         started = time.perf_counter()
@@ -463,8 +485,9 @@ class Analysis:
             _set_speedups(c, dense, ring)
         grid = self._grid(dense, ring)
         policy = self._policy(cands) if cfg.policy == "auto" else None
-        return RunResult(cfg, self.ctx, cands, dense, policy, self._pareto(grid), self._crossover(cands, grid),
-                         self._assumptions() + density_notes(cands))
+        front = self._pareto(grid)
+        return RunResult(cfg, self.ctx, cands, dense, policy, front, self._crossover(cands, grid),
+                         decisions.recommend(front, grid, policy), self._assumptions() + density_notes(cands))
 
     # -- decisions (arcsim/run/decisions.py) ------------------------------------------------------------
     def _policy(self, cands: list[Candidate]) -> decisions.Policy:

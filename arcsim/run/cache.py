@@ -14,7 +14,7 @@ from typing import Any
 
 from arcsim.comm.log import CommRecord
 from arcsim.compressors.hierarchy import Grouping
-from arcsim.files import cache_key, cache_read, cache_write, file_fact
+from arcsim.files import CACHE_SUFFIX, cache_dir, cache_key, cache_read, cache_write, file_fact
 from arcsim.run.buckets import Bucket
 from arcsim.run.measure import Measurement
 
@@ -42,6 +42,11 @@ def key(trace: str, buckets: list[Bucket], compressor: str, density: float, memo
     if grouping is not None:  # flat keys stay as they were: measurements already cached are still found
         fields["grouping"] = dataclasses.astuple(grouping)
     return cache_key(fields)
+
+
+def held(name: str) -> bool:
+    """Whether the cache holds a measurement named ``name`` (without reading it)."""
+    return (cache_dir() / f"{name}{CACHE_SUFFIX}").is_file()
 
 
 def load(name: str) -> Measurement | None:

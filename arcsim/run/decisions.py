@@ -1,6 +1,7 @@
-"""What `arcsim run` decides from priced candidates: the per-bucket switching policy between all-gather and
-all-reduce, the Pareto front of iteration time against error over the ratio grid (and the point chosen
-on it), and where all-gather and all-reduce top-k trade places as bandwidth and ratio change."""
+"""What `arcsim run` decides from priced candidates: ONE recommendation (the point chosen on the Pareto front
+of usable candidates), the per-bucket switching policy between all-gather and all-reduce, the Pareto front of
+iteration time against error over the ratio grid, and where all-gather and all-reduce top-k trade places as
+bandwidth and ratio change."""
 
 from __future__ import annotations
 
@@ -22,6 +23,11 @@ from arcsim.run.pareto import choose, pareto_front
 from arcsim.run.timeline import iteration
 
 BANDWIDTH_SCALES = tuple(float(s) for s in np.logspace(-2, 2, 25))
+UNUSABLE_ERROR = 0.95  # relative aggregate error from which a candidate is unusable: within 5 % of sending nothing
+#                        (a zero update has error 1); Rand-K at 0.99 stayed at chance accuracy under `arcsim train`
+#                        where Top-K (0.78) and STAR (0.90) trained like dense (docs/train.md)
+UNUSABLE_NOTE = (f"unusable: error ≥ {UNUSABLE_ERROR:g}, within {1 - UNUSABLE_ERROR:.0%} of sending nothing "
+                 "(error 1); never recommended or chosen")
 Measure = Callable[..., Measurement]  # (compressor, density, hierarchy=…) → its measurement on the trace
 
 
@@ -55,6 +61,11 @@ class Policy(Decision):
     rel_error: float
     choices: list[BucketChoice]
     unsettled: list[str]  # candidates whose error interval (over the trace's steps) spans the error limit
+
+
+def usable(c: Candidate | ParetoPoint) -> bool:
+    """Whether ``c``'s error leaves it usable for training (below UNUSABLE_ERROR)."""
+    return c.rel_error < UNUSABLE_ERROR
 
 
 def unsettled(cands: Sequence[Candidate], limit: float | None) -> list[str]:
@@ -116,13 +127,13 @@ class Crossover(Decision):
 
 def eligible(cands: Sequence[Candidate], slack: float) -> tuple[list[Candidate], float | None]:
     """Candidates about as faithful as Top-K (its most faithful way, flat or node-aware): error ≤ Top-K's ×
-    (1 + slack); dense and fp16 always."""
+    (1 + slack) and usable; dense and fp16 always."""
     sparse = [c for c in cands if c.density is not None]
     ref = min((c.rel_error for c in sparse if c.compressor == "topk"), default=None)  # flat or node: the closer
     if ref is None and sparse:
         ref = min(c.rel_error for c in sparse)
     limit = None if ref is None else ref * (1 + slack) + 1e-12
-    return [c for c in cands if c.density is None or (limit is not None and c.rel_error <= limit)], limit
+    return [c for c in cands if c.density is None or (limit is not None and c.rel_error <= limit and usable(c))], limit
 
 
 def policy(cands: Sequence[Candidate], ctx: Context, slack: float) -> Policy:
@@ -148,20 +159,69 @@ def policy(cands: Sequence[Candidate], ctx: Context, slack: float) -> Policy:
     err = sum(m.err2_bucket(i) for m, i in measured)
     ref = sum(m.ref2_bucket(i) for m, i in measured)
     rule = (f"per bucket, the fastest (compression + communication) among candidates whose relative aggregate "
-            f"error is at most Top-K's × (1 + {slack:g}) (dense and fp16 always qualify)")
+            f"error is at most Top-K's × (1 + {slack:g}) and below {UNUSABLE_ERROR:g} (dense and fp16 always "
+            "qualify); a per-bucket mix needs a hook that switches per bucket")
     return Policy(rule, limit, sorted({c.compressor for c in allowed}), timeline.iteration_s,
                   timeline.exposed_comm_s, err / ref if ref > 0 else 0.0, choices, unsettled(cands, limit))
 
 
 def pareto(grid: Sequence[Candidate], ratios: Sequence[float],
            weights: tuple[float, float] | None) -> ParetoFront:
-    """The exact front of (iteration time, error) over the grid, and the point chosen on it."""
+    """The exact front of (iteration time, error) over the grid, and the point chosen on the front of its usable
+    points (no unusable point can dominate a usable one, so that front is part of the whole one)."""
     objectives = np.array([[c.iteration_s, c.rel_error] for c in grid])
     front = pareto_front(objectives)
-    pick, rule = choose(objectives[front], weights)
+    fit = [i for i, c in enumerate(grid) if usable(c)]  # never empty: dense (error 0) is in every grid
+    fit_front = [fit[i] for i in pareto_front(objectives[fit])]
+    pick, rule = choose(objectives[fit_front], weights)
+    return ParetoFront(["iteration_s", "rel_error"], f"{rule}, among the usable points (error < {UNUSABLE_ERROR:g})",
+                       list(ratios), [ParetoPoint.of(c) for c in grid], [ParetoPoint.of(grid[i]) for i in front],
+                       ParetoPoint.of(grid[fit_front[pick]]))
 
-    return ParetoFront(["iteration_s", "rel_error"], rule, list(ratios), [ParetoPoint.of(c) for c in grid],
-                       [ParetoPoint.of(grid[i]) for i in front], ParetoPoint.of(grid[front[pick]]))
+
+@dataclass
+class Recommendation(Decision):
+    """The one setting to deploy: a compressor, its collective and ratio for the whole job, and why."""
+
+    compressor: str
+    collective: str
+    op: str
+    hierarchy: str
+    density: float | None       # None: the compressor takes no ratio (dense, fp16, bf16)
+    iteration_s: float
+    speedup_vs_dense: float
+    rel_error: float
+    error_limit: float          # UNUSABLE_ERROR: candidates at or above it are never recommended
+    why: list[str]
+
+
+def recommend(front: ParetoFront, grid: Sequence[Candidate], pol: Policy | None) -> Recommendation:
+    """The front's chosen point as one deployable setting, with the reasons the other "winners" lost."""
+    c = front.chosen
+    op = next(g.op for g in grid if ParetoPoint.of(g) == c)
+    why = [f"chosen on the Pareto front of iteration time against error by {front.rule}"]
+    if c.compressor == "dense":
+        why.append("no usable compressor is faster than dense fp32 on this cluster")
+    fastest = min((g for g in grid if usable(g)), key=lambda g: g.iteration_s)
+    if ParetoPoint.of(fastest) != c:
+        why.append(f"the fastest usable point, {_setting(fastest)}, is {fastest.speedup_vs_dense:.2f}× dense but "
+                   f"its error is {fastest.rel_error:.3f}")
+    faster = sorted({g.compressor for g in grid if not usable(g) and g.iteration_s < c.iteration_s})
+    if faster:
+        why.append(f"faster but unusable (error ≥ {UNUSABLE_ERROR:g}): {', '.join(faster)}")
+    if pol is not None and pol.iteration_s < c.iteration_s and len({(b.compressor, b.collective, b.hierarchy)
+                                                                       for b in pol.choices}) > 1:
+        mix = sorted({b.compressor for b in pol.choices})
+        why.append(f"the per-bucket policy's mix ({', '.join(mix)}) would take {pol.iteration_s * 1e3:.3g} ms but "
+                   "needs a hook that switches per bucket")
+    return Recommendation(c.compressor, c.collective, op, c.hierarchy, c.density, c.iteration_s,
+                          c.speedup_vs_dense, c.rel_error, UNUSABLE_ERROR, why)
+
+
+def _setting(c: Candidate | ParetoPoint) -> str:
+    """``topk/ring at density 0.01``, ``fp16/tree``: a setting in a sentence."""
+    where = "" if c.hierarchy == "flat" else f", {c.hierarchy}-aware"
+    return f"{c.compressor}/{c.collective}{where}" + ("" if c.density is None else f" at density {c.density:g}")
 
 
 def crossover(compressors: Sequence[str], density: float, ratios: Sequence[float], grid: Sequence[Candidate],
@@ -174,7 +234,7 @@ def crossover(compressors: Sequence[str], density: float, ratios: Sequence[float
                          "(arctopk, star, var) among --compressors")
     base = ctx.topo.network.bandwidth_per_nic
     rows = []
-    for s, scaled, pricer in _scaled_networks(ctx):
+    for s, scaled, pricer in _scaled_networks(ctx) if ctx.topo.nodes > 1 else []:
         best = {}
         for family, names in (("allgather", ag), ("allreduce", ar)):
             options = [c for n in names for c in candidates_for(measurement(n, density), scaled, pricer)]
@@ -194,8 +254,11 @@ def crossover(compressors: Sequence[str], density: float, ratios: Sequence[float
             by_ratio.append({"density": r, "allgather_s": fg.iteration_s,
                              "allgather_best": f"{fg.compressor}/{fg.collective}", "allreduce_s": fa.iteration_s,
                              "allreduce_best": f"{fa.compressor}/{fa.collective}"})
-    return Crossover("best all-gather top-k (topk, gaussiank) vs best all-reduce top-k (arctopk, star, var), any "
-                     "collective; bandwidth curve by the closed form, inter-node NIC bandwidth scaled",
+    what = "best all-gather top-k (topk, gaussiank) vs best all-reduce top-k (arctopk, star, var), any collective"
+    if ctx.topo.nodes < 2:  # no network between nodes: nothing to scale
+        return Crossover(f"{what}; over the ratio only: {ctx.topo.name} is one node, with no inter-node bandwidth "
+                         "to vary", ratio=by_ratio, ratio_flips=_flips(by_ratio, "density"), density=density)
+    return Crossover(f"{what}; bandwidth curve by the closed form, inter-node NIC bandwidth scaled",
                      rows, _flips(rows, "nic_gbps"), by_ratio, _flips(by_ratio, "density"), density, base * 8 / 1e9)
 
 

@@ -14,7 +14,7 @@ from rich.table import Table
 from arcsim.files import write_atomic
 from arcsim.run.analysis import RunResult
 from arcsim.run.candidates import Candidate
-from arcsim.run.decisions import ParetoPoint
+from arcsim.run.decisions import UNUSABLE_ERROR, UNUSABLE_NOTE, Crossover, ParetoPoint, usable
 from arcsim.units import format_size
 
 
@@ -48,8 +48,9 @@ def to_json(result: RunResult) -> dict[str, Any]:
         "assumptions": result.assumptions,
         "buckets": [{"index": b.index, "elements": b.numel, "layers": len(b.layers), "ready_s": b.ready_s}
                     for b in result.ctx.buckets],
+        "recommendation": result.recommendation.to_dict(),
         "dense": result.dense.to_dict(),
-        "candidates": [c.to_dict() for c in result.candidates],
+        "candidates": [{**c.to_dict(), "usable": usable(c)} for c in result.candidates],
         "policy": result.policy.to_dict() if result.policy else None,
         "pareto": result.pareto.to_dict(),
         "crossover": result.crossover.to_dict(),
@@ -89,17 +90,18 @@ def render(result: RunResult, console: Console, every_collective: bool = False) 
     console.print(f"[bold]arcsim run[/]: {t.meta['model']} ({int(t.meta['params']):,} parameters, {source}, "
                   f"{t.workers} workers × {t.steps} steps) on {topo.name} ({topo.ranks} ranks, {topo.library}), "
                   f"density {result.config.density:g}, {result.config.engine} engine")
+    _render_recommendation(result, console)
     for note in result.assumptions:
         console.print(f"  [dim]• {note}[/]")
     rows = result.candidates if every_collective else best_per_compressor(result)
-    rows = sorted(rows, key=lambda c: c.iteration_s)
+    rows = sorted(rows, key=lambda c: (not usable(c), c.iteration_s))  # the unusable last, however fast
     d = result.dense
     table = Table(title="Iteration time per compressor" + ("" if every_collective else " (its fastest collective)"),
                   caption=f"ms per iteration, compute {_ms(d.compute_s)} ms in each; speed-up against dense fp32 on "
                           f"its fastest collective (dense (baseline), {d.op} {d.collective}); AR all-reduce, AG "
                           "all-gather; error = ‖agg − ū‖²/‖ū‖² after error feedback"
                           + (f" (± its 95 % interval over the trace's {t.steps} steps)" if t.steps > 1 else "")
-                          + "; gain = ‖C(u)‖/‖u‖",
+                          + f"; gain = ‖C(u)‖/‖u‖; ✗ {UNUSABLE_NOTE}",
                   box=box.SIMPLE_HEAD, collapse_padding=True, pad_edge=False, show_edge=False)
     names = max(len(c.compressor) for c in rows) if rows else 0
     for col in ("compressor", "collective", "ms/iter", "compress", "comm", "exposed", "speed-up", "error", "gain",
@@ -125,10 +127,23 @@ def render(result: RunResult, console: Console, every_collective: bool = False) 
 
 
 def _error(c: Candidate) -> str:
-    """The error, with its interval's half-width when the trace's steps give one."""
+    """The error, with its interval's half-width when the trace's steps give one; ✗ when unusable."""
+    mark = "" if usable(c) else " ✗"
     if c.rel_error_ci is None:
-        return f"{c.rel_error:.3f}"
-    return f"{c.rel_error:.3f}±{(c.rel_error_ci[1] - c.rel_error_ci[0]) / 2:.3f}"
+        return f"{c.rel_error:.3f}{mark}"
+    return f"{c.rel_error:.3f}±{(c.rel_error_ci[1] - c.rel_error_ci[0]) / 2:.3f}{mark}"
+
+
+def _render_recommendation(result: RunResult, console: Console) -> None:
+    """The one answer, first: what to deploy, what it gives, and why the other "winners" lost."""
+    r = result.recommendation
+    ratio = "no ratio (it compresses nothing away)" if r.density is None else f"density {r.density:g}"
+    where = "" if r.hierarchy == "flat" else " between nodes (dense inside each node)"
+    console.print(f"[bold green]Recommended:[/] [bold]{r.compressor}[/] over {OP_NAME.get(r.op, r.op)} "
+                  f"({r.collective}){where}, {ratio}: {_ms(r.iteration_s)} ms per iteration, "
+                  f"{r.speedup_vs_dense:.2f}× dense, error {r.rel_error:.3f}")
+    for reason in r.why:
+        console.print(f"  why: {reason}")
 
 
 def render_fusion(rows: list[dict[str, Any]], console: Console) -> None:
@@ -147,6 +162,7 @@ def render_fusion(rows: list[dict[str, Any]], console: Console) -> None:
     console.print(table)
 
 
+OP_NAME = {"allreduce": "all-reduce", "allgather": "all-gather"}
 OP_SHORT = {"allreduce": "AR", "allgather": "AG", "broadcast": "BC", "reducescatter": "RS"}
 
 
@@ -228,6 +244,7 @@ def _render_crossover(result: RunResult, console: Console) -> None:
     cx = result.crossover
     if cx.bandwidth is None or cx.nic_gbps is None or cx.density is None:
         console.print(f"[yellow]AG/AR crossover:[/] {cx.note}")
+        _render_ratio_flips(cx, console)
         return
     rows = cx.bandwidth
     nic_gbps = cx.nic_gbps
@@ -243,10 +260,13 @@ def _render_crossover(result: RunResult, console: Console) -> None:
                           f"{f['above']} above")
     else:
         console.print(f"  bandwidth: no flip between {lo:.3g} and {hi:.3g} Gb/s per NIC")
-    if cx.ratio_flips:
-        for f in cx.ratio_flips:
-            console.print(f"  ratio: {f['below']} wins below density {f['density']:.3g}, {f['above']} above")
-    elif cx.ratio:
+    _render_ratio_flips(cx, console)
+
+
+def _render_ratio_flips(cx: Crossover, console: Console) -> None:
+    for f in cx.ratio_flips or []:
+        console.print(f"  ratio: {f['below']} wins below density {f['density']:.3g}, {f['above']} above")
+    if cx.ratio and not cx.ratio_flips:
         console.print(f"  ratio: no flip over densities {cx.ratio[0]['density']:g} … {cx.ratio[-1]['density']:g}")
 
 
@@ -254,11 +274,12 @@ def _render_pareto(result: RunResult, console: Console) -> None:
     par = result.pareto
     chosen = par.chosen
     table = Table(title=f"Pareto front: iteration time vs error over {len(par.evaluated)} evaluated "
-                        f"(compressor, collective, ratio) points", caption=f"chosen by {par.rule}")
+                        f"(compressor, collective, ratio) points",
+                  caption=f"★ the recommendation, chosen by {par.rule}; ✗ error ≥ {UNUSABLE_ERROR:g}, unusable")
     for col in ("", "compressor", "collective", "density", "iteration ms", "speed-up", "error", "gain"):
         table.add_column(col, justify="left" if col in ("", "compressor", "collective") else "right")
     for p in par.points:
-        mark = "★" if p == chosen else ""
+        mark = "★" if p == chosen else "" if usable(p) else "✗"
         table.add_row(mark, p.compressor, p.collective + ("" if p.hierarchy == "flat" else f", {p.hierarchy}"),
                       "-" if p.density is None else f"{p.density:g}",
                       _ms(p.iteration_s), f"{p.speedup_vs_dense:.2f}×", f"{p.rel_error:.3f}",

@@ -1,6 +1,7 @@
 """Compute profiles: forward time and per-layer gradient-ready times of a model on a device (no gradients kept).
 
-A profile is a small JSON file; measured ones ship in ``arcsim/data/traces/profiles`` and are named bare.
+A profile is a small JSON file; measured ones ship in ``traces/profiles`` (the wheel's
+``arcsim/data/traces/profiles``) and are named bare.
 ``arcsim run --compute-profile`` combines one with the gradients of a trace captured elsewhere (e.g. H100
 timings with CPU-captured gradients).
 """

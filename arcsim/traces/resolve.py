@@ -19,7 +19,7 @@ from arcsim.traces.format import TraceError
 
 DEFAULT_TRACE_NAME = "cnn-digits-small.npz"
 SHIPPED_DEFAULT = CaptureConfig(model="cnn", dataset="digits", workers=8, steps=16, every=4, warmup=20, batch=16,
-                                dtype="fp16", out=Path("arcsim") / "data" / "traces" / DEFAULT_TRACE_NAME)
+                                dtype="fp16", out=Path("traces") / DEFAULT_TRACE_NAME)
 
 
 def shipped_traces_dir() -> Path:
@@ -34,8 +34,9 @@ def default_capture(model: str, out: Path) -> CaptureConfig:
 
 def resolve_trace(value: str | None, allow_capture: bool = True,
                   announce: Callable[[str], None] = print,
-                  progress: Callable[[int, int], None] | None = None) -> Path:
-    """Turn a ``--trace`` value into an existing trace file, capturing a known model's trace if allowed."""
+                  progress: Callable[[int, int], None] | None = None, force: bool = False) -> Path:
+    """Turn a ``--trace`` value into an existing trace file, capturing a known model's trace if allowed (its
+    estimate said first, refused past the available memory unless ``force``: arcsim.estimates)."""
     if value is None:
         path = shipped_traces_dir() / DEFAULT_TRACE_NAME
         if not path.exists():
@@ -59,7 +60,15 @@ def resolve_trace(value: str | None, allow_capture: bool = True,
     cfg = default_capture(model, out)
     if not allow_capture:
         raise TraceError(f"trace {value} does not exist; capture it with: {cfg.command()}")
-    announce(f"trace {value} not found; capturing it now: {cfg.command()}")
+    from arcsim.estimates import CAPTURE_BYTES_PER_ELEMENT, TooBig, check_training, training
+
+    try:
+        estimate = check_training(f"capturing {value}",
+                                  lambda: training(cfg, state_per_element=CAPTURE_BYTES_PER_ELEMENT), force)
+    except TooBig as exc:  # not every command that captures on demand takes --force: the capture itself does
+        raise TooBig(f"{exc} (or capture it first: {cfg.command()} --force)") from None
+    announce(f"trace {value} not found; capturing it now: {cfg.command()}"
+             + (f" ({estimate.describe()})" if estimate is not None else ""))
     started = time.perf_counter()
     capture(cfg, progress)
     announce(f"captured {out} in {time.perf_counter() - started:.0f} s")

@@ -1,0 +1,134 @@
+"""What heavy work will take, said before it starts: training W workers here (``trace capture``, ``run --live``)
+and measuring compressors on a trace (a cold ``arcsim run``). Training that would need more memory than this
+machine has available is refused (one ``error:`` line) unless ``--force``.
+
+The rates are measured on the 2-core development machine (2026-11-25); each constant names its source. They are
+rough by design: they decide whether to warn and refuse, not what to report.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from arcsim.errors import ArcsimError
+from arcsim.processes import physical_memory_bytes
+from arcsim.units import format_size
+
+if TYPE_CHECKING:
+    from arcsim.traces.training import TrainingConfig
+
+BASE_BYTES = 450e6            # the arcsim process with torch loaded: 428-446 MB peak RSS (a cached `arcsim run`,
+#                               a cnn capture)
+TRAIN_FLOPS_PER_S = 70e9      # training on this CPU, forward + backward (captures, 2026-11-25): resnet18 85 GFLOP in
+#                               2.1 s and 341 GFLOP in 3.1 s (the 256 GFLOP between in 1.0 s); llama_60m 264 GFLOP in
+#                               7.8 s and 527 GFLOP in 7.7 s (its text data's set-up dominates)
+TRAIN_START_S = 2.0           # building the model and its data: cnn 1.0-1.1 s, resnet18 ~1.8 s, llama_60m ~7 s
+MEASURE_ELEMENTS_PER_S = 200e6  # measuring compressors with their error feedback on a trace: gradient elements read
+#                                (workers × steps × elements) per second over a default run's 67 measurements:
+#                                164-205 M/s on the shipped cnn trace (328 M in 1.6-2.0 s), 220 M/s on a resnet18
+#                                trace of 2 workers × 1 step (1.57 G in 7.1 s)
+MEASURE_TIMED_FACTOR = 1.5     # compression timed here as well (--gpu cpu): the shipped trace 3.0 s against 2.0 s
+NOTE_SECONDS, NOTE_BYTES = 10.0, 2e9  # work estimated at either or more is announced before it starts
+OPTIMIZER_SLOTS = {"sgd": 1, "adamw": 2}  # fp32 state per parameter: momentum; AdamW's two moments
+LIVE_STATE_BYTES_PER_ELEMENT = 8  # a compressor measured live keeps error feedback and a scratch copy per worker
+CAPTURE_BYTES_PER_ELEMENT = 5  # a step written to a trace: its fp16 copy, the bytes handed to the file, the
+#                                finiteness mask (arcsim.traces.format.TraceWriter.write_step)
+
+
+class TooBig(ArcsimError):
+    """Work estimated past what this machine has (lifted by ``--force``)."""
+
+
+@dataclass(frozen=True)
+class Estimate:
+    memory_bytes: float
+    seconds: float
+    detail: str
+
+    @property
+    def worth_saying(self) -> bool:
+        return self.seconds >= NOTE_SECONDS or self.memory_bytes >= NOTE_BYTES
+
+    def describe(self) -> str:
+        return (f"about {format_size(self.memory_bytes)} of memory and ~{rough_duration(self.seconds)} here "
+                f"({self.detail})")
+
+
+def rough_duration(seconds: float) -> str:
+    """``40 s``, ``12 min``, ``18 h``: an estimate's time, in whole units from 10 up, else two figures."""
+    unit, scale = next(((u, s) for u, s in (("h", 3600.0), ("min", 60.0)) if seconds >= 1.5 * s), ("s", 1.0))
+    value = seconds / scale
+    return f"{value:.0f} {unit}" if value >= 10 else f"{value:.2g} {unit}"
+
+
+def training(cfg: TrainingConfig, state_per_element: float = 0.0) -> Estimate:
+    """Training ``cfg`` here: the model's parameters, gradients, their average and the optimizer's state (fp32),
+    the recorded step's gradients of every worker, one worker's activations (every forward operation's operands
+    and result, counted on the meta device: an upper estimate), plus ``state_per_element`` bytes × workers ×
+    parameters (what the caller keeps beside); time from the step's FLOPs."""
+    params, activations, flops = _step(cfg)
+    state = 4 * params * (3 + OPTIMIZER_SLOTS.get(cfg.optimizer_name(), 2))
+    recorded = 4 * cfg.workers * params
+    memory = BASE_BYTES + state + recorded + activations + state_per_element * cfg.workers * params
+    seconds = TRAIN_START_S + flops * cfg.workers * cfg.total_steps / TRAIN_FLOPS_PER_S
+    return Estimate(memory, seconds, f"{params:,} parameters × {cfg.workers} workers, {cfg.total_steps} training "
+                                     f"step(s) of {flops / 1e9:,.1f} GFLOP per worker")
+
+
+def live_run(cfg: TrainingConfig, measurements: int, budget: float) -> Estimate:
+    """``arcsim run --live``: ``measurements`` compressor runs, as many per training pass as fit ``budget`` bytes of
+    their state (arcsim.run.analysis), each pass training again."""
+    per = LIVE_STATE_BYTES_PER_ELEMENT * cfg.workers * _step(cfg)[0]
+    group = min(measurements, max(1, int(budget // per)))
+    passes = math.ceil(measurements / group)
+    est = training(cfg, state_per_element=LIVE_STATE_BYTES_PER_ELEMENT * group)
+    return Estimate(est.memory_bytes, est.seconds * passes,
+                    f"{est.detail}; {measurements} compressor runs, {group} per training pass: {passes} pass(es)")
+
+
+def _step(cfg: TrainingConfig) -> tuple[int, float, float]:
+    """(parameters, one worker's forward bytes, forward + backward FLOPs) of a training step, counted on meta."""
+    from arcsim.devices.workload import count_workload
+
+    work = count_workload(cfg.source, cfg.batch or cfg.source.default_batch, cfg.dataset, cfg.input_size, cfg.data)
+    return (sum(work.numel.values()), sum(op.bytes for op in work.forward),
+            sum(op.flops for op in work.forward) + sum(op.flops for op in work.backward))
+
+
+def measuring_seconds(elements_read: float, timed: bool) -> float:
+    """Measuring compressors that read ``elements_read`` gradient elements in all (``timed``: timing them too)."""
+    return elements_read / MEASURE_ELEMENTS_PER_S * (MEASURE_TIMED_FACTOR if timed else 1.0)
+
+
+def available_memory() -> float:
+    """Bytes this machine can give a new process now (MemAvailable), or its physical memory where unknown."""
+    try:
+        with open("/proc/meminfo") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    return float(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return float(physical_memory_bytes())
+
+
+def check_training(what: str, estimate: Callable[[], Estimate], force: bool) -> Estimate | None:
+    """``estimate()``, refused past the available memory (``check_fits``); None where the model cannot be counted
+    on the meta device (a model of the user's that needs real data, or fails: its training reports why)."""
+    try:
+        est = estimate()
+    except Exception:  # the user's model or data on meta tensors: no estimate, never a refusal
+        return None
+    check_fits(what, est, force)
+    return est
+
+
+def check_fits(what: str, est: Estimate, force: bool) -> None:
+    """Refuse ``what`` when its estimated memory exceeds what is available (unless ``force``)."""
+    free = available_memory()
+    if est.memory_bytes > free and not force:
+        raise TooBig(f"{what} needs {est.describe()}, and this machine has {format_size(free)} available; use "
+                     "fewer workers, a smaller model or batch, or --force to try anyway")

@@ -1,0 +1,77 @@
+"""Heavy work says what it will take before it starts, and training past this machine's memory is refused."""
+
+from __future__ import annotations
+
+import pytest
+from conftest import run_cli
+
+from arcsim import estimates
+from arcsim.traces.training import TrainingConfig
+
+
+def test_training_memory_grows_by_one_gradient_per_worker_and_time_with_the_steps():
+    two, four = (estimates.training(TrainingConfig(model="cnn", workers=w, steps=1)) for w in (2, 4))
+    params = 38_282  # the cnn's
+    assert four.memory_bytes - two.memory_bytes == pytest.approx(2 * 4 * params)  # each worker's recorded gradient
+    longer = estimates.training(TrainingConfig(model="cnn", workers=2, steps=3))
+    assert longer.seconds - estimates.TRAIN_START_S == pytest.approx(3 * (two.seconds - estimates.TRAIN_START_S))
+    adamw = estimates.training(TrainingConfig(model="cnn", workers=2, steps=1, optimizer="adamw"))
+    assert adamw.memory_bytes - two.memory_bytes == pytest.approx(4 * params)  # AdamW's second moment
+    assert "38,282 parameters × 2 workers" in two.describe()
+
+
+def test_past_the_available_memory_is_refused_unless_forced(monkeypatch):
+    est = estimates.Estimate(10e9, 60.0, "a test")
+    monkeypatch.setattr(estimates, "available_memory", lambda: 5e9)
+    with pytest.raises(estimates.TooBig, match=r"needs about 10 GB .* 5 GB available; .* --force"):
+        estimates.check_fits("capturing x", est, force=False)
+    estimates.check_fits("capturing x", est, force=True)
+    monkeypatch.setattr(estimates, "available_memory", lambda: 20e9)
+    estimates.check_fits("capturing x", est, force=False)
+
+
+@pytest.mark.parametrize("args", [
+    ("trace", "capture", "--model", "llama_1b", "-w", "1024", "-o", "{out}"),
+    ("run", "--live", "--model", "llama_1b", "-w", "1024"),
+])
+def test_a_training_past_the_machine_is_one_error_line_and_writes_nothing(tmp_path, args):
+    out = tmp_path / "big.npz"
+    r = run_cli(*(a.format(out=out) for a in args))
+    assert r.returncode == 2, r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and "1,339,082,752 parameters × 1024 workers" in lines[0]
+    assert "available" in lines[0] and "--force" in lines[0] and not out.exists()
+
+
+def test_a_capture_says_its_estimate_first_when_it_is_worth_saying(tmp_path):
+    r = run_cli("trace", "capture", "--model", "llama_60m", "-w", "2", "-s", "1", "-b", "1", "-o",
+                str(tmp_path / "c.npz"))
+    assert r.returncode == 0, r.stderr
+    first = r.stderr.strip().splitlines()[0]  # over NOTE_BYTES: the weights, state and gradients alone take 2 GB
+    assert first.startswith("capture llama_60m: about ") and "of memory and ~" in first and "2 workers" in first
+    r = run_cli("trace", "capture", "--model", "cnn", "-w", "2", "-s", "1", "-o", str(tmp_path / "small.npz"))
+    assert r.returncode == 0 and "capture cnn: about" not in r.stderr  # a second's work goes unannounced
+
+
+def test_a_cold_run_counts_what_it_must_measure_and_a_warm_one_nothing():
+    from arcsim.run.analysis import Analysis, RunConfig
+
+    cfg = RunConfig(compressors=("dense", "topk"), ratios=(0.01, 0.1), seed=123)  # a seed no other test caches
+    cold = Analysis(cfg)
+    todo, seconds = cold.measuring_work()
+    assert todo == cold.planned_measurements() == 3 <= cfg.planned_measurements_at_most()
+    read = sum(cold.trace.workers * k[2] * cold.trace.elements for k in cold.planned_keys())
+    assert seconds == pytest.approx(estimates.measuring_seconds(read, timed=cold.ctx.gpu is None))
+    cold.run()
+    assert Analysis(cfg).measuring_work() == (0, 0.0)  # all in the cache now
+
+
+def test_a_capture_on_demand_says_its_estimate_and_is_refused_past_the_memory(monkeypatch, tmp_path):
+    from arcsim.traces.resolve import resolve_trace
+
+    monkeypatch.setenv("ARCSIM_TRACE_DIR", str(tmp_path))
+    monkeypatch.setattr(estimates, "available_memory", lambda: 1.0)
+    refused = r"capturing resnet18\.npz needs about .* --force to try anyway \(or .*arcsim trace capture .* --force\)"
+    with pytest.raises(estimates.TooBig, match=refused):
+        resolve_trace("resnet18.npz", announce=lambda _: None)
+    assert not any(tmp_path.iterdir())  # refused before any training
