@@ -1,0 +1,58 @@
+"""Issue 37 §2 "never misread": a table arcsim wrote is read back by its columns' types, or refused in one line."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from tests.test_bad_input_classes import invoke
+
+REPORT = Path(__file__).resolve().parents[1] / "reports" / "validation.csv"
+
+
+def _changed(path: Path, row: int, column: str, value: object) -> Path:
+    frame = pd.read_csv(REPORT)
+    frame[column] = frame[column].astype(object)
+    frame.loc[row, column] = value
+    frame.to_csv(path, index=False)
+    return path
+
+
+@pytest.mark.parametrize(("make", "phrase"), [
+    (lambda p: _changed(p, 0, "inside_spread", "no"), "column inside_spread: 'no' is not True or False"),
+    (lambda p: _changed(p, 1, "ranks", "two"), "line 3, column ranks: 'two' is not a whole number"),
+    (lambda p: _changed(p, 0, "measured_s", 0), "column measured_s: '0' is not a number above 0"),
+    (lambda p: _changed(p, 0, "error", None), "column error: '' is not a number"),
+    (lambda p: p.write_text(""), "is empty"),
+    (lambda p: p.write_text(REPORT.read_text().splitlines()[0] + "\n"), "no rows"),
+    (lambda p: p.write_text("\n".join([REPORT.read_text().splitlines()[0]] * 2 + REPORT.read_text().splitlines()[1:])),
+     "line 2, column ranks: 'ranks' is not a whole number"),
+    (lambda p: p.write_text("ranks,ranks," + REPORT.read_text()[len("ranks,"):]), "the column ranks twice"),
+])
+def test_a_damaged_validation_report_is_one_error_line(tmp_path: Path, make, phrase: str):
+    path = tmp_path / "validation.csv"
+    make(path)
+    code, _, err = invoke(["validate", "--report", str(path)], tmp_path)
+    assert code == 2 and err.startswith("error: ") and len(err.strip().splitlines()) == 1, err[-2000:]
+    assert phrase in err, err
+
+
+def test_the_committed_reports_still_read(tmp_path: Path):
+    from arcsim.testbed.validate import read_report, summary
+
+    rows = read_report(REPORT)
+    assert all(isinstance(r["inside_spread"], bool) for r in rows)
+    assert summary(rows)["inside_spread"] == sum(pd.read_csv(REPORT)["inside_spread"])
+
+
+def test_plot_refuses_a_text_cell_in_a_number_column(tmp_path: Path):
+    from arcsim.sweep.evaluate import COLUMNS
+
+    folder = tmp_path / "sweep"
+    folder.mkdir()
+    row = {c: "" for c in COLUMNS} | {"point_id": "0a", "compressor": "topk", "iteration_s": "0.1", "world": "many"}
+    pd.DataFrame([row]).to_csv(folder / "results.csv", index=False)
+    code, _, err = invoke(["plot", str(folder)], tmp_path)
+    assert code == 2 and "column world: 'many' is not a whole number" in err and "Traceback" not in err, err
