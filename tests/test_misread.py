@@ -56,3 +56,24 @@ def test_plot_refuses_a_text_cell_in_a_number_column(tmp_path: Path):
     pd.DataFrame([row]).to_csv(folder / "results.csv", index=False)
     code, _, err = invoke(["plot", str(folder)], tmp_path)
     assert code == 2 and "column world: 'many' is not a whole number" in err and "Traceback" not in err, err
+
+
+@pytest.mark.parametrize(("args", "env", "phrase"), [
+    (["train", "--optimizer", "adamw", "--betas", "1,1", "--steps", "1"], {}, "--betas must each lie in [0, 1)"),
+    (["trace", "capture", "--model", "mlp", "--optimizer", "adamw", "--betas", "0.9,1", "-o", "t.npz"], {},
+     "--betas must each lie in [0, 1)"),
+    (["train", "--lr", "1e300", "--steps", "1"], {}, "--lr must lie in (0, 100]"),
+    (["trace", "capture", "--model", "mlp", "--lr", "1e300", "-o", "t.npz"], {}, "--lr must lie in (0, 100]"),
+    (["train", "--optimizer", "sgd", "--momentum", "1", "--steps", "1"], {}, "--momentum must lie in [0, 1)"),
+    (["calibrate", "--out", "c.yaml"], {"RANK": "1", "WORLD_SIZE": "2"}, "not a torchrun rank"),
+    (["calibrate", "--loopback", "-p", "2", "--out", "c.yaml"], {"WORLD_SIZE": "2"}, "launches its own workers"),
+    (["validate", "--ranks", "2"], {"RANK": "0"}, "launches its own workers"),
+    (["validate", "--write-config", "wc", "--ranks", "1"], {}, "must be at least 2"),
+    (["validate", "--write-config", "wc", "--bandwidth", "0Gbit"], {}, "--bandwidth 0Gbit carries nothing"),
+])
+def test_settings_no_run_can_use_are_one_error_line_before_work(tmp_path: Path, args: list[str],
+                                                                 env: dict[str, str], phrase: str):
+    code, _, err = invoke(args, tmp_path, env)
+    assert code == 2 and err.startswith("error: ") and len(err.strip().splitlines()) == 1, err[-2000:]
+    assert phrase in err, err
+    assert list(tmp_path.iterdir()) == []
