@@ -77,3 +77,12 @@ def test_settings_no_run_can_use_are_one_error_line_before_work(tmp_path: Path, 
     assert code == 2 and err.startswith("error: ") and len(err.strip().splitlines()) == 1, err[-2000:]
     assert phrase in err, err
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_straggler_that_never_arrives_is_refused_not_a_des_deadlock(tmp_path: Path):
+    from arcsim.files import packaged
+
+    topology = tmp_path / "slow.yaml"
+    topology.write_text(packaged("topologies", "8x1-eth10.yaml").read_text() + "stragglers:\n  1: .inf\n")
+    code, _, err = invoke(["collective", "-t", str(topology), "--engine", "des", "--compute", "1ms"], tmp_path)
+    assert code == 2 and "straggler slowdown for rank 1 must be a finite number" in err and "Traceback" not in err, err
