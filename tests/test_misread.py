@@ -86,3 +86,61 @@ def test_a_straggler_that_never_arrives_is_refused_not_a_des_deadlock(tmp_path: 
     topology.write_text(packaged("topologies", "8x1-eth10.yaml").read_text() + "stragglers:\n  1: .inf\n")
     code, _, err = invoke(["collective", "-t", str(topology), "--engine", "des", "--compute", "1ms"], tmp_path)
     assert code == 2 and "straggler slowdown for rank 1 must be a finite number" in err and "Traceback" not in err, err
+
+
+def _part(rank: int, steps: tuple[int, ...] = (0, 1)) -> dict:
+    """A rank's recording part as RecordingState.save writes it: a 3x2 weight and its bias."""
+    import torch
+
+    return {"rank": rank, "world": 2, "steps": list(steps), "order": ["a.bias", "a.weight"],
+            "shapes": {"a.weight": [3, 2], "a.bias": [3]}, "grads": {s: torch.randn(9) for s in steps},
+            "ready_s": {s: [0.001, 0.002] for s in steps}, "forward_s": {s: 0.01 for s in steps},
+            "torch_version": str(torch.__version__)}
+
+
+@pytest.mark.parametrize(("damage", "phrase"), [
+    (lambda p: p.update(steps=[0, 0]), "recorded once"),
+    (lambda p: p.update(steps=[], grads={}, ready_s={}, forward_s={}), "no recorded step"),
+    (lambda p: p["grads"].pop(1), "grads are not one per recorded step"),
+    (lambda p: p["ready_s"].update({1: [0.1]}), "ready_s of step 1"),
+    (lambda p: p["shapes"].update({"a.weight": "x"}), "shape is not a list of sizes"),
+    (lambda p: p["forward_s"].pop(0), "forward_s are not one per recorded step"),
+    (lambda p: p["grads"].update({1: p["grads"][1][:4]}), "grads of step 1"),
+])
+def test_a_malformed_recording_part_is_one_error_line_and_no_trace(tmp_path: Path, damage, phrase: str):
+    import torch
+
+    paths = []
+    for rank in (0, 1):
+        part = _part(rank)
+        damage(part)
+        paths.append(tmp_path / f"rank{rank}.pt")
+        torch.save(part, paths[-1])
+    code, _, err = invoke(["trace", "merge", *map(str, paths), "-o", "t.npz"], tmp_path)
+    assert code == 2 and err.startswith("error: ") and len(err.strip().splitlines()) == 1, err[-2000:]
+    assert phrase in err, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["rank0.pt", "rank1.pt"]
+
+
+def test_whole_parts_still_merge(tmp_path: Path):
+    import torch
+
+    from arcsim.traces.format import open_trace
+    from arcsim.traces.merge import merge_recordings
+
+    parts = [_part(0), _part(1)]
+    for rank, part in enumerate(parts):
+        torch.save(part, tmp_path / f"rank{rank}.pt")
+    trace = open_trace(merge_recordings([tmp_path / "rank0.pt", tmp_path / "rank1.pt"], tmp_path / "t.npz",
+                                        dtype="fp32"))
+    assert trace.workers == 2 and trace.steps == 2
+
+
+def test_the_recording_hook_refuses_a_step_asked_for_twice():
+    import torch
+
+    from arcsim.errors import ArcsimError
+    from arcsim.hooks import RecordingState
+
+    with pytest.raises(ArcsimError, match="each once"):
+        RecordingState.for_model(torch.nn.Linear(2, 3), (3, 3))
