@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pandas as pd
 import pytest
+import torch
 
 from tests.test_bad_input_classes import invoke
 
@@ -144,3 +146,113 @@ def test_the_recording_hook_refuses_a_step_asked_for_twice():
 
     with pytest.raises(ArcsimError, match="each once"):
         RecordingState.for_model(torch.nn.Linear(2, 3), (3, 3))
+
+
+USER_CODE = '''
+import sys
+
+import numpy as np
+import torch
+from torch import nn
+
+
+class Chatty(nn.Module):
+    def __init__(self):
+        super().__init__()
+        print("building Chatty")
+        self.net = nn.Linear(4, 1)
+
+    def forward(self, x, y):
+        print("forward!")
+        return nn.functional.mse_loss(self.net(x).squeeze(-1), y)
+
+
+class Constant(Chatty):
+    def forward(self, x, y):
+        return (x ** 2).mean()
+
+
+def chatty():
+    return Chatty()
+
+
+def exits():
+    sys.exit(3)
+
+
+def nothing():
+    return nn.ReLU()
+
+
+def frozen():
+    return Chatty().requires_grad_(False)
+
+
+def constant():
+    return Constant()
+
+
+def tensors(batch_size, seed):
+    while True:
+        x = torch.randn(batch_size, 4)
+        yield x, x.sum(-1)
+
+
+def arrays(batch_size, seed):
+    rng = np.random.default_rng(seed)
+    while True:
+        x = rng.standard_normal((batch_size, 4), dtype=np.float32)
+        yield x, x.sum(-1)
+
+
+def numbers(batch_size, seed):
+    while True:
+        yield [1.0, 2.0]
+
+
+def objects(batch_size, seed):
+    while True:
+        yield torch.randn(batch_size, 4), {1, 2}
+'''
+
+
+@pytest.fixture()
+def user_file(tmp_path: Path) -> Path:
+    (tmp_path / "mine.py").write_text(USER_CODE)
+    return tmp_path
+
+
+@pytest.mark.parametrize(("model", "data", "phrase"), [
+    ("exits", "tensors", "mine.py:exits called sys.exit(3)"),
+    ("nothing", "tensors", "returned a module with no parameters"),
+    ("frozen", "tensors", "returned a module with only frozen parameters"),
+    ("constant", "tensors", "returned a loss that does not depend on its parameters"),
+    ("chatty", "numbers", "holds no tensor or numpy array to split"),
+    ("chatty", "objects", "a batch holds a set, which cannot be split"),
+])
+def test_user_code_that_cannot_train_is_one_error_line_naming_it(user_file: Path, model: str, data: str,
+                                                                 phrase: str):
+    code, _, err = invoke(["run", "--live", "--model", f"mine.py:{model}", "--data", f"mine.py:{data}", "-w", "2",
+                           "--steps", "1", "--json", "-"], user_file)
+    lines = [ln for ln in err.splitlines() if ln.startswith("error: ")]
+    assert code == 2 and len(lines) == 1 and phrase in lines[0], err[-2000:]
+    assert "Traceback" not in err and {p.name for p in user_file.iterdir()} <= {"mine.py", "__pycache__"}
+
+
+def test_a_models_prints_go_to_stderr_not_into_the_json(user_file: Path):
+    code, out, err = invoke(["run", "--live", "--model", "mine.py:chatty", "--data", "mine.py:tensors", "-w", "2",
+                             "--steps", "1", "--json", "-"], user_file)
+    assert code == 0, err[-2000:]
+    assert "forward!" in err and "building Chatty" in err and "forward!" not in out
+    assert "candidates" in json.loads(out)
+
+
+def test_numpy_batches_are_split_over_the_workers(user_file: Path):
+    from arcsim.models.source import UserBatches
+
+    stream = UserBatches(f"{user_file / 'mine.py'}:arrays", 4 * 3, 0)
+    batch = stream.next()
+    shards = stream.shards(batch, 4)
+    assert [tuple(s[0].shape) for s in shards] == [(3, 4)] * 4
+    assert torch.equal(torch.cat([s[0] for s in shards]), batch[0])  # disjoint quarters, in order
+    assert not torch.equal(shards[0][0], shards[1][0])
