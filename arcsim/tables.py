@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import numpy as np
+
 from arcsim.errors import ArcsimError
 
 if TYPE_CHECKING:
@@ -53,6 +55,31 @@ class Column:
             raise ValueError("a number above 0")
         return number
 
+    def parse_all(self, cells: pd.Series) -> pd.Series | None:
+        """Every cell at once when each is plainly what :meth:`parse` accepts (the common case, fast); None
+        otherwise, and :meth:`parse` goes cell by cell."""
+        import pandas as pd
+
+        empty = cells == ""
+        if self.required and empty.any():
+            return None
+        if self.kind is bool:
+            return cells.map(BOOLEANS) if cells.isin(BOOLEANS).all() else None
+        if self.kind is str:
+            return cells.where(~empty, None)
+        plain = cells.str.fullmatch(r"-?\d+") if self.kind is int else pd.Series(True, index=cells.index)
+        numbers = pd.to_numeric(cells.where(~empty, "nan"), errors="coerce")
+        fine = (plain & np.isfinite(numbers) & (numbers > 0 if self.positive else True)) | empty
+        return numbers if fine.all() else None
+
+
+def _inferred(cells: pd.Series) -> pd.Series:
+    """A column no declaration covers: numbers when every filled cell is one (empty: NaN), else the text."""
+    import pandas as pd
+
+    numbers = pd.to_numeric(cells.where(cells != "", None), errors="coerce")
+    return numbers if numbers.notna().sum() == (cells != "").sum() else cells
+
 
 def read_table(path: Path, columns: Mapping[str, Column], what: str, error: type[ArcsimError] = ArcsimError
                ) -> pd.DataFrame:
@@ -64,37 +91,40 @@ def read_table(path: Path, columns: Mapping[str, Column], what: str, error: type
         raise error(f"{path} does not exist; give {what}")
     try:
         with path.open(newline="", encoding="utf-8") as handle:
-            rows = list(csv.reader(handle))
-    except (UnicodeDecodeError, csv.Error) as err:
+            reader = csv.reader(handle)
+            header = next(reader, [])
+            ragged = next(((reader.line_num, len(row)) for row in reader if row and len(row) != len(header)), None)
+        raw = pd.read_csv(path, dtype=str, keep_default_na=False)
+    except pd.errors.EmptyDataError:
+        raise error(f"{path} is empty; give {what}") from None
+    except (ValueError, UnicodeDecodeError, csv.Error) as err:  # pandas' ParserError is a ValueError
         raise error(f"{path} is not {what} ({' '.join(str(err).split())})") from None
-    if not rows or not rows[0]:
+    if not header:
         raise error(f"{path} is empty; give {what}")
-    header, body = rows[0], [r for r in rows[1:] if r]
     repeated = sorted({c for c in header if header.count(c) > 1})
     missing = [c for c, col in columns.items() if col.required and c not in header]
     if repeated or missing:
         problem = f"the column {', '.join(repeated)} twice" if repeated else f"no column {', '.join(missing)}"
         raise error(f"{path} is not {what}: {problem}")
-    if not body:
-        return pd.DataFrame(columns=header)
-    for line, row in enumerate(body, start=2):
-        if len(row) != len(header):
-            raise error(f"{path} line {line} has {len(row)} cells where the header has {len(header)} (cut off by "
-                        f"an interrupted write?); give {what}")
-    try:
-        frame = pd.read_csv(path)
-    except (ValueError, UnicodeDecodeError) as err:
-        raise error(f"{path} is not {what} ({' '.join(str(err).split())})") from None
+    if ragged is not None:
+        raise error(f"{path} line {ragged[0]} has {ragged[1]} cells where the header has {len(header)} (cut off by "
+                    f"an interrupted write?); give {what}")
+    frame = raw.copy()
+    for name in frame.columns:  # the columns not declared: as pandas would infer them
+        if name not in columns:
+            frame[name] = _inferred(raw[name])
     for name, column in columns.items():
         if name not in header:
             continue
-        at = header.index(name)
-        values = []
-        for line, row in enumerate(body, start=2):
-            try:
-                values.append(column.parse(row[at]))
-            except ValueError as expected:
-                raise error(f"{path} line {line}, column {name}: {row[at]!r} is not {expected}; give {what}") from None
-        series = pd.Series(values, index=frame.index, dtype=object)
-        frame[name] = pd.to_numeric(series) if column.kind in (int, float) else series
+        cells = raw[name]
+        parsed = column.parse_all(cells)
+        if parsed is None:  # some cell needs a closer look: parse one by one, to name the first at fault
+            values = []
+            for line, text in enumerate(cells, start=2):
+                try:
+                    values.append(column.parse(text))
+                except ValueError as expected:
+                    raise error(f"{path} line {line}, column {name}: {text!r} is not {expected}; give {what}") from None
+            parsed = pd.Series(values, index=frame.index, dtype=object)
+        frame[name] = pd.to_numeric(parsed) if column.kind in (int, float) else parsed
     return frame

@@ -32,6 +32,7 @@ def _changed(path: Path, row: int, column: str, value: object) -> Path:
     (lambda p: p.write_text("\n".join([REPORT.read_text().splitlines()[0]] * 2 + REPORT.read_text().splitlines()[1:])),
      "line 2, column ranks: 'ranks' is not a whole number"),
     (lambda p: p.write_text("ranks,ranks," + REPORT.read_text()[len("ranks,"):]), "the column ranks twice"),
+    (lambda p: p.write_text(REPORT.read_text() + "2,1,flat\n"), "cells where the header has 32 (cut off"),
 ])
 def test_a_damaged_validation_report_is_one_error_line(tmp_path: Path, make, phrase: str):
     path = tmp_path / "validation.csv"
