@@ -10,6 +10,8 @@ import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+from arcsim.errors import ArcsimError
+
 
 def free_port() -> int:
     """A TCP port on the loopback that nothing listens on right now (for a rendezvous)."""
@@ -113,8 +115,6 @@ def torchrun_world() -> int | None:
     """This process's world size when it is a rank of a torchrun job, None outside one. A RANK or WORLD_SIZE
     without the rest of torchrun's variables, or values that are not ranks, is refused: a stray variable
     would otherwise start a job that waits for peers that never come."""
-    from arcsim.errors import ArcsimError
-
     given = [v for v in RENDEZVOUS if v in os.environ]
     if not given:
         return None
@@ -129,8 +129,6 @@ def torchrun_world() -> int | None:
 def refuse_stray_rank(command: str) -> None:
     """``command`` launches its own workers: a RANK or WORLD_SIZE left in the environment is refused before any
     work (the workers get their own; the user meant a torchrun job, or forgot an export)."""
-    from arcsim.errors import ArcsimError
-
     stray = [f"{v}={os.environ[v]}" for v in ("RANK", "WORLD_SIZE") if v in os.environ]
     if stray:
         raise ArcsimError(f"{command} launches its own workers and gives each its rank, but the environment holds "
