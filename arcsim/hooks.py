@@ -35,6 +35,7 @@ from arcsim.compressors import Compressor, make_compressor
 from arcsim.compressors.base import Layer
 from arcsim.compressors.hierarchy import in_node_records, slice_bounds, slice_layout, slice_seed
 from arcsim.compressors.memory import Memory, make_memory
+from arcsim.errors import ArcsimError
 from arcsim.topology import splits_into_nodes
 
 
@@ -197,8 +198,11 @@ class RecordingState:
     @classmethod
     def for_model(cls, ddp: torch.nn.Module, steps: tuple, process_group: dist.ProcessGroup | None = None,
                   optimizer: torch.optim.Optimizer | None = None) -> "RecordingState":
+        wanted = list(steps)
+        if not wanted or len(set(wanted)) != len(wanted) or not all(isinstance(s, int) and s >= 0 for s in wanted):
+            raise ArcsimError(f"steps {wanted} to record must be step numbers from 0, each once (e.g. (3, 5, 7))")
         module = getattr(ddp, "module", ddp)
-        state = cls({id(p): n for n, p in module.named_parameters()}, tuple(sorted(steps)), process_group, optimizer)
+        state = cls({id(p): n for n, p in module.named_parameters()}, tuple(sorted(wanted)), process_group, optimizer)
         module.register_forward_pre_hook(state._enter, with_kwargs=True)
         module.register_forward_hook(lambda *_: state._mark(1))
         return state

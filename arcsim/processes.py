@@ -10,6 +10,8 @@ import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+from arcsim.errors import ArcsimError
+
 
 def free_port() -> int:
     """A TCP port on the loopback that nothing listens on right now (for a rendezvous)."""
@@ -112,3 +114,30 @@ def signals_interrupt(*signals: signal.Signals) -> Iterator[None]:
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+
+
+RENDEZVOUS = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")  # what torchrun sets for each rank
+
+
+def torchrun_world() -> int | None:
+    """This process's world size when it is a rank of a torchrun job, None outside one. A RANK or WORLD_SIZE
+    without the rest of torchrun's variables, or values that are not ranks, is refused: a stray variable
+    would otherwise start a job that waits for peers that never come."""
+    given = [v for v in RENDEZVOUS if v in os.environ]
+    if not given:
+        return None
+    rank, world = os.environ.get("RANK", ""), os.environ.get("WORLD_SIZE", "")
+    if len(given) < len(RENDEZVOUS) or not (rank.isdigit() and world.isdigit() and int(rank) < int(world)):
+        raise ArcsimError(f"the environment holds {', '.join(f'{v}={os.environ[v]}' for v in given)} but not a "
+                          f"torchrun rank ({', '.join(RENDEZVOUS)} with 0 ≤ RANK < WORLD_SIZE); unset them, or "
+                          "launch with torchrun")
+    return int(world)
+
+
+def refuse_stray_rank(command: str) -> None:
+    """``command`` launches its own workers: a RANK or WORLD_SIZE left in the environment is refused before any
+    work (the workers get their own; the user meant a torchrun job, or forgot an export)."""
+    stray = [f"{v}={os.environ[v]}" for v in ("RANK", "WORLD_SIZE") if v in os.environ]
+    if stray:
+        raise ArcsimError(f"{command} launches its own workers and gives each its rank, but the environment holds "
+                          f"{', '.join(stray)}; unset them (under torchrun, run the command the workers run)")

@@ -356,8 +356,9 @@ def _validate(t: Topology) -> None:
     for rank, slow in t.stragglers.items():
         if not 0 <= rank < t.ranks:
             raise bad(f"straggler rank {rank} is outside 0..{t.ranks - 1}")
-        if not slow >= 1.0:
-            raise bad(f"straggler slowdown for rank {rank} must be ≥ 1 (got {slow:g})")
+        if not (math.isfinite(slow) and slow >= 1.0):
+            raise bad(f"straggler slowdown for rank {rank} must be a finite number ≥ 1, as a rank that never "
+                      f"arrives stalls every collective (got {slow:g})")
     from arcsim.collectives.libraries import LIBRARIES, unknown_library
 
     if t.library not in LIBRARIES:

@@ -78,11 +78,11 @@ def test_node_aware_validation_runs_both_hierarchies_on_nodes_of_two(tmp_path):
     (("--hierarchy", "node"), "needs nodes of two or more ranks: add --ranks-per-node 2"),
     (("--hierarchy", "rack"), "unknown hierarchy 'rack'"),
     (("--ranks", "4,6", "--ranks-per-node", "4"), "6 does not"),
-    (("--ranks", "two"), "--ranks takes whole numbers"),
+    (("--ranks", "two"), "'two' is not a number"), (("--ranks", "1"), "must be at least 2"),
     (("-c", "zipk"), "unknown compressor zipk"),
     (("--model", "alexnet"), "unknown model 'alexnet'"),
     (("--density", "0"), "'--density': must lie in (0, 1]"),
-    (("--report", str(ROOT / "README.md")), "README.md is not a CSV arcsim validate wrote"),
+    (("--report", str(ROOT / "README.md")), "README.md is not the validation.csv that arcsim validate wrote"),
     (("--report", "no-such.csv"), "no-such.csv does not exist"),
     (("--report", str(REPORT), "--measured", "reports"), "takes neither --measured"),
 ])

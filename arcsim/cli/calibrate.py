@@ -10,6 +10,7 @@ import click
 from arcsim.cli.common import Count, OutputPath, json_option, note, write_json
 from arcsim.errors import ArcsimError
 from arcsim.files import write_atomic
+from arcsim.processes import refuse_stray_rank, torchrun_world
 from arcsim.units import parse_size
 
 
@@ -54,9 +55,11 @@ def calibrate(cluster: str | None, loopback: bool, ranks: int | None, bandwidth:
     size_list = DEFAULT_SIZES if sizes is None else tuple(int(parse_size(s)) for s in sizes.split(","))
     if len(set(size_list)) < 2:
         raise ArcsimError("--sizes needs at least two different sizes")
-    in_job = "RANK" in os.environ and "WORLD_SIZE" in os.environ and cluster is None and not loopback
-    if in_job:
-        world, local = int(os.environ["WORLD_SIZE"]), int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    if cluster or loopback:
+        refuse_stray_rank("arcsim calibrate --loopback / --cluster")
+    world = None if cluster or loopback else torchrun_world()
+    if world is not None:
+        local = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
         ranks_per_node = local if 1 < local < world and world % local == 0 else 1  # one node: no groups between
         how = "under torchrun"
         measured = measure_in_job(size_list, repeats, ranks_per_node)

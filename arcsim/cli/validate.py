@@ -11,6 +11,7 @@ from arcsim.catalog import COMPRESSORS
 from arcsim.cli.common import (
     DENSITY,
     Count,
+    ListOf,
     OutputPath,
     console,
     json_option,
@@ -20,6 +21,7 @@ from arcsim.cli.common import (
 )
 from arcsim.errors import ArcsimError
 from arcsim.testbed import VALIDATE_WORKER
+from arcsim.units import parse_rate
 
 
 def _list(text: str) -> tuple[str, ...]:
@@ -27,7 +29,8 @@ def _list(text: str) -> tuple[str, ...]:
 
 
 @click.command("validate")
-@click.option("--ranks", default="2,4", show_default=True, help="Rank counts, comma-separated.")
+@click.option("--ranks", "rank_list", default="2,4", show_default=True, type=ListOf(Count(minimum=2), unique=True),
+              help="Rank counts, comma-separated (2 or more: a collective needs peers).")
 @click.option("--bandwidth", default="1Gbit,100Mbit", show_default=True, help="Link rates, comma-separated.")
 @click.option("--delay", default="0s", show_default=True, help="One-way delay added to every link, e.g. 0.5ms.")
 @click.option("--ranks-per-node", default="1", show_default=True, type=Count(),
@@ -54,8 +57,8 @@ def _list(text: str) -> tuple[str, ...]:
               help="Print a validation CSV written before (its table, summary and the term furthest off in each "
                    "case outside the spread) without measuring anything.")
 @json_option
-def validate(ranks: str, bandwidth: str, delay: str, ranks_per_node: int, hierarchy: str, compressors: str,
-             model: str, dataset: str, density: float, steps: int, batch: int, repeats: int, out: str,
+def validate(rank_list: tuple[int, ...], bandwidth: str, delay: str, ranks_per_node: int, hierarchy: str,
+             compressors: str, model: str, dataset: str, density: float, steps: int, batch: int, repeats: int, out: str,
              write_config: str | None, measured: str | None, topology: str | None, report: str | None,
              json_out: str | None) -> None:
     """Measure DDP iterations on the emulated cluster (or a real one) and compare with arcsim run's predictions."""
@@ -82,10 +85,9 @@ def validate(ranks: str, bandwidth: str, delay: str, ranks_per_node: int, hierar
         if tables_wanted(json_out):
             _render(rows, s, str(rows[0]["model"]), float(rows[0]["density"]))
         return
-    try:
-        rank_list = tuple(int(r) for r in _list(ranks))
-    except ValueError:
-        raise ArcsimError(f"--ranks takes whole numbers, e.g. 2,4; got {ranks!r}") from None
+    for rate in _list(bandwidth):
+        if not parse_rate(rate) > 0:
+            raise ArcsimError(f"--bandwidth {rate} carries nothing; give link rates above 0, e.g. 1Gbit,100Mbit")
     comps = _list(compressors)
     unknown = [c for c in comps if c not in COMPRESSORS]
     if unknown:
@@ -117,6 +119,9 @@ def validate(ranks: str, bandwidth: str, delay: str, ranks_per_node: int, hierar
             raise ArcsimError("--measured needs --topology (the file arcsim calibrate wrote on that cluster)")
         rows = validate_measured(cfg, Path(measured), Path(topology), note)
     else:
+        from arcsim.processes import refuse_stray_rank
+
+        refuse_stray_rank("arcsim validate")
         rows = run_validation(cfg, note)
     csv, png = write_outputs(rows, cfg.out_dir)
     s = summary(rows)

@@ -22,13 +22,15 @@ import hashlib
 import importlib
 import importlib.util
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager, redirect_stdout
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+import numpy as np
 import torch
 import yaml
 from torch import nn
@@ -64,6 +66,17 @@ def parse_args(pairs: Sequence[str], what: str = "--model-arg") -> tuple[tuple[s
     return tuple(out.items())
 
 
+@contextmanager
+def user_code(what: str) -> Iterator[None]:
+    """Around every call into a user's code: its prints go to stderr (stdout may be carrying ``--json -``), and
+    its ``sys.exit`` is one error naming it, not arcsim's own exit."""
+    try:
+        with redirect_stdout(sys.stderr):
+            yield
+    except SystemExit as exc:
+        raise ModelError(f"{what} called sys.exit({exc.code!r}); return or raise an exception instead") from None
+
+
 @lru_cache(maxsize=32)
 def _file_module(path: str, mtime_ns: int) -> ModuleType:
     """A user's .py file executed as a module once per version of it (checks, builds and batches share it)."""
@@ -91,12 +104,18 @@ def load_callable(ref: str, what: str) -> Callable[..., Any]:
         if not path.is_file():
             raise ModelError(f"{what} {ref!r}: no such file {target}")
         try:
-            module = _file_module(str(path.resolve()), path.stat().st_mtime_ns)
+            with user_code(f"{what} {ref!r}: importing {target}"):
+                module = _file_module(str(path.resolve()), path.stat().st_mtime_ns)
+        except ModelError:
+            raise
         except Exception as exc:  # the user's code: any failure is theirs to see, in one line
             raise ModelError(f"{what} {ref!r}: importing {target} failed: {type(exc).__name__}: {exc}") from None
     else:
         try:
-            module = importlib.import_module(target)
+            with user_code(f"{what} {ref!r}: importing {target}"):
+                module = importlib.import_module(target)
+        except ModelError:
+            raise
         except ModuleNotFoundError as exc:
             raise ModelError(f"{what} {ref!r}: no module {exc.name!r} (is it installed, or on PYTHONPATH?)") from None
         except Exception as exc:
@@ -109,7 +128,10 @@ def load_callable(ref: str, what: str) -> Callable[..., Any]:
 
 def call_user(fn: Callable[..., Any], args: dict[str, Any], what: str) -> Any:
     try:
-        return fn(**args)
+        with user_code(what):
+            return fn(**args)
+    except ModelError:
+        raise
     except Exception as exc:
         raise ModelError(f"{what} raised {type(exc).__name__}: {exc}") from None
 
@@ -164,10 +186,21 @@ def call_forward(model: nn.Module, batch: Any) -> Any:
 def forward_loss(model: nn.Module, batch: Any, what: str) -> torch.Tensor:
     """The loss of a user's batch through the model (:func:`call_forward`)."""
     try:
-        result = call_forward(model, batch)
+        with user_code(what):
+            result = call_forward(model, batch)
+    except ModelError:
+        raise
     except Exception as exc:
         raise ModelError(f"{what} rejected a batch: {type(exc).__name__}: {str(exc)[:300]}") from None
     return loss_of(result, what)
+
+
+def _trainable(loss: torch.Tensor, ref: str) -> torch.Tensor:
+    """A user model's loss, refused when gradients are wanted and it does not depend on the parameters."""
+    if torch.is_grad_enabled() and not loss.requires_grad:
+        raise ModelError(f"--model {ref} returned a loss that does not depend on its parameters (no gradient flows "
+                         "back: detached, computed under no_grad, or from the inputs alone)")
+    return loss
 
 
 @dataclass(frozen=True)
@@ -251,6 +284,10 @@ class ModelSource:
         model = call_user(load_callable(self.ref, "--model"), dict(self.args), f"--model {self.ref}")
         if not isinstance(model, nn.Module):
             raise ModelError(f"--model {self.ref} returned {type(model).__name__}, not a torch.nn.Module")
+        params = list(model.parameters())
+        if not any(p.requires_grad for p in params):
+            held = "only frozen parameters (requires_grad=False)" if params else "no parameters"
+            raise ModelError(f"--model {self.ref} returned a module with {held}: there is no gradient to compress")
         return model
 
     def try_forward(self, spec: DataSpec | None, data: str | None) -> None:
@@ -269,8 +306,10 @@ class ModelSource:
             batch = to_device(UserBatches(data, 2, 0).next(), torch.device("meta"))
         what = f"a batch of {spec.kind} data, shape {tuple(batch[0].shape)}" if spec else "a batch of --data"
         try:
-            with torch.device("meta"):
+            with torch.device("meta"), user_code(f"--model {self.ref}"):
                 out = model(batch[0]) if spec is not None else call_forward(model, batch)
+        except ModelError:
+            raise
         except Exception as exc:
             if isinstance(exc, NotImplementedError) or "meta" in str(exc):
                 return
@@ -283,16 +322,19 @@ class ModelSource:
     def loss(self, model: nn.Module, batch: Any, spec: DataSpec | None) -> torch.Tensor:
         """One shard's loss: the zoo's rule, a user batch by its type, or a user model on a built-in dataset."""
         if spec is None:
-            return forward_loss(model, batch, f"--model {self.ref}")
+            return _trainable(forward_loss(model, batch, f"--model {self.ref}"), self.ref)
         x, y = batch
         if self.entry is not None:
             return loss_fn(spec.kind, model(x), y)
         try:
-            out = model(x)
+            with user_code(f"--model {self.ref}"):
+                out = model(x)
+        except ModelError:
+            raise
         except Exception as exc:
             raise ModelError(f"--model {self.ref} rejected a batch of {spec.kind} data, shape {tuple(x.shape)}: "
                              f"{type(exc).__name__}: {str(exc)[:300]}") from None
-        return self.loss_of_output(out, y, spec)
+        return _trainable(self.loss_of_output(out, y, spec), self.ref)
 
     def loss_of_output(self, out: Any, y: torch.Tensor, spec: DataSpec) -> torch.Tensor:
         """The loss of a forward's result on a built-in dataset's targets ``y``: the zoo's rule; for a user's model
@@ -387,21 +429,30 @@ class UserBatches:
 
     def next(self) -> Any:
         try:
-            batch = next(self.stream)
+            with user_code(f"--data {self.ref}"):
+                batch = next(self.stream)
+        except ModelError:
+            raise
         except StopIteration:
             raise ModelError(f"--data {self.ref} ran out after {self.drawn} batches; yield batches without end "
                              "(loop over your data)") from None
         except Exception as exc:
             raise ModelError(f"--data {self.ref} raised {type(exc).__name__}: {exc}") from None
         self.drawn += 1
-        return batch
+        return _tensors(batch, self.ref)
 
     def shards(self, batch: Any, workers: int) -> list[Any]:
-        return [_part(batch, workers, i, self.ref) for i in range(workers)]
+        """The workers' disjoint shards; a batch with nothing to split would train every worker on the same data."""
+        shards = [_part(batch, workers, i, self.ref) for i in range(workers)]
+        if not _holds_tensor(shards[0]):
+            raise ModelError(f"--data {self.ref}: a batch of {type(batch).__name__} holds no tensor or numpy array to "
+                             "split over the workers; yield torch tensors or numpy arrays")
+        return shards
 
 
 def _part(batch: Any, workers: int, i: int, ref: str) -> Any:
-    """Worker ``i``'s slice of every tensor in ``batch`` (dicts, tuples and lists kept as they are)."""
+    """Worker ``i``'s slice of every tensor in ``batch`` along its first axis (dicts, tuples and lists kept as they
+    are; numbers, strings and None passed whole, as arguments). Anything else cannot be split."""
     if isinstance(batch, torch.Tensor):
         if batch.ndim == 0 or batch.shape[0] < workers:
             raise ModelError(f"--data {ref}: a tensor of shape {tuple(batch.shape)} cannot be split over {workers} "
@@ -411,7 +462,33 @@ def _part(batch: Any, workers: int, i: int, ref: str) -> Any:
         return {k: _part(v, workers, i, ref) for k, v in batch.items()}
     if isinstance(batch, tuple | list):
         return type(batch)(_part(v, workers, i, ref) for v in batch)
+    if batch is None or isinstance(batch, bool | int | float | str):
+        return batch
+    raise ModelError(f"--data {ref}: a batch holds a {type(batch).__name__}, which cannot be split over the workers; "
+                     "yield torch tensors or numpy arrays (in dicts, tuples or lists)")
+
+
+def _tensors(batch: Any, ref: str) -> Any:
+    """The batch with its numpy arrays as torch tensors (sharing their memory)."""
+    if isinstance(batch, np.ndarray):
+        try:
+            return torch.from_numpy(batch)
+        except TypeError:
+            raise ModelError(f"--data {ref}: a numpy array of dtype {batch.dtype} holds no numbers; yield numeric "
+                             "arrays or torch tensors") from None
+    if isinstance(batch, dict):
+        return {k: _tensors(v, ref) for k, v in batch.items()}
+    if isinstance(batch, tuple | list):
+        return type(batch)(_tensors(v, ref) for v in batch)
     return batch
+
+
+def _holds_tensor(batch: Any) -> bool:
+    if isinstance(batch, dict):
+        return any(_holds_tensor(v) for v in batch.values())
+    if isinstance(batch, tuple | list):
+        return any(_holds_tensor(v) for v in batch)
+    return isinstance(batch, torch.Tensor)
 
 
 def to_device(batch: Any, device: torch.device) -> Any:

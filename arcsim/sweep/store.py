@@ -16,9 +16,19 @@ import yaml
 from arcsim.files import AppendOnlyCSV, read_yaml, write_atomic
 from arcsim.sweep.evaluate import COLUMNS
 from arcsim.sweep.spec import OPTIONAL_AXES, SweepError, SweepSpec
+from arcsim.tables import Column, read_table
 
 RESULTS = "results.csv"
 SPEC = "sweep.yaml"
+_WHOLE, _NUMBER, _NAME = Column(int, required=False), Column(float, required=False), Column(str, required=False)
+# how each column of results.csv reads back (evaluate.COLUMNS); an axis left unset is an empty cell
+RESULT_TYPES: dict[str, Column] = {
+    **{c: _NAME for c in COLUMNS}, "point_id": Column(str), "compressor": Column(str),
+    "iteration_s": Column(float, positive=True),
+    **{c: _WHOLE for c in ("ranks", "seed", "nodes", "gpus_per_node", "world", "params", "trace_workers")},
+    **{c: _NUMBER for c in ("density", "bucket_mb", "nic_gbps", "latency_us", "compute_s", "compress_s", "comm_s",
+                            "exposed_comm_s", "dense_iteration_s", "speedup_vs_dense", "rel_error",
+                            "compression_gain", "density_achieved", "bytes_per_rank")}}
 
 
 class ResultStore:
@@ -71,14 +81,7 @@ def load_results(path: Path) -> pd.DataFrame:
         path = path / RESULTS
     if not path.is_file():
         raise SweepError(f"no sweep results at {path}; run `arcsim sweep --out DIR` first")
-    try:
-        df = pd.read_csv(path, dtype={"point_id": str})
-    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError, ValueError) as exc:
-        raise SweepError(f"{path} is not a sweep results table: {str(exc).splitlines()[0]}") from None
-    missing = [c for c in ("point_id", "compressor", "iteration_s") if c not in df.columns]
-    if missing:
-        raise SweepError(f"{path} lacks the columns {', '.join(missing)}; is it an arcsim sweep table?")
-    return df
+    return read_table(path, RESULT_TYPES, "a sweep results table arcsim sweep wrote", SweepError)
 
 
 def finished_results(path: Path) -> pd.DataFrame:

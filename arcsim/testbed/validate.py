@@ -28,6 +28,7 @@ import numpy as np
 from arcsim.catalog import AG_FAMILY
 from arcsim.errors import ArcsimError
 from arcsim.plotting import save_png
+from arcsim.tables import Column, read_table
 from arcsim.testbed import VALIDATE_WORKER
 
 
@@ -371,25 +372,27 @@ def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
             "mape_by_hierarchy": _mape(rows, "hierarchy"), "ag_ar": checks, "outside_by_term": outside}
 
 
-REPORT_COLUMNS = ("ranks", "bandwidth", "model", "compressor", "density", "collective", "measured", "predicted",
-                  "spread_min", "spread_max", "runs", "inside_spread", "measured_s", "predicted_s", "error")
+_TIME, _NUMBER, _LATER = Column(float, positive=True), Column(float), Column(float, required=False)
+REPORT_COLUMNS = {  # every column compare() writes; the optional ones were added after the first reports
+    "ranks": Column(int, positive=True), "ranks_per_node": Column(int, positive=True, required=False),
+    "hierarchy": Column(str, required=False), "bandwidth": Column(str), "machine": Column(str, required=False),
+    "model": Column(str), "compressor": Column(str), "density": Column(float, positive=True),
+    "collective": Column(str), "measured": _TIME, "predicted": _TIME, "spread_min": _TIME, "spread_max": _TIME,
+    "runs": Column(int, positive=True), "inside_spread": Column(bool), "measured_s": _TIME,
+    "measured_p10_s": _LATER, "measured_p90_s": _LATER, "predicted_s": _TIME, "error": _NUMBER,
+    "predicted_compute_s": _LATER, "predicted_compress_s": _LATER, "predicted_comm_s": _LATER,
+    "steps": Column(int, positive=True, required=False), "compress_scale": _LATER,
+    "compress_scale_source": Column(str, required=False), "measured_hook_s": _LATER,
+    **{f"measured_{phase}_s": _LATER for phase in ("before_hook", "hook_local", "hook_comm", "after_hook",
+                                                   "arrival_skew")}}
 
 
 def read_report(path: Path) -> list[dict[str, Any]]:
-    """The rows of a validation CSV that :func:`write_outputs` wrote, checked for the columns a summary needs."""
-    import pandas as pd
-
-    if not path.is_file():
-        raise ArcsimError(f"{path} does not exist; give the validation.csv that arcsim validate wrote")
-    try:
-        frame = pd.read_csv(path)
-    except (ValueError, UnicodeDecodeError) as err:
-        raise ArcsimError(f"{path} is not a CSV arcsim validate wrote ({' '.join(str(err).split())})") from None
-    missing = [c for c in REPORT_COLUMNS if c not in frame.columns]
-    if frame.empty or missing:
-        raise ArcsimError(f"{path} is not a validation CSV: " + (f"no column {', '.join(missing)}" if missing
-                                                                  else "no rows") + "; give the validation.csv "
-                          "that arcsim validate wrote")
+    """The rows of a validation CSV that :func:`write_outputs` wrote, every column parsed by its type."""
+    what = "the validation.csv that arcsim validate wrote"
+    frame = read_table(path, REPORT_COLUMNS, what)
+    if frame.empty:
+        raise ArcsimError(f"{path} holds no rows; give {what}")
     return [{k: (v.item() if hasattr(v, "item") else v) for k, v in row.items()} for row in
             frame.to_dict("records")]
 

@@ -13,6 +13,7 @@ gave it to the hook) are the job's own.
 
 from __future__ import annotations
 
+import itertools
 import math
 import shlex
 import sys
@@ -28,6 +29,8 @@ from arcsim.models.inputs import RecordedInput
 from arcsim.models.source import ModelSource, absolute_ref, load_callable
 from arcsim.traces.format import SCHEMA_VERSION, TraceWriter
 
+PART_KEYS = {"rank", "world", "steps", "order", "shapes", "grads", "ready_s", "forward_s"}
+
 
 def _read(path: Path) -> dict[str, Any]:
     if not path.is_file():
@@ -37,9 +40,47 @@ def _read(path: Path) -> dict[str, Any]:
     except Exception as exc:
         raise ArcsimError(f"{path} is not a recording part ({type(exc).__name__}); write it with "
                           "RecordingState.save") from None
-    if not isinstance(part, dict) or not {"rank", "world", "steps", "order", "shapes", "grads"} <= set(part):
+    if not isinstance(part, dict) or not set(part) >= PART_KEYS:
         raise ArcsimError(f"{path} is not a recording part; write it with RecordingState.save")
+    problem = _malformed(part)
+    if problem:
+        raise ArcsimError(f"{path} is not a whole recording part: {problem}; record the job again (RecordingState.save "
+                          "after its last step)")
     return part
+
+
+def _whole(value: object, low: int = 0) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= low
+
+
+def _malformed(part: dict[str, Any]) -> str | None:
+    """What is wrong inside one part (None: nothing), checked before anything is written: its rank, its
+    recorded steps (each once, in order), its layout, and one gradient, ready time per parameter and
+    forward time per step."""
+    if not (_whole(part["world"], 1) and _whole(part["rank"]) and part["rank"] < part["world"]):
+        return f"rank {part['rank']!r} of world {part['world']!r} is not a rank of a job"
+    steps, order, shapes = part["steps"], part["order"], part["shapes"]
+    if not isinstance(steps, list) or not steps:
+        return "it holds no recorded step"
+    if not all(_whole(s) for s in steps) or any(b <= a for a, b in itertools.pairwise(steps)):
+        return f"its steps {steps} are not whole numbers each recorded once, in order"
+    if (not isinstance(order, list) or not order or not isinstance(shapes, dict) or sorted(order) != sorted(shapes)
+            or len(set(order)) != len(order)):
+        return "its parameter order and shapes do not name the same parameters, each once"
+    if not all(isinstance(shape, list | tuple) and all(_whole(n, 1) for n in shape) for shape in shapes.values()):
+        return "a parameter's shape is not a list of sizes"
+    params = sum(math.prod(shape) for shape in shapes.values())
+    for key, ok in (("grads", lambda g: isinstance(g, torch.Tensor) and tuple(g.shape) == (params,)),
+                    ("ready_s", lambda r: isinstance(r, list) and len(r) == len(order)
+                     and all(isinstance(t, float | int) and math.isfinite(t) for t in r)),
+                    ("forward_s", lambda f: isinstance(f, float | int) and math.isfinite(f) and f >= 0)):
+        held = part.get(key)
+        if not isinstance(held, dict) or sorted(held) != steps:
+            return f"its {key} are not one per recorded step {steps}"
+        bad = [s for s in steps if not ok(held[s])]
+        if bad:
+            return f"its {key} of step {bad[0]} does not match the {len(order)} parameters ({params:,} elements)"
+    return None
 
 
 def merge_recordings(paths: list[Path], out: Path, source: ModelSource | None = None, dataset: str | None = None,

@@ -33,6 +33,21 @@ from arcsim.traces.timing import ComputeTimer, StepTiming
 
 OPTIMIZERS = ("sgd", "adamw")
 DEFAULT_MOMENTUM, DEFAULT_BETAS = 0.9, (0.9, 0.999)
+MAX_LR = 100.0  # far above any learning rate that trains; past it the first steps overflow the weights
+
+
+def check_optimizer(lr: float | None, momentum: float | None, betas: tuple[float, float] | None,
+                    weight_decay: float) -> None:
+    """Refuse hyper-parameters no optimizer trains with, before any work (the one place they are checked)."""
+    if lr is not None and not 0 < lr <= MAX_LR:
+        raise ArcsimError(f"--lr must lie in (0, {MAX_LR:g}], got {lr:g}")
+    if momentum is not None and not 0 <= momentum < 1:
+        raise ArcsimError(f"--momentum must lie in [0, 1), got {momentum:g}: at 1 the velocity never forgets")
+    if betas is not None and not all(0 <= b < 1 for b in betas):
+        raise ArcsimError(f"--betas must each lie in [0, 1), got {','.join(f'{b:g}' for b in betas)}: at 1 "
+                          "AdamW's averages never forget (its bias correction divides by zero)")
+    if not 0 <= weight_decay <= 1:
+        raise ArcsimError(f"--weight-decay must lie in [0, 1], got {weight_decay:g}")
 
 
 def build_optimizer(params: Iterable[torch.nn.Parameter], name: str, lr: float, momentum: float | None = None,
@@ -123,8 +138,7 @@ class TrainingConfig:
             raise ArcsimError(f"--warmup must be ≥ 0, got {self.warmup}")
         if self.batch is not None and self.batch < 1:
             raise ArcsimError(f"--batch must be at least 1, got {self.batch}")
-        if self.lr is not None and not self.lr > 0:
-            raise ArcsimError(f"--lr must be positive, got {self.lr}")
+        check_optimizer(self.lr, self.momentum, self.betas, self.weight_decay)
         resolve_device(self.device)
         source.try_forward(data_spec(dataset, self.input_size) if dataset else None, self.data)
 

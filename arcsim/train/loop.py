@@ -31,7 +31,7 @@ from arcsim.models.source import ModelSource, model_source
 from arcsim.run.buckets import Bucket, make_buckets
 from arcsim.run.measure import BucketedCompression, Measurement
 from arcsim.traces.profile import ComputeProfile, load_profile, measure_profile
-from arcsim.traces.training import OPTIMIZERS, build_optimizer
+from arcsim.traces.training import OPTIMIZERS, build_optimizer, check_optimizer
 from arcsim.train.estimate import descent_ratio
 
 
@@ -104,8 +104,7 @@ class TrainConfig:
                 raise ArcsimError(f"{name} must be at least 1, got {value}")
         if self.workers < 2:
             raise ArcsimError(f"--workers must be at least 2 for data-parallel training, got {self.workers}")
-        if self.lr is not None and not self.lr > 0:
-            raise ArcsimError(f"--lr must be positive, got {self.lr}")
+        check_optimizer(self.lr, self.momentum, self.betas, self.weight_decay)
         if not self.seeds:
             raise ArcsimError("--seeds is empty; give at least one, e.g. 0,1,2")
         if self.fusion not in FUSIONS:
