@@ -15,10 +15,13 @@
 from __future__ import annotations
 
 import csv
+import errno
 import gzip
 import hashlib
 import json
 import os
+import re
+import sys
 import tempfile
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -30,19 +33,90 @@ import yaml
 
 from arcsim.errors import ArcsimError
 
+PARTIAL = re.compile(r"^\.(?P<stem>.+)\.partial-(?P<pid>\d+)(?P<suffix>.*)$")  # what atomic_path writes first
+
+
+def partial_path(path: Path, pid: int | None = None) -> Path:
+    """The hidden file beside ``path`` that a write fills before it is renamed onto ``path`` (same suffix, so writers
+    that look at it still work; the writer's PID, so a partial left by a killed process is known as such)."""
+    return path.with_name(f".{path.stem}.partial-{os.getpid() if pid is None else pid}{path.suffix}")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # another user's process: alive
+        return True
+    return True
+
+
+def stale_partials(folder: Path, of: Path | None = None) -> list[Path]:
+    """arcsim's partial files in ``folder`` (only those of ``of``, if given) whose writer is no longer running: what
+    a killed write left behind. A file is one of them only by its exact name and a dead PID."""
+    if not folder.is_dir():
+        return []
+    found = []
+    for path in folder.iterdir():
+        m = PARTIAL.match(path.name)
+        if not m or not path.is_file() or path.is_symlink() or _alive(int(m["pid"])):
+            continue
+        if of is None or path == partial_path(of, int(m["pid"])):
+            found.append(path)
+    return found
+
+
+def write_error(path: Path, exc: OSError) -> ArcsimError:
+    """One line for a write that failed (a full disk, a read-only place, a vanished folder)."""
+    reason = exc.strerror or str(exc)
+    hint = "free some space there or" if exc.errno in (errno.ENOSPC, errno.EDQUOT) else ""
+    return ArcsimError(f"cannot write {path}: {reason}; {hint} choose another place".replace(";  ", "; "))
+
 
 @contextmanager
 def atomic_path(path: Path) -> Iterator[Path]:
-    """A temporary path beside ``path`` (same suffix, so writers that look at it still work); renamed onto
-    ``path`` when the block ends, removed if it raises."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.stem}.partial-{os.getpid()}{path.suffix}")
+    """Where to write ``path`` so that no reader sees half of it, as shell redirection would treat the name: a
+    symbolic link is followed (its target is written, the link stays), a pipe, device or socket is written in
+    place (streamed), and a regular file is filled beside the final name, then renamed onto it. A write that
+    fails (full disk, read-only place) is one :class:`ArcsimError` line; its partial file is removed, and so are
+    partials of the same name that a killed earlier write left."""
+    path = Path(path)
+    target = Path(os.path.realpath(path)) if path.is_symlink() else path
+    if target.exists() and not target.is_file() and not target.is_dir():  # a pipe, device or socket: stream to it
+        try:
+            yield target
+        except OSError as exc:
+            raise write_error(path, exc) from None
+        return
+    tmp = partial_path(target)
     try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        for stale in stale_partials(target.parent, target):
+            stale.unlink(missing_ok=True)
         yield tmp
-        os.replace(tmp, path)
+        os.replace(tmp, target)
+    except OSError as exc:
+        raise write_error(path, exc) from None
     finally:
         if tmp.exists():
             tmp.unlink()
+
+
+def refuse_inputs_as_outputs(outputs: Mapping[str, str | Path | None], inputs: Iterable[str | Path | None]) -> None:
+    """One error line, before any work, where an output (by option name) is one of the command's input files,
+    by any name (a link, another relative path): writing it would replace what is being read."""
+    existing = [Path(p) for p in inputs if p not in (None, "-") and Path(p).is_file()]
+    for option, out in outputs.items():
+        if out in (None, "-"):
+            continue
+        out_path = Path(out)  # type: ignore[arg-type]
+        for given in existing:
+            same = os.path.samefile(out_path, given) if out_path.exists() else \
+                Path(os.path.realpath(out_path)) == Path(os.path.realpath(given))
+            if same:
+                raise ArcsimError(f"{option} {out} is {given}, one of this command's inputs: writing it would replace "
+                                  "what is read; write to another file")
 
 
 def write_atomic(path: Path, text: str, check: Callable[[Path], object] | None = None) -> Path:
@@ -71,14 +145,19 @@ class AppendOnlyCSV:
                 fh.truncate(data.rfind(b"\n") + 1)
 
     def append(self, rows: Iterable[Mapping[str, Any]]) -> None:
+        """Whole rows at the end; a write that fails (a full disk) is one error line, and the rows already there
+        stay (a row it cut off is dropped by the next ``repair``)."""
         new = not self.path.exists() or self.path.stat().st_size == 0
-        with self.path.open("a", newline="") as fh:
-            writer = csv.DictWriter(fh, fieldnames=self.columns, extrasaction=self.extra)
-            if new:
-                writer.writeheader()
-            writer.writerows(rows)
-            fh.flush()
-            os.fsync(fh.fileno())
+        try:
+            with self.path.open("a", newline="") as fh:
+                writer = csv.DictWriter(fh, fieldnames=self.columns, extrasaction=self.extra)
+                if new:
+                    writer.writeheader()
+                writer.writerows(rows)
+                fh.flush()
+                os.fsync(fh.fileno())
+        except OSError as exc:
+            raise write_error(self.path, exc) from None
 
 
 def unwritable_reason(path: Path, directory: bool) -> str | None:
@@ -87,9 +166,11 @@ def unwritable_reason(path: Path, directory: bool) -> str | None:
     Probes for real — creates what is missing and a scratch file, then removes them — so a check made
     before long work leaves nothing behind and catches what permission bits alone do not (/proc, full or
     read-only mounts)."""
-    path = Path(path)
+    path = Path(os.path.realpath(path))  # a link: its target is what is written
     if path.exists() and path.is_dir() != directory:
         return f"{path} is {'a file' if directory else 'a directory'}"
+    if path.exists() and not directory and not path.is_file():  # a pipe or device: written in place
+        return None if os.access(path, os.W_OK) else "permission denied"
     target = path if directory else path.parent
     missing, d = [], target
     while not d.exists():
@@ -202,7 +283,10 @@ def read_json(path: Path, what: str, error: type[Exception], expect: type = dict
 # -- results kept between commands ------------------------------------------------------------------
 CACHE_CAP_BYTES = 2 * 2**30
 CACHE_SUFFIX = ".json.gz"
-TRACE_INDEX = "traces.json"  # facts about trace files by (path, size, mtime): content hash, checksum verified
+RESULTS_FOLDER = "arcsim-results"  # inside the cache folder: the only place arcsim keeps (and removes) results
+ENTRY_NAME = re.compile(r"^(workload-)?[0-9a-f]{32}\.json\.gz$")
+ENTRY_MARK = b'{"arcsim": "cache-entry"'  # how every entry's JSON begins: a file without it is not arcsim's
+TRACE_INDEX = "trace-facts.json"  # in RESULTS_FOLDER: facts about trace files by (path, size, mtime)
 
 
 SOURCE_FOLDERS = ("topologies", "traces")  # shipped data whose source is a top-level folder beside arcsim/ (the
@@ -250,23 +334,37 @@ def cache_key(fields: Mapping[str, Any]) -> str:
     return hashlib.sha256(body.encode()).hexdigest()[:32]
 
 
+def results_dir() -> Path:
+    """The folder of kept results inside the cache folder: arcsim removes files there only by their exact name
+    and content, never anything else in the cache folder (which may be a folder of the user's)."""
+    return cache_dir() / RESULTS_FOLDER
+
+
 def cache_read(name: str) -> Any | None:
-    """The object kept as ``name``, or None (absent or unreadable); a read marks it recently used."""
-    path = cache_dir() / f"{name}{CACHE_SUFFIX}"
+    """The object kept as ``name``, or None (absent, unreadable, or not an entry arcsim wrote); a read marks it
+    recently used."""
+    path = results_dir() / f"{name}{CACHE_SUFFIX}"
     try:
-        obj = json.loads(gzip.decompress(path.read_bytes()))
+        entry = json.loads(gzip.decompress(path.read_bytes()))
+        os.utime(path)
     except (OSError, ValueError, EOFError):
         return None
-    os.utime(path)
-    return obj
+    if not isinstance(entry, dict) or entry.get("arcsim") != "cache-entry" or entry.get("name") != name:
+        return None
+    return entry.get("value")
 
 
 def cache_write(name: str, obj: Any) -> None:
-    """Keep ``obj`` (JSON-able) as ``name``, then drop the least recently used past CACHE_CAP_BYTES."""
-    directory = cache_dir()
-    directory.mkdir(parents=True, exist_ok=True)
-    with atomic_path(directory / f"{name}{CACHE_SUFFIX}") as tmp:
-        tmp.write_bytes(gzip.compress(json.dumps(obj).encode()))
+    """Keep ``obj`` (JSON-able) as ``name``, then drop arcsim's least recently used entries past CACHE_CAP_BYTES.
+    Keeping is optional: a write that fails (a full disk) is a warning on stderr, never the end of the work."""
+    body = json.dumps({"arcsim": "cache-entry", "name": name, "value": obj}).encode()
+    try:
+        with atomic_path(results_dir() / f"{name}{CACHE_SUFFIX}") as tmp:
+            tmp.write_bytes(gzip.compress(body))
+    except ArcsimError as exc:
+        print(f"warning: a result was not kept in the cache ({exc}); the next run measures it again",
+              file=sys.stderr)
+        return
     files = cache_entries()
     total = sum(p.stat().st_size for p in files)
     for path in files:  # oldest first
@@ -281,34 +379,59 @@ def file_fact(path: Path, fact: str, compute: Callable[[Path], Any]) -> Any:
     file is read once; where the cache cannot be written it is computed again next time."""
     path = path.resolve()
     stat = path.stat()
-    index_path = cache_dir() / TRACE_INDEX
+    index_path = results_dir() / TRACE_INDEX
     try:
         index = json.loads(index_path.read_text())
     except (OSError, ValueError):
         index = {}
+    if not isinstance(index, dict):  # a damaged index is a miss
+        index = {}
     stamp = f"{path}:{stat.st_size}:{stat.st_mtime_ns}"
-    facts = index.get(stamp) if isinstance(index.get(stamp), dict) else {}
+    kept = index.get(stamp)
+    facts: dict[str, Any] = kept if isinstance(kept, dict) else {}
     if fact not in facts:
         facts[fact] = compute(path)
         index[stamp] = facts
         try:
             index_path.parent.mkdir(parents=True, exist_ok=True)
             write_atomic(index_path, json.dumps(index))
-        except OSError:
+        except (OSError, ArcsimError):
             pass
     return facts[fact]
 
 
+def _is_entry(path: Path) -> bool:
+    """Whether ``path`` is a result arcsim kept: its name is an entry's and its content begins as arcsim's do."""
+    if not ENTRY_NAME.match(path.name) or path.is_symlink() or not path.is_file():
+        return False
+    try:
+        with gzip.open(path, "rb") as fh:
+            return fh.read(len(ENTRY_MARK)) == ENTRY_MARK
+    except (OSError, EOFError):
+        return False
+
+
 def cache_entries() -> list[Path]:
-    directory = cache_dir()
-    return sorted(directory.glob(f"*{CACHE_SUFFIX}"), key=lambda p: p.stat().st_mtime) if directory.is_dir() else []
+    """arcsim's kept results, least recently used first (nothing else in the cache folder is counted)."""
+    directory = results_dir()
+    if not directory.is_dir():
+        return []
+    return sorted((p for p in directory.iterdir() if _is_entry(p)), key=lambda p: p.stat().st_mtime)
+
+
+def cache_partials() -> list[Path]:
+    """Partial files that killed writes of arcsim's left in its results and generated traces."""
+    return [*stale_partials(results_dir()), *stale_partials(generated_traces_dir())]
 
 
 def cache_clear() -> tuple[int, int]:
-    """Remove everything kept (and the trace-hash index); returns (files, bytes) removed."""
-    files = cache_entries()
+    """Remove arcsim's kept results, its trace-facts index and partial files killed writes left; returns (files,
+    bytes) removed. Nothing else in the cache folder is touched."""
+    files = [*cache_entries(), *cache_partials()]
+    index = results_dir() / TRACE_INDEX
+    if index.is_file() and not index.is_symlink():
+        files.append(index)
     size = sum(p.stat().st_size for p in files)
     for path in files:
         path.unlink(missing_ok=True)
-    (cache_dir() / TRACE_INDEX).unlink(missing_ok=True)
     return len(files), size

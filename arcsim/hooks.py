@@ -25,6 +25,7 @@ bucket gradients on chosen steps and all-reduces as DDP would; ``arcsim trace me
 # No `from __future__ import annotations` here: DDP checks the hook's annotations as real objects.
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -36,6 +37,7 @@ from arcsim.compressors.base import Layer
 from arcsim.compressors.hierarchy import in_node_records, slice_bounds, slice_layout, slice_seed
 from arcsim.compressors.memory import Memory, make_memory
 from arcsim.errors import ArcsimError
+from arcsim.files import atomic_path
 from arcsim.topology import splits_into_nodes
 
 
@@ -227,14 +229,16 @@ class RecordingState:
             raise RuntimeError(f"steps {missing} were never reached (the job ran {self.step} steps)")
         rank = dist.get_rank(self.process_group) if dist.is_initialized() else 0
         world = dist.get_world_size(self.process_group) if dist.is_initialized() else 1
-        torch.save({"rank": rank, "world": world, "steps": list(self.steps), "order": self.order,
-                    "shapes": self.shapes, "grads": {s: torch.cat([self.grads[s][n] for n in self.order])
-                                                    for s in self.steps},
-                    "ready_s": {s: [self.ready[s][n] for n in self.order] for s in self.steps},
-                    "forward_s": {s: self.forward[s] for s in self.steps},
-                    "inputs": self.inputs, "precision": self.precision,
-                    "optimizer": describe_torch_optimizer(self.optimizer) if self.optimizer is not None else None,
-                    "torch_version": str(torch.__version__)}, path)
+        part = {"rank": rank, "world": world, "steps": list(self.steps), "order": self.order,
+                "shapes": self.shapes, "grads": {s: torch.cat([self.grads[s][n] for n in self.order])
+                                                for s in self.steps},
+                "ready_s": {s: [self.ready[s][n] for n in self.order] for s in self.steps},
+                "forward_s": {s: self.forward[s] for s in self.steps},
+                "inputs": self.inputs, "precision": self.precision,
+                "optimizer": describe_torch_optimizer(self.optimizer) if self.optimizer is not None else None,
+                "torch_version": str(torch.__version__)}
+        with atomic_path(Path(path)) as tmp:  # a killed job leaves no half-written part
+            torch.save(part, tmp)
 
 
 def autocast_precision() -> str:

@@ -17,22 +17,25 @@ def cache_group() -> None:
 @cache_group.command("info")
 @json_option
 def cache_info(json_out: str | None) -> None:
-    """Where the cache is, how many results it holds and their size."""
+    """Where the kept results are, how many, their size, and partial files that killed writes left."""
     from arcsim import files as kept
 
-    files = kept.cache_entries()
+    files, partials = kept.cache_entries(), kept.cache_partials()
     size = sum(p.stat().st_size for p in files)
-    write_json({"directory": str(kept.cache_dir()), "entries": len(files), "bytes": size,
-                "cap_bytes": kept.CACHE_CAP_BYTES}, json_out)
+    left = sum(p.stat().st_size for p in partials)
+    write_json({"directory": str(kept.results_dir()), "entries": len(files), "bytes": size,
+                "cap_bytes": kept.CACHE_CAP_BYTES, "partial_files": len(partials), "partial_bytes": left}, json_out)
     if json_out is None:
-        click.echo(f"{kept.cache_dir()}: {len(files)} results, {format_size(size)} "
-                   f"(cap {format_size(kept.CACHE_CAP_BYTES)}, least recently used dropped first)")
+        click.echo(f"{kept.results_dir()}: {len(files)} results, {format_size(size)} "
+                   f"(cap {format_size(kept.CACHE_CAP_BYTES)}, least recently used dropped first)"
+                   + (f"; {len(partials)} partial files of killed writes, {format_size(left)}" if partials else ""))
 
 
 @cache_group.command("clear")
 def cache_clear() -> None:
-    """Remove everything cached (the next run measures again)."""
+    """Remove arcsim's kept results and what killed writes left (the next run measures again); nothing else in
+    the cache folder is touched."""
     from arcsim import files as kept
 
     files, size = kept.cache_clear()
-    note(f"removed {files} cached results ({format_size(size)}) from {kept.cache_dir()}")
+    note(f"removed {files} files of arcsim's ({format_size(size)}) from {kept.results_dir()}")

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import errno
 import sys
 import traceback
+from pathlib import Path
 
 import click
 from rich.markup import escape
@@ -42,6 +44,7 @@ from arcsim.cli.validate import validate as validate_command
 from arcsim.collectives.limits import allow_any
 from arcsim.collectives.tree import MAX_CHUNKS
 from arcsim.errors import ArcsimError
+from arcsim.files import write_error
 from arcsim.netsim import ENGINES
 from arcsim.pricing import ALGO_CHOICES, price_collective
 from arcsim.processes import keep_freed_memory
@@ -286,6 +289,13 @@ def main() -> None:
     except click.exceptions.Abort:
         click.echo("interrupted", err=True)
         sys.exit(130)
+    except OSError as exc:  # a full disk or a read-only place met by a write no helper wrapped: still one line
+        if exc.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EROFS):
+            raise
+        if debug:
+            traceback.print_exc()
+        click.echo(f"error: {write_error(Path(exc.filename or 'a file'), exc)}", err=True)
+        sys.exit(2)
     except KeyboardInterrupt:
         click.echo("interrupted", err=True)
         sys.exit(130)

@@ -32,6 +32,7 @@ from arcsim.cli.common import (
 from arcsim.collectives.limits import allow_any
 from arcsim.errors import ArcsimError
 from arcsim.estimates import NOTE_SECONDS, rough_duration
+from arcsim.files import refuse_inputs_as_outputs
 from arcsim.netsim import ENGINES
 from arcsim.topology import DEFAULT_TOPOLOGY
 from arcsim.units import parse_duration, parse_params, parse_rate
@@ -135,6 +136,8 @@ def run(topology: str, trace: str | None, no_capture: bool, params: str | None, 
     from arcsim.run import report
     from arcsim.run.analysis import Analysis, RunConfig
 
+    refuse_inputs_as_outputs({"--json": json_out, "--csv": csv_out},
+                             [trace, compute_profile, schedule, data, model.split(":")[0] if model else None])
     training = live_training(live, model, dataset, workers, steps, live_device, batch, seed, model_args, data)
     cfg = RunConfig(topology=topology, trace=trace, compressors=tuple(c.strip() for c in compressors.split(",")
                                                                        if c.strip()),

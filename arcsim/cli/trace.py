@@ -26,7 +26,7 @@ from arcsim.cli.common import (
     write_json,
 )
 from arcsim.errors import ArcsimError
-from arcsim.files import write_atomic
+from arcsim.files import refuse_inputs_as_outputs, write_atomic
 from arcsim.units import format_duration, format_size
 
 MODEL_HELP = (f"One of the zoo ({', '.join(MODELS)}), or your own: path/to/file.py:build or package.module:build, "
@@ -142,6 +142,7 @@ def trace_merge(parts: tuple[str, ...], model: str | None, model_args: tuple[str
 
     if not out.endswith(".npz"):
         raise ArcsimError(f"--out {out}: a trace file name must end in .npz")
+    refuse_inputs_as_outputs({"--out": out}, [*parts, data])
     source = model_source(model, model_args) if model else None
     path = merge_recordings([Path(p) for p in parts], Path(out), source, dataset, batch, dtype, data)
     t = open_trace(path)

@@ -178,7 +178,7 @@ def train(model: str, model_args: tuple[str, ...], data: str | None, dataset: st
                                  library=library)
     took = time.perf_counter() - started
     summary = summarise(history, goal)
-    summary.to_csv(directory / "summary.csv", index=False)
+    write_atomic(directory / "summary.csv", summary.to_csv(index=False))
     if goal is not None:  # what `arcsim run --history` times the candidates to
         write_atomic(directory / "target.json", json.dumps(goal.key()))
     else:

@@ -10,6 +10,7 @@ from rich.table import Table
 
 from arcsim.cli.common import console, note, step_progress, tables_wanted, write_json
 from arcsim.errors import ArcsimError
+from arcsim.files import write_atomic
 from arcsim.train.loop import TrainConfig
 from arcsim.train.target import Target
 
@@ -53,7 +54,7 @@ def train_under_schedule(cfg: TrainConfig, schedule_path: str, topology: str | N
     bounds = load_bounds(directory)
     summary = summarise(history, target, bounds[bounds["seed"].isin(cfg.seeds)] if "bound" in scfg.policies else None)
     top = headline(summary, target)
-    summary.to_csv(directory / "summary.csv", index=False)
+    write_atomic(directory / "summary.csv", summary.to_csv(index=False))
     log = [d for d in decisions(directory) if d["seed"] in cfg.seeds]
     phases = [(p.start, p.label) for p in schedule.phases]
     chart = schedule_plot(history, top, phases, scfg.warmup_steps, directory / "accuracy_vs_time.png",

@@ -20,6 +20,7 @@ from arcsim.cli.common import (
     write_json,
 )
 from arcsim.errors import ArcsimError
+from arcsim.files import write_atomic
 from arcsim.testbed import VALIDATE_WORKER
 from arcsim.units import parse_rate
 
@@ -108,7 +109,7 @@ def validate(rank_list: tuple[int, ...], bandwidth: str, delay: str, ranks_per_n
     if write_config:
         directory = Path(write_config)
         directory.mkdir(parents=True, exist_ok=True)
-        (directory / "config.json").write_text(json.dumps(worker_config(cfg), indent=1))
+        write_atomic(directory / "config.json", json.dumps(worker_config(cfg), indent=1))
         note(f"wrote {directory / 'config.json'}; on the cluster run, with your torchrun rendezvous options:\n"
              f"  torchrun ... -m arcsim calibrate --out {directory}/cluster.yaml\n"
              f"  torchrun ... -m {VALIDATE_WORKER} {directory}/config.json {directory}/real-\n"

@@ -192,7 +192,10 @@ def _workload(source: ModelSource, batch: int, spec: DataSpec | None, data: str 
                                     data.tree if isinstance(data, RecordedInput) else data})
     kept = cache_read(name)
     if kept is not None:
-        return _workload_from(kept)
+        try:
+            return _workload_from(kept)
+        except (TypeError, KeyError, ValueError, AttributeError):  # a damaged entry is a miss
+            pass
     work = _count(source, batch, spec, data)
     cache_write(name, _workload_to(work))
     return work

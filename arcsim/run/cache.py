@@ -14,7 +14,7 @@ from typing import Any
 
 from arcsim.comm.log import CommRecord
 from arcsim.compressors.hierarchy import Grouping
-from arcsim.files import CACHE_SUFFIX, cache_dir, cache_key, cache_read, cache_write, file_fact
+from arcsim.files import CACHE_SUFFIX, cache_key, cache_read, cache_write, file_fact, results_dir
 from arcsim.run.buckets import Bucket
 from arcsim.run.measure import Measurement
 
@@ -46,15 +46,19 @@ def key(trace: str, buckets: list[Bucket], compressor: str, density: float, memo
 
 def held(name: str) -> bool:
     """Whether the cache holds a measurement named ``name`` (without reading it)."""
-    return (cache_dir() / f"{name}{CACHE_SUFFIX}").is_file()
+    return (results_dir() / f"{name}{CACHE_SUFFIX}").is_file()
 
 
 def load(name: str) -> Measurement | None:
+    """The measurement kept as ``name``, or None: absent, or of another shape (a damaged entry is a miss)."""
     raw = cache_read(name)
-    if raw is None:
+    if not isinstance(raw, dict):
         return None
-    raw["records"] = [[[CommRecord(**r) for r in recs] for recs in step] for step in raw["records"]]
-    return Measurement(**raw)
+    try:
+        raw["records"] = [[[CommRecord(**r) for r in recs] for recs in step] for step in raw["records"]]
+        return Measurement(**raw)
+    except (TypeError, KeyError, ValueError, AttributeError):
+        return None
 
 
 def save(name: str, meas: Measurement) -> None:

@@ -27,6 +27,7 @@ import numpy as np
 
 from arcsim.catalog import AG_FAMILY
 from arcsim.errors import ArcsimError
+from arcsim.files import write_atomic
 from arcsim.plotting import save_png
 from arcsim.tables import Column, read_table
 from arcsim.testbed import VALIDATE_WORKER
@@ -404,7 +405,7 @@ def write_outputs(rows: list[dict[str, Any]], out_dir: Path) -> tuple[Path, Path
     if not rows:
         raise ArcsimError("no validation cases ran")
     csv = out_dir / "validation.csv"
-    pd.DataFrame(rows).to_csv(csv, index=False)
+    write_atomic(csv, pd.DataFrame(rows).to_csv(index=False))
     fig = Figure(figsize=(6.5, 6), layout="constrained")
     ax = fig.subplots()
     from matplotlib.lines import Line2D

@@ -16,7 +16,6 @@ from __future__ import annotations
 import io
 import json
 import math
-import os
 import zipfile
 import zlib
 from collections.abc import Iterator
@@ -30,7 +29,7 @@ import torch
 
 from arcsim.compressors.base import Layer
 from arcsim.errors import ArcsimError
-from arcsim.files import file_fact
+from arcsim.files import atomic_path, file_fact
 
 SCHEMA_VERSION = 1
 DTYPES = {"fp16": np.float16, "fp32": np.float32}
@@ -72,12 +71,12 @@ class TraceWriter:
         self.dtype = np.dtype(DTYPES[dtype])
         self.steps, self.workers = int(meta["steps"]), int(meta["workers"])
         self.elements = sum(layer.numel for layer in layers)
-        self.tmp = self.path.with_name(f".{self.path.name}.partial-{os.getpid()}")
         self.written = 0
         self.small: dict[str, list[Any]] = {name: [] for name in SMALL_MEMBERS}
 
     def __enter__(self) -> TraceWriter:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.place = atomic_path(self.path)  # renamed into place at the end, or streamed to a pipe or device
+        self.tmp = self.place.__enter__()
         self.zip = zipfile.ZipFile(self.tmp, "w", compression=zipfile.ZIP_STORED, allowZip64=True)
         self.member = self.zip.open("gradients.npy", "w", force_zip64=True)
         header = {"descr": np.lib.format.dtype_to_descr(self.dtype), "fortran_order": False,
@@ -120,11 +119,10 @@ class TraceWriter:
                 self.zip.writestr("layers.npy", _npy_bytes(_json_member(layers)))
                 self.zip.writestr("metadata.npy", _npy_bytes(_json_member(self.meta)))
             self.zip.close()
-            if exc_type is None:
-                os.replace(self.tmp, self.path)
-        finally:
-            if self.tmp.exists():
-                self.tmp.unlink()
+        except BaseException as failed:
+            self.place.__exit__(type(failed), failed, failed.__traceback__)  # the partial file removed
+            raise
+        self.place.__exit__(exc_type, exc, tb)
 
 
 class GradientSource(Protocol):

@@ -1,0 +1,180 @@
+"""arcsim never deletes, replaces or truncates a file it did not write: the cache owns only its own entries,
+outputs go where the user pointed (links followed, pipes and devices streamed to), an output that names an
+input is refused, a full disk is one error line that keeps finished work, and a damaged cache is a miss.
+Every case is on a path arcsim does not own."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import shutil
+import stat
+import subprocess
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from conftest import run_cli
+
+from arcsim import files
+from arcsim.run import cache as measurements
+
+SHIPPED_TRACE = files.packaged("traces", "cnn-digits-small.npz")
+DEAD_PID = int(Path("/proc/sys/kernel/pid_max").read_text()) + 1  # no process can have it
+
+
+@pytest.fixture
+def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A cache folder the user also keeps files in."""
+    folder = tmp_path / "mine"
+    folder.mkdir()
+    monkeypatch.setenv("ARCSIM_CACHE_DIR", str(folder))
+    return folder
+
+
+def user_files(folder: Path) -> dict[str, bytes]:
+    """Files of the user's, beside and inside arcsim's results folder, named as arcsim's own are named."""
+    (folder / files.RESULTS_FOLDER).mkdir(parents=True, exist_ok=True)
+    made = {
+        "photos.json.gz": gzip.compress(b'{"album": 1}'),
+        "traces.json": b'{"mine": true}',
+        f"{files.RESULTS_FOLDER}/{'a' * 32}.json.gz": gzip.compress(b'{"not": "arcsim"}'),
+        f"{files.RESULTS_FOLDER}/notes.txt": b"keep me",
+    }
+    for name, data in made.items():
+        (folder / name).write_bytes(data)
+    return made
+
+
+def test_cache_clear_and_eviction_remove_only_arcsims_entries(cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    mine = user_files(cache)
+    files.cache_write("b" * 32, {"x": 1})
+    files.cache_write("workload-" + "c" * 32, {"y": 2})
+    assert len(files.cache_entries()) == 2
+    cap = files.CACHE_CAP_BYTES
+    monkeypatch.setattr(files, "CACHE_CAP_BYTES", 1)  # every write now evicts down to the cap
+    files.cache_write("d" * 32, {"z": 3})
+    assert [p.name for p in files.cache_entries()] == []
+    monkeypatch.setattr(files, "CACHE_CAP_BYTES", cap)
+    files.cache_write("e" * 32, {"z": 4})
+    assert files.cache_clear()[0] == 1 and files.results_dir().parent == cache
+    for name, data in mine.items():
+        assert (cache / name).read_bytes() == data, name
+
+
+def test_the_cache_cli_counts_and_clears_partials_of_killed_writes_only(cache: Path) -> None:
+    mine = user_files(cache)
+    traces = cache / "traces"
+    traces.mkdir()
+    killed = traces / f".resnet50.partial-{DEAD_PID}.npz"  # a write whose process is gone
+    killed.write_bytes(b"half a trace")
+    running = traces / f".resnet18.partial-{os.getpid()}.npz"  # a write still going on
+    running.write_bytes(b"being written")
+    files.cache_write("f" * 32, {"v": 1})
+    info = json.loads(run_cli("cache", "info", "--json", "-").stdout)
+    assert (info["entries"], info["partial_files"]) == (1, 1)
+    done = run_cli("cache", "clear")
+    assert done.returncode == 0, done.stderr
+    assert not killed.exists() and running.exists()
+    for name, data in mine.items():
+        assert (cache / name).read_bytes() == data, name
+
+
+def test_a_damaged_cache_is_a_miss(cache: Path) -> None:
+    files.cache_write("1" * 32, {"records": "not a list", "other": 1})  # an entry of another shape
+    assert measurements.load("1" * 32) is None
+    (files.results_dir() / f"{'2' * 32}.json.gz").write_bytes(b"not gzip")
+    assert files.cache_read("2" * 32) is None
+    (files.results_dir() / files.TRACE_INDEX).write_text("[1, 2, 3]")  # an index of the wrong JSON type
+    assert len(measurements.trace_hash(SHIPPED_TRACE)) == 64
+
+
+def test_output_through_a_link_writes_the_target_and_keeps_the_link(tmp_path: Path) -> None:
+    target = tmp_path / "real.json"
+    target.write_text("old")
+    link = tmp_path / "link.json"
+    link.symlink_to(target)
+    done = run_cli("topo", "list", "--json", str(link))
+    assert done.returncode == 0, done.stderr
+    assert link.is_symlink() and os.readlink(link) == str(target)
+    assert json.loads(target.read_text())[0]["name"]
+
+
+def test_output_into_a_pipe_streams_and_into_a_device_writes_in_place(tmp_path: Path) -> None:
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    got: list[bytes] = []
+    reader = threading.Thread(target=lambda: got.append(fifo.read_bytes()))
+    reader.start()
+    done = run_cli("topo", "list", "--json", str(fifo))
+    reader.join(timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert stat.S_ISFIFO(fifo.stat().st_mode) and json.loads(got[0])[0]["name"]
+    done = run_cli("topo", "list", "--json", "/dev/null")
+    assert done.returncode == 0, done.stderr
+    assert stat.S_ISCHR(os.stat("/dev/null").st_mode)
+
+
+def test_an_output_that_names_an_input_is_refused_before_work(tmp_path: Path) -> None:
+    trace = tmp_path / "t.npz"
+    shutil.copy(SHIPPED_TRACE, trace)
+    before = trace.read_bytes()
+    for output in ("--json", "--csv"):
+        done = run_cli("run", "--trace", str(trace), output, str(trace), cwd=str(tmp_path))
+        assert done.returncode == 2 and done.stderr.count("error:") == 1, done.stderr
+        assert "one of this command's inputs" in done.stderr
+    part = tmp_path / "rank0.pt"
+    part.write_bytes(b"a recording part")
+    alias = tmp_path / "out.npz"
+    alias.symlink_to(part)
+    done = run_cli("trace", "merge", str(part), "-o", str(alias))
+    assert done.returncode == 2 and "one of this command's inputs" in done.stderr, done.stderr
+    assert trace.read_bytes() == before and part.read_bytes() == b"a recording part"
+
+
+@pytest.fixture
+def full_disk(tmp_path: Path) -> Iterator[Path]:
+    """A tiny filesystem with no space left (a tmpfs: needs root)."""
+    where = tmp_path / "full"
+    where.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(where)],
+                      capture_output=True).returncode != 0:
+        pytest.skip("needs root to mount a small tmpfs")
+    try:
+        with (where / "filler").open("wb", buffering=0) as fh, pytest.raises(OSError):
+            while True:
+                fh.write(b"\0" * 4096)
+        yield where
+    finally:
+        subprocess.run(["umount", "-l", str(where)], capture_output=True)
+
+
+def test_a_full_disk_is_one_error_line_and_leaves_no_partial_file(full_disk: Path) -> None:
+    out = full_disk / "topologies.json"
+    done = run_cli("topo", "list", "--json", str(out))
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+    assert done.stderr.count("error:") == 1 and "No space left" in done.stderr
+    assert sorted(p.name for p in full_disk.iterdir()) == ["filler"]
+
+
+def test_a_full_cache_is_a_warning_not_the_end_of_the_work(full_disk: Path, monkeypatch: pytest.MonkeyPatch,
+                                                           capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setenv("ARCSIM_CACHE_DIR", str(full_disk))
+    (full_disk / files.RESULTS_FOLDER).mkdir()
+    files.cache_write("9" * 32, {"big": "x" * 100_000})
+    assert "was not kept in the cache" in capsys.readouterr().err
+    assert files.cache_entries() == [] and list((full_disk / files.RESULTS_FOLDER).iterdir()) == []
+
+
+def test_a_write_removes_the_partial_a_killed_write_of_the_same_file_left(tmp_path: Path) -> None:
+    out = tmp_path / "table.csv"
+    killed = files.partial_path(out, DEAD_PID)
+    killed.write_text("half")
+    alive = files.partial_path(out, 1)  # PID 1 runs: its write is not ours to remove
+    alive.write_text("in progress")
+    other = tmp_path / f".notes.partial-{DEAD_PID}.csv"  # another file's partial: left for its own next write
+    other.write_text("half of another")
+    files.write_atomic(out, "a,b\n")
+    assert out.read_text() == "a,b\n" and not killed.exists() and alive.exists() and other.exists()
