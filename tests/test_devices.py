@@ -55,7 +55,7 @@ def test_a_counted_workload_is_kept_on_disk_and_read_back_the_same(tmp_path, mon
     monkeypatch.setenv("ARCSIM_CACHE_DIR", str(tmp_path))
     workload._workload.cache_clear()
     counted = count_workload("resnet18", 3)
-    assert list(tmp_path.glob("workload-*.json.gz"))
+    assert list((tmp_path / "arcsim-results").glob("workload-*.json.gz"))
     workload._workload.cache_clear()
     monkeypatch.setattr(workload, "_count", lambda *a: pytest.fail("counted again instead of read from disk"))
     kept = count_workload("resnet18", 3)

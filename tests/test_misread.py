@@ -8,8 +8,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import torch
-
-from tests.test_bad_input_classes import invoke
+from test_bad_input_classes import invoke
 
 REPORT = Path(__file__).resolve().parents[1] / "reports" / "validation.csv"
 

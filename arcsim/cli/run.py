@@ -31,10 +31,10 @@ from arcsim.cli.common import (
 )
 from arcsim.collectives.limits import allow_any
 from arcsim.errors import ArcsimError
-from arcsim.estimates import NOTE_SECONDS, rough_duration
 from arcsim.files import refuse_inputs_as_outputs
 from arcsim.netsim import ENGINES
 from arcsim.topology import DEFAULT_TOPOLOGY
+from arcsim.traces.estimates import NOTE_SECONDS, rough_duration
 from arcsim.units import parse_duration, parse_params, parse_rate
 
 if TYPE_CHECKING:  # torch stays unimported until a command needs it
@@ -171,8 +171,8 @@ def run(topology: str, trace: str | None, no_capture: bool, params: str | None, 
         if not plot_dir:
             raise ArcsimError("--compare-gpu draws a chart: give --plot DIR too")
     if training is not None and not training.on_gpu:
-        from arcsim.estimates import check_training, live_run
         from arcsim.run.analysis import LIVE_MEMORY_BYTES
+        from arcsim.traces.estimates import check_training, live_run
 
         estimate = check_training(f"--live training of {model}", functools.partial(
             live_run, training, cfg.planned_measurements_at_most(), LIVE_MEMORY_BYTES), force)

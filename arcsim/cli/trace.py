@@ -75,7 +75,7 @@ def trace_capture(model: str, model_args: tuple[str, ...], data: str | None, dat
                         precision=precision, model_args=model_args, data=data, **optimizer_settings(optimizer))
     cfg.check()
     if not cfg.on_gpu:
-        from arcsim.estimates import CAPTURE_BYTES_PER_ELEMENT, check_training, training
+        from arcsim.traces.estimates import CAPTURE_BYTES_PER_ELEMENT, check_training, training
 
         estimate = check_training(f"capturing {model}",
                                   lambda: training(cfg, state_per_element=CAPTURE_BYTES_PER_ELEMENT), force)

@@ -303,7 +303,10 @@ class ModelSource:
                 batch: Any = (x, torch.zeros(x.shape if spec.kind == "tokens" else (2,), dtype=torch.long))
         if spec is None:
             assert data is not None
-            batch = to_device(UserBatches(data, 2, 0).next(), torch.device("meta"))
+            batches = UserBatches(data, 2, 0)
+            first = batches.next()
+            batches.shards(first, 1)  # a batch that cannot be split over workers is refused as such first
+            batch = to_device(first, torch.device("meta"))
         what = f"a batch of {spec.kind} data, shape {tuple(batch[0].shape)}" if spec else "a batch of --data"
         try:
             with torch.device("meta"), user_code(f"--model {self.ref}"):

@@ -31,7 +31,6 @@ from arcsim.devices.kernels import kernel_source
 from arcsim.devices.predict import DEFAULT_GPU_BATCH, ComputePrediction
 from arcsim.devices.source import ComputeSource, compute_source
 from arcsim.errors import ArcsimError
-from arcsim.estimates import LIVE_STATE_BYTES_PER_ELEMENT, measuring_seconds
 from arcsim.files import cache_dir, generated_traces_dir, writable_cache_dir
 from arcsim.models.source import input_of_trace, source_of_trace
 from arcsim.netsim import ENGINES
@@ -42,6 +41,7 @@ from arcsim.run.candidates import Candidate, Context, candidates_for, evaluate
 from arcsim.run.compute import ComputeTimes, from_profile, from_trace, mapped
 from arcsim.run.measure import GradientStats, Measurement, measure, measure_many
 from arcsim.topology import DEFAULT_TOPOLOGY, Topology, load_topology
+from arcsim.traces.estimates import LIVE_STATE_BYTES_PER_ELEMENT, measuring_seconds
 from arcsim.traces.format import GradientSource, Trace, open_trace
 from arcsim.traces.live import LiveSource
 from arcsim.traces.params import DEFAULT_LAYERS, ParamsModel
@@ -75,7 +75,7 @@ class RunConfig:
     slack: float = 0.25                 # policy: error allowed above Top-K's, relative
     seed: int = 0
     allow_capture: bool = True
-    force: bool = False                 # past the estimated memory of a capture (arcsim.estimates)
+    force: bool = False                 # past the estimated memory of a capture (arcsim.traces.estimates)
     grid_steps: int | None = None       # trace steps for ratio-grid points (None: all, or 1 for large traces)
     compress_scale: float | dict[str, float] = 1.0  # measured compression × this, or per compressor (> 1 where
     #                                                ranks share cores: emulation)
@@ -414,7 +414,7 @@ class Analysis:
 
     def measuring_work(self) -> tuple[int, float]:
         """The planned measurements neither in memory nor in the cache, and the seconds they should take here
-        (arcsim.estimates); (0, 0) for live training, whose training was estimated before it started."""
+        (arcsim.traces.estimates); (0, 0) for live training, whose training was estimated before it started."""
         if not isinstance(self.trace, Trace):
             return 0, 0.0
         todo = [k for k in self.planned_keys() if k not in self._measured

@@ -14,9 +14,9 @@ import pandas as pd
 import yaml
 
 from arcsim.files import AppendOnlyCSV, read_yaml, write_atomic
+from arcsim.run.tables import Column, read_table
 from arcsim.sweep.evaluate import COLUMNS
 from arcsim.sweep.spec import OPTIONAL_AXES, SweepError, SweepSpec
-from arcsim.tables import Column, read_table
 
 RESULTS = "results.csv"
 SPEC = "sweep.yaml"

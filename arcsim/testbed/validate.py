@@ -29,7 +29,7 @@ from arcsim.catalog import AG_FAMILY
 from arcsim.errors import ArcsimError
 from arcsim.files import write_atomic
 from arcsim.plotting import save_png
-from arcsim.tables import Column, read_table
+from arcsim.run.tables import Column, read_table
 from arcsim.testbed import VALIDATE_WORKER
 
 

@@ -36,7 +36,7 @@ def resolve_trace(value: str | None, allow_capture: bool = True,
                   announce: Callable[[str], None] = print,
                   progress: Callable[[int, int], None] | None = None, force: bool = False) -> Path:
     """Turn a ``--trace`` value into an existing trace file, capturing a known model's trace if allowed (its
-    estimate said first, refused past the available memory unless ``force``: arcsim.estimates)."""
+    estimate said first, refused past the available memory unless ``force``: arcsim.traces.estimates)."""
     if value is None:
         path = shipped_traces_dir() / DEFAULT_TRACE_NAME
         if not path.exists():
@@ -60,7 +60,7 @@ def resolve_trace(value: str | None, allow_capture: bool = True,
     cfg = default_capture(model, out)
     if not allow_capture:
         raise TraceError(f"trace {value} does not exist; capture it with: {cfg.command()}")
-    from arcsim.estimates import CAPTURE_BYTES_PER_ELEMENT, TooBig, check_training, training
+    from arcsim.traces.estimates import CAPTURE_BYTES_PER_ELEMENT, TooBig, check_training, training
 
     try:
         estimate = check_training(f"capturing {value}",
