@@ -23,8 +23,9 @@ def cache_info(json_out: str | None) -> None:
     files, partials = kept.cache_entries(), kept.cache_partials()
     size = sum(p.stat().st_size for p in files)
     left = sum(p.stat().st_size for p in partials)
-    write_json({"directory": str(kept.cache_dir()), "results": str(kept.results_dir()), "entries": len(files), "bytes": size,
-                "cap_bytes": kept.CACHE_CAP_BYTES, "partial_files": len(partials), "partial_bytes": left}, json_out)
+    write_json({"directory": str(kept.cache_dir()), "results": str(kept.results_dir()), "entries": len(files),
+                "bytes": size, "cap_bytes": kept.CACHE_CAP_BYTES, "partial_files": len(partials),
+                "partial_bytes": left}, json_out)
     if json_out is None:
         click.echo(f"{kept.results_dir()}: {len(files)} results, {format_size(size)} "
                    f"(cap {format_size(kept.CACHE_CAP_BYTES)}, least recently used dropped first)"
