@@ -17,7 +17,7 @@ demo: $(BIN)/arcsim
 test: $(BIN)/arcsim
 	$(BIN)/ruff check .
 	$(BIN)/mypy
-	$(BIN)/pytest -q -n auto --maxprocesses 4 --dist loadgroup --durations=15
+	$(BIN)/pytest -q -n auto --maxprocesses 4 --durations=15
 	$(BIN)/python tests/install_check.py --venv $(VENV)-wheel
 
 bench: $(BIN)/arcsim

@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import atexit
+import fcntl
 import os
 import shutil
 import signal
 import subprocess
 import sys
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
+
+import pytest
 
 from arcsim.processes import free_port
 from arcsim.topology import IntraLink, Network, Topology
@@ -21,6 +25,18 @@ if "ARCSIM_CACHE_DIR" not in os.environ or os.environ.get("ARCSIM_TEST_CACHE_OF"
     os.environ["ARCSIM_CACHE_DIR"] = tempfile.mkdtemp(prefix=f"arcsim-test-cache-{_WORKER or 'main'}-")
     os.environ["ARCSIM_TEST_CACHE_OF"] = _WORKER
     atexit.register(shutil.rmtree, os.environ["ARCSIM_CACHE_DIR"], True)
+
+
+@pytest.fixture
+def default_cluster_prefix() -> Iterator[None]:
+    """Held by a test whose command builds the emulated cluster of the default prefix ('arcsim'): one such test at a
+    time across pytest-xdist workers (a file lock; xdist's loadgroup does not group under pytest 9)."""
+    with open(Path(tempfile.gettempdir()) / "arcsim-tests-default-cluster.lock", "a") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
 
 
 def flat(p: int, gbps: float = 10.0, latency: float = 20e-6, gamma: float = 0.0, **kw) -> Topology:

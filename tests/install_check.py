@@ -102,6 +102,34 @@ def answer(arcsim: Path, args: list[str], data: dict[str, str]) -> object:
     return obj
 
 
+def users_recorded_job(venv: Path) -> str | None:
+    """A user's own GPT, trained and recorded by their own 2-rank torchrun script with the wheel's hook in a folder
+    of theirs, merged and priced by the wheel's arcsim on 4x8-eth25-a100 with the device model (no --gpu cpu):
+    None if it is, else what went wrong."""
+    sys.path.insert(0, str(ROOT / "tests"))
+    from _users_job import write_users_job
+
+    from arcsim.processes import free_port  # the editable install's, which runs this check
+
+    python, arcsim = venv / "bin" / "python", venv / "bin" / "arcsim"
+    with tempfile.TemporaryDirectory() as folder, tempfile.TemporaryDirectory() as cache:
+        where = Path(folder)
+        env = {**os.environ, "ARCSIM_CACHE_DIR": cache}
+        write_users_job(where)
+        sh(python, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(free_port()),
+           "train.py", cwd=where, env=env)
+        sh(arcsim, "-q", "trace", "merge", "rank0.pt", "rank1.pt", "--model", "my_gpt.py:build", "-o", "rec.npz",
+           cwd=where, env=env)
+        got = json.loads(sh(arcsim, "-q", "run", "--trace", "rec.npz", "--topology", "4x8-eth25-a100", "-c",
+                            "dense,topk", "--json", "-", cwd=where, env=env))
+    basis = got["compute_basis"]
+    if (basis["batch"], basis["precision"]) != (4, "bf16"):
+        return f"priced at batch {basis['batch']}, {basis['precision']} (the job ran batch 4 in bf16)"
+    if not got["assumptions"][0].startswith("compute: modelled on NVIDIA A100"):
+        return f"compute not from the device model: {got['assumptions'][0][:100]}"
+    return None
+
+
 def first_difference(a: object, b: object, where: str = "") -> str | None:
     if isinstance(a, dict) and isinstance(b, dict):
         for key in sorted(set(a) | set(b)):
@@ -147,6 +175,13 @@ def main() -> None:
         else:
             failed += 1
             print(f"install: {label}: the wheel answers differently at {difference}", flush=True)
+    problem = users_recorded_job(venv)
+    if problem is None:
+        passed += 1
+        print("install: a user's recorded torchrun job, merged and priced on 4x8-eth25-a100 from the wheel", flush=True)
+    else:
+        failed += 1
+        print(f"install: a user's recorded torchrun job from the wheel: {problem}", flush=True)
     if tree_digest(wheel_pkg) != before:
         failed += 1
         print("install: the installed package was written to while running", flush=True)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from conftest import run_cli
 
-from arcsim import estimates
+from arcsim.traces import estimates
 from arcsim.traces.training import TrainingConfig
 
 
