@@ -70,6 +70,24 @@ class Network:
     fabric: str = "switch"
     nodes_per_leaf: int = 0  # fat-tree only
     oversubscription: float = 1.0  # fat-tree only: leaf down-bandwidth / up-bandwidth
+    nics_per_rail: int = 1  # physical NICs striped into each of the nics_per_node rails (p5: 4 EFA per GPU)
+
+    @property
+    def physical_nics(self) -> int:
+        return self.nics_per_node * self.nics_per_rail
+
+
+def rails(nics: int, bandwidth_per_nic: float, gpus: int, where: str) -> tuple[int, float, int]:
+    """NICs as arcsim prices them: (rails, bandwidth per rail, NICs per rail). Up to one NIC per GPU each NIC is a
+    rail; more NICs than GPUs (a p5 node's 32 × 100 Gb/s EFA for 8 GPUs) are striped, ``NICs / GPUs`` to each GPU's
+    rail, as NCCL spreads a GPU's channels over the NICs next to it — so their bandwidths add, and only whole
+    multiples of the GPUs are accepted."""
+    if nics <= gpus:
+        return nics, bandwidth_per_nic, 1
+    if nics % gpus:
+        raise TopologyError(f"{where}: nics_per_node {nics} for {gpus} GPUs per node: more NICs than GPUs must be a "
+                            f"whole number per GPU (e.g. {gpus * (nics // gpus)} or {gpus * (nics // gpus + 1)})")
+    return gpus, bandwidth_per_nic * (nics // gpus), nics // gpus
 
 
 @dataclass(frozen=True)
@@ -265,8 +283,10 @@ class Topology:
                       "latency_s": self.intra.latency},
             "network": {
                 "kind": net.kind,
-                "nics_per_node": net.nics_per_node,
-                "bandwidth_per_nic_Bps": net.bandwidth_per_nic,
+                "nics_per_node": net.physical_nics,
+                "bandwidth_per_nic_Bps": net.bandwidth_per_nic / net.nics_per_rail,
+                "rails_per_node": net.nics_per_node,
+                "bandwidth_per_rail_Bps": net.bandwidth_per_nic,
                 "bandwidth_per_node_Bps": self.node_bandwidth,
                 "latency_s": net.latency,
                 "fabric": net.fabric,
@@ -293,8 +313,11 @@ class Topology:
             ("library", _library_line(self.library)),
             ("intra-node", f"{self.intra.kind}: {format_rate(self.intra.bandwidth)} per GPU per direction, "
                            f"latency {format_duration(self.intra.latency)}"),
-            ("inter-node", f"{net.kind}: {net.nics_per_node} NIC(s) per node × {format_bits(net.bandwidth_per_nic)}"
-                           f" = {format_bits(self.node_bandwidth)} per node, latency {format_duration(net.latency)}"),
+            ("inter-node", f"{net.kind}: {net.physical_nics} NIC(s) per node × "
+                           f"{format_bits(net.bandwidth_per_nic / net.nics_per_rail)}"
+                           + (f" ({net.nics_per_rail} per GPU, striped: one {format_bits(net.bandwidth_per_nic)} rail "
+                              "per GPU)" if net.nics_per_rail > 1 else "")
+                           + f" = {format_bits(self.node_bandwidth)} per node, latency {format_duration(net.latency)}"),
             ("fabric", net.fabric if net.fabric == "switch" else
              f"fat-tree, {net.nodes_per_leaf} nodes per leaf, {net.oversubscription:g}:1 oversubscribed "
              f"(uplink {format_bits(self.uplink_bandwidth)} per leaf)"),
@@ -419,13 +442,15 @@ def from_name(name: str) -> Topology:
     ``Gbps`` is the bandwidth of ONE NIC (per direction); ``xNICs`` the NICs per node (default 1).
     Defaults by fabric: ib 5 µs, roce 7 µs, eth 30 µs end-to-end latency. Inside a node: NVLink for ib
     and roce, PCIe for eth, unless ``-nvlink`` or ``-pcie`` says otherwise; NVLink carries 300 GB/s per
-    GPU per direction (450 GB/s when NICs are ≥ 400 Gb/s), PCIe 4.0 ×16 25 GB/s; 3 µs.
+    GPU per direction (450 GB/s when each GPU's NICs carry ≥ 400 Gb/s), PCIe 4.0 ×16 25 GB/s; 3 µs. More NICs
+    than GPUs are striped, a whole number to each GPU (:func:`rails`).
     """
     m = _NAME_RE.match(name)
     if not m:
         raise TopologyError(f"topology name {name!r} does not follow the grammar {GRAMMAR}")
     nodes, gpus, gbps = int(m["n"]), int(m["g"]), float(m["gbps"])
     nics = int(m["nics"] or 1)
+    rail_count, rail_bandwidth, per_rail = rails(nics, gbps * 1e9 / 8, gpus, f"topology name {name!r}")
     fab = m["fab"].lower()
     fabric_kind = {"ib": "infiniband", "roce": "roce", "eth": "ethernet"}[fab]
     latency = {"ib": 5e-6, "roce": 7e-6, "eth": 30e-6}[fab]
@@ -439,13 +464,13 @@ def from_name(name: str) -> Topology:
     if link == "pcie":
         intra = IntraLink("pcie", 25e9, 3e-6)
     else:
-        intra = IntraLink("nvlink", 450e9 if gbps >= 400 else 300e9, 3e-6)
+        intra = IntraLink("nvlink", 450e9 if rail_bandwidth * 8 / 1e9 >= 400 else 300e9, 3e-6)
     return Topology(
         name=name,
         nodes=nodes,
         gpus_per_node=gpus,
         intra=intra,
-        network=Network(fabric_kind, nics, gbps * 1e9 / 8, latency),
+        network=Network(fabric_kind, rail_count, rail_bandwidth, latency, nics_per_rail=per_rail),
         description=f"{nodes} nodes × {gpus} GPUs, {nics} × {gbps:g} Gb/s {fabric_kind} NIC(s) per node; "
                     f"GPUs in a node on {'PCIe 4.0 ×16' if link == 'pcie' else 'NVLink'} (built from the name grammar)",
         source="name grammar",
@@ -476,10 +501,13 @@ def from_dict(raw: Mapping[str, Any], source: str = "", default_name: str = "cus
         latency=intra_reader.quantity("latency", parse_duration, default=0.0),
     )
     fabric = net_reader.text("fabric", default="switch")
+    rail_count, rail_bandwidth, per_rail = rails(net_reader.integer("nics_per_node", default=1),
+                                                 net_reader.quantity("bandwidth_per_nic", parse_rate), gpus, source)
     network = Network(
         kind=net_reader.text("kind"),
-        nics_per_node=net_reader.integer("nics_per_node", default=1),
-        bandwidth_per_nic=net_reader.quantity("bandwidth_per_nic", parse_rate),
+        nics_per_node=rail_count,
+        bandwidth_per_nic=rail_bandwidth,
+        nics_per_rail=per_rail,
         latency=net_reader.quantity("latency", parse_duration),
         fabric=fabric,
         nodes_per_leaf=net_reader.integer("nodes_per_leaf", default=0 if fabric != "fat-tree" else None),

@@ -129,3 +129,29 @@ def test_rail_mapping_uses_one_nic_per_gpu_index():
     t = load_topology("8x8-ib400x8")
     keys, _ = t.path(3, 8 + 3)
     assert keys == (("ntx", 0, 3), ("nrx", 1, 3))
+
+
+def test_more_nics_than_gpus_are_striped_into_one_rail_per_gpu(tmp_path):
+    """A p5-class node (32 × 100 Gb/s EFA for 8 GPUs): four NICs to each GPU's rail, their bandwidths added, so it
+    prices as eight 400 Gb/s rails; a count that is no whole multiple of the GPUs is one clear line."""
+    from arcsim.pricing import price_collective
+
+    p5 = from_name("2x8-eth100x32-h100-nvlink")
+    rails = from_name("2x8-eth400x8-h100-nvlink")
+    assert (p5.network.nics_per_node, p5.network.nics_per_rail, p5.network.physical_nics) == (8, 4, 32)
+    assert p5.network.bandwidth_per_nic == pytest.approx(4 * 100e9 / 8)
+    assert p5.node_bandwidth == pytest.approx(32 * 100e9 / 8)
+    shown = p5.to_dict()["network"]
+    assert (shown["nics_per_node"], shown["bandwidth_per_nic_Bps"], shown["rails_per_node"]) == (32, 100e9 / 8, 8)
+    for n in (64e3, 16e6, 1e9):
+        for op in ("allreduce", "allgather"):
+            (a,) = price_collective(p5, op, "auto", n, ("analytic",))
+            (b,) = price_collective(rails, op, "auto", n, ("analytic",))
+            assert a.time_s == pytest.approx(b.time_s), (op, n)
+    with pytest.raises(TopologyError, match="nics_per_node 12 for 8 GPUs"):
+        from_name("2x8-eth100x12")
+    spec = {"nodes": 2, "gpus_per_node": 8, "intra": {"kind": "nvlink", "bandwidth": "450GB/s", "latency": "3us"},
+            "network": {"kind": "ethernet", "nics_per_node": 32, "bandwidth_per_nic": "100Gbps", "latency": "30us"}}
+    path = tmp_path / "p5.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    assert load_topology(str(path)).network.physical_nics == 32
