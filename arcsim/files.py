@@ -24,7 +24,7 @@ import re
 import sys
 import tempfile
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from importlib.resources import files as _resource_files
 from pathlib import Path
 from typing import Any, Literal
@@ -69,9 +69,9 @@ def stale_partials(folder: Path, of: Path | None = None) -> list[Path]:
 
 def write_error(path: Path, exc: OSError) -> ArcsimError:
     """One line for a write that failed (a full disk, a read-only place, a vanished folder)."""
-    reason = exc.strerror or str(exc)
-    hint = "free some space there or" if exc.errno in (errno.ENOSPC, errno.EDQUOT) else ""
-    return ArcsimError(f"cannot write {path}: {reason}; {hint} choose another place".replace(";  ", "; "))
+    full = exc.errno in (errno.ENOSPC, errno.EDQUOT)
+    fix = "free some space there or choose another place" if full else "choose another place"
+    return ArcsimError(f"cannot write {path}: {exc.strerror or exc}; {fix}")
 
 
 @contextmanager
@@ -111,10 +111,8 @@ def refuse_inputs_as_outputs(outputs: Mapping[str, str | Path | None], inputs: I
         if out in (None, "-"):
             continue
         out_path = Path(out)  # type: ignore[arg-type]
-        for given in existing:
-            same = os.path.samefile(out_path, given) if out_path.exists() else \
-                Path(os.path.realpath(out_path)) == Path(os.path.realpath(given))
-            if same:
+        for given in existing:  # an output that does not exist yet is no input
+            if out_path.exists() and os.path.samefile(out_path, given):
                 raise ArcsimError(f"{option} {out} is {given}, one of this command's inputs: writing it would replace "
                                   "what is read; write to another file")
 
@@ -365,6 +363,8 @@ def cache_write(name: str, obj: Any) -> None:
         print(f"warning: a result was not kept in the cache ({exc}); the next run measures it again",
               file=sys.stderr)
         return
+    if sum(p.stat().st_size for p in _named_entries()) <= CACHE_CAP_BYTES:
+        return  # under the cap by names alone: no entry's content needs reading on every write
     files = cache_entries()
     total = sum(p.stat().st_size for p in files)
     for path in files:  # oldest first
@@ -392,18 +392,21 @@ def file_fact(path: Path, fact: str, compute: Callable[[Path], Any]) -> Any:
     if fact not in facts:
         facts[fact] = compute(path)
         index[stamp] = facts
-        try:
-            index_path.parent.mkdir(parents=True, exist_ok=True)
+        with suppress(ArcsimError):  # write_atomic makes the folder; a failure is one ArcsimError
             write_atomic(index_path, json.dumps(index))
-        except (OSError, ArcsimError):
-            pass
     return facts[fact]
 
 
-def _is_entry(path: Path) -> bool:
-    """Whether ``path`` is a result arcsim kept: its name is an entry's and its content begins as arcsim's do."""
-    if not ENTRY_NAME.match(path.name) or path.is_symlink() or not path.is_file():
-        return False
+def _named_entries() -> list[Path]:
+    """Regular files in the results folder named as entries are (their content not yet read)."""
+    directory = results_dir()
+    if not directory.is_dir():
+        return []
+    return [p for p in directory.iterdir() if ENTRY_NAME.match(p.name) and not p.is_symlink() and p.is_file()]
+
+
+def _marked(path: Path) -> bool:
+    """Whether the content of ``path`` begins as every entry arcsim keeps does."""
     try:
         with gzip.open(path, "rb") as fh:
             return fh.read(len(ENTRY_MARK)) == ENTRY_MARK
@@ -413,10 +416,7 @@ def _is_entry(path: Path) -> bool:
 
 def cache_entries() -> list[Path]:
     """arcsim's kept results, least recently used first (nothing else in the cache folder is counted)."""
-    directory = results_dir()
-    if not directory.is_dir():
-        return []
-    return sorted((p for p in directory.iterdir() if _is_entry(p)), key=lambda p: p.stat().st_mtime)
+    return sorted((p for p in _named_entries() if _marked(p)), key=lambda p: p.stat().st_mtime)
 
 
 def cache_partials() -> list[Path]:

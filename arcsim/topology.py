@@ -76,6 +76,10 @@ class Network:
     def physical_nics(self) -> int:
         return self.nics_per_node * self.nics_per_rail
 
+    @property
+    def bandwidth_per_physical_nic(self) -> float:
+        return self.bandwidth_per_nic / self.nics_per_rail
+
 
 def rails(nics: int, bandwidth_per_nic: float, gpus: int, where: str) -> tuple[int, float, int]:
     """NICs as arcsim prices them: (rails, bandwidth per rail, NICs per rail). Up to one NIC per GPU each NIC is a
@@ -284,7 +288,7 @@ class Topology:
             "network": {
                 "kind": net.kind,
                 "nics_per_node": net.physical_nics,
-                "bandwidth_per_nic_Bps": net.bandwidth_per_nic / net.nics_per_rail,
+                "bandwidth_per_nic_Bps": net.bandwidth_per_physical_nic,
                 "rails_per_node": net.nics_per_node,
                 "bandwidth_per_rail_Bps": net.bandwidth_per_nic,
                 "bandwidth_per_node_Bps": self.node_bandwidth,
@@ -314,7 +318,7 @@ class Topology:
             ("intra-node", f"{self.intra.kind}: {format_rate(self.intra.bandwidth)} per GPU per direction, "
                            f"latency {format_duration(self.intra.latency)}"),
             ("inter-node", f"{net.kind}: {net.physical_nics} NIC(s) per node × "
-                           f"{format_bits(net.bandwidth_per_nic / net.nics_per_rail)}"
+                           f"{format_bits(net.bandwidth_per_physical_nic)}"
                            + (f" ({net.nics_per_rail} per GPU, striped: one {format_bits(net.bandwidth_per_nic)} rail "
                               "per GPU)" if net.nics_per_rail > 1 else "")
                            + f" = {format_bits(self.node_bandwidth)} per node, latency {format_duration(net.latency)}"),
