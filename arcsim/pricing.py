@@ -47,7 +47,7 @@ class CollectiveResult:
 
 def algorithms_for(topo: Topology, op: str) -> tuple[str, ...]:
     """The algorithms the topology's library offers for ``op``."""
-    return get_library(topo.library).algorithms(normalize_op(op))
+    return get_library(topo.library).available(normalize_op(op), topo)
 
 
 @dataclass(frozen=True)
@@ -87,7 +87,7 @@ def plan(topo: Topology, op: str, algo: str, nbytes: float, chunks: int | None =
                 schedule = build(op, c.algo, nbytes, links, c.chunks)
                 if shareable:
                     built[(c.algo, c.chunks)] = schedule
-            plans.append(Plan(c, schedule, c.protocol.base_s + estimate(schedule, links, "analytic").time_s))
+            plans.append(Plan(c, schedule, c.protocol.time_s(estimate(schedule, links, "analytic").time_s, nbytes)))
         except TooMuchWork as exc:
             refused.append(str(exc))
     if not plans:
@@ -136,7 +136,7 @@ def price_collective(topo: Topology, op: str, algo: str, nbytes: float, engines:
             else:
                 follow = None if progress is None else (lambda done, events, a=chosen.algo: progress(a, done, events))
                 est = estimate(schedule, protocol.links(topo), engine, start_times=arrivals, seed=seed, progress=follow)
-                time_s, events, simulated = protocol.base_s + est.time_s, est.events, est.simulated_ranks
+                time_s, events, simulated = protocol.time_s(est.time_s, nbytes), est.events, est.simulated_ranks
             results.append(result(chosen.algo, engine, time_s, steps=schedule.step_count,
                                   messages=schedule.message_count, detail=schedule.detail, events=events,
                                   simulated_ranks=simulated, protocol=protocol.name))

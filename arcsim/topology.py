@@ -42,6 +42,8 @@ DEFAULT_TOPOLOGY = "8x8-ib100"  # what every command prices on when none is name
 GRAMMAR = ("NxG-<fabric><Gbps>[x<NICs>][-<gpu>][-<link>]  (fabric: ib, roce, eth; gpu: a catalogue device; "
            "link inside the node: nvlink, pcie — default nvlink for ib and roce, pcie for eth; e.g. 8x8-ib100, "
            "8x8-ib400x8-h100, 8x1-eth10, 4x8-eth25-a100-nvlink)")
+INSTANCE_GRAMMAR = "<N>x<instance>, e.g. 4xp5, 2xdgx-h100, 16xnd-h100-v5"
+_INSTANCE_RE = re.compile(r"^(?P<n>\d+)x(?P<instance>[a-z][a-z0-9.-]*)$", re.IGNORECASE)
 _NAME_RE = re.compile(r"^(?P<n>\d+)x(?P<g>\d+)-(?P<fab>ib|roce|eth)(?P<gbps>\d+(?:\.\d+)?)(?:x(?P<nics>\d+))?"
                       r"(?P<suffixes>(?:-[a-z][a-z0-9]*){0,2})$", re.IGNORECASE)
 INTRA_LINKS = ("nvlink", "pcie")
@@ -435,9 +437,35 @@ def load_topology(spec: str) -> Topology:
             return load_yaml(candidate)
     if _NAME_RE.match(spec):
         return from_name(spec)
+    m = _INSTANCE_RE.match(spec)
+    if m:
+        return from_instance(int(m["n"]), m["instance"].lower(), spec)
     raise TopologyError(
-        f"unknown topology {spec!r}; presets: {', '.join(preset_names())}; or a YAML path; or the grammar {GRAMMAR}"
+        f"unknown topology {spec!r}; presets: {', '.join(preset_names())}; instances ({INSTANCE_GRAMMAR}): "
+        f"{', '.join(instance_names())}; or a YAML path; or the grammar {GRAMMAR}"
     )
+
+
+def instance_names() -> list[str]:
+    """The node types of clouds and vendors arcsim knows (``<N>x<instance>``, e.g. 4xp5)."""
+    return sorted({p.stem for d in preset_dirs() for p in (d / "instances").glob("*.yaml")})
+
+
+def from_instance(nodes: int, instance: str, name: str) -> Topology:
+    """``nodes`` nodes of a known instance type (topologies/instances/<instance>.yaml: one node, with its sources)."""
+    for d in preset_dirs():
+        path = d / "instances" / f"{instance}.yaml"
+        if path.is_file():
+            raw = read_yaml(path, "instance file", TopologyError)
+            if not isinstance(raw, dict):
+                raise TopologyError(f"{path}: expected a mapping with gpus_per_node, intra, network")
+            if "nodes" in raw:
+                raise TopologyError(f"{path}: an instance describes one node; remove its field 'nodes'")
+            source = raw.pop("source", "")
+            topo = from_dict({**raw, "nodes": nodes, "name": name}, str(path))
+            return dataclasses.replace(topo, source=f"{source} ({path.name})" if source else str(path))
+    raise TopologyError(f"unknown instance type {instance!r} in {name!r}; known: {', '.join(instance_names())} "
+                        f"({INSTANCE_GRAMMAR})")
 
 
 def from_name(name: str) -> Topology:

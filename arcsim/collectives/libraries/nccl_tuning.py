@@ -1,0 +1,204 @@
+"""NCCL's own tuning tables and bus-bandwidth model (NCCL 2.30.7: src/graph/tuning.cc, search.cc, topo.h,
+src/enqueue.cc), and what it leaves out in the mid band: the channels a collective really runs on.
+
+NCCL prices each (algorithm, protocol) as ``latency + bytes / algBw`` with ``algBw`` from the channels its
+topology search found (``graph channels × per-channel bandwidth``), each protocol's refinements and per-channel
+caps (the ``perChMax*`` tables, measured by NVIDIA per GPU generation), and, for its tree, a correction per
+message size. arcsim keeps its own step schedules for the latency and the links' contention, and takes from
+this module the ceiling NCCL's kernels put on throughput: a schedule is never faster than the bytes over
+NCCL's bandwidth for that (algorithm, protocol, size) on the channels in use at that size.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from arcsim.topology import Topology
+
+GB = 1e9
+PROTOCOLS = ("LL", "LL128", "Simple")
+ARCHS = ("sm80", "sm90", "sm100")  # Ampere (and older, priced as Ampere), Hopper, Blackwell
+
+# topo.h ncclTopoNVLinkBw: GB/s per NVLink as NCCL counts it, and the links per GPU (A100 12, H100/B200 18)
+NVLINK_GBPS = {"sm80": 20.0, "sm90": 20.6, "sm100": 40.1}
+NVLINKS = {"sm80": 12, "sm90": 18, "sm100": 18}
+# search.cc: per-channel speeds tried (GB/s), highest first, between nodes
+INTER_SPEEDS = {"sm80": (48, 30, 28, 24, 20, 18, 15, 12, 10, 9, 7, 6, 5, 4, 3, 2.4, 1.2, 0.24, 0.12),
+                "sm90": (48, 45, 42, 40, 30, 24, 22, 20, 17.5, 15, 12, 6, 3, 2.4, 1.2, 0.24, 0.12),
+                "sm100": (96, 86, 80, 48, 45.1, 42, 40, 30, 24, 22, 20, 17.5, 15, 12, 6, 3, 2.4, 1.2, 0.24, 0.12)}
+INTRA_SPEEDS = {"sm80": (40, 30, 20, 18, 15, 12, 10, 9, 7, 6, 5, 4, 3),
+                "sm90": (60, 50, 40, 30, 24, 20, 15, 12, 11, 6, 3),
+                "sm100": (90, 80, 70, 60, 50, 45, 40, 30, 24, 20, 19, 18)}
+PCIE_GBPS = {"sm80": 24.0, "sm90": 48.0, "sm100": 48.0}  # GPU–NIC path: PCIe Gen4 ×16, Gen5 ×16 as topo.cc counts
+# tuning.cc tables, [1 node, 2 nodes, ≥ 3 nodes], GB/s per graph channel
+LL_MAX = {"sm80": (87.7, 39.0, 20.4), "sm90": (141.0, 39.0, 20.4), "sm100": (282.0, 39.0, 20.4)}  # x86 Intel row
+RING_LL128_CAP = {"sm80": (20, 20, 20), "sm90": (36.7, 36.7, 36.7), "sm100": (40, 40, 40)}
+TREE_LL128_CAP = {"sm80": (20, 20, 20), "sm90": (36.7, 36.7, 29.0), "sm100": (55.6, 31.67, 20.0)}
+TREE_CAP = {"sm80": (24.0, 23.6, 17.8), "sm90": (38.7, 41.4, 36.0), "sm100": (70.0, 42.8, 24.0)}
+NVLS_TREE_CAP = {"sm90": (0.0, 57.7, 45.5), "sm100": (0.0, 96.0, 80.0)}
+NVLS_EFFICIENCY = {"sm90": 0.85, "sm100": 0.74}
+# treeCorrectionFactor[proto][log2(bytes / 64)], 64 B … 256 MiB
+TREE_CORRECTION = (
+    (1.0, 1.0, 1.0, 1.0, .9, .8, .7, .7, .7, .7, .6, .5, .4, .4, .5, .6, .7, .8, .9, 1.0, 1.0, 1.0, 1.0, 1.0),
+    (1.0, 1.0, 1.0, 1.0, 1.0, .9, .8, .8, .8, .7, .6, .6, .6, .6, .6, .6, .8, .9, .9, .9, .9, 1.0, 1.0, 1.0),
+    (.9, .9, .9, .9, .9, .9, .9, .8, .7, .6, .6, .5, .5, .5, .5, .6, .7, .8, .7, .7, .8, .9, .9, .9),
+)
+# enqueue.cc: threads per channel and bytes per thread before NCCL adds a channel; a channel gets ≥ 32 KiB of traffic
+MAX_THREADS = {("ring", 0): 512, ("ring", 1): 640, ("ring", 2): 512, ("tree", 0): 512, ("tree", 1): 640,
+               ("tree", 2): 512}
+THREAD_THRESHOLD = (8, 8, 64)
+MIN_TRAFFIC_PER_CHANNEL = 32 * 1024
+
+
+def arch(topo: Topology) -> str:
+    """The GPU generation NCCL tunes for: from the topology's GPU, else from its NVLink bandwidth."""
+    gpu = (topo.gpu or "").lower()
+    if gpu.startswith("b"):
+        return "sm100"
+    if gpu.startswith(("h100", "h200", "h800", "h20", "gh")):
+        return "sm90"
+    if gpu:
+        return "sm80"
+    nvlink = topo.intra.kind.lower() in ("nvlink", "nvswitch")
+    return "sm100" if nvlink and topo.intra.bandwidth >= 900e9 else "sm90" if nvlink and topo.intra.bandwidth >= 450e9 \
+        else "sm80"
+
+
+def nvlink_efficiency(topo: Topology) -> float:
+    """The fraction of the NVLink line rate NCCL's channels reach: its per-link figure over the line rate per link
+    (A100 20 of 25 GB/s, H100 20.6 of 25, B200 40.1 of 50) — measured: 8 × H100 ring all-reduce 368 GB/s bus
+    bandwidth at 8 GiB of 450 GB/s."""
+    if topo.intra.kind.lower() not in ("nvlink", "nvswitch"):
+        return 1.0
+    a = arch(topo)
+    return min(1.0, NVLINK_GBPS[a] * NVLINKS[a] * GB / topo.intra.bandwidth)
+
+
+def _scale(topo: Topology) -> int:
+    return min(topo.nodes, 3) - 1
+
+
+@dataclass(frozen=True)
+class Graph:
+    """What NCCL's topology search finds: channels and each one's bandwidth (GB/s)."""
+
+    channels: int
+    bandwidth: float
+
+    @property
+    def bus(self) -> float:
+        return self.channels * self.bandwidth
+
+
+def ring_graph(topo: Topology) -> Graph:
+    """The ring/tree graph: inside one node, NVLink's NCCL bandwidth in channels of the intra speeds (duplicated
+    into twice as many of half the speed); across nodes, the first per-channel speed each GPU's NIC path (NIC or
+    PCIe, the slower) can carry, as many channels as the NICs hold."""
+    a = arch(topo)
+    if topo.nodes == 1:
+        total = NVLINK_GBPS[a] * NVLINKS[a] if topo.intra.kind.lower() in ("nvlink", "nvswitch") \
+            else min(topo.intra.bandwidth / GB, PCIE_GBPS[a])
+        channels = max(1, min(16, round(total / 30)))
+        return Graph(2 * channels, total / (2 * channels))
+    nic = topo.network.bandwidth_per_physical_nic / GB
+    speed = next((s for s in INTER_SPEEDS[a] if s <= min(nic, PCIE_GBPS[a])), INTER_SPEEDS[a][-1])
+    channels = min(32, topo.network.physical_nics * max(1, int(nic // speed)))
+    if speed >= 25 and not (a != "sm80" and speed < 50 and channels > 4):  # ncclTopoDupChannels
+        channels, speed = min(32, 2 * channels), speed / 2
+    return Graph(channels, speed)
+
+
+def bus_bandwidth(topo: Topology, algo: str, proto: int) -> float:
+    """NCCL's bus bandwidth (GB/s) for an all-reduce by ``algo`` ∈ ring, tree, nvls with protocol ``proto``."""
+    a, n = arch(topo), _scale(topo)
+    g = ring_graph(topo)
+    if algo == "nvls":
+        return nvls_bus_bandwidth(topo)
+    if algo == "ring":
+        if proto == 0:
+            return min(LL_MAX[a][n], g.bus * 0.5)
+        if proto == 1:
+            return min(g.bus * 0.92, g.channels * RING_LL128_CAP[a][n])
+        return g.bus
+    bus = min(g.bus * 0.92, g.channels * TREE_CAP[a][n])
+    if proto == 0:
+        return min(bus / 3.8, LL_MAX[a][n])
+    if proto == 1:
+        return min(bus * (7 / 9 if topo.nodes == 1 else 120 / 128), g.channels * TREE_LL128_CAP[a][n])
+    return bus
+
+
+def nvls_supported(topo: Topology) -> bool:
+    """NVLink SHARP: Hopper or newer GPUs on an NVSwitch (an NVLink node of more than two GPUs)."""
+    return arch(topo) in NVLS_EFFICIENCY and topo.gpus_per_node > 2 and \
+        topo.intra.kind.lower() in ("nvlink", "nvswitch")
+
+
+def nvls_bus_bandwidth(topo: Topology) -> float:
+    """NVLS (one node) or NVLS-tree (several) all-reduce bus bandwidth: one channel per head GPU (per NIC across
+    nodes), each at min(intra × NVLS efficiency × (heads − 1)/heads × 2, inter[, cap]); the intra speed is the
+    fastest the NVSwitch ports carry for heads + 1 channels (H100: 40 GB/s, B200: 80)."""
+    a, g = arch(topo), topo.gpus_per_node
+    speeds = INTRA_SPEEDS[a]
+    total = NVLINK_GBPS[a] * NVLINKS[a]
+    intra = next((s for s in speeds if s * (g + 1) <= total), speeds[-1])
+    per = intra * NVLS_EFFICIENCY[a] * (g - 1) / g * 2
+    if topo.nodes == 1:
+        return g * min(per, min(2 * intra, speeds[0]))
+    inter = ring_graph(topo).bandwidth * (2 if topo.nodes <= 2 else 1)
+    return topo.network.nics_per_node * min(per, inter, NVLS_TREE_CAP[a][_scale(topo)])
+
+
+def tree_correction(proto: int, nbytes: float) -> float:
+    i = int(math.log2(max(nbytes, 64) / 64))
+    table = TREE_CORRECTION[proto]
+    return table[min(i, len(table) - 1)]
+
+
+def channels_in_use(topo: Topology, op: str, algo: str, proto: int, nbytes: float) -> float:
+    """The fraction of its channels NCCL runs a collective of ``nbytes`` (its size as nccl-tests counts it) on: one
+    fewer while the bytes would give each thread less than its threshold (ring LL: × ranks), and none with under
+    32 KiB of traffic (all-reduce: twice its bytes; LL: × 4)."""
+    graph = ring_graph(topo)
+    full = 2 * graph.channels if topo.nodes > 1 else graph.channels
+    if algo == "nvls":
+        return 1.0
+    key = ("ring" if algo != "tree" else "tree", proto)
+    threshold = THREAD_THRESHOLD[proto] * (topo.ranks if key == ("ring", 0) else 1)
+    by_threads = nbytes // (MAX_THREADS[key] * threshold)
+    traffic = (2 if op == "allreduce" else 1) * nbytes * (4 if proto == 0 else 1)
+    by_traffic = math.ceil(traffic / MIN_TRAFFIC_PER_CHANNEL)
+    return max(1.0, min(full, by_threads, by_traffic)) / full
+
+
+def size_factor(topo: Topology, op: str, algo: str, proto: int, nbytes: float) -> float:
+    """What a collective of ``nbytes`` gets of the bandwidth it would at large sizes: the channels in use, and for
+    the tree NCCL's own correction at that size (treeCorrectionFactor, NVIDIA's measurements of its mid band;
+    1 at 128 MiB and beyond for LL and LL128, 0.9 for Simple, taken relative to that)."""
+    factor = channels_in_use(topo, op, algo, proto, nbytes)
+    if algo == "tree":
+        factor *= tree_correction(proto, nbytes) / TREE_CORRECTION[proto][-1]
+    return factor
+
+
+def tree_ceiling(topo: Topology, op: str, proto: int, nbytes: float) -> float:
+    """Bytes/s NCCL's tree all-reduce reaches at most: its graph channels × the per-channel cap of the protocol
+    (perChMaxTreeBws, perChMaxTreeLL128Bws; LL: llMaxBws), the tree's bus-to-algorithm factor ½, at the size's
+    channels and correction. Measured on 2 × 8 A100 over 8 × 200 Gb/s: 188 GB/s bus bandwidth, the cap 189."""
+    a, n, g = arch(topo), _scale(topo), ring_graph(topo)
+    cap = (LL_MAX[a][n], g.channels * TREE_LL128_CAP[a][n], g.channels * TREE_CAP[a][n])[proto]
+    return cap * 0.5 * GB * size_factor(topo, op, "tree", proto, nbytes)
+
+
+def algorithm_bandwidth(topo: Topology, op: str, algo: str, proto: int, nbytes: float) -> float:
+    """Bytes/s a collective of ``nbytes`` reaches at most on NCCL's channels (its algBw at that size, with the
+    tree's correction): bus bandwidth × the channels in use, over the bus factor of the op."""
+    bus = bus_bandwidth(topo, algo, proto) * channels_in_use(topo, op, algo, proto, nbytes)
+    if algo == "tree":
+        bus *= tree_correction(proto, nbytes)
+    p = topo.ranks
+    if p < 2:
+        return math.inf
+    ratio = {"allreduce": p / (2 * (p - 1)), "allgather": p / (p - 1), "reducescatter": p / (p - 1)}.get(op, 1.0)
+    return bus * (0.5 if algo == "tree" else ratio) * GB
