@@ -6,7 +6,10 @@ Writes devices/efficiency.json (what `arcsim device predict` and `arcsim run --g
 - leave-one-model-out: each model predicted by a fit that never saw it (the honest error for a new model);
 - transfer: the H200 profiles (measured, never fitted) predicted from the H100 fit and the H200's datasheet
   and measured launch cost.
-Errors are relative errors of forward + backward time.
+Errors are relative errors of forward + backward time; ``phases`` keeps each profile's forward and backward
+error apart (printed too). The shipped profiles were timed with a CUDA event per parameter: the fit prices
+that hook (``hook``) apart from autograd's own cost per operation (``autograd``), and a prediction prices
+DDP's hook (compute.DDP_HOOK) instead.
 
 Usage: python benchmarks/device_fit.py [--no-loo]
 """
@@ -19,7 +22,7 @@ import statistics
 import time
 
 from arcsim.devices.catalog import device
-from arcsim.devices.compute import FIT_FILE, fit, measured_profiles, step_error
+from arcsim.devices.compute import DDP_HOOK, FIT_FILE, fit, measured_profiles, phase_seconds, step_error
 from arcsim.files import write_atomic
 
 FIT_DEVICE = "h100"
@@ -38,6 +41,12 @@ def key(m) -> str:  # type: ignore[no-untyped-def]
     return f"{m.model}-b{m.batch}-{m.precision}"
 
 
+def phase_errors(m, dev, eff) -> dict[str, float]:  # type: ignore[no-untyped-def]
+    w = m.workload()
+    return {phase: phase_seconds(w, phase, dev, m.precision, eff, m.instrumented) / measured - 1
+            for phase, measured in (("forward", m.forward_s), ("backward", m.backward_s))}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--no-loo", action="store_true", help="skip the leave-one-out refits (minutes)")
@@ -49,7 +58,9 @@ def main() -> None:
     print(f"fit on {len(cases)} {FIT_DEVICE} profiles in {time.perf_counter() - started:.1f} s: {eff}", flush=True)
     out: dict = {"device": FIT_DEVICE, "efficiency": eff.to_dict(),
                  "fitted_on": [str(m.path.name) for m in cases],
-                 "in_sample": {key(m): step_error(m, dev, eff) for m in cases}}
+                 "ddp_hook_launches": DDP_HOOK,
+                 "in_sample": {key(m): step_error(m, dev, eff) for m in cases},
+                 "phases": {"h100": {key(m): phase_errors(m, dev, eff) for m in cases}}}
     if not args.no_loo:
         loo = {}
         for i, m in enumerate(cases):
@@ -70,6 +81,12 @@ def main() -> None:
     for other in ("h200",):
         target = device(other)
         transfer[other] = {key(m): step_error(m, target, eff) for m in measured_profiles(other)}
+        out["phases"][other] = {key(m): phase_errors(m, target, eff) for m in measured_profiles(other)}
+    for where, errors in out["phases"].items():
+        for k, e in errors.items():
+            print(f"{where} {k:24s} forward {e['forward']:+7.1%} backward {e['backward']:+7.1%}")
+        print(f"{where} mean |error| forward {statistics.fmean(abs(e['forward']) for e in errors.values()):.1%} "
+              f"backward {statistics.fmean(abs(e['backward']) for e in errors.values()):.1%}")
     out["transfer"] = transfer
     out["summary"] = {name: summary(errors) for name, errors in
                       [("in_sample", out["in_sample"]), ("leave_one_out", out.get("leave_one_out", {})),

@@ -5,10 +5,13 @@ Each counted operation (:mod:`arcsim.devices.workload`) costs
     max(FLOPs / (peak of its class × e_class), bytes / (memory bandwidth × e_memory), host)
 
 — a roofline per operation class with efficiencies ``e`` fitted to measured profiles, and ``host`` the
-per-operation floor of eager PyTorch (the Python and dispatcher work that issues a kernel, which the GPU
-cannot beat when its kernels are small). bf16 (autocast) runs the tensor-core classes at the bf16 peak
-and moves half the bytes. A parameter's gradient is ready when the backward operations before its
-accumulation are done.
+per-operation floor of eager PyTorch (the work that issues a kernel, which the GPU cannot beat when its
+kernels are small): in forward, Python and the dispatcher issue each operation; in backward, autograd's
+engine (C++, no Python) does. bf16 (autocast) runs the tensor-core classes at the bf16 peak and moves
+half the bytes. A parameter's gradient is ready when the backward operations before its accumulation
+are done; each ready gradient then costs the host its hook: DDP's (C++, a few µs) in a prediction, and
+in a shipped profile the profiler's (a Python hook that records a CUDA event per parameter), which the
+fit prices separately so that it does not inflate what a DDP job would see.
 """
 
 from __future__ import annotations
@@ -38,8 +41,11 @@ class Efficiency:
 
     tensor: dict[str, float]   # "conv/tf32", "matmul/fp32", "matmul/bf16", …: fraction of those units' peak
     memory: float              # fraction of the memory bandwidth reached
-    host: float                # host time to issue one operation (eager PyTorch), in the machine's launch costs
-    hook: float                # host time per gradient-ready hook in backward (DDP's, a profiler's), likewise
+    host: float                # host time to issue one forward operation (eager PyTorch, from Python), in the
+    #                            machine's launch costs
+    autograd: float            # host time to issue one backward operation (autograd's engine), likewise
+    hook: float                # host time per gradient-ready hook of a profiler that records a CUDA event per
+    #                            parameter (how the shipped profiles were taken), likewise; never in a prediction
 
     def of(self, cls: str, units: str) -> float:
         """Efficiency of ``cls`` on ``units``; a pair no profile showed (a convolution on fp32 units, where a
@@ -47,20 +53,26 @@ class Efficiency:
         return self.tensor.get(f"{cls}/{units}", self.tensor["matmul/fp32"])
 
     def vector(self) -> np.ndarray:
-        return np.log([*(self.tensor[k] for k in _TENSOR_KEYS), self.memory, self.host, self.hook])
+        return np.log([*(self.tensor[k] for k in _TENSOR_KEYS), self.memory, self.host, self.autograd, self.hook])
 
     @classmethod
     def from_vector(cls, v: np.ndarray) -> Efficiency:
         x = np.exp(v)
         n = len(_TENSOR_KEYS)
-        return cls(dict(zip(_TENSOR_KEYS, map(float, x[:n]), strict=True)), float(x[n]), float(x[n + 1]),
-                   float(x[n + 2]))
+        return cls(dict(zip(_TENSOR_KEYS, map(float, x[:n]), strict=True)), *(float(v) for v in x[n:n + 4]))
 
     def to_dict(self) -> dict:
-        return {"tensor": self.tensor, "memory": self.memory, "host": self.host, "hook": self.hook}
+        return {"tensor": self.tensor, "memory": self.memory, "host": self.host, "autograd": self.autograd,
+                "hook": self.hook}
 
 
 _TENSOR_KEYS = ("conv/tf32", "conv/bf16", "matmul/fp32", "matmul/bf16", "attention/fp32", "attention/bf16")
+# DDP's per-parameter autograd hook (C++: marks the gradient ready and copies it into its bucket), in launch
+# costs: estimated, a few µs; a prediction prices it instead of the profiler's Python hook (Efficiency.hook)
+DDP_HOOK = 0.3
+# the fit's bounds on the host costs, in launch costs: the measured launch cost (one tiny kernel issued from
+# Python) is the floor of a forward operation; autograd's engine issues from C++, and may beat it
+HOST_BOUNDS = {"host": (1.0, 20.0), "autograd": (0.25, 20.0), "hook": (0.0 + 1e-3, 20.0)}
 
 
 def device_seconds(flops: np.ndarray, nbytes: np.ndarray, classes: np.ndarray, device: Device, precision: str,
@@ -73,12 +85,15 @@ def device_seconds(flops: np.ndarray, nbytes: np.ndarray, classes: np.ndarray, d
     return np.maximum(flops / rate[classes], nbytes * scale / (device.bandwidth * eff.memory))
 
 
-def finish_times(work: Workload, phase: str, device: Device, precision: str, eff: Efficiency) -> np.ndarray:
+def finish_times(work: Workload, phase: str, device: Device, precision: str, eff: Efficiency,
+                 instrumented: bool = False) -> np.ndarray:
     """When each operation of ``phase`` ends, counted from the phase's start.
 
-    The host issues one operation every ``host`` launch costs of the machine (under bf16 autocast a
-    convolution or matrix product also issues a cast), plus, in backward, ``hook`` launch costs for each
-    gradient-ready hook; the GPU runs them in order as they arrive. The machine's launch cost (the
+    The host issues one forward operation every ``host`` launch costs of the machine and one backward
+    operation every ``autograd`` (under bf16 autocast a convolution or matrix product also issues a cast),
+    plus, in backward, a hook for each gradient that becomes ready: DDP's (``DDP_HOOK``), or where
+    ``instrumented`` (a profile timed with a CUDA event per parameter, as the shipped ones were) the
+    profiler's ``hook``; the GPU runs them in order as they arrive. The machine's launch cost (the
     catalogue's ``launch_us``, measured) carries the host's speed from one machine to another.
     free_i = max(free_{i−1}, issued_i) + d_i is a max-plus scan: free_i = S_i + max_{j≤i}(issued_j − S_{j−1})
     with S the running sum of the device times d."""
@@ -87,8 +102,10 @@ def finish_times(work: Workload, phase: str, device: Device, precision: str, eff
         return np.zeros(0)
     launch = device.launch_us * 1e-6
     tensor = classes != OP_CLASSES.index("memory")
-    per_op = eff.host * launch * np.where(tensor & (precision == "bf16"), 2.0, 1.0)
-    after = eff.hook * launch * backward_hooks(work) if phase == "backward" else np.zeros(flops.size)
+    issue = eff.autograd if phase == "backward" else eff.host
+    per_op = issue * launch * np.where(tensor & (precision == "bf16"), 2.0, 1.0)
+    hook = eff.hook if instrumented else DDP_HOOK
+    after = hook * launch * backward_hooks(work) if phase == "backward" else np.zeros(flops.size)
     issued = np.cumsum(per_op) + np.concatenate([[0.0], np.cumsum(after)[:-1]])
     d = device_seconds(flops, nbytes, classes, device, precision, eff)
     total = np.cumsum(d)
@@ -103,14 +120,18 @@ def backward_hooks(work: Workload) -> np.ndarray:
     return hooks
 
 
-def phase_seconds(work: Workload, phase: str, device: Device, precision: str, eff: Efficiency) -> float:
-    ends = finish_times(work, phase, device, precision, eff)
+def phase_seconds(work: Workload, phase: str, device: Device, precision: str, eff: Efficiency,
+                  instrumented: bool = False) -> float:
+    ends = finish_times(work, phase, device, precision, eff, instrumented)
     return float(ends[-1]) if ends.size else 0.0
 
 
-def modelled_profile(work: Workload, device: Device, precision: str, eff: Efficiency) -> ComputeProfile:
+def modelled_profile(work: Workload, device: Device, precision: str, eff: Efficiency,
+                     instrumented: bool = False) -> ComputeProfile:
+    """What a DDP job sees (its own hooks priced), or with ``instrumented`` what a profile taken with a CUDA
+    event per parameter (arcsim trace profile) would measure."""
     device.check_precision(precision)
-    bwd = finish_times(work, "backward", device, precision, eff)
+    bwd = finish_times(work, "backward", device, precision, eff, instrumented)
     ready = {n: float(bwd[i - 1]) if i > 0 else 0.0 for n, i in work.ready_after.items()}
     layers = [LayerTiming(n, work.numel[n], ready[n]) for n in work.order]
     return ComputeProfile(work.model, work.batch, "model", device.full_name,
@@ -130,6 +151,7 @@ class Measured:
     backward_s: float
     dataset: str | None
     input_size: int | None
+    instrumented: bool = True   # timed by ComputeTimer: a Python hook recording a CUDA event per parameter
 
     def workload(self) -> Workload:
         return count_workload(self.model, self.batch, self.dataset, self.input_size)
@@ -162,8 +184,8 @@ def _residuals(v: np.ndarray, cases: Sequence[Measured], device: Device) -> np.n
     out = []
     for m in cases:
         w = m.workload()
-        out.append(math.log(phase_seconds(w, "forward", device, m.precision, eff) / m.forward_s))
-        out.append(math.log(phase_seconds(w, "backward", device, m.precision, eff) / m.backward_s))
+        for phase, measured in (("forward", m.forward_s), ("backward", m.backward_s)):
+            out.append(math.log(phase_seconds(w, phase, device, m.precision, eff, m.instrumented) / measured))
     return np.array(out)
 
 
@@ -171,10 +193,10 @@ def fit(cases: Sequence[Measured], device: Device, start: Efficiency | None = No
     """Efficiencies minimising the squared log error of forward and backward times over ``cases``."""
     from scipy.optimize import least_squares
 
-    x0 = (start or Efficiency(dict.fromkeys(_TENSOR_KEYS, 0.5), 0.5, 2.0, 2.0)).vector()
+    x0 = (start or Efficiency(dict.fromkeys(_TENSOR_KEYS, 0.5), 0.5, 2.0, 1.0, 1.0)).vector()
     n = len(_TENSOR_KEYS)
-    lower = np.log([1e-3] * (n + 1) + [1e-2, 1e-3])
-    upper = np.log([1.0] * (n + 1) + [100.0, 100.0])
+    lower = np.log([1e-3] * (n + 1) + [HOST_BOUNDS[k][0] for k in ("host", "autograd", "hook")])
+    upper = np.log([1.0] * (n + 1) + [HOST_BOUNDS[k][1] for k in ("host", "autograd", "hook")])
     result = least_squares(_residuals, np.clip(x0, lower + 1e-9, upper - 1e-9), bounds=(lower, upper),
                            args=(cases, device))
     return Efficiency.from_vector(result.x)
@@ -183,7 +205,7 @@ def fit(cases: Sequence[Measured], device: Device, start: Efficiency | None = No
 def step_error(m: Measured, device: Device, eff: Efficiency) -> float:
     """Relative error of the modelled forward + backward time against the measured one."""
     w = m.workload()
-    pred = sum(phase_seconds(w, phase, device, m.precision, eff) for phase in ("forward", "backward"))
+    pred = sum(phase_seconds(w, phase, device, m.precision, eff, m.instrumented) for phase in ("forward", "backward"))
     return float(pred / (m.forward_s + m.backward_s) - 1)
 
 
