@@ -133,7 +133,7 @@ def report(show_rows: bool) -> dict[str, dict[str, dict[str, float]]]:
     held: dict[str, dict[str, float]] = {}
     for source in dict.fromkeys(r.source for r in data):
         held[source] = fit([r for r in data if r.source != source])
-    errors: dict[tuple[str, str], dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
+    errors: dict[tuple[str, str], dict[str, list]] = defaultdict(lambda: defaultdict(list))
     if show_rows:
         print(f"{'source':15} {'topology':20} {'bytes':>14} {'measured':>10} {'arcsim':>9} {'err':>5}  chosen")
     for r in data:
@@ -144,6 +144,7 @@ def report(show_rows: bool) -> dict[str, dict[str, dict[str, float]]]:
         errors[key]["terms"].append(error(r, {}))
         errors[key]["committed"].append(error(r, committed))
         errors[key]["held_out"].append(error(r, held[r.source]))
+        errors[key]["transport"].append(r.kind)
         if show_rows:
             us, how = predict(r, committed)
             print(f"{r.source:15} {r.topology:20} {int(r.bytes):>14,} {r.measured_us:>10.1f} {us:>9.1f} "
@@ -154,16 +155,19 @@ def report(show_rows: bool) -> dict[str, dict[str, dict[str, float]]]:
     print(f"\n{'source':15} {'band':16} {'rows':>4}  {'ideal':>6} {'terms':>6} {'model':>6} {'held out':>8}   (MAPE %)")
     out: dict[str, dict[str, dict[str, float]]] = defaultdict(dict)
     for (source, b), models in sorted(errors.items(), key=lambda kv: (kv[0][0], BANDS.index(kv[0][1]))):
-        out[source][b] = {m: mape(v) for m, v in models.items()}
+        out[source][b] = {m: mape(v) for m, v in models.items() if m != "transport"}
         print(f"{source:15} {b:16} {len(models['ideal']):>4}  " +
               " ".join(f"{mape(models[m]):>6.1f}" for m in ("ideal", "terms", "committed")) +
               f" {mape(models['held_out']):>8.1f}")
-    for b in BANDS:
-        pooled = {m: [e for (s, bb), ms in errors.items() if bb == b for e in ms[m]] for m in
-                  ("ideal", "terms", "committed", "held_out")}
-        print(f"{'all':15} {b:16} {len(pooled['ideal']):>4}  " +
-              " ".join(f"{mape(pooled[m]):>6.1f}" for m in ("ideal", "terms", "committed")) +
-              f" {mape(pooled['held_out']):>8.1f}")
+    for name, keep in (("all", lambda t: True), ("RDMA and EFA", lambda t: not t.startswith("tcp"))):
+        for b in BANDS:
+            pooled = {m: [e for (s, bb), ms in errors.items() if bb == b for e, t in zip(ms[m], ms["transport"],
+                                                                                          strict=True) if keep(t)]
+                      for m in ("ideal", "terms", "committed", "held_out")}
+            out[name][b] = {m: mape(v) for m, v in pooled.items()}
+            print(f"{name:15} {b:16} {len(pooled['ideal']):>4}  " +
+                  " ".join(f"{mape(pooled[m]):>6.1f}" for m in ("ideal", "terms", "committed")) +
+                  f" {mape(pooled['held_out']):>8.1f}")
     left = [r for r in data if r.note]
     if left:
         print(f"\nleft out of the errors: {len(left)} rows ({'; '.join(dict.fromkeys(r.note for r in left))})")

@@ -29,10 +29,11 @@ HOP_US = {
     "pcie": {"ring": (1.0, 2.5, 5.7), "tree": (1.0, 1.9, 4.0)},
     "net": {"ring": (2.7, 4.0, 14.0), "tree": (5.0, 8.5, 14.0)},
 }
+UNBOUND = 1e3  # × the links' bandwidth: steps that contribute their latencies only (the ceiling prices the bytes)
 NVLS_US, NVLS_TREE_NET_US = 25.0, 20.9  # hwLatencies: NVLink NVLS Simple; NET NVLS-tree Simple
 # fitted (µs per network crossing on all channels, by transport): benchmarks/published_collectives.py --fit; RDMA
 # without the flush is 0 by NCCL's own latencies (2 × 8 H100 over 8 × 400 Gb/s IB: 13 % MAPE in the mid band)
-NET_STEP_US = {"rdma": 0.0, "rdma+flush": 12.5, "efa": 54.5, "tcp": 123.0}
+NET_STEP_US = {"rdma": 0.0, "rdma+flush": 11.5, "efa": 20.5, "efa+flush": 87.5, "tcp": 64.0}
 NET_OVERHEAD_US = 1.0  # getNetOverhead (x86 Intel): every step of a ring that spans nodes, ×3 for Simple
 # Bus-bandwidth factors (tuning.cc "model refinements"): ring LL ×0.5, LL128 ×0.92; tree all-reduce ×0.92
 # and then LL ×1/3.8, LL128 ×120/128 across nodes (7/9 in one node)
@@ -54,14 +55,12 @@ def protocol(op: str, algo: str, proto: int, topo: Topology, nbytes: float) -> P
     throughput its channels reach at that size as the ceiling (:mod:`nccl_tuning`)."""
     nvlink = tuning.nvlink_efficiency(topo)
     if algo == "nvls":
-        # NVLink SHARP: the switch reduces; one fixed latency (tuning.cc: 25 µs, and 2·log2(nodes) × 20.9 µs between)
-        # priced on the hierarchical steps (reduce-scatter and all-gather inside the node, rails between); the
-        # switch's multicast loads the two directions of a GPU's port unequally — n(1 + 1/g) bytes each way
-        # against the ring's 2n(g − 1)/g — so the steps inside the node see 2(g − 1)/(g + 1) × its bandwidth; NCCL's
-        # bus bandwidth formula is the ceiling (476 GB/s on one node of 8 H100; measured 479)
-        g = topo.gpus_per_node
-        return Protocol("Simple", base_s=NVLS_US * 1e-6, hop_intra_s=0.0, hop_inter_s=NVLS_TREE_NET_US * 1e-6,
-                        intra_efficiency=nvlink * 2 * (g - 1) / (g + 1),
+        # NCCL's own formula: its latency (25 µs, and 2·log2(nodes) × 20.9 µs between nodes) and its bandwidth (476,
+        # 462 and 364 GB/s bus bandwidth on 1, 2 and 4 nodes of 8 H100; measured 479, 469 and 366) as the ceiling,
+        # filled as its chunk pipeline fills. The steps (the hierarchical ones) are made fast enough not to bind:
+        # NVLS-tree pipelines the switch's reduction with the rails, which the steps would run one after the other
+        latency = NVLS_US + 2 * int(math.log2(topo.nodes)) * max(NVLS_TREE_NET_US, topo.network.latency * 1e6)
+        return Protocol("Simple", base_s=latency * 1e-6, hop_intra_s=0.0, latency_scale=0.0, efficiency=UNBOUND,
                         ceiling_Bps=tuning.algorithm_bandwidth(topo, op, algo, proto, nbytes),
                         per_message_s=proxy_s(op, algo, proto, topo, nbytes))
 
@@ -77,9 +76,10 @@ def protocol(op: str, algo: str, proto: int, topo: Topology, nbytes: float) -> P
     else:
         efficiency = 0.92 * (1 / 3.8, 120 / 128 if multi_node else 7 / 9, 1.0)[proto]
     efficiency *= tuning.size_factor(topo, op, algo, proto, nbytes)
+    net = tuning.network_efficiency(topo)  # the NICs as NCCL's channels fill them; inside the node, NVLink's
     return Protocol(PROTOCOLS[proto], base_s=BASE_US[family][proto] * 1e-6, hop_intra_s=intra * 1e-6,
-                    hop_inter_s=inter * 1e-6, efficiency=efficiency, chunk_bytes=STEP_BYTES[proto],
-                    intra_efficiency=nvlink, per_message_s=proxy_s(op, algo, proto, topo, nbytes),
+                    hop_inter_s=inter * 1e-6, efficiency=efficiency * net, chunk_bytes=STEP_BYTES[proto],
+                    intra_efficiency=nvlink / net, per_message_s=proxy_s(op, algo, proto, topo, nbytes),
                     ceiling_Bps=tuning.tree_ceiling(topo, op, proto, nbytes) if family == "tree" else math.inf)
 
 
@@ -110,13 +110,12 @@ def proxy_s(op: str, algo: str, proto: int, topo: Topology, nbytes: float) -> fl
 
 
 def transport(topo: Topology) -> str:
-    """How NCCL's proxy reaches the network, for its per-crossing cost: RDMA (InfiniBand, RoCE) with the receiver's
-    GPUDirect flush (GPUs before Hopper only: ncclTopoNeedFlush), RDMA without it, EFA, or TCP (ethernet: sockets,
-    GPUDirect-TCPX/O)."""
+    """How NCCL's proxy reaches the network, for its per-crossing cost: RDMA (InfiniBand, RoCE), EFA or TCP
+    (ethernet: sockets, GPUDirect-TCPX/O), "+flush" where the receiver flushes GPUDirect writes (GPUs before
+    Hopper: ncclTopoNeedFlush)."""
     kind = topo.network.kind.lower()
-    if kind in ("infiniband", "roce"):
-        return "rdma+flush" if tuning.arch(topo) == "sm80" else "rdma"
-    return kind if kind in NET_STEP_US else "tcp"
+    base = "rdma" if kind in ("infiniband", "roce") else "efa" if kind == "efa" else "tcp"
+    return f"{base}+flush" if base != "tcp" and tuning.arch(topo) == "sm80" else base
 
 
 def ring_steps(op: str, topo: Topology) -> tuple[int, int]:

@@ -37,6 +37,9 @@ RING_LL128_CAP = {"sm80": (20, 20, 20), "sm90": (36.7, 36.7, 36.7), "sm100": (40
 TREE_LL128_CAP = {"sm80": (20, 20, 20), "sm90": (36.7, 36.7, 29.0), "sm100": (55.6, 31.67, 20.0)}
 TREE_CAP = {"sm80": (24.0, 23.6, 17.8), "sm90": (38.7, 41.4, 36.0), "sm100": (70.0, 42.8, 24.0)}
 NVLS_TREE_CAP = {"sm90": (0.0, 57.7, 45.5), "sm100": (0.0, 96.0, 80.0)}
+MAX_NVLS_HEADS = 32  # NCCL_MAX_NVLS_ARITY
+NVLS_CHANNELS = {"sm90": (16, 16), "sm100": (24, 32)}  # NVLS_NCHANNELS_SM90, _SM100_NVL (one node), _SM100
+NVLS_CHUNK = 128 * 1024  # NCCL_NVLS_CHUNKSIZE
 NVLS_EFFICIENCY = {"sm90": 0.85, "sm100": 0.74}
 # treeCorrectionFactor[proto][log2(bytes / 64)], 64 B … 256 MiB
 TREE_CORRECTION = (
@@ -73,6 +76,15 @@ def nvlink_efficiency(topo: Topology) -> float:
         return 1.0
     a = arch(topo)
     return min(1.0, NVLINK_GBPS[a] * NVLINKS[a] * GB / topo.intra.bandwidth)
+
+
+def network_efficiency(topo: Topology) -> float:
+    """The fraction of the NICs' line rate NCCL's channels carry: its graph's channels × their speed (the
+    fastest of its per-channel speeds the NIC and the GPU's PCIe path both carry: 48 GB/s on a 50 GB/s NDR NIC)."""
+    if topo.nodes < 2:
+        return 1.0
+    line = topo.network.physical_nics * topo.network.bandwidth_per_physical_nic / GB
+    return min(1.0, ring_graph(topo).bus / line)
 
 
 def _scale(topo: Topology) -> int:
@@ -138,16 +150,28 @@ def nvls_supported(topo: Topology) -> bool:
 def nvls_bus_bandwidth(topo: Topology) -> float:
     """NVLS (one node) or NVLS-tree (several) all-reduce bus bandwidth: one channel per head GPU (per NIC across
     nodes), each at min(intra × NVLS efficiency × (heads − 1)/heads × 2, inter[, cap]); the intra speed is the
-    fastest the NVSwitch ports carry for heads + 1 channels (H100: 40 GB/s, B200: 80)."""
-    a, g = arch(topo), topo.gpus_per_node
+    fastest the NVSwitch ports carry for heads + 1 channels (H100: 40 GB/s, B200: 80); at most 32 heads."""
+    a, g = arch(topo), min(topo.gpus_per_node, MAX_NVLS_HEADS)
     speeds = INTRA_SPEEDS[a]
     total = NVLINK_GBPS[a] * NVLINKS[a]
     intra = next((s for s in speeds if s * (g + 1) <= total), speeds[-1])
     per = intra * NVLS_EFFICIENCY[a] * (g - 1) / g * 2
     if topo.nodes == 1:
         return g * min(per, min(2 * intra, speeds[0]))
-    inter = ring_graph(topo).bandwidth * (2 if topo.nodes <= 2 else 1)
-    return topo.network.nics_per_node * min(per, inter, NVLS_TREE_CAP[a][_scale(topo)])
+    heads = topo.network.nics_per_node  # one per NIC rail (a GPU's NICs striped: p5's four per GPU)
+    inter = ring_graph(topo).bus / heads * (2 if topo.nodes <= 2 else 1)
+    return heads * min(per, inter, NVLS_TREE_CAP[a][_scale(topo)])
+
+
+def nvls_pipeline(topo: Topology, nbytes: float) -> float:
+    """The share of NVLS's bandwidth a message fills its pipeline to: k chunks of 128 KiB (NCCL_NVLS_CHUNKSIZE) on
+    each of its channels (16 on Hopper; 24 on one Blackwell node, 32 across), through D stages (the switch's
+    reduction and multicast; across nodes also the send and the receive): k / (k + D − 1). On 2 × 8 H100 it gives
+    0.57, 0.84 and 0.96 at 8, 32 and 128 MiB, where nccl-tests#309's increments show 0.45, 0.83 and 0.97."""
+    channels = NVLS_CHANNELS[arch(topo)][topo.nodes > 1]
+    chunks = max(nbytes / (channels * NVLS_CHUNK), 1e-9)
+    stages = 4 if topo.nodes > 1 else 2
+    return chunks / (chunks + stages - 1)
 
 
 def tree_correction(proto: int, nbytes: float) -> float:
@@ -197,6 +221,10 @@ def algorithm_bandwidth(topo: Topology, op: str, algo: str, proto: int, nbytes: 
     bus = bus_bandwidth(topo, algo, proto) * channels_in_use(topo, op, algo, proto, nbytes)
     if algo == "tree":
         bus *= tree_correction(proto, nbytes)
+    if algo == "nvls":
+        bus *= nvls_pipeline(topo, nbytes)
+        if arch(topo) == "sm100" and topo.nodes > 1:  # tuning.cc: NVLS-tree on Blackwell (x86) takes the tree's table
+            bus *= tree_correction(proto, nbytes)
     p = topo.ranks
     if p < 2:
         return math.inf
