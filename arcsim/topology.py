@@ -473,8 +473,9 @@ def from_name(name: str) -> Topology:
 
     ``Gbps`` is the bandwidth of ONE NIC (per direction); ``xNICs`` the NICs per node (default 1).
     Defaults by fabric: ib 5 µs, roce 7 µs, eth 30 µs end-to-end latency. Inside a node: NVLink for ib
-    and roce, PCIe for eth, unless ``-nvlink`` or ``-pcie`` says otherwise; NVLink carries 300 GB/s per
-    GPU per direction (450 GB/s when each GPU's NICs carry ≥ 400 Gb/s), PCIe 4.0 ×16 25 GB/s; 3 µs. More NICs
+    and roce, PCIe for eth, unless ``-nvlink`` or ``-pcie`` says otherwise; NVLink carries the named GPU's
+    generation (A100 300 GB/s per GPU per direction, H100/H200 450, B200 900), else 450 GB/s when each GPU's NICs
+    carry ≥ 400 Gb/s and 300 below; PCIe 4.0 ×16 25 GB/s; 3 µs. More NICs
     than GPUs are striped, a whole number to each GPU (:func:`rails`).
     """
     m = _NAME_RE.match(name)
@@ -496,7 +497,7 @@ def from_name(name: str) -> Topology:
     if link == "pcie":
         intra = IntraLink("pcie", 25e9, 3e-6)
     else:
-        intra = IntraLink("nvlink", 450e9 if rail_bandwidth * 8 / 1e9 >= 400 else 300e9, 3e-6)
+        intra = IntraLink("nvlink", _nvlink_bandwidth(gpu_names[0] if gpu_names else None, rail_bandwidth), 3e-6)
     return Topology(
         name=name,
         nodes=nodes,
@@ -509,6 +510,17 @@ def from_name(name: str) -> Topology:
         gpu=_gpu(gpu_names[0] if gpu_names else None, name),
         library="nccl",
     )
+
+
+NVLINK_BY_GPU = {"a100": 300e9, "h100": 450e9, "h200": 450e9, "b200": 900e9}  # per GPU per direction: NVLink 3, 4, 5
+
+
+def _nvlink_bandwidth(gpu: str | None, rail_bandwidth: float) -> float:
+    """NVLink per GPU per direction: the GPU's generation when the name gives one (NVLINK_BY_GPU), else 450 GB/s
+    where each GPU's NICs carry ≥ 400 Gb/s (H100-class nodes), 300 GB/s below (A100-class)."""
+    if gpu and gpu.lower() in NVLINK_BY_GPU:
+        return NVLINK_BY_GPU[gpu.lower()]
+    return 450e9 if rail_bandwidth * 8 / 1e9 >= 400 else 300e9
 
 
 def load_yaml(path: Path) -> Topology:
