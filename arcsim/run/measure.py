@@ -292,13 +292,11 @@ def measure_many(steps: Iterable[tuple[int, torch.Tensor]], buckets: list[Bucket
     elements = sum(b.numel for b in buckets)
     out = [Measurement(bc.compressor, bc.density, bc.memory, elements, "flat" if grouping is None else "node")
            for bc in runs]
-    with contextlib.ExitStack() as threads, torch.no_grad():
-        for i, (step, g) in enumerate(steps):
-            if i == 0:
-                threads.enter_context(intra_op_threads(measuring_threads(buckets, g.shape[0])))
+    for i, (step, g) in enumerate(steps):  # (live training yields these: its own threads and autograd)
+        with intra_op_threads(measuring_threads(buckets, g.shape[0])), torch.no_grad():
             for bc, meas in zip(runs, out, strict=True):
                 meas.add(bc.step(step, g, final=i + 1 == count)[1])
-            del g
+        del g
     return out
 
 
