@@ -4,6 +4,7 @@ at a time, and the intra-op thread count a measurement sets is restored (issue 4
 from __future__ import annotations
 
 import dataclasses
+import os
 
 import pytest
 import torch
@@ -25,6 +26,7 @@ def measurements(tmp_path, monkeypatch, processes: str) -> tuple[Analysis, dict]
     return a, {k: dataclasses.asdict(m) for k, m in a._measured.items()}
 
 
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="side by side needs two cores")
 def test_side_by_side_measurements_equal_serial_ones(tmp_path, monkeypatch):
     serial, alone = measurements(tmp_path, monkeypatch, "1")
     forked, ahead = measurements(tmp_path, monkeypatch, "2")
