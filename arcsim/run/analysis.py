@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import multiprocessing
+import os
 import time
 from collections.abc import Callable, Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -39,7 +41,7 @@ from arcsim.run import cache, decisions
 from arcsim.run.buckets import make_buckets
 from arcsim.run.candidates import Candidate, Context, candidates_for, evaluate
 from arcsim.run.compute import ComputeTimes, from_profile, from_trace, mapped
-from arcsim.run.measure import GradientStats, Measurement, measure, measure_many
+from arcsim.run.measure import GradientStats, Measurement, measure, measure_many, measuring_threads
 from arcsim.topology import DEFAULT_TOPOLOGY, Topology, load_topology
 from arcsim.traces.estimates import LIVE_STATE_BYTES_PER_ELEMENT, measuring_seconds
 from arcsim.traces.format import GradientSource, Trace, open_trace
@@ -52,7 +54,34 @@ from arcsim.units import format_bits, format_duration
 MeasurementKey = tuple[str, float, int, "Grouping | None"]  # compressor, density, steps, node grouping (None: flat)
 GRID_ALL_STEPS_ELEMENTS = 2e8  # steps × workers × elements above which the grid uses the first step only
 CACHE_BYTES = 4 * 2**30  # traces up to this size (as stored) are read once and kept in memory
+PARALLEL_PROCESSES = 2  # measure_ahead: processes at most (the machines this was measured on have 2 cores)
+PARALLEL_MIN_MEASUREMENTS = 4  # … and only from this many measurements to run (a fork costs ~0.1 s)
+MEASURING_WALL = "measuring, wall"  # timings: the wall time of all measuring (below the sum where side by side)
+MEASURED_AHEAD = "measured side by side (runs)"  # timings: how many measure_ahead ran, and on how many processes
+MEASURED_AHEAD_PROCESSES = "measured side by side (processes)"
 LIVE_MEMORY_BYTES = 4 * 2**30  # live training: the compressors measured in one pass hold about this much state
+
+
+def measure_processes() -> int:
+    """Processes measure_ahead may use: $ARCSIM_MEASURE_PROCESSES (1: none side by side), else PARALLEL_PROCESSES."""
+    try:
+        return int(os.environ.get("ARCSIM_MEASURE_PROCESSES", PARALLEL_PROCESSES))
+    except ValueError:
+        return PARALLEL_PROCESSES
+
+
+_AHEAD: Analysis | None = None  # the analysis measure_ahead's forked processes measure for
+
+
+def _one_thread() -> None:
+    torch.set_num_threads(1)
+
+
+def _measure_ahead_key(key: MeasurementKey) -> tuple[Measurement, float]:
+    assert _AHEAD is not None, "measure_ahead's processes are forked from the analysis they measure for"
+    started = time.perf_counter()
+    meas = _AHEAD._measure_key(key)
+    return meas, time.perf_counter() - started
 
 
 class RunError(ArcsimError):
@@ -299,6 +328,7 @@ class Analysis:
         self._cached: list[tuple[int, torch.Tensor]] | None = None
         self.gradient_stats = GradientStats()  # the trace's per-step means and norms, shared by its measurements
         self.timings: dict[str, float] = {}
+        self._measuring_wall = 0.0  # seconds of wall time spent measuring (side by side: the wall, not the sum)
 
     def share_measurements(self, other: Analysis) -> None:
         """Reuse ``other``'s compressor runs (same trace and settings, another GPU or topology): bytes and
@@ -387,25 +417,84 @@ class Analysis:
         if isinstance(self.trace, LiveSource):
             self._measure_live(key)
             return self._measured[key]
-        started = time.perf_counter()
         self.progress(f"{compressor} @ {key[1]:g}")
-        memory, timed = self._memory(compressor), self.ctx.gpu is None
+        started = time.perf_counter()
         name = self._cache_name(key)
         meas = cache.load(name)
         if meas is not None:
             self.cached += 1
         else:
-            steps = self.steps() if key[2] == self.trace.steps else itertools.islice(self.steps(), key[2])
-            meas = measure(steps, self.ctx.buckets, compressor, key[1], memory, self.cfg.seed, self.cfg.options,
-                           timed=timed, count=key[2], stats=self.gradient_stats, grouping=grouping)
+            meas = self._measure_key(key)
             cache.save(name, meas)
+        seconds = time.perf_counter() - started
+        self._keep(key, meas, seconds)
+        self._measuring_wall += seconds
+        return meas
+
+    def _measure_key(self, key: MeasurementKey) -> Measurement:
+        """``key`` measured on the trace here (neither read from the cache nor kept there)."""
+        compressor, density, count, grouping = key
+        steps = self.steps() if count == self.trace.steps else itertools.islice(self.steps(), count)
+        return measure(steps, self.ctx.buckets, compressor, density, self._memory(compressor), self.cfg.seed,
+                       self.cfg.options, timed=self.ctx.gpu is None, count=count, stats=self.gradient_stats,
+                       grouping=grouping)
+
+    def _keep(self, key: MeasurementKey, meas: Measurement, seconds: float) -> None:
+        """``meas`` kept in memory for ``key`` (a synthetic sample's records scaled to the full model), and the
+        seconds it took among the timings."""
+        compressor, density, count, grouping = key
         if self.params is not None:  # what the sample sent, at the full model's size
             meas.records = [[[self.params.scale_record(r) for r in recs] for recs in step]
                             for step in meas.records]
         self._measured[key] = meas
-        self.timings[f"measure {compressor} @ {key[1]:g}{'' if hierarchy == 'flat' else ' node-aware'} "
-                     f"({key[2]} steps)"] = time.perf_counter() - started
-        return meas
+        self.timings[f"measure {compressor} @ {density:g}{'' if grouping is None else ' node-aware'} "
+                     f"({count} steps)"] = seconds
+
+    def measure_ahead(self, processes: int | None = None) -> int:
+        """Run the planned measurements that are neither in memory nor in the cache now, spread over
+        ``processes`` forked processes (default: measure_processes(), at most this machine's cores), each on one
+        intra-op thread; the run then finds them in memory. Only for a trace file whose compression is
+        modelled (nothing is timed: timings taken side by side would share the cores) and whose buckets
+        are small (measuring_threads gives them one thread anyway; large ones use torch's threads in one
+        process and their error-feedback state is not doubled). Returns how many were measured so."""
+        todo = self._parallel_todo(processes)
+        if not todo:
+            return 0
+        workers = min(len(todo), processes or measure_processes(), len(os.sched_getaffinity(0)))
+        self._trace_hash()  # the hash thread is done before the fork
+        if isinstance(self.trace, Trace):
+            for _ in self.steps():  # the trace read once, here, and shared (copy-on-write) by the children
+                break
+        global _AHEAD
+        _AHEAD = self
+        started, done = time.perf_counter(), 0
+        try:
+            with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork"),
+                                     initializer=_one_thread) as pool:
+                for key, (meas, seconds) in zip(todo, pool.map(_measure_ahead_key, todo), strict=True):
+                    self.progress(f"{key[0]} @ {key[1]:g}")
+                    cache.save(self._cache_name(key), meas)  # here, not in the children: one writer at a time
+                    self._keep(key, meas, seconds)
+                    done += 1
+        except Exception:  # a measurement's own error, or the pool's: the run measures what is left one at a
+            pass           # time as it asks, and a measurement's error is raised there, in its order
+        finally:
+            _AHEAD = None
+        self._measuring_wall += time.perf_counter() - started
+        if done:
+            self.timings[MEASURED_AHEAD] = float(done)
+            self.timings[MEASURED_AHEAD_PROCESSES] = float(workers)
+        return done
+
+    def _parallel_todo(self, processes: int | None) -> list[MeasurementKey]:
+        """The measurements measure_ahead would spread over processes (none where it would not)."""
+        if (processes or measure_processes()) < 2 or len(os.sched_getaffinity(0)) < 2 or self.ctx.gpu is None \
+                or not isinstance(self.trace, Trace) or "fork" not in multiprocessing.get_all_start_methods() \
+                or multiprocessing.current_process().daemon \
+                or measuring_threads(self.ctx.buckets, self.trace.workers) != 1:
+            return []
+        todo = [k for k in self.planned_keys() if k not in self._measured and not cache.held(self._cache_name(k))]
+        return todo if len(todo) >= PARALLEL_MIN_MEASUREMENTS else []
 
     def _cache_name(self, key: MeasurementKey) -> str:
         compressor, density, steps, grouping = key
@@ -444,6 +533,7 @@ class Analysis:
             self._measured[key] = meas
         self.timings[f"measure live pass {live.passes}: {len(group)} compressor runs ({wanted[2]} steps)"] = \
             time.perf_counter() - started
+        self._measuring_wall += time.perf_counter() - started
 
     def _trace_hash(self) -> str:
         assert self._hash is not None, "only a trace file is measured through the cache"
@@ -464,14 +554,15 @@ class Analysis:
     def run(self) -> RunResult:
         started = time.perf_counter()
         result = self._run()
-        measured = sum(v for k, v in self.timings.items() if k.startswith("measure "))
-        self.timings["pricing, policy, front and crossover"] = time.perf_counter() - started - measured
+        self.timings[MEASURING_WALL] = self._measuring_wall
+        self.timings["pricing, policy, front and crossover"] = time.perf_counter() - started - self._measuring_wall
         result.timings = dict(self.timings)
         result.compute_basis = self.compute_basis
         return result
 
     def _run(self) -> RunResult:
         cfg = self.cfg
+        self.measure_ahead()
         dense_meas = self.measurement("dense", 1.0)
         if not any(r > 0 for step in dense_meas.ref2 for r in step):
             raise RunError(f"every gradient in {self.trace.label} is zero, so no compressor's error can be "

@@ -9,8 +9,9 @@ the gradients are on a GPU).
 
 from __future__ import annotations
 
+import contextlib
 import functools
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -105,22 +106,54 @@ class Measurement:
 
 class GradientStats:
     """What every measurement of the same gradients needs of them, per (trace step, bucket): the workers'
-    mean and each worker's norm — computed by the first measurement, read by the others (two passes over
-    [W, bucket] each, a third of a cheap compressor's measurement on ResNet-50)."""
+    mean, its squared norm and each worker's norm — computed by the first measurement, read by the others
+    (the grid measures ~67 (compressor, density) pairs on the same steps; these depend on neither)."""
 
     def __init__(self) -> None:
         self._means: dict[tuple[int, int], torch.Tensor] = {}
         self._norms: dict[tuple[int, int], torch.Tensor] = {}
+        self._mean2: dict[tuple[int, int], float] = {}
 
     def mean(self, step: int, bucket: int, x: torch.Tensor) -> torch.Tensor:
         if (step, bucket) not in self._means:
             self._means[step, bucket] = x.mean(dim=0, keepdim=True)
         return self._means[step, bucket]
 
+    def mean2(self, step: int, bucket: int, x: torch.Tensor) -> float:
+        """||ḡ||² of the bucket's mean gradient (``x``: the bucket's [W, n] gradients)."""
+        if (step, bucket) not in self._mean2:
+            self._mean2[step, bucket] = float(self.mean(step, bucket, x).pow(2).sum())
+        return self._mean2[step, bucket]
+
     def norms(self, step: int, bucket: int, x: torch.Tensor) -> torch.Tensor:
         if (step, bucket) not in self._norms:
             self._norms[step, bucket] = x.norm(dim=1).clamp_min(1e-30)
         return self._norms[step, bucket]
+
+
+SMALL_WORK_ELEMENTS = 1 << 20  # a bucket of fewer elements over all workers is compressed on one intra-op thread
+
+
+@contextlib.contextmanager
+def intra_op_threads(threads: int | None) -> Iterator[None]:
+    """torch's intra-op threads set to ``threads`` inside (None: left as they are), restored after."""
+    before = torch.get_num_threads()
+    if threads is None or threads == before:
+        yield
+        return
+    torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def measuring_threads(buckets: list[Bucket], workers: int) -> int | None:
+    """The intra-op threads to measure with: one where every bucket is small (its ops last microseconds,
+    and splitting them over threads costs more than it gives — on a 2-core machine shared with other work
+    two threads took 19–50 s where one took 2 s, waiting at every op's barrier for a descheduled thread);
+    None (torch's own) for larger buckets, where two threads measured ~2× faster on an idle machine."""
+    return 1 if max(b.numel for b in buckets) * workers < SMALL_WORK_ELEMENTS else None
 
 
 class BucketedCompression:
@@ -141,6 +174,12 @@ class BucketedCompression:
         self.layouts = [b.layout() for b in buckets]
         self.comm: InProcessComm | None = None
         self.timed = timed  # False where compression is modelled (a catalogue GPU): nothing timed, NaN kept
+        self.timing_threads = torch.get_num_threads()  # one rank's work is timed on the threads it would have
+
+    def _timed(self, *args: Any) -> float:
+        """:func:`one_rank_seconds` on the intra-op threads the process had (a measurement may use fewer)."""
+        with intra_op_threads(self.timing_threads):
+            return one_rank_seconds(*args)
 
     def switch(self, compressor: str, density: float) -> None:
         """Compress with ``compressor`` at ``density`` from now on; the error-feedback memories carry over (what
@@ -174,7 +213,7 @@ class BucketedCompression:
             x = g[:, b.lo:b.hi].float()  # a half-precision step is converted here, a bucket at a time
             mean_g = stats.mean(step, b.index, x)
             if self.node_aware:
-                updates.append(self._node_aware(step, b, x, mean_g, row, final))
+                updates.append(self._node_aware(step, b, x, stats, row, final))
                 continue
             seen: dict[str, float] = {}
 
@@ -183,7 +222,7 @@ class BucketedCompression:
                 raw = u is x  # the memory sent the gradient itself (no feedback yet, or none at all)
                 mean = mean_g if raw else u.mean(dim=0, keepdim=True)
                 seen["err2"] = float((res.aggregate.float() - mean).pow(2).sum())
-                seen["ref2"] = float(mean.pow(2).sum())
+                seen["ref2"] = stats.mean2(step, index, x) if raw else float(mean.pow(2).sum())
                 norms = stats.norms(step, index, x) if raw else u.norm(dim=1).clamp_min(1e-30)
                 seen["gain"] = float((res.contribution.norms(u.shape[1]) / norms).mean())
                 seen["selected"] = float(res.selected.float().mean())
@@ -193,12 +232,12 @@ class BucketedCompression:
                                           final)
             updates.append(out)
             if not seen:  # sent dense this step (EF21's first step): exact
-                seen = {"err2": 0.0, "ref2": float(mean_g.pow(2).sum()), "gain": 1.0, "selected": float(b.numel)}
+                seen = {"err2": 0.0, "ref2": stats.mean2(step, b.index, x), "gain": 1.0, "selected": float(b.numel)}
             row["records"].append(comm.log.since(mark))
             row["upd2"].append(float((out.float() - mean_g).pow(2).sum()))
-            row["raw2"].append(float(mean_g.pow(2).sum()))
+            row["raw2"].append(stats.mean2(step, b.index, x))
             if b.index not in self.one_rank:
-                self.one_rank[b.index] = float("nan") if not self.timed else one_rank_seconds(
+                self.one_rank[b.index] = float("nan") if not self.timed else self._timed(
                     x, self.compressor, self.density, self.memory, self.seed + b.index, self.options,
                     self.layouts[b.index])
             row["compress_s"].append(self.one_rank[b.index])
@@ -206,9 +245,10 @@ class BucketedCompression:
                 row[key].append(seen[key])
         return updates, row
 
-    def _node_aware(self, step: int, b: Bucket, x: torch.Tensor, mean_g: torch.Tensor, row: dict[str, list],
+    def _node_aware(self, step: int, b: Bucket, x: torch.Tensor, stats: GradientStats, row: dict[str, list],
                     final: bool) -> torch.Tensor:
         """One bucket compressed node-aware (arcsim.compressors.hierarchy); its row entries appended."""
+        mean_g = stats.mean(step, b.index, x)
         node = self.node_aware[b.index]
         out, records, st = node.step(x, step, final)
         reference = st.compressed_mean()
@@ -216,12 +256,12 @@ class BucketedCompression:
         row["err2"].append(float((out - reference).pow(2).sum()))
         row["ref2"].append(float(reference.pow(2).sum()))
         row["upd2"].append(float((out - mean_g).pow(2).sum()))
-        row["raw2"].append(float(mean_g.pow(2).sum()))
+        row["raw2"].append(stats.mean2(step, b.index, x))
         row["gain"].append(st.gain)
         row["selected"].append(float(st.selected.mean()))
         if b.index not in self.one_rank:  # one rank's work: its slice, as priced (n / G of the priced node)
             lo, hi = node.bounds[0]
-            self.one_rank[b.index] = float("nan") if not self.timed else node.grouping.slice_scale * one_rank_seconds(
+            self.one_rank[b.index] = float("nan") if not self.timed else node.grouping.slice_scale * self._timed(
                 node.node_means(x)[:, lo:hi].contiguous(), self.compressor, self.density, self.memory,
                 self.seed + b.index, self.options, node.layouts[0])
         row["compress_s"].append(self.one_rank[b.index])
@@ -252,9 +292,10 @@ def measure_many(steps: Iterable[tuple[int, torch.Tensor]], buckets: list[Bucket
     elements = sum(b.numel for b in buckets)
     out = [Measurement(bc.compressor, bc.density, bc.memory, elements, "flat" if grouping is None else "node")
            for bc in runs]
-    for i, (step, g) in enumerate(steps):
-        for bc, meas in zip(runs, out, strict=True):
-            meas.add(bc.step(step, g, final=i + 1 == count)[1])
+    for i, (step, g) in enumerate(steps):  # (live training yields these: its own threads and autograd)
+        with intra_op_threads(measuring_threads(buckets, g.shape[0])), torch.no_grad():
+            for bc, meas in zip(runs, out, strict=True):
+                meas.add(bc.step(step, g, final=i + 1 == count)[1])
         del g
     return out
 

@@ -12,7 +12,7 @@ from rich.console import Console
 from rich.table import Table
 
 from arcsim.files import write_atomic
-from arcsim.run.analysis import RunResult
+from arcsim.run.analysis import MEASURED_AHEAD, MEASURED_AHEAD_PROCESSES, MEASURING_WALL, RunResult
 from arcsim.run.candidates import Candidate
 from arcsim.run.decisions import UNUSABLE_ERROR, UNUSABLE_NOTE, Crossover, ParetoPoint, usable
 from arcsim.units import format_size
@@ -182,8 +182,12 @@ def _render_timings(result: RunResult, console: Console) -> None:
     measuring = {k.removeprefix("measure "): v for k, v in result.timings.items() if k.startswith("measure ")}
     rest = result.timings.get("pricing, policy, front and crossover", 0.0)
     slowest = sorted(measuring.items(), key=lambda kv: -kv[1])[:3]
-    console.print(f"[dim]analysis took {sum(measuring.values()) + rest:.1f} s: running compressors on the gradients "
-                  f"{sum(measuring.values()):.1f} s ({len(measuring)} runs; slowest "
+    wall = result.timings.get(MEASURING_WALL, sum(measuring.values()))
+    ahead = int(result.timings.get(MEASURED_AHEAD, 0))
+    side = (f"{ahead} side by side on {int(result.timings[MEASURED_AHEAD_PROCESSES])} processes, "
+            f"{sum(measuring.values()):.1f} s of work; " if ahead else "")
+    console.print(f"[dim]analysis took {wall + rest:.1f} s: running compressors on the gradients "
+                  f"{wall:.1f} s ({len(measuring)} runs; {side}slowest "
                   + ", ".join(f"{k} {v:.1f} s" for k, v in slowest) + f"), pricing and the rest {rest:.1f} s[/]")
 
 
