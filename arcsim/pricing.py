@@ -11,14 +11,17 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from arcsim.collectives import ALGORITHM_NAMES, PIPELINED, Schedule, build, busbw_factor, normalize_op
-from arcsim.collectives.libraries import Choice, get_library
+from arcsim.collectives.libraries import LIBRARIES, Choice, get_library
 from arcsim.collectives.limits import TooMuchWork
 from arcsim.comm.log import GROUPS, CommRecord
 from arcsim.errors import CollectiveError
 from arcsim.netsim import ENGINES, estimate
 from arcsim.topology import Topology
 
-ALGO_CHOICES = (*ALGORITHM_NAMES, "auto", "all")
+# the catalogue's algorithms, those a library runs on other steps (NCCL's NVLS), and the library's own choice or all
+ALGO_CHOICES = (*dict.fromkeys([*ALGORITHM_NAMES, *(a for lib in LIBRARIES.values() for algos in
+                                                   getattr(lib, "offered", {}).values() for a in algos)]),
+                "auto", "all")
 
 
 @dataclass(frozen=True)
@@ -80,13 +83,13 @@ def plan(topo: Topology, op: str, algo: str, nbytes: float, chunks: int | None =
     built: dict[tuple[str, int | None], Schedule] = {}  # protocols share a schedule unless it prices its chunks
     for c in choices:
         links = c.protocol.links(topo)
-        shareable = c.chunks is not None or (op, c.algo) not in PIPELINED
+        shareable = c.chunks is not None or (op, c.steps) not in PIPELINED
         try:
-            schedule = built.get((c.algo, c.chunks)) if shareable else None
+            schedule = built.get((c.steps, c.chunks)) if shareable else None
             if schedule is None:
-                schedule = build(op, c.algo, nbytes, links, c.chunks)
+                schedule = build(op, c.steps, nbytes, links, c.chunks)
                 if shareable:
-                    built[(c.algo, c.chunks)] = schedule
+                    built[(c.steps, c.chunks)] = schedule
             plans.append(Plan(c, schedule, c.protocol.time_s(estimate(schedule, links, "analytic").time_s, nbytes)))
         except TooMuchWork as exc:
             refused.append(str(exc))

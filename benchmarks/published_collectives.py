@@ -33,6 +33,7 @@ from arcsim.topology import Topology, load_topology
 DATA = Path(__file__).resolve().parent / "published" / "nccl_tests.csv"
 BANDS = ("< 64 KiB", "64 KiB – 64 MiB", "≥ 64 MiB")
 GRID_US = np.arange(0.0, 150.5, 0.5)
+UNFITTED = ("rdma", "tcp")  # 0 by NCCL's own latencies (RDMA on Hopper); no published table (plain sockets)
 
 
 def band(nbytes: float) -> str:
@@ -109,7 +110,7 @@ def fit(training: list[Row]) -> dict[str, float]:
     none takes the value fitted on all of them pooled (RDMA without the flush: 0, NCCL's own latencies)."""
     by_kind: dict[str, list[Row]] = defaultdict(list)
     for r in training:
-        if r.fitted and r.kind != "rdma":
+        if r.fitted and r.kind not in UNFITTED:
             by_kind[r.kind].append(r)
 
     def best(rs: list[Row]) -> float:
@@ -119,7 +120,7 @@ def fit(training: list[Row]) -> dict[str, float]:
         return float(GRID_US[int(np.argmin(loss))])
 
     pooled = best([r for rs in by_kind.values() for r in rs])  # one value for every kind
-    return {k: best(by_kind[k]) if by_kind.get(k) else 0.0 if k == "rdma" else pooled for k in NET_STEP_US}
+    return {k: best(by_kind[k]) if by_kind.get(k) else 0.0 if k in UNFITTED else pooled for k in NET_STEP_US}
 
 
 def mape(values: list[float]) -> float:
@@ -159,7 +160,7 @@ def report(show_rows: bool) -> dict[str, dict[str, dict[str, float]]]:
         print(f"{source:15} {b:16} {len(models['ideal']):>4}  " +
               " ".join(f"{mape(models[m]):>6.1f}" for m in ("ideal", "terms", "committed")) +
               f" {mape(models['held_out']):>8.1f}")
-    for name, keep in (("all", lambda t: True), ("RDMA and EFA", lambda t: not t.startswith("tcp"))):
+    for name, keep in (("all", lambda t: True), ("RDMA and EFA", lambda t: t.startswith(("rdma", "efa")))):
         for b in BANDS:
             pooled = {m: [e for (s, bb), ms in errors.items() if bb == b for e, t in zip(ms[m], ms["transport"],
                                                                                           strict=True) if keep(t)]

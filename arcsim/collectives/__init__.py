@@ -109,7 +109,6 @@ ALGORITHMS: dict[str, dict[str, Builder]] = {
         "rd": _plain(lambda t, n: recursive.doubling_all_reduce(t.ranks, n)),
         "binomial": _plain(lambda t, n: tree.binomial_reduce(t.ranks, n) + tree.binomial_broadcast(t.ranks, n)),
         "hierarchical": _plain(_hierarchical_all_reduce),
-        "nvls": _plain(_hierarchical_all_reduce),  # NVLink SHARP: reduced in the switch inside nodes, rails between
     },
     "allgather": {
         "ring": _over_rings(ring.all_gather),

@@ -72,6 +72,11 @@ class Choice:
     algo: str
     protocol: Protocol
     chunks: int | None = None
+    schedule: str = ""  # the catalogue's steps it runs on, when not its own name's (NCCL's NVLS: hierarchical)
+
+    @property
+    def steps(self) -> str:
+        return self.schedule or self.algo
 
 
 class Library(ABC):

@@ -32,8 +32,9 @@ HOP_US = {
 UNBOUND = 1e3  # × the links' bandwidth: steps that contribute their latencies only (the ceiling prices the bytes)
 NVLS_US, NVLS_TREE_NET_US = 25.0, 20.9  # hwLatencies: NVLink NVLS Simple; NET NVLS-tree Simple
 # fitted (µs per network crossing on all channels, by transport): benchmarks/published_collectives.py --fit; RDMA
-# without the flush is 0 by NCCL's own latencies (2 × 8 H100 over 8 × 400 Gb/s IB: 13 % MAPE in the mid band)
-NET_STEP_US = {"rdma": 0.0, "rdma+flush": 11.5, "efa": 20.5, "efa+flush": 87.5, "tcp": 64.0}
+# without the flush is 0 by NCCL's own latencies (2 × 8 H100 over 8 × 400 Gb/s IB: 13 % MAPE in the mid band), and
+# plain sockets 0 too: no published table of NCCL over kernel TCP was found to fit one on
+NET_STEP_US = {"rdma": 0.0, "rdma+flush": 11.5, "efa": 20.5, "efa+flush": 87.5, "tcpx": 64.0, "tcp": 0.0}
 NET_OVERHEAD_US = 1.0  # getNetOverhead (x86 Intel): every step of a ring that spans nodes, ×3 for Simple
 # Bus-bandwidth factors (tuning.cc "model refinements"): ring LL ×0.5, LL128 ×0.92; tree all-reduce ×0.92
 # and then LL ×1/3.8, LL128 ×120/128 across nodes (7/9 in one node)
@@ -110,12 +111,14 @@ def proxy_s(op: str, algo: str, proto: int, topo: Topology, nbytes: float) -> fl
 
 
 def transport(topo: Topology) -> str:
-    """How NCCL's proxy reaches the network, for its per-crossing cost: RDMA (InfiniBand, RoCE), EFA or TCP
-    (ethernet: sockets, GPUDirect-TCPX/O), "+flush" where the receiver flushes GPUDirect writes (GPUs before
-    Hopper: ncclTopoNeedFlush)."""
+    """How NCCL's proxy reaches the network, for its per-crossing cost: RDMA (InfiniBand, RoCE), EFA, Google's
+    GPUDirect-TCPX/O (network kind gpudirect-tcpx or -tcpxo) or plain TCP sockets (ethernet); "+flush" where the
+    receiver flushes GPUDirect writes (GPUs before Hopper: ncclTopoNeedFlush)."""
     kind = topo.network.kind.lower()
+    if kind.startswith("gpudirect-tcp"):
+        return "tcpx"
     base = "rdma" if kind in ("infiniband", "roce") else "efa" if kind == "efa" else "tcp"
-    return f"{base}+flush" if base != "tcp" and tuning.arch(topo) == "sm80" else base
+    return f"{base}+flush" if base in ("rdma", "efa") and tuning.arch(topo) == "sm80" else base
 
 
 def ring_steps(op: str, topo: Topology) -> tuple[int, int]:
@@ -174,7 +177,7 @@ class Nccl(Library):
         out = []
         for a in algos:
             if a == "nvls":
-                out.append(Choice(a, protocol(op, a, 2, topo, nbytes)))
+                out.append(Choice(a, protocol(op, a, 2, topo, nbytes), schedule="hierarchical"))
                 continue
             for p in range(len(PROTOCOLS)):
                 proto = protocol(op, a, p, topo, nbytes)
