@@ -97,6 +97,39 @@ def rails(nics: int, bandwidth_per_nic: float, gpus: int, where: str) -> tuple[i
 
 
 @dataclass(frozen=True)
+class Effects:
+    """What a synchronous data-parallel step pays beyond its collectives' own schedule, and what grows with the
+    rank count where the schedule's terms do not (arcsim/run/effects.py prices them; docs/run.md says whence each):
+
+    - ``compute_cv``: σ/μ of one rank's compute time per step. Every bucket's all-reduce waits for the slowest rank,
+      so the step's compute is the expected maximum of p draws: μ (1 + cv · E[max of p standard normals]).
+    - ``step_jitter_s``: the mean extra time (exponential) of one network crossing in one step of a collective
+      over TCP (retransmits, interrupt coalescing, socket wake-ups). A ring step ends when its slowest crossing
+      does, so a collective over N nodes pays steps × H_N × this (H_N: the N-th harmonic number, E[max of N
+      exponentials]); 2(p − 1) steps for a ring all-reduce.
+    - ``interference``: backward slowed by this fraction of the communication it overlaps (the collective's
+      kernels take SMs and memory bandwidth; over sockets the host copies through pinned buffers too).
+    """
+
+    compute_cv: float = 0.0
+    step_jitter_s: float = 0.0
+    interference: float = 0.0
+
+    @property
+    def none(self) -> bool:
+        return self.compute_cv == 0 and self.step_jitter_s == 0 and self.interference == 0
+
+    def to_dict(self) -> dict[str, float]:
+        return {"compute_cv": self.compute_cv, "step_jitter_s": self.step_jitter_s, "interference": self.interference}
+
+
+NO_EFFECTS = Effects()
+# Ethernet (TCP) clusters by default: fitted by benchmarks/published_scaling.py --fit on the dense-scaling series
+# of benchmarks/published/dense_scaling.csv marked fit=1 (held-out error printed there and in docs/run.md)
+ETH_EFFECTS = Effects(compute_cv=0.02, step_jitter_s=0.0, interference=0.2)
+
+
+@dataclass(frozen=True)
 class Band:
     """A measured line for collectives of at most ``up_to`` bytes (the small-message regime)."""
 
@@ -163,6 +196,7 @@ class Topology:
     gamma: float = 0.0  # s per byte reduced
     stragglers: Mapping[int, float] = field(default_factory=dict)  # rank -> compute slowdown (>= 1)
     jitter: float = 0.0  # mean extra latency per message, as a fraction of the link latency
+    effects: Effects = NO_EFFECTS  # stragglers by distribution, TCP step jitter, interference (arcsim.run.effects)
     description: str = ""
     source: str = ""
     calibration: Mapping[str, Calibrated] = field(default_factory=dict)  # op → measured fit (arcsim calibrate)
@@ -300,6 +334,7 @@ class Topology:
             "gamma_s_per_byte": self.gamma,
             "stragglers": {str(k): v for k, v in sorted(self.stragglers.items())},
             "jitter": self.jitter,
+            "effects": self.effects.to_dict(),
         }
         if self.calibration:
             out["calibration"] = _fits_dict(self.calibration)
@@ -330,6 +365,10 @@ class Topology:
             ("reduction γ", f"{self.gamma:g} s/byte"),
             ("stragglers", ", ".join(f"rank {r}: {s:g}×" for r, s in sorted(self.stragglers.items())) or "none"),
             ("latency jitter", f"{self.jitter:g} × latency (mean, exponential)" if self.jitter else "none"),
+            ("step effects", "none" if self.effects.none else
+             f"compute σ/μ {self.effects.compute_cv:g} (the slowest of {self.ranks} ranks), "
+             f"{format_duration(self.effects.step_jitter_s)} mean jitter per network step, "
+             f"backward slowed {self.effects.interference:g} × the communication it overlaps"),
         ]
         measured = [("", op, c) for op, c in self.calibration.items()] + [
             (f"{group} ", op, c) for group, fits in self.group_calibration.items() for op, c in fits.items()]
@@ -382,6 +421,9 @@ def _validate(t: Topology) -> None:
     for label, value in (("gamma", t.gamma), ("jitter", t.jitter)):
         if not (math.isfinite(value) and value >= 0):
             raise bad(f"{label} must be a finite number ≥ 0 (got {value:g})")
+    for label, value in t.effects.to_dict().items():
+        if not (math.isfinite(value) and value >= 0):
+            raise bad(f"effects.{label} must be a finite number ≥ 0 (got {value:g})")
     for rank, slow in t.stragglers.items():
         if not 0 <= rank < t.ranks:
             raise bad(f"straggler rank {rank} is outside 0..{t.ranks - 1}")
@@ -509,6 +551,7 @@ def from_name(name: str) -> Topology:
         source="name grammar",
         gpu=_gpu(gpu_names[0] if gpu_names else None, name),
         library="nccl",
+        effects=ETH_EFFECTS if fab == "eth" else NO_EFFECTS,
     )
 
 
@@ -569,8 +612,15 @@ def from_dict(raw: Mapping[str, Any], source: str = "", default_name: str = "cus
         raise TopologyError(f"{source}: calibration_groups has {', '.join(map(str, unknown_groups))}; measured groups "
                             f"are {', '.join(CALIBRATED_GROUPS)}")
     group_calibration = {g: _calibration(fits or {}, source, f"calibration_groups.{g}.") for g, fits in groups.items()}
+    effects_raw = reader.mapping("effects", required=False)
+    effects_reader = _FieldReader(effects_raw or {}, source, "effects.")
+    base = ETH_EFFECTS if network.kind.lower() in ("ethernet", "eth", "tcp") else NO_EFFECTS
+    effects = Effects(compute_cv=effects_reader.number("compute_cv", default=base.compute_cv),
+                      step_jitter_s=effects_reader.quantity("step_jitter", parse_duration, default=base.step_jitter_s),
+                      interference=effects_reader.number("interference", default=base.interference))
+    effects_reader.reject_unknown({"compute_cv", "step_jitter", "interference"})
     reader.reject_unknown({"name", "description", "nodes", "gpus_per_node", "intra", "network", "gamma",
-                           "stragglers", "jitter", "calibration", "calibration_groups", "gpu",
+                           "stragglers", "jitter", "effects", "calibration", "calibration_groups", "gpu",
                            "library"})
     intra_reader.reject_unknown({"kind", "bandwidth", "latency"})
     net_reader.reject_unknown({"kind", "nics_per_node", "bandwidth_per_nic", "latency", "fabric",
@@ -584,6 +634,7 @@ def from_dict(raw: Mapping[str, Any], source: str = "", default_name: str = "cus
         gamma=reader.number("gamma", default=0.0),
         stragglers=stragglers,
         jitter=reader.number("jitter", default=0.0),
+        effects=effects,
         description=reader.text("description", default=""),
         source=source,
         calibration=calibration,

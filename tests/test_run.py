@@ -252,7 +252,8 @@ def test_matching_ranks_drop_the_extrapolation_note_and_profile_replaces_compute
     r = run_cli("trace", "profile", "--model", "cnn", "--batch", "16", "--repeats", "2", "--out", str(prof))
     assert r.returncode == 0, r.stderr
     out = tmp_path / "r.json"
-    r = run_cli("run", "-t", "8x1-eth10", "-c", "dense,topk", "--ratios", "0.01", "--compute-profile", str(prof),
+    # ib: no step effects (an ethernet topology's stragglers and interference lengthen compute_s; run/effects.py)
+    r = run_cli("run", "-t", "8x1-ib10", "-c", "dense,topk", "--ratios", "0.01", "--compute-profile", str(prof),
                 "--json", str(out))
     assert r.returncode == 0, r.stderr
     res = json.loads(out.read_text())

@@ -79,7 +79,12 @@ if TYPE_CHECKING:  # torch stays unimported until a command needs it
 @click.option("--latency", default=None,
               help="One-way network latency per message instead of the topology's, e.g. 2us.")
 @click.option("--bucket-mb", default=25.0, show_default=True, type=Number(above=0, maximum=1e6),
-              help="DDP bucket cap (MiB of fp32).")
+              help="DDP bucket cap (MiB of fp32); with --framework horovod the fusion threshold (default there 64).")
+@click.option("--framework", type=click.Choice(["ddp", "horovod"]), default="ddp", show_default=True,
+              help="ddp: DDP buckets sent as each is ready; horovod: tensors ready in one cycle fused into buffers "
+                   "of the fusion threshold, sparsified tensors all-gathered one by one (docs/run.md).")
+@click.option("--cycle-ms", default=None, type=Number(minimum=0),
+              help="Horovod's cycle time (HOROVOD_CYCLE_TIME; default 1 ms, 5 in versions before 0.21).")
 @click.option("--fusion", type=click.Choice([*FUSIONS, "both"]), default="bucket", show_default=True,
               help="bucket: DDP buckets, each compressed and sent as its gradients are ready; model: the whole "
                    "gradient as one vector after backward (as the AR-Top-k and Gaussian-k reference code); both: "
@@ -126,7 +131,8 @@ def run(topology: str, trace: str | None, no_capture: bool, params: str | None, 
         workers: int, steps: int, live_device: str,
         compressors: str, density: float, memory: str | None,
         engine: str, library: str | None, bandwidth: str | None, latency: str | None, bucket_mb: float,
-        fusion: str, hierarchy: str, policy: str, slack: float, ratios: tuple[float, ...],
+        framework: str, cycle_ms: float | None, fusion: str, hierarchy: str, policy: str, slack: float,
+        ratios: tuple[float, ...],
         weights: tuple[float, float] | None,
         gpu: str | None, batch: int | None, precision: str | None, compare_gpu: str | None, compute_profile: str | None,
         seed: int,
@@ -149,7 +155,7 @@ def run(topology: str, trace: str | None, no_capture: bool, params: str | None, 
                     latency=parse_duration(latency) if latency else None,
                     fusion="bucket" if fusion == "both" else fusion,
                     params=parse_params(params) if params is not None else None, layers=layers, live=training,
-                    hierarchy=hierarchy)
+                    hierarchy=hierarchy, framework=framework, cycle_ms=cycle_ms)
     cfg.check()
     network_schedule = None
     if schedule is not None:

@@ -38,9 +38,9 @@ from arcsim.models.source import input_of_trace, source_of_trace
 from arcsim.netsim import ENGINES
 from arcsim.pricing import Pricer
 from arcsim.run import cache, decisions
-from arcsim.run.buckets import make_buckets
 from arcsim.run.candidates import Candidate, Context, candidates_for, evaluate
 from arcsim.run.compute import ComputeTimes, from_profile, from_trace, mapped
+from arcsim.run.frameworks import DDP_BUCKET_MB, FRAMEWORKS, framework_message, get_framework
 from arcsim.run.measure import GradientStats, Measurement, measure, measure_many, measuring_threads
 from arcsim.topology import DEFAULT_TOPOLOGY, Topology, load_topology
 from arcsim.traces.estimates import LIVE_STATE_BYTES_PER_ELEMENT, measuring_seconds
@@ -120,6 +120,8 @@ class RunConfig:
     layers: int | None = None           # its layer count (default DEFAULT_LAYERS)
     live: TrainingConfig | None = None  # gradients from live data-parallel training instead of a trace
     hierarchy: str = "flat"             # flat | node | both (arcsim.compressors.hierarchy)
+    framework: str = "ddp"              # ddp | horovod: how gradients are grouped and issued (arcsim.run.frameworks)
+    cycle_ms: float | None = None       # Horovod's cycle time (None: HOROVOD_CYCLE_TIME's default, 1 ms)
 
     @property
     def hierarchies(self) -> tuple[str, ...]:
@@ -181,6 +183,10 @@ class RunConfig:
             self.params_model()  # checks the layer count
         elif self.layers is not None:
             raise RunError("--layers goes with --params (the layer count of that synthetic model)")
+        if self.framework not in FRAMEWORKS:
+            raise RunError(framework_message(self.framework))
+        if self.cycle_ms is not None and (self.framework != "horovod" or not self.cycle_ms >= 0):
+            raise RunError("--cycle-ms is Horovod's cycle time (≥ 0): give it with --framework horovod")
         if self.fusion not in FUSIONS:
             raise RunError(fusion_message(self.fusion))
         if self.library is not None:
@@ -316,9 +322,12 @@ class Analysis:
         else:
             compute = from_trace(self.trace)
         cap = float("inf") if cfg.fusion == "model" else cfg.bucket_mb * 2**20 / scale  # a sample's: scaled down
-        buckets = make_buckets(self.trace.layers, compute.ready_s.tolist(), cap)
+        fw = get_framework(cfg.framework, None if cfg.cycle_ms is None else cfg.cycle_ms * 1e-3)
+        if cfg.framework != "ddp" and cfg.fusion != "model":
+            cap = (cfg.bucket_mb if cfg.bucket_mb != DDP_BUCKET_MB else fw.default_bucket_mb) * 2**20 / scale
+        buckets = fw.buckets(self.trace.layers, compute.ready_s.tolist(), cap)
         self.ctx = Context(self.trace, self.topo, compute, buckets, cfg.engine, cfg.compress_scale, self.gpu,
-                           cfg.scope, numel_scale=scale)
+                           cfg.scope, numel_scale=scale, framework=cfg.framework)
         self.pricer = Pricer(self.topo, cfg.engine)
         self.grouping: Grouping | None = None
         if "node" in cfg.hierarchies:
@@ -607,6 +616,9 @@ class Analysis:
     def _dense_algo(self) -> str:
         return "measured" if "allreduce" in self.topo.calibration else "ring"
 
+    def _cycle_ms(self) -> float:
+        return get_framework("horovod", None if self.cfg.cycle_ms is None else self.cfg.cycle_ms * 1e-3).cycle_s * 1e3
+
     def _timed_on(self) -> str:
         """Where compression is timed when it is measured: the GPU of a live CUDA run, else this CPU."""
         on_gpu = self.cfg.live is not None and self.cfg.live.on_gpu
@@ -624,6 +636,11 @@ class Analysis:
                     "arctopk: rows per layer), as the reference implementations"
                     if self.cfg.scope == "tensor" else "one k over each whole bucket") + " (--scope)",
                  (f"{len(ctx.buckets)} bucket(s) of ≤ {self.cfg.bucket_mb:g} MiB fp32"
+                  if self.cfg.fusion == "bucket" and self.cfg.framework == "ddp" else
+                  f"Horovod: {len(ctx.buckets)} fused all-reduce buffer(s) of tensors ready in the same "
+                  f"{self._cycle_ms():g} ms "
+                  "cycle, ≤ the fusion threshold (64 MiB unless --bucket-mb); all-gathered (sparsified) tensors "
+                  "gathered one tensor at a time, not fused"
                   if self.cfg.fusion == "bucket" else "fusion model: the whole gradient compressed and sent as one "
                   "vector after backward (latency paid once, no overlap)")
                  + f"; collectives as {topo.library} runs them ({get_library(topo.library).summary}), priced by the "

@@ -16,8 +16,10 @@ from arcsim.devices.catalog import Device
 from arcsim.devices.kernels import compress_seconds
 from arcsim.errors import ArcsimError
 from arcsim.pricing import Pricer, algorithms_for
+from arcsim.run import effects
 from arcsim.run.buckets import Bucket
 from arcsim.run.compute import ComputeTimes
+from arcsim.run.frameworks import get_framework
 from arcsim.run.measure import Measurement
 from arcsim.run.timeline import Timeline, iteration
 from arcsim.topology import Topology
@@ -77,6 +79,7 @@ class Context:
     gpu: Device | None = None  # compression modelled on this device (arcsim.devices.kernels); None: measured here
     scope: str = "tensor"      # the top-k family's selection scope (kernel counts differ per scope)
     numel_scale: float = 1.0   # full-model elements per bucket element (--params runs on a scaled-down sample)
+    framework: str = "ddp"     # how collectives are grouped and issued (arcsim.run.frameworks)
 
     def scale_for(self, compressor: str) -> float:
         """What ``compressor``'s measured compression time is multiplied by (a --params sample's size ratio too)."""
@@ -125,9 +128,16 @@ def step_timeline(step_records: list[list[CommRecord]], compress: list[float], c
     """One step's iteration with ``collective`` for ``op`` (default: the step's main op), and each bucket's
     communication."""
     algos = {op or main_op_of(step_records): collective}
-    comm = [sum(p.time_s for p in pricer.records(recs, algos)) for recs in step_records]
-    return iteration(ctx.compute.forward_s, ctx.compute.backward_s, [b.ready_s for b in ctx.buckets], compress,
-                     comm, ctx.compute.after_s), comm
+    topo = ctx.topo
+    if ctx.framework != "ddp":  # e.g. Horovod all-gathers each tensor on its own
+        fw = get_framework(ctx.framework)
+        step_records = [fw.records(b, recs) for b, recs in zip(ctx.buckets, step_records, strict=True)]
+    comm = [sum(p.time_s for p in pricer.records(recs, algos)) + effects.records_jitter_s(recs, topo)
+            for recs in step_records]
+    slow = effects.compute_factor(topo)  # the slowest rank's compute (1 without effects)
+    return iteration(ctx.compute.forward_s * slow, ctx.compute.backward_s * slow,
+                     [b.ready_s * slow for b in ctx.buckets], compress, comm, ctx.compute.after_s,
+                     topo.effects.interference), comm
 
 
 def step_timelines(meas: Measurement, collective: str, ctx: Context,

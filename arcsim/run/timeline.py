@@ -6,7 +6,10 @@ Model (what a DDP comm hook on a GPU does):
   finished (one collective at a time, in bucket order, as NCCL's single stream does);
 - the iteration ends when both backward and the last communication are done, and then the work that needs
   the reduced gradients (``after_s``: the optimizer step and DDP's copy of each bucket's result back into
-  the gradients, where a profile measured them). Exposed communication is what remains after the compute
+  the gradients, where a profile measured them);
+- communication slows the backward it overlaps: the compute stream ends later by ``interference`` × the
+  communication that ran before it would have ended (first order: the buckets' ready times are not moved).
+  Exposed communication is what remains after the compute
   stream (forward, backward, compression) has finished.
 """
 
@@ -28,9 +31,10 @@ class Timeline:
 
 
 def iteration(forward_s: float, backward_s: float, ready_s: Sequence[float], compress_s: Sequence[float],
-              comm_s: Sequence[float], after_s: float = 0.0) -> Timeline:
+              comm_s: Sequence[float], after_s: float = 0.0, interference: float = 0.0) -> Timeline:
     """Buckets in order; ``ready_s`` from the start of backward (non-decreasing); ``after_s`` follows the last
-    communication and the backward both."""
+    communication and the backward both; ``interference``: backward's slowdown per second of communication it
+    overlaps (arcsim.topology.Effects)."""
     shift = 0.0
     link_free = 0.0
     starts, ends = [], []
@@ -41,6 +45,9 @@ def iteration(forward_s: float, backward_s: float, ready_s: Sequence[float], com
         starts.append(start)
         ends.append(link_free)
     compute_end = forward_s + backward_s + shift
+    if interference:
+        overlap = sum(max(0.0, min(e, compute_end) - s) for s, e in zip(starts, ends, strict=True))
+        compute_end += interference * overlap
     end = max(compute_end, link_free)
-    return Timeline(end + after_s, forward_s + backward_s + after_s, shift, float(sum(comm_s)), end - compute_end,
+    return Timeline(end + after_s, compute_end - shift + after_s, shift, float(sum(comm_s)), end - compute_end,
                     tuple(starts), tuple(ends))

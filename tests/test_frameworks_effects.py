@@ -1,0 +1,92 @@
+"""Issue 39: dense scaling over TCP (topology effects) and Horovod's fusion and per-tensor all-gathers."""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+
+import pytest
+
+from arcsim.comm.log import record
+from arcsim.compressors.base import Layer
+from arcsim.run import effects
+from arcsim.run.buckets import Bucket
+from arcsim.run.frameworks import get_framework, horovod_buffers, per_tensor_allgathers
+from arcsim.run.scaling import dense_step
+from arcsim.run.timeline import iteration
+from arcsim.topology import NO_EFFECTS, Effects, from_dict, load_topology
+from arcsim.traces.profile import ComputeProfile, LayerTiming
+
+
+def _profile() -> ComputeProfile:
+    """A ResNet-50-sized model (25.6 M parameters in 16 layers) with 60 ms forward and 120 ms backward on one GPU."""
+    layers = [LayerTiming(f"l{i}", 1_600_000, 0.120 * (i + 1) / 16) for i in range(16)]
+    return ComputeProfile("toy", 64, "cuda", "V100", 0.060, 0.120, layers, "profile")
+
+
+def test_dense_scaling_over_eth10_falls_with_nodes_where_it_did_not_before() -> None:
+    prof = _profile()
+    with_effects = [dense_step(prof, load_topology(f"{n}x4-eth100-v100-nvlink")).efficiency for n in (2, 4, 8)]
+    without = [dense_step(prof, dataclasses.replace(load_topology(f"{n}x4-eth100-v100-nvlink"), effects=NO_EFFECTS)
+                          ).efficiency for n in (2, 4, 8)]
+    assert all(a > b for a, b in itertools.pairwise(with_effects))  # falls with every doubling
+    assert with_effects[-1] < without[-1] - 0.02                                  # by more than the schedule's
+    assert without[0] - without[-1] < 0.02                                         # which alone barely moves
+
+
+def test_ethernet_defaults_and_yaml() -> None:
+    assert not load_topology("2x4-eth10").effects.none
+    assert load_topology("2x4-ib100").effects.none
+    raw = {"nodes": 2, "gpus_per_node": 1, "network": {"kind": "infiniband", "bandwidth_per_nic": "100Gbps",
+                                                       "latency": "5us"},
+           "effects": {"compute_cv": 0.03, "step_jitter": "40us", "interference": 0.1}}
+    assert from_dict(raw).effects == Effects(0.03, 40e-6, 0.1)
+    with pytest.raises(Exception, match="compute_cv"):
+        from_dict({**raw, "effects": {"compute_cv": -1}})
+
+
+def test_straggler_is_the_expected_maximum_of_p_normals() -> None:
+    assert effects.expected_max_normal(1) == 0
+    assert effects.expected_max_normal(2) == pytest.approx(0.5642, rel=0.05)   # 1/√π (Blom: 4.5 % high at p = 2)
+    assert effects.expected_max_normal(32) == pytest.approx(2.0697, rel=0.01)
+    topo = dataclasses.replace(load_topology("8x4-eth10"), effects=Effects(compute_cv=0.02))
+    assert effects.compute_factor(topo) == pytest.approx(1 + 0.02 * effects.expected_max_normal(32))
+
+
+def test_jitter_pays_ring_steps_times_the_slowest_of_the_nodes() -> None:
+    topo = dataclasses.replace(load_topology("4x2-eth10"), effects=Effects(step_jitter_s=10e-6))
+    ar = record("allreduce", "dense", 4, "float32", 1000, 8)
+    assert effects.jitter_s(ar, topo) == pytest.approx(2 * 7 * (1 + 1 / 2 + 1 / 3 + 1 / 4) * 10e-6)
+    assert effects.jitter_s(dataclasses.replace(ar, group="node"), topo) == 0
+
+
+def test_interference_slows_the_overlapped_backward() -> None:
+    plain = iteration(0.0, 1.0, [0.5], [0.0], [0.2])
+    slowed = iteration(0.0, 1.0, [0.5], [0.0], [0.2], interference=0.5)
+    assert slowed.iteration_s == pytest.approx(plain.iteration_s + 0.1)  # 0.2 s overlapped, half of it added
+
+
+def _layers(n: int, numel: int = 1000) -> list[Layer]:
+    return [Layer(f"l{i}", (numel,), i * numel) for i in range(n)]
+
+
+def test_horovod_fuses_the_tensors_ready_in_one_cycle() -> None:
+    ready = [0.0002, 0.0008, 0.0011, 0.0012, 0.0019, 0.0031, 0.0100]  # cycles end at 1, 2, 2, 2, 2, 4, 10 ms
+    buffers = horovod_buffers(_layers(7), ready, cap_bytes=64 * 2**20, cycle_s=1e-3)
+    assert [len(b.layers) for b in buffers] == [2, 3, 1, 1]
+    assert [b.ready_s for b in buffers] == pytest.approx([1e-3, 2e-3, 4e-3, 10e-3])
+    # the fusion threshold splits a cycle's tensors: 4 kB each, 8 kB a buffer
+    assert [len(b.layers) for b in horovod_buffers(_layers(4), [0.0] * 4, 8000, 1e-3)] == [2, 2]
+    # 5 ms cycles (Horovod before 0.21) fuse more
+    assert len(horovod_buffers(_layers(7), ready, 64 * 2**20, 5e-3)) == 2
+
+
+def test_sparsifiers_are_gathered_per_tensor_under_horovod() -> None:
+    layers = [Layer("a", (3000,), 0), Layer("b", (1000,), 3000)]
+    bucket = Bucket(0, tuple(layers), 0, 4000, 0.0)
+    gathered = record("allgather", "values+indices", 4, "float32", 80, 16)
+    reduced = record("allreduce", "P", 4, "float32", 50, 16)
+    out = per_tensor_allgathers(bucket, [gathered, reduced])
+    assert [(r.op, r.elements) for r in out] == [("allgather", 60), ("allgather", 20), ("allreduce", 50)]
+    assert out[0].total_bytes == 60 * 4 * 16
+    assert get_framework("ddp").records(bucket, [gathered]) == [gathered]
