@@ -40,11 +40,16 @@ class Memory:
 
 def memory_per_gpu(strategy: str, units: Sequence[ShardUnit], root: ShardUnit, world: int, gpus_per_node: int,
                    capacity_bytes: float, param_dtype: str = "fp32", reduce_dtype: str = "fp32",
-                   activations_bytes: float = 0.0) -> Memory:
+                   activations_bytes: float = 0.0, hpz: bool = False) -> Memory:
+    """``hpz``: the non-root units' parameters are kept sharded over the node between forward and backward
+    (1/G of them in the gathered dtype)."""
     params = root.numel + sum(u.numel for u in units)
     if strategy == "none":
         return Memory(strategy, STATE_BYTES * params, 0.0, activations_bytes, capacity_bytes)
     shards = world if strategy == "full" else gpus_per_node
     largest = max((u.numel for u in units), default=0)
-    buffers = (DTYPE_BYTES[param_dtype] * (root.numel + 2 * largest) + DTYPE_BYTES[reduce_dtype] * max(largest, root.numel))
+    buffers = (DTYPE_BYTES[param_dtype] * (root.numel + 2 * largest)
+               + DTYPE_BYTES[reduce_dtype] * max(largest, root.numel))
+    if hpz and strategy == "full":
+        buffers += DTYPE_BYTES[param_dtype] * (params - root.numel) / gpus_per_node
     return Memory(strategy, STATE_BYTES * params / shards, buffers, activations_bytes, capacity_bytes)

@@ -9,7 +9,8 @@ of the workers' gradients and agg what every rank ends up with. Ways of reducing
 - ``int8-hier``: qgZ: quantised, reduced inside each node, the node's partial sum quantised again and
   reduced across nodes (two quantisations);
 - ``int8-ring``: what an int8 *ring* reduce-scatter would do: the running sum re-quantised at each of the
-  P−1 hops (why ZeRO++ replaces the ring with all-to-all).
+  P−1 hops (why ZeRO++ replaces the ring with all-to-all);
+- ``int4-hier``: qgZ as published, with int4 (±7 per block).
 """
 
 from __future__ import annotations
@@ -22,16 +23,18 @@ import torch
 from arcsim.errors import ArcsimError
 from arcsim.sharding.schedule import QUANT_BLOCK
 
-REDUCTIONS = ("bf16", "int8", "int8-hier", "int8-ring")
+REDUCTIONS = ("bf16", "int8", "int8-hier", "int8-ring", "int4-hier")
 
 
-def int8_blockwise(x: torch.Tensor, block: int = QUANT_BLOCK) -> torch.Tensor:
-    """``x`` (…, n) quantised to int8 per block of ``block`` elements with a fp32 absmax scale, and back."""
+def int8_blockwise(x: torch.Tensor, block: int = QUANT_BLOCK, bits: int = 8) -> torch.Tensor:
+    """``x`` (…, n) quantised to ``bits``-bit signed integers (symmetric, ±(2^(bits−1)−1)) per block of
+    ``block`` elements with a fp32 absmax scale, and back."""
+    top = 2 ** (bits - 1) - 1
     n = x.shape[-1]
     pad = (-n) % block
     flat = torch.nn.functional.pad(x.float(), (0, pad)).reshape(*x.shape[:-1], -1, block)
-    scale = flat.abs().amax(-1, keepdim=True).clamp_min(torch.finfo(torch.float32).tiny) / 127.0
-    q = torch.round(flat / scale).clamp(-127, 127).to(torch.int8)
+    scale = flat.abs().amax(-1, keepdim=True).clamp_min(torch.finfo(torch.float32).tiny) / top
+    q = torch.round(flat / scale).clamp(-top, top).to(torch.int8)
     return (q.float() * scale).reshape(*x.shape[:-1], -1)[..., :n]
 
 
@@ -42,11 +45,12 @@ def reduce_mean(grads: torch.Tensor, how: str, gpus_per_node: int) -> torch.Tens
         return grads.to(torch.bfloat16).float().mean(0)
     if how == "int8":
         return int8_blockwise(grads).mean(0)
-    if how == "int8-hier":
+    if how in ("int8-hier", "int4-hier"):
         if p % gpus_per_node:
             raise ArcsimError(f"{p} workers are no whole number of {gpus_per_node}-GPU nodes")
-        nodes = int8_blockwise(grads).reshape(p // gpus_per_node, gpus_per_node, -1).sum(1)
-        return int8_blockwise(nodes).sum(0) / p
+        bits = 8 if how == "int8-hier" else 4
+        nodes = int8_blockwise(grads, bits=bits).reshape(p // gpus_per_node, gpus_per_node, -1).sum(1)
+        return int8_blockwise(nodes, bits=bits).sum(0) / p
     if how == "int8-ring":
         acc = int8_blockwise(grads[0])
         for w in range(1, p):

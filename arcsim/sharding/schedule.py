@@ -23,39 +23,55 @@ from arcsim.sharding.units import ShardUnit
 
 STRATEGIES = ("none", "full", "hybrid")  # DDP; FSDP / ZeRO-3 (full sharding); HSDP (shard in node, replicate)
 WEIGHT_DTYPES = ("none", "fp16", "bf16", "int8")
-GRAD_DTYPES = ("none", "int8")
+GRAD_DTYPES = ("none", "int8", "int4")
 QUANT_BLOCK = 256  # elements per int8 block, one fp32 scale each (ZeRO++'s blockwise quantisation)
-DTYPE_BYTES = {"fp32": 4.0, "fp16": 2.0, "bf16": 2.0, "int8": 1.0 + 4.0 / QUANT_BLOCK}
+DTYPE_BYTES = {"fp32": 4.0, "fp16": 2.0, "bf16": 2.0, "int8": 1.0 + 4.0 / QUANT_BLOCK,
+               "int4": 0.5 + 4.0 / QUANT_BLOCK}
 
 
 @dataclass(frozen=True)
 class Quantize:
-    """What goes on the wire compressed: weights in all-gathers (qwZ), gradients in reduce-scatters (qgZ)."""
+    """ZeRO++'s three changes: weights all-gathered compressed (qwZ: fp16, bf16 or blockwise int8), gradients
+    reduce-scattered as blockwise int8 or int4 with an in-node step first (qgZ), and parameters kept sharded
+    inside the node after forward so that backward's all-gathers stay in the node (hpZ: FSDP2's
+    ``reshard_after_forward=G``, at 1/G of the parameters more memory)."""
 
     weights: str = "none"
     grads: str = "none"
+    hpz: bool = False
 
     @property
     def label(self) -> str:
-        parts = ([f"qwZ {self.weights}"] if self.weights != "none" else []) + (
+        parts = ([f"qwZ {self.weights}"] if self.weights != "none" else []) + (["hpZ"] if self.hpz else []) + (
             [f"qgZ {self.grads}"] if self.grads != "none" else [])
         return " + ".join(parts) or "none"
 
     @property
     def active(self) -> bool:
-        return self.weights != "none" or self.grads != "none"
+        return self.weights != "none" or self.grads != "none" or self.hpz
 
 
-QUANT_VARIANTS = {"none": Quantize(), "fp16": Quantize("fp16"), "bf16": Quantize("bf16"), "int8": Quantize("int8"),
-                  "qgz": Quantize(grads="int8"), "zeropp": Quantize("int8", "int8")}
+_TOKENS = {"fp16": {"weights": "fp16"}, "bf16": {"weights": "bf16"}, "int8": {"weights": "int8"},
+           "qgz": {"grads": "int8"}, "qgz4": {"grads": "int4"}, "hpz": {"hpz": True},
+           "zeropp": {"weights": "int8", "hpz": True, "grads": "int4"}}
+VARIANT_HELP = ("none; fp16, bf16 or int8 (weights' all-gathers, qwZ); qgz or qgz4 (gradients' reduce-scatters "
+                "in int8 or int4, qgZ); hpz (backward's all-gathers inside the node); joined with +, e.g. "
+                "int8+qgz; zeropp = int8+hpz+qgz4, ZeRO++ as published")
 
 
 def quantize_variant(name: str) -> Quantize:
-    try:
-        return QUANT_VARIANTS[name]
-    except KeyError:
-        raise ArcsimError(f"unknown --quantize {name!r}; choose among {', '.join(QUANT_VARIANTS)} (fp16/bf16/int8: "
-                          "weights' all-gathers; qgz: int8 gradients' reduce-scatters; zeropp: both int8)") from None
+    """A variant by its tokens joined with ``+`` (``int8+qgz``, ``zeropp``, ``none``)."""
+    fields: dict[str, object] = {}
+    for token in name.strip().lower().split("+"):
+        if token == "none":
+            continue
+        if token not in _TOKENS:
+            raise ArcsimError(f"unknown --quantize {token!r}; choose among {VARIANT_HELP}")
+        for key, value in _TOKENS[token].items():
+            if key in fields and fields[key] != value:
+                raise ArcsimError(f"--quantize {name!r} asks for two {key} formats; give one")
+            fields[key] = value
+    return Quantize(**fields)  # type: ignore[arg-type]
 
 
 @dataclass(frozen=True)
@@ -88,9 +104,15 @@ def _wider(dtype: str, base: str) -> bool:
 
 
 def fsdp_schedule(units: Sequence[ShardUnit], root: ShardUnit, strategy: str, world: int, gpus_per_node: int,
-                  param_dtype: str = "fp32", reduce_dtype: str = "fp32", reshard_after_forward: bool = True,
+                  param_dtype: str = "fp32", reduce_dtype: str = "fp32", reshard_after_forward: bool | int | None = None,
                   quantize: Quantize = Quantize()) -> list[ShardCollective]:
-    """One step's collectives in issue order for ``full`` or ``hybrid`` sharding over ``world`` ranks."""
+    """One step's collectives in issue order for ``full`` or ``hybrid`` sharding over ``world`` ranks.
+
+    ``reshard_after_forward`` as ``fully_shard`` takes it for every unit and the root: None (FSDP2's default)
+    frees the units' parameters after forward but not the root's; True frees the root's too (gathered again
+    first in backward); False frees none (no all-gathers in backward); an int G keeps them sharded over G
+    ranks (the node) so that backward gathers among those — the same as hpZ (``quantize.hpz``, for the
+    units)."""
     if strategy not in ("full", "hybrid"):
         raise ArcsimError(f"fsdp_schedule prices full or hybrid sharding, not {strategy!r}")
     if world < 2:
@@ -104,10 +126,23 @@ def fsdp_schedule(units: Sequence[ShardUnit], root: ShardUnit, strategy: str, wo
     shard_group = "world" if strategy == "full" else "node"
     wdtype = param_dtype if quantize.weights == "none" or _wider(quantize.weights, param_dtype) else quantize.weights
     gdtype = reduce_dtype if quantize.grads == "none" or _wider(quantize.grads, reduce_dtype) else quantize.grads
+    unit_reshard: bool | int = True if reshard_after_forward is None else reshard_after_forward
+    root_reshard: bool | int = False if reshard_after_forward is None else reshard_after_forward
+    if quantize.hpz and strategy == "full" and nodes > 1:
+        unit_reshard = gpus_per_node
+    for r in (unit_reshard, root_reshard):
+        if not isinstance(r, bool) and (r < 1 or shard % r):
+            raise ArcsimError(f"reshard_after_forward={r} must divide the {shard} ranks a unit is sharded over")
     out: list[ShardCollective] = []
 
-    def gather(u: ShardUnit, phase: str) -> None:
-        if u.numel:
+    def gather(u: ShardUnit, phase: str, reshard: bool | int = True) -> None:
+        if not u.numel:
+            return
+        if phase == "backward" and not isinstance(reshard, bool) and reshard < shard:
+            group = "node" if reshard == gpus_per_node else f"{reshard} ranks"
+            out.append(ShardCollective("allgather", group, reshard, u.name, phase, u.padded_numel(shard), wdtype,
+                                       "params"))
+        else:
             out.append(ShardCollective("allgather", shard_group, shard, u.name, phase, u.padded_numel(shard), wdtype,
                                        "params"))
 
@@ -127,13 +162,23 @@ def fsdp_schedule(units: Sequence[ShardUnit], root: ShardUnit, strategy: str, wo
     gather(root, "forward")
     for u in units:
         gather(u, "forward")
-    backward = list(reversed(units))
-    for k, u in enumerate(backward):
-        if reshard_after_forward and k == 0:
-            gather(u, "backward")
-        if reshard_after_forward and k + 1 < len(backward):
-            gather(backward[k + 1], "backward")  # prefetch the next unit in backward
-        reduce(u)
+    # backward: the root's pre-backward hook fires first, then each unit's in reverse; each gathers itself
+    # unless prefetched, and prefetches the next one in backward
+    hooks = [(root, root_reshard)] + [(u, unit_reshard) for u in reversed(units)]
+    gathered: set[str] = set()
+
+    def need(i: int) -> None:
+        u, reshard = hooks[i]
+        if reshard is not False and u.name not in gathered:
+            gathered.add(u.name)
+            gather(u, "backward", reshard)
+
+    for i, (u, _) in enumerate(hooks):
+        need(i)
+        if i + 1 < len(hooks):
+            need(i + 1)
+        if u is not root:
+            reduce(u)
     reduce(root)
     return out
 

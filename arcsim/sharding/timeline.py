@@ -4,8 +4,8 @@ at a time in issue order (:func:`arcsim.sharding.schedule.fsdp_schedule`; NCCL s
 
 - a unit's forward or backward waits for its all-gather;
 - a forward all-gather may start when the previous unit's forward starts (prefetch one unit ahead; the first
-  ones at once), a backward all-gather when the previous unit in backward starts (the first one when forward
-  ends);
+  ones at once), a backward all-gather when the previous unit in backward starts (the first one, and the
+  root's, when forward ends);
 - a reduce-scatter may start when its unit's backward ends; what follows it for the same unit (HSDP's
   all-reduce, qgZ's second step) follows it.
 The iteration ends when both streams are done; exposed communication is what is left after compute."""
@@ -56,7 +56,10 @@ def two_stream(order: Sequence[str], forward_s: dict[str, float], backward_s: di
         if op == "allgather":
             i = index[(phase, unit)]
             ready = 0.0
-            if i > 0:
+            if phase == "backward" and unit == ROOT:  # gathered first in backward, computed last
+                time_until(len(order))
+                ready = end[len(order)]
+            elif i > 0:
                 time_until(i - 1)
                 first_backward = phase == "backward" and tasks[i - 1][0] == "forward"
                 ready = end[i - 1] if first_backward else start[i - 1]
