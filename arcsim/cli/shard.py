@@ -7,7 +7,16 @@ import click
 from rich.table import Table
 
 from arcsim.catalog import MODELS
-from arcsim.cli.common import TOPOLOGY_HELP, Count, console, json_option, library_option, note, tables_wanted, write_json
+from arcsim.cli.common import (
+    TOPOLOGY_HELP,
+    Count,
+    console,
+    json_option,
+    library_option,
+    note,
+    tables_wanted,
+    write_json,
+)
 from arcsim.devices.catalog import PRECISIONS
 from arcsim.errors import ArcsimError
 from arcsim.netsim import ENGINES
@@ -57,7 +66,7 @@ def shard(model: str, topology: str, library: str | None, gpu: str | None, batch
     """Iteration time, exposed communication, bytes per GPU across nodes and memory per GPU of DDP, FSDP and
     HSDP, with ZeRO++'s quantised collectives where asked."""
     from arcsim.sharding.price import study
-    from arcsim.sharding.quant import trace_errors
+    from arcsim.sharding.quant import ReductionError, trace_errors
     from arcsim.sharding.schedule import quantize_variant
     from arcsim.topology import load_topology
     from arcsim.units import parse_size
@@ -67,14 +76,17 @@ def shard(model: str, topology: str, library: str | None, gpu: str | None, batch
         if s not in STRATEGIES:
             raise ArcsimError(f"unknown --sharding {s!r}; choose among {', '.join(STRATEGIES)}")
     variants = [quantize_variant(v) for v in _names(quantize, "--quantize")]
-    act = parse_size(activations)
+    try:
+        act = parse_size(activations)
+    except ArcsimError as exc:
+        raise ArcsimError(f"--activations: {exc}") from None
     if act < 0:
         raise ArcsimError(f"--activations {activations} is negative; give bytes per GPU, e.g. 12GB")
     topo = load_topology(topology).with_overrides(library=library)
     result = study(model, topo, gpu, batch, precision, strategies, variants, RESHARD[reshard_after_forward], engine,
                    act, reduce_dtype=reduce_dtype)
     grads_quantised = any(v.grads != "none" for v in variants) and any(s != "none" for s in strategies)
-    errors = []
+    errors: list[ReductionError] = []
     source = None
     if grads_quantised:
         source, errors = trace_errors(trace)

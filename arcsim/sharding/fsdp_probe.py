@@ -126,9 +126,9 @@ def _worker(rank: int, world: int, store: str, configs: Sequence[dict[str, Any]]
 
 
 def probe(configs: Sequence[dict[str, Any]], world: int = 2) -> list[dict[str, Any]]:
-    """Run each config (``model``: mlp or transformer; ``reshard``: bool or int, absent for FSDP2's default; ``mesh``: (replicas, shard)
-    for HSDP; ``bf16``: bf16 parameters, fp32 reduction) for two steps on ``world`` gloo ranks and return the
-    second step's collectives, as rank 0 saw them."""
+    """Run each config (``model``: mlp or transformer; ``reshard``: bool or int, absent for FSDP2's default;
+    ``mesh``: (replicas, shard) for HSDP; ``bf16``: bf16 parameters, fp32 reduction) for two steps on
+    ``world`` gloo ranks and return the second step's collectives, as rank 0 saw them."""
     import torch.multiprocessing as mp
 
     with tempfile.TemporaryDirectory() as tmp:

@@ -4,8 +4,8 @@ Mixed precision as FSDP2 and DDP run it: fp32 parameters, fp32 gradients and Ada
 16 bytes per parameter — held whole by DDP (``none``), 1/N of them by full sharding over N ranks, 1/G by
 hybrid sharding over a node's G GPUs. A sharded step also holds unsharded working copies: the root's
 parameters (never freed between forward and backward), two units' parameters at a time (the one computing
-and the one prefetched) and one unit's (or the root's) unsharded gradients before its reduce-scatter, each in the dtype it
-is gathered or reduced in."""
+and the one prefetched) and one unit's (or the root's) unsharded gradients before its reduce-scatter, each
+in the dtype it is gathered or reduced in."""
 
 from __future__ import annotations
 

@@ -132,7 +132,7 @@ class ShardStudy:
 
 
 def study(model: str, topo: Topology, gpu: str | None, batch: int, precision: str, strategies: Sequence[str],
-          variants: Sequence[Quantize], reshard_after_forward: bool = True, engine: str = "analytic",
+          variants: Sequence[Quantize], reshard_after_forward: bool | int | None = None, engine: str = "analytic",
           activations_bytes: float = 0.0, wrap: str = "auto", reduce_dtype: str = "fp32") -> ShardStudy:
     """Every strategy asked for (sharded ones once per quantisation variant) for ``model`` on ``topo``.
     Mixed precision as torchtitan runs it: parameters gathered in bf16 under ``precision`` bf16 (else fp32),

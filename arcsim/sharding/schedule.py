@@ -51,9 +51,10 @@ class Quantize:
         return self.weights != "none" or self.grads != "none" or self.hpz
 
 
-_TOKENS = {"fp16": {"weights": "fp16"}, "bf16": {"weights": "bf16"}, "int8": {"weights": "int8"},
-           "qgz": {"grads": "int8"}, "qgz4": {"grads": "int4"}, "hpz": {"hpz": True},
-           "zeropp": {"weights": "int8", "hpz": True, "grads": "int4"}}
+_TOKENS: dict[str, dict[str, object]] = {
+    "fp16": {"weights": "fp16"}, "bf16": {"weights": "bf16"}, "int8": {"weights": "int8"},
+    "qgz": {"grads": "int8"}, "qgz4": {"grads": "int4"}, "hpz": {"hpz": True},
+    "zeropp": {"weights": "int8", "hpz": True, "grads": "int4"}}
 VARIANT_HELP = ("none; fp16, bf16 or int8 (weights' all-gathers, qwZ); qgz or qgz4 (gradients' reduce-scatters "
                 "in int8 or int4, qgZ); hpz (backward's all-gathers inside the node); joined with +, e.g. "
                 "int8+qgz; zeropp = int8+hpz+qgz4, ZeRO++ as published")
@@ -104,7 +105,8 @@ def _wider(dtype: str, base: str) -> bool:
 
 
 def fsdp_schedule(units: Sequence[ShardUnit], root: ShardUnit, strategy: str, world: int, gpus_per_node: int,
-                  param_dtype: str = "fp32", reduce_dtype: str = "fp32", reshard_after_forward: bool | int | None = None,
+                  param_dtype: str = "fp32", reduce_dtype: str = "fp32",
+                  reshard_after_forward: bool | int | None = None,
                   quantize: Quantize = Quantize()) -> list[ShardCollective]:
     """One step's collectives in issue order for ``full`` or ``hybrid`` sharding over ``world`` ranks.
 
