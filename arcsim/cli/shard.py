@@ -103,8 +103,8 @@ def shard(model: str, topology: str, library: str | None, gpu: str | None, batch
                           f"memory: fp32 parameters, gradients and Adam, + working copies"
                           + (f" + {format_size(act)} activations" if act else ", activations not counted")
                           + f"; GPU holds {format_size(mem_cap)}")
-    for col in ("strategy", "collectives", "iteration", "exposed comm", "comm", "across nodes / GPU", "memory / GPU"):
-        table.add_column(col, justify="left" if col in ("strategy", "collectives") else "right")
+    for col in ("strategy", "quantised", "iteration", "exposed comm", "comm", "across nodes / GPU", "memory / GPU"):
+        table.add_column(col, justify="left" if col in ("strategy", "quantised") else "right")
     best = min(r.iteration_s for r in result.results)
     name = {"none": "DDP", "full": "FSDP (full)", "hybrid": "HSDP (hybrid)"}
     for r in result.results:
