@@ -252,3 +252,21 @@ def test_fsdp2_on_the_emulated_cluster(tmp_path) -> None:
     assert abs(c["priced_allgather_s"] / m["allgather_s"] - 1) < 0.15
     assert abs(m["reducescatter_s"] / m["allreduce_s"] - 1) < 0.25
     assert m["reducescatter_s"] > 1.5 * m["allgather_s"]
+
+
+def test_cross_node_all_reduces_overlap_the_nodes_collectives() -> None:
+    """HSDP: a unit's all-reduce across nodes (NICs) runs beside the next unit's all-gather in the node
+    (NVLink) — FSDP2's separate all-reduce stream — but after its own reduce-scatter."""
+    fwd, bwd = {"a": 1.0, "b": 1.0}, {"a": 1.0, "b": 1.0}
+    ops = [("allgather", "a", "forward"), ("allgather", "b", "forward"), ("allgather", "b", "backward"),
+           ("allgather", "a", "backward"), ("reducescatter", "b", "backward"), ("allreduce", "b", "backward"),
+           ("reducescatter", "a", "backward"), ("allreduce", "a", "backward")]
+    groups = ["node", "node", "node", "node", "node", "inter", "node", "inter"]
+    times = [0.1, 0.1, 0.1, 0.1, 0.1, 3.0, 0.1, 3.0]
+    tl = two_stream(["a", "b"], fwd, bwd, ops, times, groups)
+    # forward 0.1-2.1 (after AG a); AG b again 2.1-2.2; B b 2.2-3.2; B a 3.2-4.2
+    assert tl.comm_start[4] == pytest.approx(3.2) and tl.comm_start[5] == pytest.approx(3.3)  # RS b, then AR b
+    assert tl.comm_start[6] == pytest.approx(4.2)  # RS a when B a ends, while AR b still runs (NVLink free)
+    assert tl.comm_start[7] == pytest.approx(6.3)  # AR a waits for AR b's NICs
+    serial = two_stream(["a", "b"], fwd, bwd, ops, times)
+    assert serial.iteration_s > tl.iteration_s

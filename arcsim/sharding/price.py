@@ -102,7 +102,8 @@ def sharded_result(strategy: str, quantize: Quantize, order: Sequence[str], fwd:
                    memory: Memory) -> StrategyResult:
     topo = pricer.topo
     priced = [pricer.group(c.group).price(c.op, c.bytes_per_rank, tag=f"{c.unit} {c.phase}") for c in schedule]
-    tl = two_stream(order, fwd, bwd, [(c.op, c.unit, c.phase) for c in schedule], [x.time_s for x in priced])
+    tl = two_stream(order, fwd, bwd, [(c.op, c.unit, c.phase) for c in schedule], [x.time_s for x in priced],
+                    [c.group for c in schedule])
     cross = sum(cross_node_bytes(c, topo.gpus_per_node, topo.nodes) for c in schedule)
     detail = [{**c.to_dict(), "algo": x.algo, "time_s": x.time_s, "start_s": s, "end_s": e}
               for c, x, s, e in zip(schedule, priced, tl.comm_start, tl.comm_end, strict=True)]

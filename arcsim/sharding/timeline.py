@@ -2,6 +2,11 @@
 each unit's backward (in reverse, the root last); the communication stream runs the step's collectives one
 at a time in issue order (:func:`arcsim.sharding.schedule.fsdp_schedule`; NCCL serialises them on the links).
 
+One refinement by the links a collective uses: FSDP2 runs HSDP's cross-node all-reduces on a stream of their
+own, and they use only the NICs while the node's all-gathers and reduce-scatters use only NVLink, so a
+collective of the ``inter`` group and one of the ``node`` group may run at once. A ``world`` collective uses
+both and waits for both (on one node, ``world`` and ``node`` are the same links and never overlap).
+
 - a unit's forward or backward waits for its all-gather;
 - a forward all-gather may start when the previous unit's forward starts (prefetch one unit ahead; the first
   ones at once), a backward all-gather when the previous unit in backward starts (the first one, and the
@@ -29,9 +34,11 @@ class StreamTimeline:
 
 
 def two_stream(order: Sequence[str], forward_s: dict[str, float], backward_s: dict[str, float],
-               collectives: Sequence[tuple[str, str, str]], comm_s: Sequence[float]) -> StreamTimeline:
+               collectives: Sequence[tuple[str, str, str]], comm_s: Sequence[float],
+               groups: Sequence[str] | None = None) -> StreamTimeline:
     """``order``: the non-root units in forward order; ``forward_s``/``backward_s``: each unit's compute (the
-    root's under ROOT); ``collectives``: (op, unit, phase) of each collective in issue order."""
+    root's under ROOT); ``collectives``: (op, unit, phase) of each collective in issue order; ``groups``: the
+    group of each (default: all ``world``, one stream)."""
     tasks = [("forward", ROOT), *(("forward", u) for u in order), *(("backward", u) for u in reversed(order)),
              ("backward", ROOT)]
     index = {t: i for i, t in enumerate(tasks)}
@@ -50,9 +57,11 @@ def two_stream(order: Sequence[str], forward_s: dict[str, float], backward_s: di
             end[done] = start[done] + seconds
             done += 1
 
-    link_free = 0.0
+    lane_free = {"node": 0.0, "inter": 0.0}
+    after_unit: dict[str, float] = {}  # the end of a unit's last gradient collective: the next one follows it
     starts, ends = [], []
-    for (op, unit, phase), seconds in zip(collectives, comm_s, strict=True):
+    groups = groups if groups is not None else ["world"] * len(collectives)
+    for (op, unit, phase), seconds, group in zip(collectives, comm_s, groups, strict=True):
         if op == "allgather":
             i = index[(phase, unit)]
             ready = 0.0
@@ -66,14 +75,19 @@ def two_stream(order: Sequence[str], forward_s: dict[str, float], backward_s: di
         else:
             i = index[("backward", unit)]
             time_until(i)
-            ready = end[i]
-        begin = max(ready, link_free)
-        link_free = begin + seconds
+            ready = max(end[i], after_unit.get(unit, 0.0))
+        lanes = (group,) if group in lane_free else tuple(lane_free)
+        begin = max(ready, *(lane_free[lane] for lane in lanes))
+        finish = begin + seconds
+        for lane in lanes:
+            lane_free[lane] = finish
         starts.append(begin)
-        ends.append(link_free)
+        ends.append(finish)
         if op == "allgather":
-            waits[(phase, unit)] = link_free
+            waits[(phase, unit)] = finish
+        else:
+            after_unit[unit] = finish
     time_until(len(tasks) - 1)
     compute = sum(end[i] - start[i] for i in range(len(tasks)))
-    finish = max(end[-1], link_free)
-    return StreamTimeline(finish, compute, float(sum(comm_s)), finish - compute, tuple(starts), tuple(ends))
+    last = max(end[-1], *ends) if ends else end[-1]
+    return StreamTimeline(last, compute, float(sum(comm_s)), last - compute, tuple(starts), tuple(ends))
