@@ -36,6 +36,7 @@ from arcsim.cli.common import (
 )
 from arcsim.cli.device import device_group
 from arcsim.cli.run import run as run_command
+from arcsim.cli.shard import shard as shard_command
 from arcsim.cli.sweep import plot as plot_command
 from arcsim.cli.sweep import sweep as sweep_command
 from arcsim.cli.trace import trace as trace_group
@@ -260,6 +261,7 @@ def compress(compressor: str, density: float, memory: str | None, seed: int, ran
 cli.add_command(trace_group)
 cli.add_command(device_group)
 cli.add_command(run_command)
+cli.add_command(shard_command)
 cli.add_command(cluster_group)
 cli.add_command(calibrate_command)
 cli.add_command(validate_command)
