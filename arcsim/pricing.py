@@ -87,7 +87,7 @@ def plan(topo: Topology, op: str, algo: str, nbytes: float, chunks: int | None =
         try:
             schedule = built.get((c.steps, c.chunks)) if shareable else None
             if schedule is None:
-                schedule = build(op, c.steps, nbytes, links, c.chunks)
+                schedule = build(c.runs_as or op, c.steps, nbytes, links, c.chunks)
                 if shareable:
                     built[(c.steps, c.chunks)] = schedule
             plans.append(Plan(c, schedule, c.protocol.time_s(estimate(schedule, links, "analytic").time_s, nbytes)))

@@ -73,6 +73,7 @@ class Choice:
     protocol: Protocol
     chunks: int | None = None
     schedule: str = ""  # the catalogue's steps it runs on, when not its own name's (NCCL's NVLS: hierarchical)
+    runs_as: str = ""   # the op whose steps it runs, when not its own (gloo's reduce-scatter: an all-reduce)
 
     @property
     def steps(self) -> str:
