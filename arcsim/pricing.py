@@ -171,7 +171,8 @@ def group_topology(topo: Topology, group: str) -> Topology:
     if group == "inter":
         net = topo.network
         share = net.bandwidth_per_nic * net.nics_per_node / g
-        rail = dataclasses.replace(net, nics_per_node=1, bandwidth_per_nic=share)
+        rail = dataclasses.replace(net, nics_per_node=1, bandwidth_per_nic=share,
+                                   nic_share=net.nic_share * min(1.0, net.nics_per_node / g))
         return dataclasses.replace(topo, name=f"{topo.name}: one rail", gpus_per_node=1, network=rail,
                                    calibration=fits, group_calibration={},
                                    stragglers={r // g: s for r, s in topo.stragglers.items() if r % g == 0})

@@ -73,6 +73,7 @@ class Network:
     nodes_per_leaf: int = 0  # fat-tree only
     oversubscription: float = 1.0  # fat-tree only: leaf down-bandwidth / up-bandwidth
     nics_per_rail: int = 1  # physical NICs striped into each of the nics_per_node rails (p5: 4 EFA per GPU)
+    nic_share: float = 1.0  # the share of a physical NIC each rail is (a group's rail over a NIC shared by G GPUs)
 
     @property
     def physical_nics(self) -> int:
@@ -80,7 +81,7 @@ class Network:
 
     @property
     def bandwidth_per_physical_nic(self) -> float:
-        return self.bandwidth_per_nic / self.nics_per_rail
+        return self.bandwidth_per_nic / self.nics_per_rail / self.nic_share
 
 
 def rails(nics: int, bandwidth_per_nic: float, gpus: int, where: str) -> tuple[int, float, int]:

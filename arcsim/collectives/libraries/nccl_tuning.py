@@ -105,17 +105,22 @@ class Graph:
 
 def ring_graph(topo: Topology) -> Graph:
     """The ring/tree graph: inside one node, NVLink's NCCL bandwidth in channels of the intra speeds (duplicated
-    into twice as many of half the speed); across nodes, the first per-channel speed each GPU's NIC path (NIC or
-    PCIe, the slower) can carry, as many channels as the NICs hold."""
+    into twice as many of half the speed); across nodes, the per-channel speed each GPU's NIC path (NIC or PCIe, the
+    slower) carries best in as many channels as the NICs hold — the first that fits, or a lower one down to half of
+    it where more channels carry more (search.cc tries them while speed / best > 0.49)."""
     a = arch(topo)
     if topo.nodes == 1:
         total = NVLINK_GBPS[a] * NVLINKS[a] if topo.intra.kind.lower() in ("nvlink", "nvswitch") \
             else min(topo.intra.bandwidth / GB, PCIE_GBPS[a])
         channels = max(1, min(16, round(total / 30)))
         return Graph(2 * channels, total / (2 * channels))
-    nic = topo.network.bandwidth_per_physical_nic / GB
-    speed = next((s for s in INTER_SPEEDS[a] if s <= min(nic, PCIE_GBPS[a])), INTER_SPEEDS[a][-1])
-    channels = min(32, topo.network.physical_nics * max(1, int(nic // speed)))
+    # a rail that is a share of a NIC (one GPU's group over a NIC its node's GPUs share) is a whole NIC to NCCL
+    nic, nics = topo.network.bandwidth_per_physical_nic / GB, max(1, round(topo.network.physical_nics *
+                                                                           topo.network.nic_share))
+    fitting = [s for s in INTER_SPEEDS[a] if s <= min(nic, PCIE_GBPS[a])] or [INTER_SPEEDS[a][-1]]
+    # the first speed the path carries, or a lower one (down to half of it) whose more channels carry more
+    speed = max((s for s in fitting if s > 0.49 * fitting[0]), key=lambda s: min(32, nics * max(1, int(nic // s))) * s)
+    channels = min(32, nics * max(1, int(nic // speed)))
     if speed >= 25 and not (a != "sm80" and speed < 50 and channels > 4):  # ncclTopoDupChannels
         channels, speed = min(32, 2 * channels), speed / 2
     return Graph(channels, speed)
