@@ -15,8 +15,11 @@ def test_training_memory_grows_by_one_gradient_per_worker_and_time_with_the_step
     assert four.memory_bytes - two.memory_bytes == pytest.approx(2 * 4 * params)  # each worker's recorded gradient
     longer = estimates.training(TrainingConfig(model="cnn", workers=2, steps=3))
     assert longer.seconds - estimates.TRAIN_START_S == pytest.approx(3 * (two.seconds - estimates.TRAIN_START_S))
-    adamw = estimates.training(TrainingConfig(model="cnn", workers=2, steps=1, optimizer="adamw"))
-    assert adamw.memory_bytes - two.memory_bytes == pytest.approx(4 * params)  # AdamW's second moment
+    sgd, adamw = (estimates.training(TrainingConfig(model="cnn", workers=2, steps=2, optimizer=o)) for o in
+                  ("sgd", "adamw"))
+    assert adamw.memory_bytes - sgd.memory_bytes == pytest.approx(4 * params)  # AdamW's second moment
+    assert sgd.memory_bytes - two.memory_bytes == pytest.approx(2 * 4 * params)  # the average and the momentum: only
+    #                                                              where a step follows the last recorded one
     assert "38,282 parameters × 2 workers" in two.describe()
 
 
@@ -44,11 +47,11 @@ def test_a_training_past_the_machine_is_one_error_line_and_writes_nothing(tmp_pa
 
 
 def test_a_capture_says_its_estimate_first_when_it_is_worth_saying(tmp_path):
-    r = run_cli("trace", "capture", "--model", "llama_60m", "-w", "2", "-s", "1", "-b", "1", "-o",
+    r = run_cli("trace", "capture", "--model", "llama_60m", "-w", "4", "-s", "1", "-b", "1", "-o",
                 str(tmp_path / "c.npz"))
     assert r.returncode == 0, r.stderr
-    first = r.stderr.strip().splitlines()[0]  # over NOTE_BYTES: the weights, state and gradients alone take 2 GB
-    assert first.startswith("capture llama_60m: about ") and "of memory and ~" in first and "2 workers" in first
+    first = r.stderr.strip().splitlines()[0]  # over NOTE_BYTES: weights, gradients and 4 workers' recorded ones
+    assert first.startswith("capture llama_60m: about ") and "of memory and ~" in first and "4 workers" in first
     r = run_cli("trace", "capture", "--model", "cnn", "-w", "2", "-s", "1", "-o", str(tmp_path / "small.npz"))
     assert r.returncode == 0 and "capture cnn: about" not in r.stderr  # a second's work goes unannounced
 

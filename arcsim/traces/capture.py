@@ -25,6 +25,9 @@ class CaptureConfig(TrainingConfig):
     out: Path = field(default=Path("trace.npz"), kw_only=True)
     dtype: str = field(default="fp16", kw_only=True)
 
+    def record_dtype(self) -> torch.dtype:
+        return torch.float16 if self.dtype == "fp16" else torch.float32
+
     def command(self) -> str:
         """The `arcsim trace capture` command line that reproduces this capture."""
         parts = ["arcsim", "trace", "capture", "--model", self.model]

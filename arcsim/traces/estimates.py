@@ -34,8 +34,8 @@ MEASURE_TIMED_FACTOR = 1.5     # compression timed here as well (--gpu cpu): the
 NOTE_SECONDS, NOTE_BYTES = 10.0, 2e9  # work estimated at either or more is announced before it starts
 OPTIMIZER_SLOTS = {"sgd": 1, "adamw": 2}  # fp32 state per parameter: momentum; AdamW's two moments
 LIVE_STATE_BYTES_PER_ELEMENT = 8  # a compressor measured live keeps error feedback and a scratch copy per worker
-CAPTURE_BYTES_PER_ELEMENT = 5  # a step written to a trace: its fp16 copy, the bytes handed to the file, the
-#                                finiteness mask (arcsim.traces.format.TraceWriter.write_step)
+CAPTURE_BYTES_PER_ELEMENT = 0  # a step written to a trace is held in its stored dtype already and written in
+#                                pieces (arcsim.traces.format.TraceWriter.write_step): nothing model-sized beside
 
 
 class TooBig(ArcsimError):
@@ -65,13 +65,15 @@ def rough_duration(seconds: float) -> str:
 
 
 def training(cfg: TrainingConfig, state_per_element: float = 0.0) -> Estimate:
-    """Training ``cfg`` here: the model's parameters, gradients, their average and the optimizer's state (fp32),
-    the recorded step's gradients of every worker, one worker's activations (every forward operation's operands
+    """Training ``cfg`` here: the model's parameters and gradients, their average and the optimizer's state (fp32;
+    none when the recorded step is the last: nothing trains after it), the recorded step's gradients of every worker
+    (in the dtype they are held in), one worker's activations (every forward operation's operands
     and result, counted on the meta device: an upper estimate), plus ``state_per_element`` bytes × workers ×
     parameters (what the caller keeps beside); time from the step's FLOPs."""
     params, activations, flops = _step(cfg)
-    state = 4 * params * (3 + OPTIMIZER_SLOTS.get(cfg.optimizer_name(), 2))
-    recorded = 4 * cfg.workers * params
+    # parameters and gradients; their average and the optimizer's state only where a step follows the last recorded
+    state = 4 * params * (2 + (1 + OPTIMIZER_SLOTS.get(cfg.optimizer_name(), 2) if cfg.total_steps > 1 else 0))
+    recorded = cfg.record_dtype().itemsize * cfg.workers * params
     memory = BASE_BYTES + state + recorded + activations + state_per_element * cfg.workers * params
     seconds = TRAIN_START_S + flops * cfg.workers * cfg.total_steps / TRAIN_FLOPS_PER_S
     return Estimate(memory, seconds, f"{params:,} parameters × {cfg.workers} workers, {cfg.total_steps} training "

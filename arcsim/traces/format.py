@@ -59,6 +59,9 @@ def _npy_bytes(array: np.ndarray) -> bytes:
     return buf.getvalue()
 
 
+WRITE_ELEMENTS = 1 << 24  # a recorded step is checked and written in pieces of this many elements
+
+
 class TraceWriter:
     """Stream a trace to disk: ``with TraceWriter(...) as w: w.write_step(...)``.
 
@@ -91,13 +94,18 @@ class TraceWriter:
             raise TraceError(f"trace declared {self.steps} steps; cannot write another")
         if tuple(grads.shape) != (self.workers, self.elements):
             raise TraceError(f"step gradients are {tuple(grads.shape)}, expected ({self.workers}, {self.elements})")
-        out = grads.detach().to("cpu", torch.float16 if self.dtype == np.float16 else torch.float32)
-        if not bool(torch.isfinite(out).all()):
-            worker = int(torch.nonzero(~torch.isfinite(out).all(dim=1))[0, 0])
-            hint = " (too large for fp16: capture with --dtype fp32)" if bool(torch.isfinite(grads).all()) else ""
-            raise TraceError(f"gradient of worker {worker} at recorded step {self.written} is not finite{hint}; "
-                             "lower --lr or check the model")
-        self.member.write(out.numpy().tobytes())
+        stored = torch.float16 if self.dtype == np.float16 else torch.float32
+        for worker, row in enumerate(grads.detach()):  # a piece at a time: no whole copy beside the step
+            for lo in range(0, self.elements, WRITE_ELEMENTS):
+                out = row[lo:lo + WRITE_ELEMENTS].to("cpu", stored)
+                if not bool(torch.isfinite(out).all()):
+                    source_finite = bool(torch.isfinite(row[lo:lo + WRITE_ELEMENTS]).all())
+                    hint = (" (too large for fp16: capture with --dtype fp32)" if source_finite else
+                            " (too large for fp16, or diverged: capture with --dtype fp32 to tell)"
+                            if grads.dtype == torch.float16 else "")
+                    raise TraceError(f"gradient of worker {worker} at recorded step {self.written} is not finite"
+                                     f"{hint}; lower --lr or check the model")
+                self.member.write(memoryview(out.contiguous().numpy()).cast("B"))
         self.small["worker_loss"].append(worker_loss)
         self.small["loss"].append(float(np.mean(worker_loss)))
         self.small["forward_s"].append(forward_s)

@@ -153,6 +153,10 @@ class TrainingConfig:
     def recorded(self, t: int) -> bool:
         return t >= self.warmup and (t - self.warmup) % self.every == 0
 
+    def record_dtype(self) -> torch.dtype:
+        """The dtype a recorded step's gradients are held in (a capture to fp16 holds them so: half the bytes)."""
+        return torch.float32
+
     @property
     def recorded_steps(self) -> list[int]:
         return [t for t in range(self.total_steps) if self.recorded(t)]
@@ -170,7 +174,7 @@ def live_config(model: str, workers: int, steps: int, device: str, seed: int, da
 @dataclass
 class RecordedStep:
     step: int                   # the training step
-    grads: torch.Tensor         # [workers, d] float32 on the training device, layers in backward order
+    grads: torch.Tensor         # [workers, d] in cfg.record_dtype() on the training device, layers in backward order
     losses: list[float]         # each worker's loss
     timings: list[StepTiming]   # each worker's forward/backward/ready times
 
@@ -217,7 +221,8 @@ class DataParallelSteps:
                     assert ds is not None
                     x, y = ds.draw(cfg.workers * self.batch, gen)
                     shards = list(zip(x.chunk(cfg.workers), y.chunk(cfg.workers), strict=True))
-                avg = {name: torch.zeros_like(p) for name, p in params.items()}
+                last = t == cfg.total_steps - 1  # nothing trains after it: no average, no optimizer state
+                avg = {} if last else {name: torch.zeros_like(p) for name, p in params.items()}
                 losses: list[float] = []
                 timings: list[StepTiming] = []
                 for shard in shards:
@@ -233,28 +238,38 @@ class DataParallelSteps:
                         order = timing.order + [n for n in params if n not in timing.order]
                         self.layers = _layout(order, params)
                     for name, p in params.items():
-                        if p.grad is not None:
+                        if p.grad is not None and not last:
                             avg[name] += p.grad / cfg.workers
                     if cfg.recorded(t):
                         if buf is None:
-                            buf = torch.empty(cfg.workers, sum(la.numel for la in self.layers), device=dev)
-                        torch.cat([_grad(params[la.name]) for la in self.layers], out=buf[len(losses)])
+                            buf = torch.empty(cfg.workers, sum(la.numel for la in self.layers), device=dev,
+                                              dtype=cfg.record_dtype())
+                        _record(buf[len(losses)], params, self.layers)
                         losses.append(float(loss))
                         timings.append(timing)
                 if cfg.recorded(t):
                     assert buf is not None  # a recorded step filled it
                     yield RecordedStep(t, buf, losses, timings)
-                for name, p in params.items():
-                    p.grad = avg[name]
-                opt.step()
+                if not last:
+                    for name, p in params.items():
+                        p.grad = avg[name]
+                    opt.step()
                 if self.progress:
                     self.progress(t + 1, cfg.total_steps)
         finally:
             timer.close()
 
 
-def _grad(p: torch.Tensor) -> torch.Tensor:
-    return torch.zeros(p.numel(), device=p.device) if p.grad is None else p.grad.detach().reshape(-1).float()
+def _record(row: torch.Tensor, params: Mapping[str, torch.Tensor], layers: tuple[Layer, ...]) -> None:
+    """One worker's gradients into ``row`` (layers in backward order), cast layer by layer to its dtype: no copy
+    of the whole model's gradients in between (a 1 B-parameter model's is 5 GB)."""
+    for la in layers:
+        grad = params[la.name].grad
+        part = row[la.offset:la.offset + la.numel]
+        if grad is None:
+            part.zero_()
+        else:
+            part.copy_(grad.detach().reshape(-1))
 
 
 def _layout(order: list[str], params: Mapping[str, torch.Tensor]) -> tuple[Layer, ...]:
