@@ -1,0 +1,98 @@
+"""Sampled against exact measurement (docs/run.md, "Sampled measurements"): run `arcsim run` cold twice on one
+trace and topology, with --exact and without, each in a cache directory of its own, and print per compressor
+(at --density) the exact error, the sampled error ± its interval, whether either lies inside the other's
+interval, the two recommendations, and each run's wall and CPU seconds.
+
+    python benchmarks/sampling_check.py --trace /tmp/l60/llama_60m.npz -t 4x8-eth25-a100
+    python benchmarks/sampling_check.py                       # the shipped default example
+    ARCSIM_SAMPLE_ELEMENTS=1e5 python benchmarks/sampling_check.py   # force sampling on the small example
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+
+def run(args: list[str], exact: bool, work: Path) -> tuple[dict[str, Any], str, float, float]:
+    """One cold `arcsim run`: its JSON, its first output lines, wall and CPU seconds (the child's user+sys)."""
+    out = work / ("exact.json" if exact else "sampled.json")
+    env = {**os.environ, "ARCSIM_CACHE_DIR": str(work / ("cache-exact" if exact else "cache-sampled"))}
+    cmd = [sys.executable, "-m", "arcsim", "run", *args, "--json", str(out), *(["--exact"] if exact else [])]
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    started = time.perf_counter()
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
+    wall = time.perf_counter() - started
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    if proc.returncode:
+        sys.exit(f"{' '.join(cmd)} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    head = "\n".join(line for line in proc.stdout.splitlines()[:4])
+    return json.loads(out.read_text()), head, wall, cpu
+
+
+def errors(result: dict[str, Any]) -> dict[tuple[str, str, Any], dict[str, Any]]:
+    """Per (compressor, hierarchy, density): a candidate's error and interval (equal over its collectives)."""
+    out = {}
+    for c in result["candidates"]:
+        out.setdefault((c["compressor"], c.get("hierarchy", "flat"), c["density"]), c)
+    return out
+
+
+def inside(x: float, ci: list[float] | None) -> bool:
+    return ci is not None and ci[0] - 1e-12 <= x <= ci[1] + 1e-12
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--trace", default=None)
+    parser.add_argument("-t", "--topology", default=None)
+    parser.add_argument("--work", default=None, help="directory for the two caches and JSONs (default: a temp one)")
+    ns, extra = parser.parse_known_args()
+    args = [*(["--trace", ns.trace] if ns.trace else []), *(["-t", ns.topology] if ns.topology else []), *extra]
+    work = Path(ns.work or tempfile.mkdtemp(prefix="sampling-check-"))
+    work.mkdir(parents=True, exist_ok=True)
+    exact, exact_head, exact_wall, exact_cpu = run(args, True, work)
+    sampled, sampled_head, sampled_wall, sampled_cpu = run(args, False, work)
+    ex, sa = errors(exact), errors(sampled)
+    print(f"arcsim run {' '.join(args) or '(the default example)'}")
+    print(f"{'compressor':<22} {'density':>8} {'exact':>18} {'sampled':>18}  inside?")
+    fails = 0
+    for key, e in ex.items():
+        s = sa.get(key)
+        if s is None:
+            continue
+        ok = inside(s["rel_error"], e["rel_error_ci"]) or inside(e["rel_error"], s["rel_error_ci"]) \
+            or s["rel_error"] == e["rel_error"]
+        fails += not ok
+
+        def fmt(c: dict[str, Any]) -> str:
+            ci = c["rel_error_ci"]
+            return f"{c['rel_error']:.4f}" + ("" if ci is None else f"±{(ci[1] - ci[0]) / 2:.4f}")
+
+        name = key[0] + ("" if key[1] == "flat" else f" ({key[1]})")
+        density = "-" if key[2] is None else f"{key[2]:g}"
+        print(f"{name:<22} {density:>8} {fmt(e):>18} {fmt(s):>18}  {'yes' if ok else 'NO'}")
+    sampling = [a for a in sampled["assumptions"] if a.startswith("SAMPLED")]
+    print(f"\nsampling: {sampling[0] if sampling else 'none (below the threshold: every bucket measured)'}")
+    same = exact["recommendation"] == sampled["recommendation"]
+    print(f"\nexact:   {exact_head.splitlines()[1] if len(exact_head.splitlines()) > 1 else exact_head}")
+    print(f"sampled: {sampled_head.splitlines()[1] if len(sampled_head.splitlines()) > 1 else sampled_head}")
+    print(f"recommendation {'the same' if same else 'DIFFERS'}")
+    print(f"\ncold run, wall / CPU s: exact {exact_wall:.1f} / {exact_cpu:.1f}, "
+          f"sampled {sampled_wall:.1f} / {sampled_cpu:.1f}")
+    measuring = {k: r["timings_s"].get("measuring, wall") for k, r in (("exact", exact), ("sampled", sampled))}
+    print(f"measuring, wall s: exact {measuring['exact']:.1f}, sampled {measuring['sampled']:.1f}")
+    sys.exit(1 if fails or not same else 0)
+
+
+if __name__ == "__main__":
+    main()
