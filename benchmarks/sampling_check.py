@@ -56,12 +56,21 @@ def main() -> None:
     parser.add_argument("--trace", default=None)
     parser.add_argument("-t", "--topology", default=None)
     parser.add_argument("--work", default=None, help="directory for the two caches and JSONs (default: a temp one)")
+    parser.add_argument("--reuse", action="store_true", help="compare the runs already in --work (not run again)")
     ns, extra = parser.parse_known_args()
     args = [*(["--trace", ns.trace] if ns.trace else []), *(["-t", ns.topology] if ns.topology else []), *extra]
     work = Path(ns.work or tempfile.mkdtemp(prefix="sampling-check-"))
     work.mkdir(parents=True, exist_ok=True)
-    exact, exact_head, exact_wall, exact_cpu = run(args, True, work)
-    sampled, sampled_head, sampled_wall, sampled_cpu = run(args, False, work)
+    if ns.reuse:
+        saved = json.loads((work / "runs.json").read_text())
+        exact, sampled = (json.loads((work / f"{n}.json").read_text()) for n in ("exact", "sampled"))
+        exact_head, exact_wall, exact_cpu = saved["exact"]
+        sampled_head, sampled_wall, sampled_cpu = saved["sampled"]
+    else:
+        exact, exact_head, exact_wall, exact_cpu = run(args, True, work)
+        sampled, sampled_head, sampled_wall, sampled_cpu = run(args, False, work)
+        (work / "runs.json").write_text(json.dumps({"exact": [exact_head, exact_wall, exact_cpu],
+                                                    "sampled": [sampled_head, sampled_wall, sampled_cpu]}))
     ex, sa = errors(exact), errors(sampled)
     print(f"arcsim run {' '.join(args) or '(the default example)'}")
     print(f"{'compressor':<22} {'density':>8} {'exact':>18} {'sampled':>18}  inside?")
@@ -83,7 +92,10 @@ def main() -> None:
         print(f"{name:<22} {density:>8} {fmt(e):>18} {fmt(s):>18}  {'yes' if ok else 'NO'}")
     sampling = [a for a in sampled["assumptions"] if a.startswith("SAMPLED")]
     print(f"\nsampling: {sampling[0] if sampling else 'none (below the threshold: every bucket measured)'}")
-    same = exact["recommendation"] == sampled["recommendation"]
+    def answer(r: dict[str, Any]) -> tuple[Any, ...]:
+        return tuple(r[f] for f in ("compressor", "collective", "op", "hierarchy", "density"))
+
+    same = answer(exact["recommendation"]) == answer(sampled["recommendation"])
     print(f"\nexact:   {exact_head.splitlines()[1] if len(exact_head.splitlines()) > 1 else exact_head}")
     print(f"sampled: {sampled_head.splitlines()[1] if len(sampled_head.splitlines()) > 1 else sampled_head}")
     print(f"recommendation {'the same' if same else 'DIFFERS'}")
