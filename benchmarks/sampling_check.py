@@ -25,7 +25,8 @@ from typing import Any
 def run(args: list[str], exact: bool, work: Path) -> tuple[dict[str, Any], str, float, float]:
     """One cold `arcsim run`: its JSON, its first output lines, wall and CPU seconds (the child's user+sys)."""
     out = work / ("exact.json" if exact else "sampled.json")
-    env = {**os.environ, "ARCSIM_CACHE_DIR": str(work / ("cache-exact" if exact else "cache-sampled"))}
+    env = {**os.environ, "ARCSIM_CACHE_DIR": str(work / ("cache-exact" if exact else "cache-sampled")),
+           "COLUMNS": "400"}
     cmd = [sys.executable, "-m", "arcsim", "run", *args, "--json", str(out), *(["--exact"] if exact else [])]
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     started = time.perf_counter()
@@ -35,7 +36,7 @@ def run(args: list[str], exact: bool, work: Path) -> tuple[dict[str, Any], str, 
     if proc.returncode:
         sys.exit(f"{' '.join(cmd)} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
-    head = "\n".join(line for line in proc.stdout.splitlines()[:4])
+    head = "\n".join(line for line in proc.stdout.splitlines()[:6])
     return json.loads(out.read_text()), head, wall, cpu
 
 
@@ -45,6 +46,15 @@ def errors(result: dict[str, Any]) -> dict[tuple[str, str, Any], dict[str, Any]]
     for c in result["candidates"]:
         out.setdefault((c["compressor"], c.get("hierarchy", "flat"), c["density"]), c)
     return out
+
+
+def recommended(head: str) -> str:
+    """The "Recommended: …" sentence of a run's first lines (joined where the terminal wrapped it)."""
+    lines = head.splitlines()
+    at = next((i for i, line in enumerate(lines) if line.startswith("Recommended")), None)
+    if at is None:
+        return head
+    return lines[at].strip()
 
 
 def inside(x: float, ci: list[float] | None) -> bool:
@@ -62,7 +72,8 @@ def main() -> None:
     work = Path(ns.work or tempfile.mkdtemp(prefix="sampling-check-"))
     work.mkdir(parents=True, exist_ok=True)
     if ns.reuse:
-        saved = json.loads((work / "runs.json").read_text())
+        saved = json.loads((work / "runs.json").read_text()) if (work / "runs.json").is_file() else \
+            {n: ["", float("nan"), float("nan")] for n in ("exact", "sampled")}  # times not kept
         exact, sampled = (json.loads((work / f"{n}.json").read_text()) for n in ("exact", "sampled"))
         exact_head, exact_wall, exact_cpu = saved["exact"]
         sampled_head, sampled_wall, sampled_cpu = saved["sampled"]
@@ -96,8 +107,10 @@ def main() -> None:
         return tuple(r[f] for f in ("compressor", "collective", "op", "hierarchy", "density"))
 
     same = answer(exact["recommendation"]) == answer(sampled["recommendation"])
-    print(f"\nexact:   {exact_head.splitlines()[1] if len(exact_head.splitlines()) > 1 else exact_head}")
-    print(f"sampled: {sampled_head.splitlines()[1] if len(sampled_head.splitlines()) > 1 else sampled_head}")
+    for name, result, head in (("exact", exact, exact_head), ("sampled", sampled, sampled_head)):
+        r = result["recommendation"]
+        print(f"{name + ':':<9}{' '.join(str(x) for x in answer(r))}: {r['iteration_s'] * 1e3:.2f} ms, "
+              f"error {r['rel_error']:.4f}" + (f"\n         {recommended(head)}" if head else ""))
     print(f"recommendation {'the same' if same else 'DIFFERS'}")
     print(f"\ncold run, wall / CPU s: exact {exact_wall:.1f} / {exact_cpu:.1f}, "
           f"sampled {sampled_wall:.1f} / {sampled_cpu:.1f}")

@@ -225,7 +225,11 @@ def _render_policy(result: RunResult, console: Console) -> None:
     if len(pol.choices) > 16:
         table.add_row("…", f"{len(pol.choices) - 16} more", "", "", "")
     console.print(table)
-    if pol.unsettled:
+    if pol.unsettled and sampling(result):
+        console.print(f"  [yellow]not settled by the trace's steps and the bucket sample:[/] the error limit "
+                      f"{pol.error_limit:.3f} lies inside the 95 % interval of {', '.join(pol.unsettled)}: a "
+                      "longer trace, or --exact, could change which candidates qualify")
+    elif pol.unsettled:
         console.print(f"  [yellow]not settled by the trace's steps:[/] the error limit {pol.error_limit:.3f} lies "
                       f"inside the 95 % interval of {', '.join(pol.unsettled)}: a longer trace could change "
                       "which candidates qualify")

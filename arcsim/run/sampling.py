@@ -120,7 +120,8 @@ def describe(sample: BucketSample, buckets: Sequence[Bucket]) -> str:
                        f"{buckets[s[0]].numel:,} elements ({', '.join(str(i) for i in s if i in sample.measured)})"
                        for s in partial)
     return (f"SAMPLED: large measurements compressed {len(sample.measured)} of {len(buckets)} buckets "
-            f"({got / total:.0%} of the elements: every bucket of a size of its own, and {strata}); an unmeasured "
+            f"({got / total:.0%} of the elements: strata of up to {MIN_PER_STRATUM} alike buckets whole, "
+            f"{strata}); an unmeasured "
             "bucket's error terms, gains and compression time are its stratum's measured mean, its messages the "
             "same (their mean size where a compressor's k follows the data, e.g. gaussiank, adaptive); errors "
             "are ratio estimates and their ± includes the bucket sampling (docs/run.md; --exact measures every "
