@@ -57,6 +57,25 @@ def recommended(head: str) -> str:
     return lines[at].strip()
 
 
+def measurements(cache: Path) -> dict[tuple[str, float, int, str], Any]:
+    """Every measurement kept in a run's cache, by (compressor, density, steps, hierarchy)."""
+    import gzip
+
+    from arcsim.comm.log import CommRecord
+    from arcsim.run.measure import Measurement
+
+    out = {}
+    for path in sorted((cache / "arcsim-results").glob("*.json.gz")):
+        entry = json.loads(gzip.decompress(path.read_bytes()))
+        raw = entry.get("value") if isinstance(entry, dict) else None
+        if not isinstance(raw, dict) or "err2" not in raw:
+            continue
+        raw["records"] = [[[CommRecord(**r) for r in recs] for recs in step] for step in raw["records"]]
+        m = Measurement(**raw)
+        out[m.compressor, m.density, len(m.err2), m.hierarchy] = m
+    return out
+
+
 def inside(x: float, ci: list[float] | None) -> bool:
     return ci is not None and ci[0] - 1e-12 <= x <= ci[1] + 1e-12
 
@@ -101,6 +120,20 @@ def main() -> None:
         name = key[0] + ("" if key[1] == "flat" else f" ({key[1]})")
         density = "-" if key[2] is None else f"{key[2]:g}"
         print(f"{name:<22} {density:>8} {fmt(e):>18} {fmt(s):>18}  {'yes' if ok else 'NO'}")
+    ex_m, sa_m = measurements(work / "cache-exact"), measurements(work / "cache-sampled")
+    grid = [k for k in ex_m if k in sa_m and k[2] < max(k2[2] for k2 in ex_m)]
+    if grid:
+        print(f"\nthe ratio grid (measured on {grid[0][2]} step(s); sampled: ± over the bucket sample only)")
+        print(f"{'compressor':<22} {'density':>8} {'exact':>18} {'sampled':>18}  inside?")
+    for key in sorted(grid):
+        e, s = ex_m[key], sa_m[key]
+        ei, si = e.rel_error_interval(), s.rel_error_interval()
+        ok = inside(s.rel_error(), list(ei) if ei else None) or inside(e.rel_error(), list(si) if si else None) \
+            or s.rel_error() == e.rel_error()
+        fails += not ok
+        width = "" if si is None else f"±{(si[1] - si[0]) / 2:.4f}"
+        print(f"{key[0]:<22} {key[1]:>8g} {e.rel_error():>18.4f} {f'{s.rel_error():.4f}{width}':>18}  "
+              f"{'yes' if ok else 'NO'}")
     sampling = [a for a in sampled["assumptions"] if a.startswith("SAMPLED")]
     print(f"\nsampling: {sampling[0] if sampling else 'none (below the threshold: every bucket measured)'}")
     def answer(r: dict[str, Any]) -> tuple[Any, ...]:
