@@ -111,3 +111,26 @@ def test_cli_exact_flag(tmp_path, forced):
     s, e = (json.loads((tmp_path / f"{n}.json").read_text()) for n in ("s", "e"))
     assert s["sampling"]["measured"] == [2, 6, 10, 14] and s["sampling"]["elements_fraction"] == 0.25
     assert e["sampling"] is None and e["config"]["exact"] and not s["config"]["exact"]
+
+
+def test_sampling_half_width_is_the_stratified_ratio_estimators():
+    from scipy.stats import t as student_t
+
+    from arcsim.run.measure import Measurement
+
+    e_m, r_m = [1.0, 2.0, 4.0], [10.0, 10.0, 20.0]  # buckets 0 (alone), 1 and 3 of the stratum 1–4 measured
+    err2 = [[e_m[0], e_m[1], 3.0, e_m[2], 3.0]]      # 2 and 4: the measured mean of their stratum
+    ref2 = [[r_m[0], r_m[1], 15.0, r_m[2], 15.0]]
+    m = Measurement("topk", 0.01, "ef14", 5, err2=err2, ref2=ref2,
+                    sample={"strata": [[0], [1, 2, 3, 4]], "measured": [0, 1, 3]})
+    ratio = (1 + 4 * 3) / (10 + 4 * 15)
+    assert m.rel_error() == pytest.approx(ratio)
+    d = [2.0 - ratio * 10, 4.0 - ratio * 20]
+    s2 = ((d[0] - d[1]) ** 2) / 2
+    se = (16 * (1 - 2 / 4) * s2 / 2) ** 0.5 / 70
+    assert m.sampling_half_width() == pytest.approx(student_t.ppf(0.975, 1) * se)
+    lo, hi = m.rel_error_interval()  # one step: the sampling's interval alone
+    assert hi - m.rel_error() == pytest.approx(m.sampling_half_width()) and lo >= 0.0
+    whole = Measurement("topk", 0.01, "ef14", 5, err2=err2, ref2=ref2,
+                        sample={"strata": [[0], [1, 2, 3, 4]], "measured": [0, 1, 2, 3, 4]})
+    assert whole.sampling_half_width() is None and whole.rel_error_interval() is None
