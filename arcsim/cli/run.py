@@ -115,6 +115,9 @@ if TYPE_CHECKING:  # torch stays unimported until a command needs it
 @click.option("--seed", default=0, show_default=True, type=Count(minimum=0))
 @click.option("--grid-steps", type=Count(), default=None,
               help="Trace steps for the ratio grid (default: all; the first only for large traces).")
+@click.option("--exact", is_flag=True,
+              help="Measure every bucket (default: a large trace's measurements compress a stratified sample of "
+                   "its buckets, the error's ± including the sampling; docs/run.md).")
 @click.option("--network-schedule", "schedule", type=click.Path(dir_okay=False), default=None,
               help="Also the best choice on each phase's network of this schedule (examples/schedule-c1.yaml).")
 @click.option("--history", "history_dir", type=click.Path(file_okay=False), default=None,
@@ -137,7 +140,8 @@ def run(topology: str, trace: str | None, no_capture: bool, params: str | None, 
         gpu: str | None, batch: int | None, precision: str | None, compare_gpu: str | None, compute_profile: str | None,
         seed: int,
         grid_steps: int | None, all_collectives: bool, json_out: str | None, csv_out: str | None, plot_dir: str | None,
-        scope: str, schedule: str | None = None, history_dir: str | None = None, force: bool = False) -> None:
+        scope: str, schedule: str | None = None, history_dir: str | None = None, force: bool = False,
+        exact: bool = False) -> None:
     """Predict the iteration time of every compressor and collective for a trace on a topology."""
     from arcsim.run import report
     from arcsim.run.analysis import Analysis, RunConfig
@@ -155,7 +159,7 @@ def run(topology: str, trace: str | None, no_capture: bool, params: str | None, 
                     latency=parse_duration(latency) if latency else None,
                     fusion="bucket" if fusion == "both" else fusion,
                     params=parse_params(params) if params is not None else None, layers=layers, live=training,
-                    hierarchy=hierarchy, framework=framework, cycle_ms=cycle_ms)
+                    hierarchy=hierarchy, framework=framework, cycle_ms=cycle_ms, exact=exact)
     cfg.check()
     network_schedule = None
     if schedule is not None:

@@ -42,6 +42,7 @@ from arcsim.run.candidates import Candidate, Context, candidates_for, evaluate
 from arcsim.run.compute import ComputeTimes, from_profile, from_trace, mapped
 from arcsim.run.frameworks import DDP_BUCKET_MB, FRAMEWORKS, framework_message, get_framework
 from arcsim.run.measure import GradientStats, Measurement, measure, measure_many, measuring_threads
+from arcsim.run.sampling import BucketSample, describe, sample_threshold
 from arcsim.topology import DEFAULT_TOPOLOGY, Topology, load_topology
 from arcsim.traces.estimates import LIVE_STATE_BYTES_PER_ELEMENT, measuring_seconds
 from arcsim.traces.format import GradientSource, Trace, open_trace
@@ -122,6 +123,7 @@ class RunConfig:
     hierarchy: str = "flat"             # flat | node | both (arcsim.compressors.hierarchy)
     framework: str = "ddp"              # ddp | horovod: how gradients are grouped and issued (arcsim.run.frameworks)
     cycle_ms: float | None = None       # Horovod's cycle time (None: HOROVOD_CYCLE_TIME's default, 1 ms)
+    exact: bool = False                 # measure every bucket (else large measurements sample: run/sampling.py)
 
     @property
     def hierarchies(self) -> tuple[str, ...]:
@@ -344,8 +346,8 @@ class Analysis:
         errors do not depend on the device; CPU-timed compression is used only where nothing is modelled."""
         same = other.trace is self.trace or (isinstance(other.trace, Trace) and isinstance(self.trace, Trace)
                                              and other.trace.path == self.trace.path)
-        if not same or (other.cfg.memory, other.cfg.seed, other.cfg.options) != \
-                (self.cfg.memory, self.cfg.seed, self.cfg.options):
+        if not same or (other.cfg.memory, other.cfg.seed, other.cfg.options, other.cfg.exact) != \
+                (self.cfg.memory, self.cfg.seed, self.cfg.options, self.cfg.exact):
             raise RunError("measurements are shared only between runs of the same trace and compressor settings")
         if self.ctx.gpu is None and other.ctx.gpu is not None:
             return  # the other run modelled compression and timed nothing here: measure again, timed
@@ -446,7 +448,17 @@ class Analysis:
         steps = self.steps() if count == self.trace.steps else itertools.islice(self.steps(), count)
         return measure(steps, self.ctx.buckets, compressor, density, self._memory(compressor), self.cfg.seed,
                        self.cfg.options, timed=self.ctx.gpu is None, count=count, stats=self.gradient_stats,
-                       grouping=grouping)
+                       grouping=grouping, sample=self.sample_for(key))
+
+    def sample_for(self, key: MeasurementKey) -> BucketSample | None:
+        """The buckets ``key`` is measured on where it is large (workers × elements × steps above
+        sample_threshold()) and a sample leaves some out; None: every bucket (also with --exact, for live
+        training, and where the sample would be every bucket)."""
+        t = self.trace
+        if self.cfg.exact or not isinstance(t, Trace) or t.workers * t.elements * key[2] <= sample_threshold():
+            return None
+        sample = BucketSample.plan(self.ctx.buckets)
+        return None if sample.whole else sample
 
     def _keep(self, key: MeasurementKey, meas: Measurement, seconds: float) -> None:
         """``meas`` kept in memory for ``key`` (a synthetic sample's records scaled to the full model), and the
@@ -508,7 +520,8 @@ class Analysis:
     def _cache_name(self, key: MeasurementKey) -> str:
         compressor, density, steps, grouping = key
         return cache.key(self._trace_hash(), self.ctx.buckets, compressor, density, self._memory(compressor),
-                         self.cfg.seed, self.cfg.options, steps, self.ctx.gpu is None, grouping)
+                         self.cfg.seed, self.cfg.options, steps, self.ctx.gpu is None, grouping,
+                         self.sample_for(key))
 
     def measuring_work(self) -> tuple[int, float]:
         """The planned measurements neither in memory nor in the cache, and the seconds they should take here
@@ -517,8 +530,13 @@ class Analysis:
             return 0, 0.0
         todo = [k for k in self.planned_keys() if k not in self._measured
                 and not cache.held(self._cache_name(k))]
-        return len(todo), measuring_seconds(sum(self.trace.workers * k[2] * self.trace.elements for k in todo),
+        return len(todo), measuring_seconds(sum(self.trace.workers * k[2] * self._measured_elements(k) for k in todo),
                                             timed=self.ctx.gpu is None)
+
+    def _measured_elements(self, key: MeasurementKey) -> int:
+        """The elements ``key`` compresses per worker and step: the trace's, or its sample's."""
+        sample = self.sample_for(key)
+        return self.trace.elements if sample is None else sum(self.ctx.buckets[i].numel for i in sample.measured)
 
     def _memory(self, compressor: str) -> str | None:
         return self.cfg.memory if not INFO[compressor].density_free else None
@@ -672,6 +690,12 @@ class Analysis:
         if self.grid_steps() < t.steps:
             notes.append(f"ratio-grid points other than --density were measured on the first {self.grid_steps()} "
                          f"of the trace's {t.steps} steps (large trace; --grid-steps to change)")
+        samples = {tuple(m.sample["measured"]) for m in self._measured.values() if m.sample is not None}
+        if samples:
+            sampled = max(samples, key=len)
+            notes.append(describe(BucketSample(tuple(tuple(s) for s in next(
+                m.sample["strata"] for m in self._measured.values() if m.sample is not None)), sampled),
+                self.ctx.buckets))
         if self.cached:
             notes.append(f"{self.cached} of {len(self._measured)} compressor measurements were cached from an earlier "
                          f"run on the same trace and settings ({cache_dir()}; `arcsim cache clear` to drop "

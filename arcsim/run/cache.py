@@ -17,6 +17,7 @@ from arcsim.compressors.hierarchy import Grouping
 from arcsim.files import CACHE_SUFFIX, cache_key, cache_read, cache_write, file_fact, results_dir
 from arcsim.run.buckets import Bucket
 from arcsim.run.measure import Measurement
+from arcsim.run.sampling import BucketSample
 
 VERSION = 4  # bump when what a measurement holds changes (or, up to ties, how it is measured); 4: node-aware
 #             slices cut at row boundaries (their measurements from before are of other slices)
@@ -35,12 +36,15 @@ def trace_hash(path: Path) -> str:
 
 
 def key(trace: str, buckets: list[Bucket], compressor: str, density: float, memory: str | None, seed: int,
-        options: Mapping[str, Any], steps: int, timed: bool, grouping: Grouping | None = None) -> str:
+        options: Mapping[str, Any], steps: int, timed: bool, grouping: Grouping | None = None,
+        sample: BucketSample | None = None) -> str:
     fields = {"v": VERSION, "trace": trace, "buckets": [(b.lo, b.hi) for b in buckets], "compressor": compressor,
               "density": density, "memory": memory, "seed": seed, "options": dict(sorted(options.items())),
               "steps": steps, "timed": timed}
     if grouping is not None:  # flat keys stay as they were: measurements already cached are still found
         fields["grouping"] = dataclasses.astuple(grouping)
+    if sample is not None:  # a sample of the buckets (exact keys stay as they were)
+        fields["sample"] = list(sample.measured)
     return cache_key(fields)
 
 

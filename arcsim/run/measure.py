@@ -28,6 +28,7 @@ from arcsim.compressors.base import Compressed, Compressor
 from arcsim.compressors.hierarchy import Grouping, NodeAware, slice_seed
 from arcsim.compressors.memory import Memory, make_memory
 from arcsim.run.buckets import Bucket
+from arcsim.run.sampling import BucketSample
 from arcsim.traces.timing import Clock
 
 
@@ -52,6 +53,8 @@ class Measurement:
     gain: list[list[float]] = field(default_factory=list)        # mean over workers of ||C(u_w)|| / ||u_w||
     selected: list[list[float]] = field(default_factory=list)    # elements selected per worker
     compress_s: list[list[float]] = field(default_factory=list)  # measured local work per rank
+    sample: dict[str, Any] | None = None  # measured on a sample of buckets (arcsim.run.sampling): "strata" (every
+    #                                       bucket, by stratum) and "measured"; the others' columns are estimates
 
     def rel_error(self, buckets: Iterable[int] | None = None) -> float:
         """Σ||agg − ū||² / Σ||ū||² over steps and the given buckets (all by default)."""
@@ -62,15 +65,51 @@ class Measurement:
 
     def rel_error_interval(self, confidence: float = 0.95) -> tuple[float, float] | None:
         """The ``confidence`` interval of the error, from its spread over the steps (Student's t on the
-        per-step errors Σ_b err² / Σ_b ref²); None from a single step, where there is no spread to see."""
+        per-step errors Σ_b err² / Σ_b ref²) and, measured on a sample of buckets, from the sampling (the two
+        half-widths added in quadrature: :meth:`sampling_half_width`); None from a single step of every
+        bucket, where there is no spread to see."""
         e, r = np.asarray(self.err2).sum(axis=1), np.asarray(self.ref2).sum(axis=1)
         per_step = e[r > 0] / r[r > 0]
-        if per_step.size < 2:
+        halves = []
+        if per_step.size >= 2:
+            halves.append(float(student_t.ppf(0.5 + confidence / 2, per_step.size - 1) * per_step.std(ddof=1)
+                                / np.sqrt(per_step.size)))
+        sampled = self.sampling_half_width(confidence)
+        if sampled is not None:
+            halves.append(sampled)
+        if not halves:
             return None
-        half = float(student_t.ppf(0.5 + confidence / 2, per_step.size - 1) * per_step.std(ddof=1)
-                     / np.sqrt(per_step.size))
+        half = float(np.sqrt(sum(h * h for h in halves)))
         centre = self.rel_error()
         return max(0.0, centre - half), centre + half
+
+    def sampling_half_width(self, confidence: float = 0.95) -> float | None:
+        """Measured on a sample of buckets: the half-width of the error's ``confidence`` interval from the
+        sampling alone — the stratified ratio estimator's linearised variance, with the finite-population
+        correction (a stratum measured whole adds nothing), Σ_h N_h² (1 − n_h/N_h) s²_h / n_h / X², where
+        s²_h is the spread over the stratum's measured buckets of d_i = e_i − R r_i (e, r: the bucket's
+        err², ref² summed over steps; X: the estimated Σ ref²), times Student's t on Σ (n_h − 1) degrees of
+        freedom. None: every bucket measured."""
+        if self.sample is None:
+            return None
+        e, r = np.asarray(self.err2).sum(axis=0), np.asarray(self.ref2).sum(axis=0)
+        total_r = float(r.sum())
+        if total_r <= 0:
+            return None
+        ratio = float(e.sum()) / total_r
+        measured = set(self.sample["measured"])
+        variance, dof = 0.0, 0
+        for stratum in self.sample["strata"]:
+            got = [i for i in stratum if i in measured]
+            big, n = len(stratum), len(got)
+            if n >= big or n < 2:
+                continue
+            d = e[got] - ratio * r[got]
+            variance += big * big * (1 - n / big) * float(np.var(d, ddof=1)) / n
+            dof += n - 1
+        if dof == 0:
+            return None
+        return float(student_t.ppf(0.5 + confidence / 2, dof) * np.sqrt(variance) / total_r)
 
     def err2_bucket(self, index: int) -> float:
         return float(np.asarray(self.err2)[:, index].sum())
@@ -162,10 +201,13 @@ class BucketedCompression:
 
     def __init__(self, buckets: list[Bucket], compressor: str, density: float, memory: str | None = None,
                  seed: int = 0, options: Mapping[str, Any] | None = None, timed: bool = True,
-                 stats: GradientStats | None = None, grouping: Grouping | None = None) -> None:
+                 stats: GradientStats | None = None, grouping: Grouping | None = None,
+                 only: Iterable[int] | None = None) -> None:
         """``stats``: shared with other measurements of the same gradients (None: computed, not kept).
-        ``grouping``: compress node-aware, the workers grouped into nodes so (None: flat)."""
+        ``grouping``: compress node-aware, the workers grouped into nodes so (None: flat). ``only``: compress
+        these buckets (by index) and skip the others (a sample: arcsim.run.sampling); None: every bucket."""
         self.buckets, self.seed, self.shared_options = buckets, seed, dict(options or {})
+        self.only = None if only is None else frozenset(only)
         self.stats = stats
         self.memory = memory or default_memory(compressor)
         self.grouping = grouping
@@ -210,6 +252,8 @@ class BucketedCompression:
         updates = []
         stats = self.stats or GradientStats()
         for b in self.buckets:
+            if self.only is not None and b.index not in self.only:
+                continue
             x = g[:, b.lo:b.hi].float()  # a half-precision step is converted here, a bucket at a time
             mean_g = stats.mean(step, b.index, x)
             if self.node_aware:
@@ -271,24 +315,27 @@ class BucketedCompression:
 def measure(steps: Iterable[tuple[int, torch.Tensor]], buckets: list[Bucket], compressor: str, density: float,
             memory: str | None = None, seed: int = 0, options: Mapping[str, Any] | None = None,
             timed: bool = True, count: int | None = None, stats: GradientStats | None = None,
-            grouping: Grouping | None = None) -> Measurement:
+            grouping: Grouping | None = None, sample: BucketSample | None = None) -> Measurement:
     """Compress every bucket of every trace step; ``steps`` yields (training step, [W, d] float32, or half
     precision, converted a bucket at a time). ``timed``: also time one rank's compression here (skip it
     where compression is modelled on a GPU). ``count``: how many steps ``steps`` yields, where known (the
     memories then skip their update after the last). ``stats``: the gradients' statistics shared with other
-    measurements of the same steps. ``grouping``: node-aware, the workers grouped into nodes so."""
+    measurements of the same steps. ``grouping``: node-aware, the workers grouped into nodes so. ``sample``:
+    compress only its buckets, the others estimated from them (arcsim.run.sampling; None: every bucket)."""
     return measure_many(steps, buckets, [(compressor, density, memory)], seed, options, timed, count, stats,
-                        grouping)[0]
+                        grouping, sample)[0]
 
 
 def measure_many(steps: Iterable[tuple[int, torch.Tensor]], buckets: list[Bucket],
                  which: list[tuple[str, float, str | None]], seed: int = 0, options: Mapping[str, Any] | None = None,
                  timed: bool = True, count: int | None = None, stats: GradientStats | None = None,
-                 grouping: Grouping | None = None) -> list[Measurement]:
+                 grouping: Grouping | None = None, sample: BucketSample | None = None) -> list[Measurement]:
     """:func:`measure` for several (compressor, density, memory) at once, in ONE pass over ``steps``: each
     step is given to all of them before the next is asked for (live training yields one step at a time)."""
     stats = stats or GradientStats()  # shared by these runs, and only by them unless the caller keeps it
-    runs = [BucketedCompression(buckets, c, d, m, seed, options, timed, stats, grouping) for c, d, m in which]
+    only = None if sample is None else sample.measured
+    runs = [BucketedCompression(buckets, c, d, m, seed, options, timed, stats, grouping, only)
+            for c, d, m in which]
     elements = sum(b.numel for b in buckets)
     out = [Measurement(bc.compressor, bc.density, bc.memory, elements, "flat" if grouping is None else "node")
            for bc in runs]
@@ -297,7 +344,7 @@ def measure_many(steps: Iterable[tuple[int, torch.Tensor]], buckets: list[Bucket
             for bc, meas in zip(runs, out, strict=True):
                 meas.add(bc.step(step, g, final=i + 1 == count)[1])
         del g
-    return out
+    return out if sample is None else [sample.expand(meas) for meas in out]
 
 
 TIMING_BUDGET_S = 0.02  # per bucket: cheap compressions are repeated until this much time is spent …

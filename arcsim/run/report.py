@@ -43,7 +43,9 @@ def to_json(result: RunResult) -> dict[str, Any]:
                   "elements": t.elements, "synthetic_data": t.meta["synthetic_data"]},
         "config": {"density": cfg.density, "engine": cfg.engine, "bucket_mb": cfg.bucket_mb, "policy": cfg.policy,
                    "memory": cfg.memory or "default (ef14; none for dense, fp16)", "ratios": list(cfg.ratios),
-                   "compute_profile": cfg.compute_profile, "seed": cfg.seed, "hierarchy": cfg.hierarchy},
+                   "compute_profile": cfg.compute_profile, "seed": cfg.seed, "hierarchy": cfg.hierarchy,
+                   "exact": cfg.exact},
+        "sampling": sampling(result),
         "compute_basis": result.compute_basis,
         "assumptions": result.assumptions,
         "buckets": [{"index": b.index, "elements": b.numel, "layers": len(b.layers), "ready_s": b.ready_s}
@@ -84,6 +86,19 @@ def write_csv(result: RunResult, path: Path) -> None:
     write_atomic(path, buf.getvalue())
 
 
+def sampling(result: RunResult) -> dict[str, Any] | None:
+    """The bucket sample the run's measurements at --density were taken on (arcsim.run.sampling), with the
+    fraction of buckets and of elements it holds; None: every bucket measured."""
+    sample = next((c.measurement.sample for c in result.candidates
+                   if c.measurement is not None and c.measurement.sample is not None), None)
+    if sample is None:
+        return None
+    buckets = result.ctx.buckets
+    got = sum(buckets[i].numel for i in sample["measured"])
+    return {**sample, "buckets_fraction": len(sample["measured"]) / len(buckets),
+            "elements_fraction": got / sum(b.numel for b in buckets)}
+
+
 def render(result: RunResult, console: Console, every_collective: bool = False) -> None:
     t, topo = result.ctx.trace_file, result.ctx.topo
     source = "a synthetic sample" if "sample_of" in t.meta else t.label
@@ -100,7 +115,9 @@ def render(result: RunResult, console: Console, every_collective: bool = False) 
                   caption=f"ms per iteration, compute {_ms(d.compute_s)} ms in each; speed-up against dense fp32 on "
                           f"its fastest collective (dense (baseline), {d.op} {d.collective}); AR all-reduce, AG "
                           "all-gather; error = ‖agg − ū‖²/‖ū‖² after error feedback"
-                          + (f" (± its 95 % interval over the trace's {t.steps} steps)" if t.steps > 1 else "")
+                          + (f" (± its 95 % interval over the trace's {t.steps} steps"
+                             + (", and over the bucket sample" if sampling(result) else "") + ")"
+                             if t.steps > 1 or sampling(result) else "")
                           + f"; gain = ‖C(u)‖/‖u‖; ✗ {UNUSABLE_NOTE}",
                   box=box.SIMPLE_HEAD, collapse_padding=True, pad_edge=False, show_edge=False)
     names = max(len(c.compressor) for c in rows) if rows else 0
@@ -208,7 +225,11 @@ def _render_policy(result: RunResult, console: Console) -> None:
     if len(pol.choices) > 16:
         table.add_row("…", f"{len(pol.choices) - 16} more", "", "", "")
     console.print(table)
-    if pol.unsettled:
+    if pol.unsettled and sampling(result):
+        console.print(f"  [yellow]not settled by the trace's steps and the bucket sample:[/] the error limit "
+                      f"{pol.error_limit:.3f} lies inside the 95 % interval of {', '.join(pol.unsettled)}: a "
+                      "longer trace, or --exact, could change which candidates qualify")
+    elif pol.unsettled:
         console.print(f"  [yellow]not settled by the trace's steps:[/] the error limit {pol.error_limit:.3f} lies "
                       f"inside the 95 % interval of {', '.join(pol.unsettled)}: a longer trace could change "
                       "which candidates qualify")
