@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from conftest import run_cli
 
 from arcsim.compressors.base import Layer
 from arcsim.run import cache
@@ -14,7 +15,6 @@ from arcsim.run.analysis import Analysis, RunConfig
 from arcsim.run.buckets import make_buckets
 from arcsim.run.measure import measure
 from arcsim.run.sampling import BucketSample
-from tests.conftest import run_cli
 
 COMPRESSORS = ("topk", "randk", "gaussiank", "powersgd", "adaptive")
 

@@ -33,6 +33,7 @@ if TYPE_CHECKING:
 SAMPLE_WORK_ELEMENTS = 5e7  # workers × elements × steps of one measurement above which buckets are sampled
 SAMPLE_FRACTION = 0.25      # of each stratum of equal buckets, at least …
 MIN_PER_STRATUM = 2         # … and at least this many (two give the stratum's spread; fewer: measured whole)
+MIN_SAMPLE_SAVING = 0.25    # a sample is taken only where it leaves out at least this share of the elements
 FLOAT_COLUMNS = ("err2", "ref2", "upd2", "raw2", "gain", "selected", "compress_s")
 
 
