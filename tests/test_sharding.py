@@ -7,6 +7,7 @@ import json
 import math
 
 import pytest
+from conftest import run_cli
 
 from arcsim.errors import ArcsimError
 from arcsim.sharding.memory import STATE_BYTES, memory_per_gpu
@@ -19,7 +20,6 @@ from arcsim.sharding.schedule import (
 )
 from arcsim.sharding.timeline import two_stream
 from arcsim.sharding.units import ROOT, ShardUnit, assign, group_units
-from conftest import run_cli
 
 TORCH_DTYPE = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 
