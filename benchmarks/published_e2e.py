@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import dataclasses
 import math
 import statistics
 import sys
@@ -89,10 +90,13 @@ def analysis(row: dict[str, str], traces: Path):
            row["arcsim_framework"], row["arcsim_hierarchy"])
     if key in _analyses:
         return _analyses[key]
-    cfg = RunConfig(topology=row["arcsim_topology"], trace=str(trace_path(row["arcsim_trace"], traces)),
-                    compressors=(row["arcsim_compressor"],), policy="none", ratios=(1.0,), allow_capture=False,
-                    gpu=row["arcsim_gpu"], batch=int(row["arcsim_batch"]), framework=row["arcsim_framework"],
-                    hierarchy=row["arcsim_hierarchy"])
+    given = dict(topology=row["arcsim_topology"], trace=str(trace_path(row["arcsim_trace"], traces)),
+                 compressors=(row["arcsim_compressor"],), policy="none", ratios=(1.0,), allow_capture=False,
+                 gpu=row["arcsim_gpu"], batch=int(row["arcsim_batch"]), framework=row["arcsim_framework"],
+                 hierarchy=row["arcsim_hierarchy"])
+    if given["framework"] == "ddp" and "framework" not in {f.name for f in dataclasses.fields(RunConfig)}:
+        del given["framework"]  # an arcsim from before --framework (to compare against it) priced DDP only
+    cfg = RunConfig(**given)  # type: ignore[arg-type]
     earlier = next((a for k, a in _analyses.items() if k[0] == key[0]), None)
     a = Analysis(cfg, announce=lambda _: None, source=None if earlier is None else earlier.trace)  # type: ignore
     if earlier is not None:
@@ -118,7 +122,7 @@ def price(row: dict[str, str], traces: Path) -> Priced:
 
 def where(row: dict[str, str]) -> str:
     w = row["where"]
-    return w.split(" (")[0] if w.startswith("Figure") else ("slow network" if "Slow" in w else "end-to-end table")
+    return w.split(" (")[0] if w.startswith("Figure") else ("slow network" if "Slow" in w else "e2e table")
 
 
 def verdict(speedup: float) -> str:
