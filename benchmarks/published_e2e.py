@@ -1,0 +1,178 @@
+"""Compression's end-to-end speed-up over dense: published (benchmarks/published/e2e.csv) against arcsim.
+
+    python benchmarks/published_e2e.py                       # every row arcsim can express (a few minutes)
+    python benchmarks/published_e2e.py --source Espresso     # the rows whose source contains this
+    python benchmarks/published_e2e.py --rows 3              # the first 3 expressible rows
+
+Each expressible row names its arcsim setup: a stand-in model's trace (captured once here: 4 workers × 1 step
+after 1 of training, under --traces), the topology, GPU, batch per GPU, framework, compressor and density. It is
+priced as ``arcsim run`` prices it (arcsim.run.analysis), dense fp32 and the compressor on their fastest
+collectives, and the predicted speed-up is dense's iteration time over the compressor's. Every row here ran on
+BytePS (parameter servers; the systems compress between machines): arcsim has DDP and Horovod, so each is priced
+as DDP with node-aware compression (dense inside a node, compressed between nodes: --hierarchy node), flat where
+the row is one machine. That is an approximation of BytePS's placement, not BytePS. The rows arcsim cannot
+express stay in the CSV with a ``skip`` reason, printed at the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import dataclasses
+import math
+import statistics
+import sys
+import time
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+
+CSV = Path(__file__).parent / "published" / "e2e.csv"
+BYTEPS_MIN_COMPRESS_BYTES = 1_024_000  # BytePS compresses only tensors this large (fp32 bytes); the rest go dense
+# the stand-in traces: zoo model and image side (None: the model's own input)
+TRACES: dict[str, tuple[str, int | None]] = {"gpt2_small": ("gpt2_small", None), "resnet50": ("resnet50", None),
+                                             "resnet18_cifar": ("resnet18", 32), "cnn": ("cnn", None)}
+WORKERS, STEPS, WARMUP = 4, 1, 1  # 4 workers: node-aware compression groups them as 2 nodes × 2
+
+
+def rows(source: str | None = None) -> list[dict[str, str]]:
+    with CSV.open() as f:
+        table = list(csv.DictReader(f))
+    return [r for r in table if source is None or source.lower() in r["source"].lower()]
+
+
+def source_name(row: dict[str, str]) -> str:
+    return row["source"].split(" (")[0].split(" docs")[0]
+
+
+def trace_path(name: str, traces: Path) -> Path:
+    """The stand-in's trace under ``traces``, captured here the first time (resnet50: ~30 s on two cores)."""
+    path = traces / f"{name}_w{WORKERS}s{STEPS}.npz"
+    if not path.exists():
+        from arcsim.traces.capture import CaptureConfig, capture
+
+        model, size = TRACES[name]
+        traces.mkdir(parents=True, exist_ok=True)
+        cfg = CaptureConfig(model=model, out=path, workers=WORKERS, steps=STEPS, warmup=WARMUP, input_size=size)
+        print(f"  capturing {name}: {cfg.command()}", file=sys.stderr, flush=True)
+        capture(cfg)
+    return path
+
+
+def density_of(row: dict[str, str], layers) -> float:
+    """The row's density; ``kN``: BytePS's N elements per tensor of BYTEPS_MIN_COMPRESS_BYTES or more, the smaller
+    tensors sent whole, as the density sending the same number of elements."""
+    d = row["arcsim_density"]
+    if not d.startswith("k"):
+        return float(d)
+    k = int(d[1:])
+    total = sum(la.numel for la in layers)
+    sent = sum(k if la.numel * 4 >= BYTEPS_MIN_COMPRESS_BYTES else la.numel for la in layers)
+    return sent / total
+
+
+@dataclass
+class Priced:
+    speedup: float
+    dense_s: float
+    compressed_s: float
+    density: float
+
+
+_analyses: dict[tuple, object] = {}
+
+
+def analysis(row: dict[str, str], traces: Path):
+    """One arcsim Analysis per (trace, topology, GPU, batch, framework), the trace and measurements shared."""
+    from arcsim.run.analysis import Analysis, RunConfig
+
+    key = (row["arcsim_trace"], row["arcsim_topology"], row["arcsim_gpu"], row["arcsim_batch"],
+           row["arcsim_framework"], row["arcsim_hierarchy"])
+    if key in _analyses:
+        return _analyses[key]
+    given = dict(topology=row["arcsim_topology"], trace=str(trace_path(row["arcsim_trace"], traces)),
+                 compressors=(row["arcsim_compressor"],), policy="none", ratios=(1.0,), allow_capture=False,
+                 gpu=row["arcsim_gpu"], batch=int(row["arcsim_batch"]), framework=row["arcsim_framework"],
+                 hierarchy=row["arcsim_hierarchy"])
+    if given["framework"] == "ddp" and "framework" not in {f.name for f in dataclasses.fields(RunConfig)}:
+        del given["framework"]  # an arcsim from before --framework (to compare against it) priced DDP only
+    cfg = RunConfig(**given)  # type: ignore[arg-type]
+    earlier = next((a for k, a in _analyses.items() if k[0] == key[0]), None)
+    a = Analysis(cfg, announce=lambda _: None, source=None if earlier is None else earlier.trace)  # type: ignore
+    if earlier is not None:
+        a.share_measurements(earlier)  # type: ignore[arg-type]
+    _analyses[key] = a
+    return a
+
+
+def price(row: dict[str, str], traces: Path) -> Priced:
+    """arcsim's speed-up of the row's compressor over dense fp32, each on its fastest collective."""
+    from arcsim.run.candidates import candidates_for
+
+    a = analysis(row, traces)
+    density = density_of(row, a.trace.layers)
+
+    def best(meas):
+        return min(candidates_for(meas, a.ctx, a.pricer), key=lambda c: c.iteration_s)
+
+    dense = best(a.measurement("dense", 1.0))
+    comp = best(a.measurement(row["arcsim_compressor"], density, hierarchy=row["arcsim_hierarchy"]))
+    return Priced(dense.iteration_s / comp.iteration_s, dense.iteration_s, comp.iteration_s, density)
+
+
+def where(row: dict[str, str]) -> str:
+    w = row["where"]
+    return w.split(" (")[0] if w.startswith("Figure") else ("slow network" if "Slow" in w else "e2e table")
+
+
+def verdict(speedup: float) -> str:
+    return "faster" if speedup > 1.0 else "slower"
+
+
+def main(argv: list[str] | None = None) -> int:
+    from arcsim.files import generated_traces_dir
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--source", help="only the rows whose source contains this (e.g. Espresso, BytePS)")
+    ap.add_argument("--rows", type=int, help="only the first N expressible rows")
+    ap.add_argument("--traces", type=Path, help="where the stand-in traces are kept (default: arcsim's trace "
+                    "cache, published_e2e/)")
+    args = ap.parse_args(argv)
+    traces = args.traces or generated_traces_dir() / "published_e2e"
+    table = rows(args.source)
+    todo = [r for r in table if not r["skip"]][:args.rows]
+    print("Predicted (arcsim: DDP, node-aware compression; BytePS placement approximated) against measured "
+          "speed-up of compression over dense")
+    print(f"{'source':<10}{'where':<15}{'system / compressor':<28}{'nodes':>5}  {'arcsim':<34}"
+          f"{'measured':>9}{'predicted':>10}{'|err|':>7}  agree")
+    by_source: dict[str, list[tuple[float, bool]]] = defaultdict(list)
+    started = time.perf_counter()
+    for i, r in enumerate(todo, 1):
+        p = price(r, traces)
+        measured = float(r["speedup"])
+        agree = verdict(measured) == verdict(p.speedup)
+        err = abs(p.speedup - measured)
+        by_source[source_name(r)].append((err, agree))
+        setup = f"{r['arcsim_trace']} {r['arcsim_compressor']}@{p.density:.2g} {r['arcsim_topology'].split('-')[1]}"
+        print(f"{source_name(r):<10}{where(r):<15}{r['compressor'][:27]:<28}{r['nodes']:>5}  "
+              f"{setup:<34}{measured:>9.3f}{p.speedup:>10.3f}{err:>7.3f}  {'yes' if agree else 'NO'}", flush=True)
+        print(f"  [{i}/{len(todo)} in {time.perf_counter() - started:.0f} s]", file=sys.stderr, flush=True)
+    print()
+    print(f"{'source':<10}{'rows':>5}{'verdict agrees':>16}{'median |err|':>14}")
+    for name, res in by_source.items():
+        errs = [e for e, _ in res]
+        agree_pct = 100 * sum(a for _, a in res) / len(res)
+        print(f"{name:<10}{len(res):>5}{agree_pct:>15.0f}%{statistics.median(errs):>14.3f}")
+    skipped = [r for r in table if r["skip"]]
+    if args.rows is None and skipped:
+        print(f"\nnot priced ({len(skipped)} rows):")
+        reasons: dict[tuple[str, str], int] = defaultdict(int)
+        for r in skipped:
+            reasons[(source_name(r), r["skip"])] += 1
+        for (name, why), n in reasons.items():
+            print(f"  {name}: {n} × {why}")
+    return 0 if all(math.isfinite(e) for res in by_source.values() for e, _ in res) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
