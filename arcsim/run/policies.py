@@ -29,8 +29,8 @@ import numpy as np
 from arcsim.catalog import AG_FAMILY, AR_TOPK_FAMILY, INFO
 from arcsim.run.candidates import Candidate, Context
 from arcsim.run.convergence import COVERED_SELECTIONS, StepsModel
-from arcsim.run.measure import Measurement
 from arcsim.run.decisions import UNUSABLE_ERROR, BucketChoice, Policy, usable
+from arcsim.run.measure import Measurement
 from arcsim.run.nsga2 import nsga2
 from arcsim.run.pareto import choose
 from arcsim.run.timeline import iteration
@@ -214,21 +214,21 @@ def paper(grid: Sequence[Candidate], ctx: Context, seed: int, model: StepsModel)
     ratios = sorted({c.density for c in topk if c.density is not None})
     chosen, choices = [], []
     for b in ctx.buckets:
-        def best_of(x: tuple[int, ...], b: int = b) -> Candidate | None:
+        def best_of(x: tuple[int, ...], i: int = b.index) -> Candidate | None:
             at = [c for c in topk if c.compressor == names[x[0]] and c.density == ratios[x[1]]]
-            return min(at, key=lambda c: c.bucket_s[b]) if at else None
+            return min(at, key=lambda c: c.bucket_s[i]) if at else None
 
-        def objectives(x: tuple[int, ...], b: int = b) -> tuple[float, float] | None:
-            c = best_of(x)
+        def objectives(x: tuple[int, ...], i: int = b.index) -> tuple[float, float] | None:
+            c = best_of(x, i)
             if c is None:
                 return None
             assert c.measurement is not None
-            return c.bucket_s[b], 1.0 - float(np.mean(np.asarray(c.measurement.gain)[:, b]))
+            return c.bucket_s[i], 1.0 - float(np.mean(np.asarray(c.measurement.gain)[:, i]))
 
         found = nsga2(objectives, (len(names) - 1, len(ratios) - 1), seed)
         pick, _ = choose(np.array([f for _, f in found]))
-        x, (t, loss) = found[pick]
-        c = best_of(x)
+        x, (t, _) = found[pick]
+        c = best_of(x, b.index)
         assert c is not None
         chosen.append(c)
         choices.append(BucketChoice(b.index, b.numel, len(b.layers), c.compressor, c.collective, c.op, t,
