@@ -111,3 +111,36 @@ def test_steps_model_is_one_at_zero_error_grows_with_it_and_fits_its_data():
 def test_paper_needs_a_topk_compressor(tmp_path):
     r = run_cli("run", "-c", "dense,fp16", "--policy", "paper")
     assert r.returncode == 2 and "--policy paper chooses among top-k compressors" in r.stderr
+
+
+def _mix_case(second_bucket_s: float):
+    """Two buckets; candidate a is quick on bucket 0, b on bucket 1 (``second_bucket_s`` for a there)."""
+    from arcsim.compressors.base import Layer
+    from arcsim.run.buckets import Bucket
+    from arcsim.run.candidates import Candidate, Context
+    from arcsim.run.compute import ComputeTimes
+    from arcsim.run.measure import Measurement
+    from arcsim.run.policies import by_time_to_target
+
+    buckets = [Bucket(i, (Layer(f"l{i}", (10,), 10 * i),), 10 * i, 10 * (i + 1), 0.0) for i in range(2)]
+    ctx = Context(None, None, ComputeTimes(0.0, 0.0, np.zeros(2), "cpu", "test"), buckets, "analytic")  # type: ignore[arg-type]
+
+    def cand(name, comm):
+        m = Measurement(name, 0.1, "ef14", 20, err2=[[0.2, 0.2]], ref2=[[1.0, 1.0]])
+        return Candidate(name, "ring", 0.1, "ef14", "allreduce", sum(comm), 0, 0, sum(comm), sum(comm), 0.2, 0.2,
+                         0.8, 0.1, 1.0, bucket_compress_s=[0.0, 0.0], bucket_comm_s=list(comm), measurement=m)
+
+    dense_m = Measurement("dense", 1.0, "none", 20, err2=[[0.0, 0.0]], ref2=[[1.0, 1.0]])
+    dense = Candidate("dense", "ring", None, "none", "allreduce", 100.0, 0, 0, 100.0, 100.0, 0.0, 0.0, 1.0, 1.0, 1.0,
+                      bucket_compress_s=[0.0, 0.0], bucket_comm_s=[50.0, 50.0], measurement=dense_m)
+    grid = [dense, cand("topk", (1.0, second_bucket_s)), cand("star", (second_bucket_s, 1.0))]
+    return by_time_to_target(grid, [], ctx, fit_steps_model())
+
+
+def test_a_per_bucket_mix_only_when_it_pays_the_margin():
+    pol, best = _mix_case(10.0)  # mixing: 2 s against 11 s
+    assert pol.deploy == "mix" and {c.compressor for c in pol.choices} == {"topk", "star"}
+    assert "sooner than the best single choice" in pol.why[0]
+    pol, best = _mix_case(1.04)  # mixing saves 2 %: one compressor
+    assert pol.deploy == "single" and len({c.compressor for c in pol.choices}) == 1
+    assert any("only" in w and "sooner" in w for w in pol.why)
