@@ -138,9 +138,9 @@ def _mix_case(second_bucket_s: float):
 
 
 def test_a_per_bucket_mix_only_when_it_pays_the_margin():
-    pol, best = _mix_case(10.0)  # mixing: 2 s against 11 s
+    pol, _ = _mix_case(10.0)  # mixing: 2 s against 11 s
     assert pol.deploy == "mix" and {c.compressor for c in pol.choices} == {"topk", "star"}
     assert "sooner than the best single choice" in pol.why[0]
-    pol, best = _mix_case(1.04)  # mixing saves 2 %: one compressor
+    pol, _ = _mix_case(1.04)  # mixing saves 2 %: one compressor
     assert pol.deploy == "single" and len({c.compressor for c in pol.choices}) == 1
     assert any("only" in w and "sooner" in w for w in pol.why)
