@@ -79,25 +79,27 @@ def estimate(c: Candidate, model: StepsModel, error: float | None = None) -> dic
             "excluded": evidence(c, model)}
 
 
-_PER_STEP: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+PerBucket = dict[int, tuple[np.ndarray, np.ndarray]]  # id(measurement) → per-bucket err², ref² per step
 
 
-def _per_bucket(m: Measurement) -> tuple[np.ndarray, np.ndarray]:
-    """A measurement's squared error and reference per bucket, per trace step (its mean over the steps)."""
-    found = _PER_STEP.get(id(m))
-    if found is None or found[0].shape[0] != np.asarray(m.err2).shape[1]:
+def _per_bucket(m: Measurement, memo: PerBucket) -> tuple[np.ndarray, np.ndarray]:
+    """A measurement's squared error and reference per bucket, per trace step (its mean over the steps); ``memo``
+    lives as long as one decision, while its measurements do."""
+    found = memo.get(id(m))
+    if found is None:
         found = (np.asarray(m.err2).mean(axis=0), np.asarray(m.ref2).mean(axis=0))
-        _PER_STEP[id(m)] = found
+        memo[id(m)] = found
     return found
 
 
-def _pooled_error(chosen: Sequence[Candidate]) -> float:
+def _pooled_error(chosen: Sequence[Candidate], memo: PerBucket | None = None) -> float:
     """The mix's error: its buckets' squared errors over their references, each bucket per trace step."""
+    memo = {} if memo is None else memo
     err = ref = 0.0
     for b, c in enumerate(chosen):
         if c.measurement is None:
             continue
-        e, r = _per_bucket(c.measurement)
+        e, r = _per_bucket(c.measurement, memo)
         err += float(e[b])
         ref += float(r[b])
     return err / ref if ref > 0 else 0.0
@@ -133,8 +135,10 @@ def by_time_to_target(grid: Sequence[Candidate], cands: Sequence[Candidate], ctx
     best = ranked[0]  # dense (error 0) is always there
     best_t = rows[id(best)]["time_to_target_s"]
 
+    memo: PerBucket = {}
+
     def tta(chosen: list[Candidate]) -> float:
-        return _iteration(chosen, ctx).iteration_s * model.dense_steps * model.factor(_pooled_error(chosen))
+        return _iteration(chosen, ctx).iteration_s * model.dense_steps * model.factor(_pooled_error(chosen, memo))
 
     mix = [best] * len(ctx.buckets)
     mix_t = best_t
