@@ -221,7 +221,14 @@ def run(topology: str, trace: str | None, no_capture: bool, params: str | None, 
     if trained is not None:
         from arcsim.run.convergence import render_time_to_target, time_to_target
 
-        payload["time_to_target"] = time_to_target(result.pareto.evaluated, result.pareto.chosen, trained)
+        rec = result.recommendation
+        if result.policy is not None and result.policy.name == "auto":  # the pick is auto's, by its steps model
+            pick = next((p for p in result.pareto.evaluated if (p.compressor, p.collective, p.hierarchy, p.density)
+                         == (rec.compressor, rec.collective, rec.hierarchy, rec.density)), None)
+            payload["time_to_target"] = time_to_target(result.pareto.evaluated, pick, trained,
+                                                       "auto's pick (steps from its model of error)")
+        else:
+            payload["time_to_target"] = time_to_target(result.pareto.evaluated, result.pareto.chosen, trained)
         priced = analysis.trace.meta.get("model")
         if trained.model != priced:
             note(f"warning: --history trained {trained.model}, this run prices {priced}: its steps to target are "

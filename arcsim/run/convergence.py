@@ -169,7 +169,8 @@ def _parse_choice(label: str) -> Key:
     return name, float(ratio) if ratio else None
 
 
-def time_to_target(points: list[ParetoPoint], chosen: ParetoPoint, trained: TrainedSteps) -> dict[str, Any]:
+def time_to_target(points: list[ParetoPoint], chosen: ParetoPoint | None, trained: TrainedSteps,
+                   chosen_by: str = "the front's pick (per-step time against error)") -> dict[str, Any]:
     """Per front point with trained steps: its estimated time to target; the soonest, and the pick's."""
     rows: list[dict[str, Any]] = []
     for p in points:
@@ -181,7 +182,8 @@ def time_to_target(points: list[ParetoPoint], chosen: ParetoPoint, trained: Trai
                      "time_to_target_s": found[0] * p.iteration_s, "pick": p == chosen})
     soonest = min(rows, key=lambda r: r["time_to_target_s"]) if rows else None
     return {"history": trained.directory, "model": trained.model, "target": trained.target.label,
-            "points": rows, "soonest": soonest, "pick": next((r for r in rows if r["pick"]), None)}
+            "points": rows, "soonest": soonest, "pick": next((r for r in rows if r["pick"]), None),
+            "chosen_by": chosen_by}
 
 
 def render_time_to_target(found: dict[str, Any], console: Any) -> None:
@@ -203,5 +205,5 @@ def render_time_to_target(found: dict[str, Any], console: Any) -> None:
                   "  the pick (★): not trained there, no estimate")
     if pick is not None and pick is not found["soonest"]:
         later = pick["time_to_target_s"] / found["soonest"]["time_to_target_s"]
-        console.print(f"  the pick reaches the target {later:.2f}× later than the soonest; the recommendation above "
-                      "stays the front's pick (per-step time against error)")
+        console.print(f"  the pick reaches the target {later:.2f}× later than the soonest there; the recommendation "
+                      f"above stays {found.get('chosen_by', 'the front' + chr(39) + 's pick')}")
