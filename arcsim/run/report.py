@@ -228,8 +228,8 @@ def _render_policy(result: RunResult, console: Console) -> None:
 def _render_estimates(pol: Policy, head: str, console: Console) -> None:
     """auto: the soonest candidates to the target, and why the faster-per-step ones lost."""
     table = Table(title=head, caption=pol.rule, box=box.SIMPLE_HEAD)
-    for col in ("candidate", "ms/step", "error", "steps ×", "to target (s)", "95 % interval", "note"):
-        table.add_column(col, justify="left" if col in ("candidate", "note") else "right")
+    for col in ("candidate", "ms/step", "error", "steps ×", "to target (s)", "95 % interval"):
+        table.add_column(col, justify="left" if col == "candidate" else "right")
     rows = pol.estimates or []
     shown = [r for r in rows if r["excluded"] is None][:8]
     for r in shown:
@@ -237,7 +237,7 @@ def _render_estimates(pol: Policy, head: str, console: Console) -> None:
         lo, hi = r["time_to_target_interval_s"]
         table.add_row(f"{way(r['compressor'], r['collective'], r['hierarchy'])}{ratio}", _ms(r["iteration_s"]),
                       f"{r['rel_error']:.3f}", f"{r['steps_factor']:.2f}", f"{r['time_to_target_s']:.3g}",
-                      f"{lo:.3g}–{hi:.3g}", "")
+                      f"{lo:.3g}–{hi:.3g}")
     console.print(table)
     picked = {(c.compressor, c.collective, c.hierarchy, c.density) for c in pol.choices}
     which = ", ".join(f"{way(c, k, h)}{'' if d is None else f'@{d:g}'}" for c, k, h, d in sorted(
