@@ -53,6 +53,8 @@ def test_json_states_time_to_target_with_its_interval(slow_runs):
     lo, hi = pol["time_to_target_interval_s"]
     assert lo <= pol["time_to_target_s"] <= hi
     assert rec["time_to_target_s"] == pytest.approx(pol["time_to_target_s"])
+    for ch in pol["choices"]:  # each bucket's choice, were the whole job to use it
+        assert ch["time_to_target_interval_s"][0] <= ch["time_to_target_s"] <= ch["time_to_target_interval_s"][1]
     for e in pol["estimates"]:
         assert e["time_to_target_s"] == pytest.approx(e["iteration_s"] * e["steps"])
         assert e["time_to_target_interval_s"][0] <= e["time_to_target_s"] <= e["time_to_target_interval_s"][1]

@@ -51,6 +51,8 @@ class BucketChoice(Decision):
     hierarchy: str = "flat"
     density: float | None = None       # the ratio chosen (auto and paper choose it; gate: --density's)
     pareto: list[dict[str, Any]] | None = None  # paper: the bucket's NSGA-II Pareto set (compressor, density, …)
+    time_to_target_s: float | None = None       # auto, paper: this candidate's, were the whole job to use it
+    time_to_target_interval_s: list[float] | None = None
 
 
 @dataclass

@@ -112,15 +112,18 @@ def _iteration(chosen: Sequence[Candidate], ctx: Context) -> Any:
                      ctx.compute.after_s)
 
 
-def _choices(chosen: Sequence[Candidate], ctx: Context, ranked: Sequence[Candidate]) -> list[BucketChoice]:
+def _choices(chosen: Sequence[Candidate], ctx: Context, ranked: Sequence[Candidate],
+             model: StepsModel) -> list[BucketChoice]:
     out = []
     for c, b in zip(chosen, ctx.buckets, strict=True):
         others = [r for r in ranked if r is not c][:3]
+        est = estimate(c, model)
         out.append(BucketChoice(b.index, b.numel, len(b.layers), c.compressor, c.collective, c.op,
                                 c.bucket_s[b.index],
                                 [{"compressor": r.compressor, "collective": r.collective, "hierarchy": r.hierarchy,
                                   "op": r.op, "density": r.density, "time_s": r.bucket_s[b.index]} for r in others],
-                                c.hierarchy, c.density))
+                                c.hierarchy, c.density, time_to_target_s=est["time_to_target_s"],
+                                time_to_target_interval_s=est["time_to_target_interval_s"]))
     return out
 
 
@@ -172,7 +175,7 @@ def by_time_to_target(grid: Sequence[Candidate], cands: Sequence[Candidate], ctx
             f"a per-bucket mix only when ≥ {MIX_MARGIN:.0%} sooner; never an error ≥ {UNUSABLE_ERROR:g}")
     ordered = sorted(rows.values(), key=lambda r: (r["excluded"] is not None, r["time_to_target_s"]))
     pol = Policy(rule, model.max_error, sorted({c.compressor for c in fit}), timeline.iteration_s,
-                 timeline.exposed_comm_s, error, _choices(chosen, ctx, ranked), overlap[:8], name="auto",
+                 timeline.exposed_comm_s, error, _choices(chosen, ctx, ranked, model), overlap[:8], name="auto",
                  deploy="mix" if is_mix else "single", time_to_target_s=t_pick, time_to_target_interval_s=interval,
                  steps_model=model.to_dict(), estimates=ordered, why=why)
     return pol, best
@@ -235,8 +238,10 @@ def paper(grid: Sequence[Candidate], ctx: Context, seed: int, model: StepsModel)
         c = best_of(x, b.index)
         assert c is not None
         chosen.append(c)
+        est = estimate(c, model)
         choices.append(BucketChoice(b.index, b.numel, len(b.layers), c.compressor, c.collective, c.op, t,
-                                    [], c.hierarchy, c.density,
+                                    [], c.hierarchy, c.density, time_to_target_s=est["time_to_target_s"],
+                                    time_to_target_interval_s=est["time_to_target_interval_s"],
                                     pareto=[{"compressor": names[k[0]], "density": ratios[k[1]], "time_s": f[0],
                                              "gain": 1.0 - f[1]} for k, f in found]))
     timeline = _iteration(chosen, ctx)
