@@ -60,7 +60,7 @@ SYNTHETIC_KINDS = ("normal", "laplace", "t3", "correlated")
 MODELS = ("mlp", "mlp_wide", "cnn", "resnet18", "resnet50", "vit_b_16", "gpt2_small", "llama_60m", "llama_130m",
           "llama_350m", "llama_1b")
 DATASETS = ("digits", "mnist1d", "synthetic-images", "synthetic-tokens", "python-text")
-POLICIES = ("auto", "none")
+POLICIES = ("auto", "paper", "gate", "none")  # run/policies.py; gate: the error gate before issue 41
 FUSIONS = ("bucket", "model")  # DDP buckets, each compressed on its own; or the whole gradient as one vector
 # the ratio grid stops at 0.3: a sparsifier at density 1 sends every entry (with its index, for the top-k
 # family) and has dense's zero error, so it is never on the front; dense itself is the grid's end point

@@ -154,10 +154,28 @@ def test_fewer_bytes_never_priced_slower_on_the_same_collective(default_run):
     assert compared > 10
 
 
-def test_policy_choices_are_eligible_and_fastest(default_run):
+def test_policy_choices_are_eligible_and_soonest_to_target(default_run):
     _, res, _ = default_run
     pol = res["policy"]
-    assert len(pol["choices"]) == len(res["buckets"])
+    assert pol["name"] == "auto" and len(pol["choices"]) == len(res["buckets"])
+    for ch in pol["choices"]:
+        assert ch["compressor"] in pol["eligible"]
+    errors = {c["compressor"]: c["rel_error"] for c in res["candidates"]}
+    for name in pol["eligible"]:
+        assert name in ("dense", "fp16") or errors[name] <= pol["error_limit"] + 1e-3
+    assert "randk" not in pol["eligible"]  # a random selection never reached the target in training
+    usable = [e for e in pol["estimates"] if e["excluded"] is None]
+    assert pol["deploy"] == "mix" or pol["time_to_target_s"] == pytest.approx(
+        min(e["time_to_target_s"] for e in usable))
+
+
+def test_gate_policy_choices_are_eligible_and_fastest(tmp_path):
+    out = tmp_path / "r.json"
+    r = run_cli("run", *FAST, "--policy", "gate", "--json", str(out))
+    assert r.returncode == 0, r.stderr
+    res = json.loads(out.read_text())
+    pol = res["policy"]
+    assert pol["name"] == "gate" and len(pol["choices"]) == len(res["buckets"])
     for ch in pol["choices"]:
         assert ch["compressor"] in pol["eligible"]
         assert all(ch["time_s"] <= r["time_s"] + 1e-15 for r in ch["runners_up"])
@@ -171,9 +189,10 @@ def test_the_recommendation_leads_the_output_and_is_in_the_json(default_run):
     rec = res["recommendation"]
     assert r.stdout.index("Recommended:") < r.stdout.index("Iteration time per compressor")
     assert f"Recommended: {rec['compressor']} over " in r.stdout
-    chosen = res["pareto"]["chosen"]  # one answer: the front's pick is the recommendation
+    soonest = min((e for e in res["policy"]["estimates"] if e["excluded"] is None),
+                  key=lambda e: e["time_to_target_s"])  # one answer: auto's soonest is the recommendation
     assert (rec["compressor"], rec["collective"], rec["density"]) == \
-        (chosen["compressor"], chosen["collective"], chosen["density"])
+        (soonest["compressor"], soonest["collective"], soonest["density"])
     assert rec["rel_error"] < rec["error_limit"] == 0.95
     assert rec["speedup_vs_dense"] == pytest.approx(res["dense"]["iteration_s"] / rec["iteration_s"])
     assert rec["why"] and all(isinstance(w, str) for w in rec["why"])
@@ -265,7 +284,7 @@ def test_matching_ranks_drop_the_extrapolation_note_and_profile_replaces_compute
 
 @pytest.mark.parametrize(("args", "fragment"), [
     (("-c", "topk,zipk"), "unknown compressor zipk; choose from dense"),
-    (("--policy", "greedy"), "unknown policy 'greedy'; choose one of auto, none"),
+    (("--policy", "greedy"), "unknown policy 'greedy'; choose one of auto, paper, gate, none"),
     (("--ratios", "0,0.1"), "must lie in (0, 1]"),
     (("--ratios", "0.1,1.5"), "must lie in (0, 1]"),
     (("--density", "2"), "must lie in (0, 1]"),

@@ -93,9 +93,14 @@ if TYPE_CHECKING:  # torch stays unimported until a command needs it
               help="flat: compress across every rank; node: reduce dense inside each node and compress only between "
                    "nodes (each GPU its slice, one rail per GPU); both: price every compressor both ways and let "
                    "the policy choose.")
-@click.option("--policy", default="auto", show_default=True, help=f"One of: {', '.join(POLICIES)}.")
+@click.option("--policy", default="auto", show_default=True,
+              help=f"One of: {', '.join(POLICIES)}. auto: the soonest to the target (iteration time × the steps its "
+                   "error needs); paper: Tyagi & Swany's per-bucket NSGA-II over time and compression gain; gate: "
+                   "per bucket the fastest whose error is within --slack of Top-K's (the rule before); none.")
 @click.option("--slack", default=0.25, show_default=True, type=Number(minimum=0),
-              help="Policy: error allowed above Top-K's, relative.")
+              help="--policy gate: error allowed above Top-K's, relative.")
+@click.option("--dense-steps", default=1000.0, show_default=True, type=Number(above=0),
+              help="Steps dense fp32 takes to the target: scales every time_to_target_s (never the ranking).")
 @click.option("--ratios", default=",".join(f"{r:g}" for r in DEFAULT_RATIOS), show_default=True,
               type=ListOf(DENSITY, unique=True, example="1e-3,1e-2,0.1"),
               help="Density grid for the speed/fidelity trade-off.")
@@ -135,7 +140,7 @@ def run(topology: str, trace: str | None, no_capture: bool, params: str | None, 
         compressors: str, density: float, memory: str | None,
         engine: str, library: str | None, bandwidth: str | None, latency: str | None, bucket_mb: float,
         framework: str, cycle_ms: float | None, fusion: str, hierarchy: str, policy: str, slack: float,
-        ratios: tuple[float, ...],
+        dense_steps: float, ratios: tuple[float, ...],
         weights: tuple[float, float] | None,
         gpu: str | None, batch: int | None, precision: str | None, compare_gpu: str | None, compute_profile: str | None,
         seed: int,
@@ -153,7 +158,8 @@ def run(topology: str, trace: str | None, no_capture: bool, params: str | None, 
                                                                        if c.strip()),
                     density=density, memory=memory, engine=engine, bucket_mb=bucket_mb, policy=policy,
                     ratios=tuple(sorted(ratios)), weights=weights,
-                    compute_profile=compute_profile, slack=slack, seed=seed, allow_capture=not no_capture, force=force,
+                    compute_profile=compute_profile, slack=slack, dense_steps=dense_steps, seed=seed,
+                    allow_capture=not no_capture, force=force,
                     grid_steps=grid_steps, options={"scope": scope}, gpu=gpu, batch=batch, precision=precision,
                     library=library, bandwidth=parse_rate(bandwidth) if bandwidth else None,
                     latency=parse_duration(latency) if latency else None,
@@ -225,7 +231,14 @@ def run(topology: str, trace: str | None, no_capture: bool, params: str | None, 
     if trained is not None:
         from arcsim.run.convergence import render_time_to_target, time_to_target
 
-        payload["time_to_target"] = time_to_target(result.pareto.evaluated, result.pareto.chosen, trained)
+        rec = result.recommendation
+        if result.policy is not None and result.policy.name == "auto":  # the pick is auto's, by its steps model
+            pick = next((p for p in result.pareto.evaluated if (p.compressor, p.collective, p.hierarchy, p.density)
+                         == (rec.compressor, rec.collective, rec.hierarchy, rec.density)), None)
+            payload["time_to_target"] = time_to_target(result.pareto.evaluated, pick, trained,
+                                                       "auto's pick (steps from its model of error)")
+        else:
+            payload["time_to_target"] = time_to_target(result.pareto.evaluated, result.pareto.chosen, trained)
         priced = analysis.trace.meta.get("model")
         if trained.model != priced:
             note(f"warning: --history trained {trained.model}, this run prices {priced}: its steps to target are "

@@ -17,6 +17,8 @@ import numpy as np
 import torch
 
 from arcsim.catalog import (
+    AG_FAMILY,
+    AR_TOPK_FAMILY,
     COMPRESSORS,
     DEFAULT_RATIOS,
     FUSIONS,
@@ -102,7 +104,8 @@ class RunConfig:
     ratios: tuple[float, ...] = DEFAULT_RATIOS
     weights: tuple[float, float] | None = None
     compute_profile: str | None = None
-    slack: float = 0.25                 # policy: error allowed above Top-K's, relative
+    slack: float = 0.25                 # gate policy: error allowed above Top-K's, relative
+    dense_steps: float = 1000.0         # steps dense takes to the target: scales every time to target
     seed: int = 0
     allow_capture: bool = True
     force: bool = False                 # past the estimated memory of a capture (arcsim.traces.estimates)
@@ -199,6 +202,11 @@ class RunConfig:
             raise RunError(f"--latency must be ≥ 0 (got {self.latency:g})")
         if self.policy not in POLICIES:
             raise RunError(f"unknown policy {self.policy!r}; choose one of {', '.join(POLICIES)}")
+        if self.policy == "paper" and not set(self.compressors) & set(AG_FAMILY + AR_TOPK_FAMILY):
+            raise RunError("--policy paper chooses among top-k compressors: add one of "
+                           f"{', '.join(AG_FAMILY + AR_TOPK_FAMILY)} to --compressors")
+        if not self.dense_steps > 0:
+            raise RunError(f"--dense-steps must be positive, got {self.dense_steps:g}")
         if self.hierarchy not in HIERARCHIES:
             raise RunError(hierarchy_message(self.hierarchy))
         if self.engine not in ENGINES:
@@ -604,14 +612,28 @@ class Analysis:
         for c in [*cands, dense]:
             _set_speedups(c, dense, ring)
         grid = self._grid(dense, ring)
-        policy = self._policy(cands) if cfg.policy == "auto" else None
         front = self._pareto(grid)
+        policy, recommendation = self._policy(cands, grid)
         return RunResult(cfg, self.ctx, cands, dense, policy, front, self._crossover(cands, grid),
-                         decisions.recommend(front, grid, policy), self._assumptions() + density_notes(cands))
+                         recommendation or decisions.recommend(front, grid, policy),
+                         self._assumptions() + density_notes(cands))
 
-    # -- decisions (arcsim/run/decisions.py) ------------------------------------------------------------
-    def _policy(self, cands: list[Candidate]) -> decisions.Policy:
-        return decisions.policy(cands, self.ctx, self.cfg.slack)
+    # -- decisions (arcsim/run/decisions.py, arcsim/run/policies.py) -----------------------------------
+    def _policy(self, cands: list[Candidate], grid: list[Candidate]
+                ) -> tuple[decisions.Policy | None, decisions.Recommendation | None]:
+        """The switching policy --policy names, and the recommendation when the policy makes it (auto)."""
+        from arcsim.run import policies
+        from arcsim.run.convergence import fit_steps_model
+
+        model = fit_steps_model(self.cfg.dense_steps)
+        if self.cfg.policy == "auto":
+            pol, best = policies.by_time_to_target(grid, cands, self.ctx, model)
+            return pol, decisions.recommend_soonest(best, pol)
+        if self.cfg.policy == "paper":
+            return policies.paper(grid, self.ctx, self.cfg.seed, model), None
+        if self.cfg.policy == "gate":
+            return decisions.policy(cands, self.ctx, self.cfg.slack), None
+        return None, None
 
     def _grid(self, dense: Candidate, ring: Candidate) -> list[Candidate]:
         points = [dense]

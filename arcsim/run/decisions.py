@@ -49,6 +49,10 @@ class BucketChoice(Decision):
     time_s: float
     runners_up: list[dict[str, Any]]   # the next three: compressor, collective, hierarchy, op, time_s
     hierarchy: str = "flat"
+    density: float | None = None       # the ratio chosen (auto and paper choose it; gate: --density's)
+    pareto: list[dict[str, Any]] | None = None  # paper: the bucket's NSGA-II Pareto set (compressor, density, …)
+    time_to_target_s: float | None = None       # auto, paper: this candidate's, were the whole job to use it
+    time_to_target_interval_s: list[float] | None = None
 
 
 @dataclass
@@ -60,7 +64,15 @@ class Policy(Decision):
     exposed_comm_s: float
     rel_error: float
     choices: list[BucketChoice]
-    unsettled: list[str]  # candidates whose error interval (over the trace's steps) spans the error limit
+    unsettled: list[str]  # gate: candidates whose error interval spans the limit; auto: those whose time to
+    #                       target the model cannot tell from the pick's (intervals overlap, within 25 %)
+    name: str = "gate"    # auto (time to target), paper (Tyagi & Swany), gate (error within --slack of Top-K's)
+    deploy: str = "mix"   # single: one compressor for the job; mix: a per-bucket choice (needs a switching hook)
+    time_to_target_s: float | None = None            # auto and paper: estimated by the steps model
+    time_to_target_interval_s: list[float] | None = None  # its 95 % interval
+    steps_model: dict[str, Any] | None = None        # the model of steps against error, with its data
+    estimates: list[dict[str, Any]] | None = None    # auto: every candidate's time to target (soonest first)
+    why: list[str] | None = None                     # auto: why the faster-per-step candidates were not chosen
 
 
 def usable(c: Candidate | ParetoPoint) -> bool:
@@ -148,7 +160,7 @@ def policy(cands: Sequence[Candidate], ctx: Context, slack: float) -> Policy:
                                     best.bucket_s[b.index],
                                     [{"compressor": c.compressor, "collective": c.collective,
                                       "hierarchy": c.hierarchy, "op": c.op, "time_s": c.bucket_s[b.index]}
-                                     for c in ranked[1:4]], best.hierarchy))
+                                     for c in ranked[1:4]], best.hierarchy, best.density))
     ready = [b.ready_s for b in ctx.buckets]
     timeline = iteration(ctx.compute.forward_s, ctx.compute.backward_s, ready,
                          [c.bucket_compress_s[b.index] for c, b in zip(chosen, ctx.buckets, strict=True)],
@@ -158,11 +170,12 @@ def policy(cands: Sequence[Candidate], ctx: Context, slack: float) -> Policy:
                 if c.measurement is not None]
     err = sum(m.err2_bucket(i) for m, i in measured)
     ref = sum(m.ref2_bucket(i) for m, i in measured)
-    rule = (f"per bucket, the fastest (compression + communication) among candidates whose relative aggregate "
-            f"error is at most Top-K's × (1 + {slack:g}) and below {UNUSABLE_ERROR:g} (dense and fp16 always "
-            "qualify); a per-bucket mix needs a hook that switches per bucket")
+    rule = (f"gate (before issue 41): per bucket, the fastest (compression + communication) among candidates whose "
+            f"relative aggregate error is at most Top-K's × (1 + {slack:g}) and below {UNUSABLE_ERROR:g} (dense and "
+            "fp16 always qualify); a per-bucket mix needs a hook that switches per bucket")
     return Policy(rule, limit, sorted({c.compressor for c in allowed}), timeline.iteration_s,
-                  timeline.exposed_comm_s, err / ref if ref > 0 else 0.0, choices, unsettled(cands, limit))
+                  timeline.exposed_comm_s, err / ref if ref > 0 else 0.0, choices, unsettled(cands, limit),
+                  deploy="mix" if len({(c.compressor, c.collective, c.hierarchy) for c in chosen}) > 1 else "single")
 
 
 def pareto(grid: Sequence[Candidate], ratios: Sequence[float],
@@ -193,6 +206,8 @@ class Recommendation(Decision):
     rel_error: float
     error_limit: float          # UNUSABLE_ERROR: candidates at or above it are never recommended
     why: list[str]
+    time_to_target_s: float | None = None         # auto: the estimate it was chosen by
+    time_to_target_interval_s: list[float] | None = None
 
 
 def recommend(front: ParetoFront, grid: Sequence[Candidate], pol: Policy | None) -> Recommendation:
@@ -216,6 +231,22 @@ def recommend(front: ParetoFront, grid: Sequence[Candidate], pol: Policy | None)
                    "needs a hook that switches per bucket")
     return Recommendation(c.compressor, c.collective, op, c.hierarchy, c.density, c.iteration_s,
                           c.speedup_vs_dense, c.rel_error, UNUSABLE_ERROR, why)
+
+
+def recommend_soonest(best: Candidate, pol: Policy) -> Recommendation:
+    """The auto policy's single choice as the deployable setting, with why the faster ones lost."""
+    est = next(e for e in pol.estimates or [] if (e["compressor"], e["collective"], e["hierarchy"], e["density"])
+               == (best.compressor, best.collective, best.hierarchy, best.density))
+    lo, hi = est["time_to_target_interval_s"]
+    why = [f"the soonest to the target: {est['time_to_target_s']:.3g} s [{lo:.3g}, {hi:.3g}] = "
+           f"{best.iteration_s * 1e3:.3g} ms per step × {est['steps']:.0f} steps (error {best.rel_error:.3f} needs "
+           f"{est['steps_factor']:.2f}× dense's {pol.steps_model['dense_steps'] if pol.steps_model else 0:.0f})"]
+    if best.compressor == "dense":
+        why.append("no usable compressor reaches the target sooner than dense fp32 on this cluster")
+    why += pol.why or []
+    return Recommendation(best.compressor, best.collective, best.op, best.hierarchy, best.density, best.iteration_s,
+                          best.speedup_vs_dense, best.rel_error, UNUSABLE_ERROR, why,
+                          est["time_to_target_s"], [lo, hi])
 
 
 def _setting(c: Candidate | ParetoPoint) -> str:

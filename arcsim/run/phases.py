@@ -11,13 +11,13 @@ from rich.table import Table
 
 from arcsim.network_schedule import NetworkSchedule
 from arcsim.run.analysis import Analysis
-from arcsim.run.decisions import eligible
+from arcsim.run.decisions import usable
 from arcsim.run.report import short_collective
 
 
 def per_phase(analysis: Analysis, schedule: NetworkSchedule) -> list[dict[str, Any]]:
-    """Per phase: its network, the point chosen on the speed/fidelity front, the fastest candidate at
-    --density among those the policy accepts (error within --slack of Top-K's), and the switching policy's
+    """Per phase: its network, the recommendation on it (auto: the soonest to the target; otherwise the point
+    chosen on the speed/fidelity front), the fastest usable candidate at --density, and the switching policy's
     iteration."""
     phases = []
     for i, phase in enumerate(schedule.phases):
@@ -25,15 +25,14 @@ def per_phase(analysis: Analysis, schedule: NetworkSchedule) -> list[dict[str, A
                          announce=lambda _: None, source=analysis.trace)
         again.share_measurements(analysis)
         result = again.run()
-        chosen = result.pareto.chosen
-        allowed, _ = eligible(result.candidates, analysis.cfg.slack)  # those the policy would accept
-        fastest = min(allowed or result.candidates, key=lambda c: c.iteration_s)
+        chosen = result.recommendation
+        rule = "time to target" if result.policy is not None and result.policy.name == "auto" else result.pareto.rule
+        fastest = min([c for c in result.candidates if usable(c)] or result.candidates, key=lambda c: c.iteration_s)
         phases.append({"phase": i + 1, **phase.to_dict(),
                        "chosen": {"compressor": chosen.compressor, "collective": chosen.collective,
-                                  "op": next((c.op for c in result.candidates if c.compressor == chosen.compressor),
-                                             result.dense.op),
-                                  "density": chosen.density, "iteration_s": chosen.iteration_s,
-                                  "rel_error": chosen.rel_error, "rule": result.pareto.rule},
+                                  "op": chosen.op, "density": chosen.density, "iteration_s": chosen.iteration_s,
+                                  "rel_error": chosen.rel_error, "rule": rule,
+                                  "time_to_target_s": chosen.time_to_target_s},
                        "fastest": {"compressor": fastest.compressor, "collective": fastest.collective,
                                    "op": fastest.op, "density": fastest.density, "iteration_s": fastest.iteration_s,
                                    "rel_error": fastest.rel_error},
@@ -44,11 +43,12 @@ def per_phase(analysis: Analysis, schedule: NetworkSchedule) -> list[dict[str, A
 
 def render_phases(phases: list[dict[str, Any]], schedule: NetworkSchedule, console: Console) -> None:
     table = Table(title=f"Per phase of {schedule.name}: the best choice on each network",
-                  caption="chosen: the speed/fidelity front's pick over the ratio grid; fastest accepted: the quickest "
-                          "candidate at --density whose error is within --slack of Top-K's; ms per iteration")
-    for col in ("phase", "from step", "network", "chosen (front)", "ms", "error", "fastest accepted", "ms ",
+                  caption="chosen: the recommendation on that network (auto: the soonest to the target; else the "
+                          "speed/fidelity front's pick); fastest usable: the quickest candidate at --density whose "
+                          "error is below 0.95; ms per iteration")
+    for col in ("phase", "from step", "network", "chosen", "ms", "error", "fastest usable", "ms ",
                 "dense ms"):
-        table.add_column(col, justify="left" if col in ("network", "chosen (front)", "fastest accepted")
+        table.add_column(col, justify="left" if col in ("network", "chosen", "fastest usable")
                          else "right", no_wrap=col == "network")
     for p in phases:
         ch, fa = p["chosen"], p["fastest"]

@@ -33,7 +33,7 @@ def _breakdown_rows(result: RunResult) -> tuple[list[str], list[tuple[float, flo
     rows = [(c.compute_s * 1e3, c.compress_s * 1e3, c.exposed_comm_s * 1e3) for c in [result.dense, *best]]
     if result.policy:
         pol, compute = result.policy, result.dense.compute_s
-        labels.append("policy (auto)\nper bucket")
+        labels.append(f"policy ({pol.name})\n{'per bucket' if pol.deploy == 'mix' else 'one choice'}")
         rows.append((compute * 1e3, (pol.iteration_s - compute - pol.exposed_comm_s) * 1e3, pol.exposed_comm_s * 1e3))
     return labels, rows
 

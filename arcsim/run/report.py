@@ -14,7 +14,7 @@ from rich.table import Table
 from arcsim.files import write_atomic
 from arcsim.run.analysis import MEASURED_AHEAD, MEASURED_AHEAD_PROCESSES, MEASURING_WALL, RunResult
 from arcsim.run.candidates import Candidate
-from arcsim.run.decisions import UNUSABLE_ERROR, UNUSABLE_NOTE, Crossover, ParetoPoint, usable
+from arcsim.run.decisions import UNUSABLE_ERROR, UNUSABLE_NOTE, Crossover, ParetoPoint, Policy, usable
 from arcsim.units import format_size
 
 
@@ -211,20 +211,32 @@ def _render_timings(result: RunResult, console: Console) -> None:
 def _render_policy(result: RunResult, console: Console) -> None:
     pol = result.policy
     assert pol is not None
-    table = Table(title=f"Switching policy (auto): {_ms(pol.iteration_s)} ms per iteration, "
-                        f"{result.dense.iteration_s / pol.iteration_s:.2f}× dense, error {pol.rel_error:.3f}",
-                  caption=pol.rule)
+    head = (f"Switching policy ({pol.name}): {_ms(pol.iteration_s)} ms per iteration, "
+            f"{result.dense.iteration_s / pol.iteration_s:.2f}× dense, error {pol.rel_error:.3f}")
+    if pol.time_to_target_s is not None and pol.time_to_target_interval_s is not None:
+        lo, hi = pol.time_to_target_interval_s
+        head += f", ~{pol.time_to_target_s:.3g} s to the target [{lo:.3g}, {hi:.3g}]"
+    if pol.name == "auto":
+        _render_estimates(pol, head, console)
+        return
+    table = Table(title=head, caption=pol.rule)
     for col in ("bucket", "elements", "choice", "time ms", "runners-up (ms)"):
         table.add_column(col, justify="left" if col in ("choice", "runners-up (ms)") else "right")
     for ch in pol.choices[:16]:
         runners = ", ".join(f"{way(r['compressor'], r['collective'], r['hierarchy'])} {_ms(r['time_s'])}"
                             for r in ch.runners_up)
+        if ch.pareto is not None:
+            runners = f"Pareto set of {len(ch.pareto)}: " + ", ".join(
+                f"{p['compressor']}@{p['density']:g} {_ms(p['time_s'])} gain {p['gain']:.2f}" for p in ch.pareto[:4])
         where = "" if ch.hierarchy == "flat" else f", {ch.hierarchy}"
-        table.add_row(str(ch.bucket), f"{ch.elements:,}", f"{ch.compressor} ({ch.op} {ch.collective}{where})",
+        ratio = "" if ch.density is None or pol.name == "gate" else f"@{ch.density:g}"
+        table.add_row(str(ch.bucket), f"{ch.elements:,}", f"{ch.compressor}{ratio} ({ch.op} {ch.collective}{where})",
                       _ms(ch.time_s), runners)
     if len(pol.choices) > 16:
         table.add_row("…", f"{len(pol.choices) - 16} more", "", "", "")
     console.print(table)
+    if pol.name != "gate":
+        return
     if pol.unsettled and sampling(result):
         console.print(f"  [yellow]not settled by the trace's steps and the bucket sample:[/] the error limit "
                       f"{pol.error_limit:.3f} lies inside the 95 % interval of {', '.join(pol.unsettled)}: a "
@@ -236,6 +248,32 @@ def _render_policy(result: RunResult, console: Console) -> None:
     elif any(c.rel_error_ci is not None for c in result.candidates):
         console.print("  [dim]every candidate's error interval lies clearly on one side of the limit: the trace's "
                       "steps settle which qualify[/]")
+
+
+def _render_estimates(pol: Policy, head: str, console: Console) -> None:
+    """auto: the soonest candidates to the target, and why the faster-per-step ones lost."""
+    table = Table(title=head, caption=pol.rule, box=box.SIMPLE_HEAD)
+    for col in ("candidate", "ms/step", "error", "steps ×", "to target (s)", "95 % interval"):
+        table.add_column(col, justify="left" if col == "candidate" else "right")
+    rows = pol.estimates or []
+    shown = [r for r in rows if r["excluded"] is None][:8]
+    for r in shown:
+        ratio = "" if r["density"] is None else f"@{r['density']:g}"
+        lo, hi = r["time_to_target_interval_s"]
+        table.add_row(f"{way(r['compressor'], r['collective'], r['hierarchy'])}{ratio}", _ms(r["iteration_s"]),
+                      f"{r['rel_error']:.3f}", f"{r['steps_factor']:.2f}", f"{r['time_to_target_s']:.3g}",
+                      f"{lo:.3g}–{hi:.3g}")
+    console.print(table)
+    picked = {(c.compressor, c.collective, c.hierarchy, c.density) for c in pol.choices}
+    which = ", ".join(f"{way(c, k, h)}{'' if d is None else f'@{d:g}'}" for c, k, h, d in sorted(
+        picked, key=lambda t: (t[0], t[1], t[2], t[3] or 0)))
+    console.print(f"  chosen ({'one compressor for the job' if pol.deploy == 'single' else 'a per-bucket mix'}): "
+                  f"{which}")
+    for line in pol.why or []:
+        console.print(f"  why not: {line}")
+    if pol.unsettled:
+        console.print(f"  [yellow]not told apart by the steps model[/] (95 % intervals overlap the pick's, within "
+                      f"25 %): {', '.join(pol.unsettled)}")
 
 
 def _render_hierarchy(result: RunResult, console: Console) -> None:
