@@ -4,7 +4,7 @@ timeline, its fidelity, and its compression and communication per bucket kept ap
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -134,10 +134,17 @@ def step_timeline(step_records: list[list[CommRecord]], compress: list[float], c
         step_records = [fw.records(b, recs) for b, recs in zip(ctx.buckets, step_records, strict=True)]
     comm = [sum(p.time_s for p in pricer.records(recs, algos)) + effects.records_jitter_s(recs, topo)
             for recs in step_records]
-    slow = effects.compute_factor(topo)  # the slowest rank's compute (1 without effects)
+    return bucket_timeline(compress, comm, ctx), comm
+
+
+def bucket_timeline(compress: Sequence[float], comm: Sequence[float], ctx: Context) -> Timeline:
+    """The iteration of each bucket's compression and communication over ``ctx``'s backward, with the topology's
+    effects (the slowest rank's compute; 1 without effects; communication slowing the backward it overlaps):
+    one home for every policy's and candidate's iteration."""
+    slow = effects.compute_factor(ctx.topo)
     return iteration(ctx.compute.forward_s * slow, ctx.compute.backward_s * slow,
-                     [b.ready_s * slow for b in ctx.buckets], compress, comm, ctx.compute.after_s,
-                     topo.effects.interference), comm
+                     [b.ready_s * slow for b in ctx.buckets], list(compress), list(comm), ctx.compute.after_s,
+                     ctx.topo.effects.interference)
 
 
 def step_timelines(meas: Measurement, collective: str, ctx: Context,

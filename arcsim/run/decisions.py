@@ -17,10 +17,9 @@ import numpy as np
 from arcsim.catalog import AG_FAMILY, AR_TOPK_FAMILY
 from arcsim.errors import ArcsimError
 from arcsim.pricing import Pricer
-from arcsim.run.candidates import Candidate, Context, candidates_for
+from arcsim.run.candidates import Candidate, Context, bucket_timeline, candidates_for
 from arcsim.run.measure import Measurement
 from arcsim.run.pareto import choose, pareto_front
-from arcsim.run.timeline import iteration
 
 BANDWIDTH_SCALES = tuple(float(s) for s in np.logspace(-2, 2, 25))
 UNUSABLE_ERROR = 0.95  # relative aggregate error from which a candidate is unusable: within 5 % of sending nothing
@@ -161,11 +160,8 @@ def policy(cands: Sequence[Candidate], ctx: Context, slack: float) -> Policy:
                                     [{"compressor": c.compressor, "collective": c.collective,
                                       "hierarchy": c.hierarchy, "op": c.op, "time_s": c.bucket_s[b.index]}
                                      for c in ranked[1:4]], best.hierarchy, best.density))
-    ready = [b.ready_s for b in ctx.buckets]
-    timeline = iteration(ctx.compute.forward_s, ctx.compute.backward_s, ready,
-                         [c.bucket_compress_s[b.index] for c, b in zip(chosen, ctx.buckets, strict=True)],
-                         [c.bucket_comm_s[b.index] for c, b in zip(chosen, ctx.buckets, strict=True)],
-                         ctx.compute.after_s)
+    timeline = bucket_timeline([c.bucket_compress_s[b.index] for c, b in zip(chosen, ctx.buckets, strict=True)],
+                               [c.bucket_comm_s[b.index] for c, b in zip(chosen, ctx.buckets, strict=True)], ctx)
     measured = [(c.measurement, b.index) for c, b in zip(chosen, ctx.buckets, strict=True)
                 if c.measurement is not None]
     err = sum(m.err2_bucket(i) for m, i in measured)

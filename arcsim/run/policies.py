@@ -27,13 +27,12 @@ from typing import Any
 import numpy as np
 
 from arcsim.catalog import AG_FAMILY, AR_TOPK_FAMILY, INFO
-from arcsim.run.candidates import Candidate, Context
+from arcsim.run.candidates import Candidate, Context, bucket_timeline
 from arcsim.run.convergence import COVERED_SELECTIONS, StepsModel
 from arcsim.run.decisions import UNUSABLE_ERROR, BucketChoice, Policy, usable
 from arcsim.run.measure import Measurement
 from arcsim.run.nsga2 import nsga2
 from arcsim.run.pareto import choose
-from arcsim.run.timeline import iteration
 
 MIX_MARGIN = 0.05  # a per-bucket mix must reach the target this much sooner than the best single choice
 
@@ -106,10 +105,8 @@ def _pooled_error(chosen: Sequence[Candidate], memo: PerBucket | None = None) ->
 
 
 def _iteration(chosen: Sequence[Candidate], ctx: Context) -> Any:
-    return iteration(ctx.compute.forward_s, ctx.compute.backward_s, [b.ready_s for b in ctx.buckets],
-                     [c.bucket_compress_s[b.index] for c, b in zip(chosen, ctx.buckets, strict=True)],
-                     [c.bucket_comm_s[b.index] for c, b in zip(chosen, ctx.buckets, strict=True)],
-                     ctx.compute.after_s)
+    return bucket_timeline([c.bucket_compress_s[b.index] for c, b in zip(chosen, ctx.buckets, strict=True)],
+                           [c.bucket_comm_s[b.index] for c, b in zip(chosen, ctx.buckets, strict=True)], ctx)
 
 
 def _choices(chosen: Sequence[Candidate], ctx: Context, ranked: Sequence[Candidate],
