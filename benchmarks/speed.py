@@ -13,28 +13,17 @@ without processes side by side (to compare).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
+
+from run_speed import timed_run  # the same subprocess run and its JSON, beside this script
 
 from arcsim.files import generated_traces_dir
 
 GOALS = {"main example": 15.0, "LLaMA-60M": 60.0}
-
-
-def timed_run(args: list[str], cache: str) -> tuple[float, dict]:
-    with tempfile.TemporaryDirectory() as tmp:
-        out = Path(tmp) / "run.json"
-        started = time.perf_counter()
-        subprocess.run([sys.executable, "-m", "arcsim", "run", "--json", str(out), *args], check=True,
-                       capture_output=True, env={**os.environ, "ARCSIM_CACHE_DIR": cache,
-                                                             "ARCSIM_TRACE_DIR": str(generated_traces_dir())})
-        return time.perf_counter() - started, json.loads(out.read_text())
 
 
 def case(label: str, args: list[str], repeat: int) -> None:

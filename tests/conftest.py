@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import atexit
 import fcntl
+import importlib.util
 import os
 import shutil
 import signal
@@ -12,6 +13,7 @@ import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 
@@ -83,6 +85,17 @@ def rank_reports(script: Path, world: int, out_dir: Path) -> list[dict]:
 
     spawn_ranks(script, world, out_dir)
     return [json.loads((out_dir / f"rank{r}.json").read_text()) for r in range(world)]
+
+
+def benchmark(name: str) -> ModuleType:
+    """A script of benchmarks/ imported as a module (registered first: its dataclasses look their module up)."""
+    spec = importlib.util.spec_from_file_location(name, Path(__file__).resolve().parent.parent / "benchmarks" /
+                                                  f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
 
 
 def netns_available() -> bool:

@@ -1,13 +1,10 @@
 """Communication libraries: what each runs, how its transport prices a step, and the published-numbers check."""
 
 import dataclasses
-import importlib.util
 import math
-import sys
-from pathlib import Path
 
 import pytest
-from conftest import flat, multi, run_cli
+from conftest import benchmark, flat, multi, run_cli
 
 from arcsim.collectives import build
 from arcsim.collectives.libraries import LIBRARIES, get_library
@@ -18,15 +15,9 @@ from arcsim.netsim import analytic, estimate
 from arcsim.pricing import Pricer, plan, price_collective
 from arcsim.topology import Calibrated, load_topology
 
-ROOT = Path(__file__).resolve().parent.parent
-
 
 def _published():
-    spec = importlib.util.spec_from_file_location("published", ROOT / "benchmarks" / "published_collectives.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["published"] = module  # its dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
+    return benchmark("published_collectives")
 
 
 def test_published_nccl_tables_within_the_recorded_errors_by_source_and_band():

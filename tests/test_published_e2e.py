@@ -1,22 +1,15 @@
 """benchmarks/published_e2e.py: the published compressed-vs-dense rows and one row priced end to end."""
 
-import importlib.util
 import math
-import sys
 import time
-from pathlib import Path
+
+from conftest import benchmark
 
 from arcsim.traces.resolve import DEFAULT_TRACE_NAME, shipped_traces_dir
 
-ROOT = Path(__file__).resolve().parent.parent
-
 
 def _script():
-    spec = importlib.util.spec_from_file_location("published_e2e", ROOT / "benchmarks" / "published_e2e.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["published_e2e"] = module  # its dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
+    return benchmark("published_e2e")
 
 
 def test_every_row_is_priced_or_says_why_not():
