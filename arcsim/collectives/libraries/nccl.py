@@ -1,12 +1,14 @@
 """NCCL as its tuner runs it (NCCL 2.30.7, src/graph/tuning.cc and src/include/device.h).
 
-Algorithms: all-reduce by ring or tree (NCCL's tree: chains inside nodes under a double binary tree of
-nodes), all-gather and reduce-scatter by ring, broadcast by a pipelined ring (a chain from the root).
+Algorithms: all-reduce by ring, tree (NCCL's tree: chains inside nodes under a double binary tree of
+nodes) or NVLS (NVLink SHARP on Hopper and Blackwell NVSwitch nodes; NVLS-tree across nodes), all-gather and
+reduce-scatter by ring, broadcast by a pipelined ring (a chain from the root). Size-dependent terms (channels in
+use, the tree's correction, NVLS's pipeline) and the proxy's cost per network crossing: :mod:`nccl_tuning`.
 Protocols: LL (8-byte flag + 8-byte data lines: half the bandwidth, lowest latency), LL128 (120 of every
 128 bytes carry data) and Simple (full bandwidth, memory fences per step). NCCL prices every enabled
 (algorithm, protocol) with its model and runs the cheapest; arcsim prices the same pairs on its step
-schedules with NCCL's constants and takes the cheapest the same way. CollNet, NVLS and PAT need hardware
-or settings arcsim does not model (SHARP switches, NVLink SHARP, one GPU per node) and are left out.
+schedules with NCCL's constants and takes the cheapest the same way. CollNet and PAT need hardware or
+settings arcsim does not model (SHARP switches, one GPU per node) and are left out.
 """
 
 from __future__ import annotations
@@ -52,8 +54,8 @@ def _intra_kind(topo: Topology) -> str:
 
 
 def protocol(op: str, algo: str, proto: int, topo: Topology, nbytes: float) -> Protocol:
-    """NCCL's cost terms for one (algorithm, protocol) on ``topo`` moving ``nbytes``, as link overrides, with the
-    throughput its channels reach at that size as the ceiling (:mod:`nccl_tuning`)."""
+    """NCCL's cost terms for one (algorithm, protocol) on ``topo`` moving ``nbytes``: link overrides at that size,
+    a throughput ceiling (the tree's per-channel caps; NVLS's bandwidth) and the proxy's cost (:mod:`nccl_tuning`)."""
     nvlink = tuning.nvlink_efficiency(topo)
     if algo == "nvls":
         # NCCL's own formula: its latency (25 µs, and 2·log2(nodes) × 20.9 µs between nodes) and its bandwidth (476,
@@ -62,7 +64,7 @@ def protocol(op: str, algo: str, proto: int, topo: Topology, nbytes: float) -> P
         # NVLS-tree pipelines the switch's reduction with the rails, which the steps would run one after the other
         latency = NVLS_US + 2 * int(math.log2(topo.nodes)) * max(NVLS_TREE_NET_US, topo.network.latency * 1e6)
         return Protocol("Simple", base_s=latency * 1e-6, hop_intra_s=0.0, latency_scale=0.0, efficiency=UNBOUND,
-                        ceiling_Bps=tuning.algorithm_bandwidth(topo, op, algo, proto, nbytes),
+                        ceiling_Bps=tuning.nvls_ceiling(topo, op, nbytes),
                         per_message_s=proxy_s(op, algo, proto, topo, nbytes))
 
     family = "ring" if algo in ("ring", "chain") else "tree"
@@ -105,7 +107,7 @@ def proxy_crossings(op: str, algo: str, proto: int, topo: Topology, nbytes: floa
 def proxy_s(op: str, algo: str, proto: int, topo: Topology, nbytes: float) -> float:
     """What NCCL's tuning constants leave out of a network crossing: its proxy thread's turns between the GPUs and
     the NICs (the GPU's flag, the post, the completion, the receiver's flush on GPUs before Hopper) and the
-    transport's own per-message cost, on all channels. Fitted per network kind on published nccl-tests tables
+    transport's own per-message cost, on all channels. Fitted per transport on published nccl-tests tables
     (benchmarks/published_collectives.py --fit)."""
     return proxy_crossings(op, algo, proto, topo, nbytes) * NET_STEP_US[transport(topo)] * 1e-6
 
@@ -162,7 +164,7 @@ def pipelined(proto: Protocol, depth: int, chunks: int) -> Protocol:
 
 class Nccl(Library):
     name = "nccl"
-    summary = "NCCL 2.30: ring or tree all-reduce, ring all-gather, pipelined-ring broadcast; LL/LL128/Simple"
+    summary = "NCCL 2.30: ring, tree or NVLS all-reduce, ring all-gather, pipelined-ring broadcast; LL/LL128/Simple"
     offered = OFFERED
     source = "NVIDIA/nccl v2.30.7 src/graph/tuning.cc (latencies, bandwidth factors), src/include/device.h"
 

@@ -5,8 +5,8 @@ NCCL prices each (algorithm, protocol) as ``latency + bytes / algBw`` with ``alg
 topology search found (``graph channels × per-channel bandwidth``), each protocol's refinements and per-channel
 caps (the ``perChMax*`` tables, measured by NVIDIA per GPU generation), and, for its tree, a correction per
 message size. arcsim keeps its own step schedules for the latency and the links' contention, and takes from
-this module the ceiling NCCL's kernels put on throughput: a schedule is never faster than the bytes over
-NCCL's bandwidth for that (algorithm, protocol, size) on the channels in use at that size.
+this module what bounds them: the links as NCCL's channels fill them (NVLink, NICs), the share of channels in
+use at a size, the tree's size correction and per-channel caps, and NVLS's bandwidth.
 """
 
 from __future__ import annotations
@@ -16,9 +16,7 @@ from dataclasses import dataclass
 
 from arcsim.topology import Topology
 
-GB = 1e9
-PROTOCOLS = ("LL", "LL128", "Simple")
-ARCHS = ("sm80", "sm90", "sm100")  # Ampere (and older, priced as Ampere), Hopper, Blackwell
+GB = 1e9  # GPU generations: sm80 (Ampere, and older priced as Ampere), sm90 (Hopper), sm100 (Blackwell)
 
 # topo.h ncclTopoNVLinkBw: GB/s per NVLink as NCCL counts it, and the links per GPU (A100 12, H100/B200 18)
 NVLINK_GBPS = {"sm80": 20.0, "sm90": 20.6, "sm100": 40.1}
@@ -33,7 +31,6 @@ INTRA_SPEEDS = {"sm80": (40, 30, 20, 18, 15, 12, 10, 9, 7, 6, 5, 4, 3),
 PCIE_GBPS = {"sm80": 24.0, "sm90": 48.0, "sm100": 48.0}  # GPU–NIC path: PCIe Gen4 ×16, Gen5 ×16 as topo.cc counts
 # tuning.cc tables, [1 node, 2 nodes, ≥ 3 nodes], GB/s per graph channel
 LL_MAX = {"sm80": (87.7, 39.0, 20.4), "sm90": (141.0, 39.0, 20.4), "sm100": (282.0, 39.0, 20.4)}  # x86 Intel row
-RING_LL128_CAP = {"sm80": (20, 20, 20), "sm90": (36.7, 36.7, 36.7), "sm100": (40, 40, 40)}
 TREE_LL128_CAP = {"sm80": (20, 20, 20), "sm90": (36.7, 36.7, 29.0), "sm100": (55.6, 31.67, 20.0)}
 TREE_CAP = {"sm80": (24.0, 23.6, 17.8), "sm90": (38.7, 41.4, 36.0), "sm100": (70.0, 42.8, 24.0)}
 NVLS_TREE_CAP = {"sm90": (0.0, 57.7, 45.5), "sm100": (0.0, 96.0, 80.0)}
@@ -126,26 +123,6 @@ def ring_graph(topo: Topology) -> Graph:
     return Graph(channels, speed)
 
 
-def bus_bandwidth(topo: Topology, algo: str, proto: int) -> float:
-    """NCCL's bus bandwidth (GB/s) for an all-reduce by ``algo`` ∈ ring, tree, nvls with protocol ``proto``."""
-    a, n = arch(topo), _scale(topo)
-    g = ring_graph(topo)
-    if algo == "nvls":
-        return nvls_bus_bandwidth(topo)
-    if algo == "ring":
-        if proto == 0:
-            return min(LL_MAX[a][n], g.bus * 0.5)
-        if proto == 1:
-            return min(g.bus * 0.92, g.channels * RING_LL128_CAP[a][n])
-        return g.bus
-    bus = min(g.bus * 0.92, g.channels * TREE_CAP[a][n])
-    if proto == 0:
-        return min(bus / 3.8, LL_MAX[a][n])
-    if proto == 1:
-        return min(bus * (7 / 9 if topo.nodes == 1 else 120 / 128), g.channels * TREE_LL128_CAP[a][n])
-    return bus
-
-
 def nvls_supported(topo: Topology) -> bool:
     """NVLink SHARP: Hopper or newer GPUs on an NVSwitch (an NVLink node of more than two GPUs)."""
     return arch(topo) in NVLS_EFFICIENCY and topo.gpus_per_node > 2 and \
@@ -220,18 +197,15 @@ def tree_ceiling(topo: Topology, op: str, proto: int, nbytes: float) -> float:
     return cap * 0.5 * GB * size_factor(topo, op, "tree", proto, nbytes)
 
 
-def algorithm_bandwidth(topo: Topology, op: str, algo: str, proto: int, nbytes: float) -> float:
-    """Bytes/s a collective of ``nbytes`` reaches at most on NCCL's channels (its algBw at that size, with the
-    tree's correction): bus bandwidth × the channels in use, over the bus factor of the op."""
-    bus = bus_bandwidth(topo, algo, proto) * channels_in_use(topo, op, algo, proto, nbytes)
-    if algo == "tree":
-        bus *= tree_correction(proto, nbytes)
-    if algo == "nvls":
-        bus *= nvls_pipeline(topo, nbytes)
-        if arch(topo) == "sm100" and topo.nodes > 1:  # tuning.cc: NVLS-tree on Blackwell (x86) takes the tree's table
-            bus *= tree_correction(proto, nbytes)
+def nvls_ceiling(topo: Topology, op: str, nbytes: float) -> float:
+    """Bytes/s an NVLS (NVLS-tree across nodes) all-reduce of ``nbytes`` reaches: NCCL's bus bandwidth as its
+    chunk pipeline fills, over the op's bus factor (NVLS-tree on Blackwell also takes the tree's size table, as
+    tuning.cc applies it on x86 hosts)."""
+    bus = nvls_bus_bandwidth(topo) * nvls_pipeline(topo, nbytes)
+    if arch(topo) == "sm100" and topo.nodes > 1:
+        bus *= tree_correction(2, nbytes)
     p = topo.ranks
     if p < 2:
         return math.inf
     ratio = {"allreduce": p / (2 * (p - 1)), "allgather": p / (p - 1), "reducescatter": p / (p - 1)}.get(op, 1.0)
-    return bus * (0.5 if algo == "tree" else ratio) * GB
+    return bus * ratio * GB
