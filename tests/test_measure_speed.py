@@ -1,18 +1,22 @@
 """Measuring faster changes no result: measurements made side by side in forked processes equal those made one
-at a time, and the intra-op thread count a measurement sets is restored (issue 40)."""
+at a time, Top-K sets shared across densities equal those searched alone, and the intra-op thread count a
+measurement sets is restored (issue 40)."""
 
 from __future__ import annotations
 
 import dataclasses
 import os
 
+import numpy as np
 import pytest
 import torch
 
+from arcsim.compressors.base import Layer, topk_indices
+from arcsim.compressors.nested import NestedTopK
 from arcsim.run import analysis as analysis_module
 from arcsim.run.analysis import MEASURED_AHEAD, Analysis, RunConfig
 from arcsim.run.buckets import Bucket
-from arcsim.run.measure import SMALL_WORK_ELEMENTS, intra_op_threads, measuring_threads
+from arcsim.run.measure import SMALL_WORK_ELEMENTS, GradientStats, intra_op_threads, measure, measuring_threads
 
 CONFIG = RunConfig(compressors=("dense", "topk", "randk", "arctopk", "gaussiank", "powersgd", "var"),
                    ratios=(0.001, 0.01, 0.1), policy="none")  # 8x8-ib100: compression modelled on its A100
@@ -64,3 +68,49 @@ def test_intra_op_threads_are_restored():
     assert torch.get_num_threads() == before
     small = [Bucket(0, (), 0, SMALL_WORK_ELEMENTS // 8 - 1, 0.0)]
     assert measuring_threads(small, 8) == 1 and measuring_threads(small, 9) is None
+
+
+def test_nested_top_k_sets_are_the_top_k_at_every_density():
+    """One search of the row at the largest planned density gives the same sets as topk at every density,
+    planned or between two levels, for all rows or one (a leader's), and the k-th largest |x| of a row."""
+    x = torch.randn(3, 300_000) * torch.linspace(0.1, 3.0, 300_000)  # no ties; a row long enough to be sampled
+    groups = [(0, 200_000), (200_000, 99_000), (299_000, 1_000)]
+    nested = NestedTopK(x, (0.001, 0.01, 0.1))
+    for density in (0.1, 0.01, 0.004, 0.001, 0.0002):
+        assert nested.covers(groups, density)
+        got, want = nested.indices(groups, density), topk_indices(x, groups, density)
+        assert got.shape == want.shape
+        for g, w in zip(got, want, strict=True):
+            assert set(g.tolist()) == set(w.tolist()), density
+        leader = nested.bind(x.clone()).indices(groups, density, [2])
+        assert set(leader[0].tolist()) == set(want[2].tolist())
+    assert not nested.covers(groups, 0.3)
+    for k in (1, 77, 30_000):
+        assert float(nested.kth_abs(1, k)) == float(x[1].abs().topk(k).values.min())
+
+
+def test_measurements_with_shared_top_k_sets_equal_those_without():
+    """A ratio-grid measurement that takes its Top-K from the shared nested sets (and the first step compressed
+    as it is, error feedback copying it after) measures what one that searches on its own does."""
+    torch.manual_seed(0)
+    steps = [(s, torch.randn(4, 400_000)) for s in range(2)]  # float32: no ties, so the same sets exactly
+    buckets = [Bucket(0, (Layer("a", (200_000,), 0), Layer("b", (50_000,), 200_000)), 0, 250_000, 0.0),
+               Bucket(1, (Layer("c", (150_000,), 250_000),), 250_000, 400_000, 0.0)]
+    shared = GradientStats((0.001, 0.01, 0.1))
+    for compressor in ("topk", "adaptive", "star"):
+        for density in (0.001, 0.1):
+            alone = measure(iter(steps), buckets, compressor, density, timed=False, count=2)
+            reused = measure(iter(steps), buckets, compressor, density, timed=False, count=2, stats=shared)
+            assert reused.selected == alone.selected
+            assert np.allclose(reused.err2, alone.err2, rtol=1e-6) and np.allclose(reused.upd2, alone.upd2, rtol=1e-6)
+    assert shared._nested  # the sets were found, and used
+
+
+def test_a_half_precision_bucket_is_converted_once_within_the_room():
+    half, single = torch.randn(2, 1_000).half(), torch.randn(2, 1_000)
+    bucket = Bucket(0, (Layer("a", (600,), 0),), 0, 600, 0.0)
+    stats = GradientStats(shared_bytes=2 * 600 * 4)
+    x = stats.bucket(0, bucket, half)
+    assert x.dtype == torch.float32 and stats.bucket(0, bucket, half) is x  # converted once, then shared
+    assert stats.bucket(1, bucket, single).data_ptr() == single.data_ptr()  # float32: a view, nothing kept
+    assert stats.bucket(2, bucket, half) is not stats.bucket(2, bucket, half)  # no room left: converted each time

@@ -55,13 +55,18 @@ class Adaptive(Compressor):
         d = x.shape[1]
         target = self.k_for(d, density)
         squares: Iterable[torch.Tensor] = _squares(x)
-        if self.lam is None:  # the first step reads the squares twice: keep them
-            squares = list(squares)
-            kth = torch.stack([kth_largest(sq, target) for sq in squares])  # [W]
+        raw = self.raw if self.raw is not None and self.raw.source is x else None
+        if self.lam is None:
+            if raw is not None and raw.covers([(0, d)], self.rho(density)):  # the measurement's sets
+                kth = torch.stack([raw.kth_abs(w, target).square() for w in range(x.shape[0])])  # [W]
+            else:  # the first step reads the squares twice: keep them
+                squares = list(squares)
+                kth = torch.stack([kth_largest(sq, target) for sq in squares])
             self.lam = float(comm.all_reduce(kth.unsqueeze(1), tag="lambda")[0, 0])
         counts = torch.stack([torch.count_nonzero(sq > self.lam) for sq in squares]).unsqueeze(1).float()
         k = int(min(d, max(1, round(float(comm.all_reduce(counts, tag="k")[0, 0])))))
         self.history.append(k)
         mean_k = sum(self.history) / len(self.history)
         self.lam *= math.exp(KAPPA * (mean_k - target) / target)
+        self.inner.raw = raw
         return self.inner.compress(x, comm, step, layout, density=k / d)

@@ -24,7 +24,6 @@ from arcsim.compressors.base import (
     SparseContribution,
     group_k,
     shared_aggregate,
-    topk_indices,
 )
 
 
@@ -43,7 +42,7 @@ class _LeaderTopK(ScopedCompressor):
             k_total = sum(group_k(n, rho) for _, n in groups)
             mine = torch.zeros(1, k_total, dtype=torch.int32, device=x.device)
         else:
-            mine = topk_indices(x[row:row + 1], groups, rho).to(torch.int32)
+            mine = self.select(x, groups, rho, [row]).to(torch.int32)
         idx = comm.broadcast(mine, src=leader, tag="indices")[0].long()
         vals = x.index_select(1, idx).float()
         reduced = comm.all_reduce(vals, tag="values")

@@ -11,13 +11,16 @@ from __future__ import annotations
 import math
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 import torch
 
 from arcsim.catalog import INFO, SCOPES, CompressorInfo, scope_message
 from arcsim.comm import Communicator
 from arcsim.errors import ArcsimError
+
+if TYPE_CHECKING:
+    from arcsim.compressors.nested import NestedTopK
 
 
 class CompressionError(ArcsimError):
@@ -237,6 +240,7 @@ class Compressor(ABC):
         check_density(density)
         self.density = float(density)
         self.seed = int(seed)
+        self.raw: NestedTopK | None = None  # a measurement's Top-K sets of this step's raw gradient, to reuse
 
     @property
     def info(self) -> CompressorInfo:
@@ -281,6 +285,15 @@ class ScopedCompressor(Compressor):
     def groups(self, d: int, layout: tuple[Layer, ...] | None) -> list[tuple[int, int]]:
         """(offset, numel) of each part that gets its own k under this compressor's scope."""
         return selection_groups(d, layout, self.scope)
+
+    def select(self, x: torch.Tensor, groups: list[tuple[int, int]], density: float,
+               rows: list[int] | None = None) -> torch.Tensor:
+        """:func:`topk_indices` of ``x`` (of its ``rows``, default all), taken from the measurement's nested
+        sets (:attr:`raw`) where ``x`` is the raw gradient they were found on."""
+        raw = self.raw
+        if raw is not None and raw.source is x and raw.covers(groups, density):
+            return raw.indices(groups, density, rows)
+        return topk_indices(x if rows is None else x[rows], groups, density)
 
 
 class GatheringCompressor(ScopedCompressor):

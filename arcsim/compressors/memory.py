@@ -6,8 +6,8 @@
 - ``ef21m``: v ← (1 − η) v + η g, then EF21 on v; first step v = h = g. η = 0.1 by default.
 State is per local worker ([W, d]) and lives across steps; updates are in place. ``observe(u, out)``
 is called after compression and before the memory moves on, so callers can measure u. ``final``: no later
-step reads the memory (the last step of a measurement), so it is left as it is — EF14's first step then
-compresses g itself instead of a copy (compressors never write to their input).
+step reads the memory (the last step of a measurement), so it is left as it is. EF14's first step
+compresses g itself (compressors never write to their input) and copies it only to keep e.
 """
 
 from __future__ import annotations
@@ -61,20 +61,17 @@ class EF14(Memory):
         self.error: torch.Tensor | None = None
 
     def _step(self, g, compressor, comm, step, layout, observe, final):
-        u = self._accumulate(g, final)
+        first = self.error is None  # e = 0: u = g, compressed as it is (compressors never write to their input)
+        u = g.float() if first else self.error.add_(g)  # u = g + e, in place
         out = compressor.compress(u, comm, step, layout)
         if observe:
             observe(u, out)
         if not final:
+            if first and u is g:  # the memory owns its u (a measurement's g is shared by its compressors)
+                u = u.clone()
             out.contribution.subtract_from(u)  # e ← u − C(u)
             self.error = u
         return out.aggregate
-
-    def _accumulate(self, g: torch.Tensor, final: bool) -> torch.Tensor:
-        """u = g + e, in place; while e = 0, u = g: a copy, as u becomes the memory, unless no step follows."""
-        if self.error is not None:
-            return self.error.add_(g)
-        return g.float() if final else g.to(torch.float32, copy=True)
 
     def residual(self) -> torch.Tensor | None:
         return self.error

@@ -16,7 +16,6 @@ from arcsim.compressors.base import (
     Layer,
     SparseContribution,
     sparse_aggregate,
-    topk_indices,
 )
 
 
@@ -26,7 +25,7 @@ class TopK(GatheringCompressor):
     def compress(self, x: torch.Tensor, comm: Communicator, step: int,
                  layout: tuple[Layer, ...] | None = None, density: float | None = None) -> Compressed:
         rho = self.rho(density)
-        idx = topk_indices(x, self.groups(x.shape[1], layout), rho)
+        idx = self.select(x, self.groups(x.shape[1], layout), rho)
         vals = x.gather(1, idx).float()
         gathered_vals, gathered_idx = self.gather(comm, vals, idx)
         agg = sparse_aggregate(x.shape[1], gathered_idx, gathered_vals, comm.world_size)

@@ -345,7 +345,7 @@ class Analysis:
         self._measured: dict[MeasurementKey, Measurement] = {}
         self.cached = 0  # measurements read from the cache instead of run
         self._cached: list[tuple[int, torch.Tensor]] | None = None
-        self.gradient_stats = GradientStats()  # the trace's per-step means and norms, shared by its measurements
+        self.gradient_stats = GradientStats((cfg.density, *cfg.ratios))  # shared by the trace's measurements
         self.timings: dict[str, float] = {}
         self._measuring_wall = 0.0  # seconds of wall time spent measuring (side by side: the wall, not the sum)
 

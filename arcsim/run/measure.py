@@ -27,6 +27,7 @@ from arcsim.compressors import make_compressor
 from arcsim.compressors.base import Compressed, Compressor
 from arcsim.compressors.hierarchy import Grouping, NodeAware, slice_seed
 from arcsim.compressors.memory import Memory, make_memory
+from arcsim.compressors.nested import NestedTopK
 from arcsim.run.buckets import Bucket
 from arcsim.run.sampling import BucketSample
 from arcsim.traces.timing import Clock
@@ -143,15 +144,50 @@ class Measurement:
                               for step in self.records]))
 
 
+SHARED_BYTES = 3 << 30  # what GradientStats may keep beyond its statistics: fp32 buckets and nested Top-K sets
+
+
 class GradientStats:
     """What every measurement of the same gradients needs of them, per (trace step, bucket): the workers'
     mean, its squared norm and each worker's norm — computed by the first measurement, read by the others
-    (the grid measures ~67 (compressor, density) pairs on the same steps; these depend on neither)."""
+    (the grid measures ~67 (compressor, density) pairs on the same steps; these depend on neither). Within
+    SHARED_BYTES also the bucket converted to float32 (from a half-precision trace) and, for the planned
+    ``densities``, the nested Top-K sets of its raw gradient (arcsim.compressors.nested)."""
 
-    def __init__(self) -> None:
+    def __init__(self, densities: Iterable[float] = (), shared_bytes: int = SHARED_BYTES) -> None:
         self._means: dict[tuple[int, int], torch.Tensor] = {}
         self._norms: dict[tuple[int, int], torch.Tensor] = {}
         self._mean2: dict[tuple[int, int], float] = {}
+        self._floats: dict[tuple[int, int], torch.Tensor] = {}
+        self._nested: dict[tuple[int, int], NestedTopK] = {}
+        self.densities = tuple(d for d in densities if 0 < d < 1)
+        self._room = shared_bytes
+
+    def bucket(self, step: int, b: Bucket, g: torch.Tensor) -> torch.Tensor:
+        """Bucket ``b``'s [W, n] float32 gradients of step ``g``: a view where ``g`` is float32, else converted
+        once and kept while there is room."""
+        if (step, b.index) in self._floats:
+            return self._floats[step, b.index]
+        x = g[:, b.lo:b.hi].float()
+        if g.dtype != torch.float32 and self._take(x.numel() * 4):
+            self._floats[step, b.index] = x
+        return x
+
+    def nested(self, step: int, bucket: int, x: torch.Tensor) -> NestedTopK | None:
+        """The nested Top-K sets of the raw gradients ``x`` of (step, bucket) at the planned densities (found
+        as compressors ask), bound to ``x``; None without planned densities or room."""
+        if (step, bucket) not in self._nested:
+            need = int(x.numel() * 4 * sum(self.densities))  # int32 indices, one set per density
+            if not self.densities or not self._take(need):
+                return None
+            self._nested[step, bucket] = NestedTopK(x, self.densities)
+        return self._nested[step, bucket].bind(x)
+
+    def _take(self, size: int) -> bool:
+        if size > self._room:
+            return False
+        self._room -= size
+        return True
 
     def mean(self, step: int, bucket: int, x: torch.Tensor) -> torch.Tensor:
         if (step, bucket) not in self._means:
@@ -254,11 +290,12 @@ class BucketedCompression:
         for b in self.buckets:
             if self.only is not None and b.index not in self.only:
                 continue
-            x = g[:, b.lo:b.hi].float()  # a half-precision step is converted here, a bucket at a time
+            x = stats.bucket(step, b, g)  # a half-precision step is converted here, a bucket at a time
             mean_g = stats.mean(step, b.index, x)
             if self.node_aware:
                 updates.append(self._node_aware(step, b, x, stats, row, final))
                 continue
+            self.comps[b.index].raw = stats.nested(step, b.index, x)
             seen: dict[str, float] = {}
 
             def observe(u: torch.Tensor, res: Compressed, x: torch.Tensor = x, mean_g: torch.Tensor = mean_g,
