@@ -50,7 +50,8 @@ def op_class(name: str) -> str:
 class Op:
     cls: str
     flops: float
-    bytes: float
+    bytes: float  # read and written: operands (weights included) and results
+    produced: float = 0.0  # the results' bytes alone (a forward's: an upper bound on what autograd keeps)
 
 
 @dataclass
@@ -115,7 +116,8 @@ class _Recorder(TorchDispatchMode):
             return out
         packet = func._overloadpacket
         flops = float(flop_registry[packet](*args, **kwargs, out_val=out)) if packet in flop_registry else 0.0
-        self.ops.append(Op(op_class(name), flops, _nbytes(args) + _nbytes(kwargs) + _nbytes(out)))
+        made = _nbytes(out)
+        self.ops.append(Op(op_class(name), flops, _nbytes(args) + _nbytes(kwargs) + made, made))
         return out
 
 
@@ -135,7 +137,7 @@ class _FusedAttention(torch.autograd.Function):
         ctx.recorder, ctx.causal = recorder, causal
         ctx.save_for_backward(q, k, v)
         out = torch.empty_like(q)
-        recorder.ops.append(Op("attention", attention_flops(q, k, causal), _nbytes((q, k, v, out))))
+        recorder.ops.append(Op("attention", attention_flops(q, k, causal), _nbytes((q, k, v, out)), _nbytes(out)))
         return out
 
     @staticmethod

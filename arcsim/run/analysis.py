@@ -389,11 +389,14 @@ class Analysis:
                                           dataset=dataset, input_size=size, data=data)
 
     def steps(self) -> Iterator[tuple[int, torch.Tensor]]:
-        """The trace's steps: held in memory as stored when they fit CACHE_BYTES (a half-precision trace is
-        then converted a bucket at a time by the measurement, not a whole step), else streamed as float32."""
+        """The trace's steps as stored (a half-precision trace is converted a bucket at a time by the
+        measurement, not a whole step): held in memory when they fit CACHE_BYTES, else streamed."""
         t = self.trace
-        if not isinstance(t, Trace) or t.steps * t.workers * t.elements * t.dtype.itemsize > CACHE_BYTES:
+        if not isinstance(t, Trace):
             yield from t.steps_iter()
+            return
+        if t.steps * t.workers * t.elements * t.dtype.itemsize > CACHE_BYTES:
+            yield from t.steps_iter(stored_dtype=True)
             return
         if self._cached is None:
             self._cached = list(t.steps_iter(stored_dtype=True))

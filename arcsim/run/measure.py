@@ -144,15 +144,16 @@ class Measurement:
                               for step in self.records]))
 
 
-SHARED_BYTES = 3 << 30  # what GradientStats may keep beyond its statistics: fp32 buckets and nested Top-K sets
+SHARED_BYTES = 3 << 30  # what GradientStats may keep: the means, fp32 buckets and nested Top-K sets
 
 
 class GradientStats:
     """What every measurement of the same gradients needs of them, per (trace step, bucket): the workers'
     mean, its squared norm and each worker's norm — computed by the first measurement, read by the others
-    (the grid measures ~67 (compressor, density) pairs on the same steps; these depend on neither). Within
-    SHARED_BYTES also the bucket converted to float32 (from a half-precision trace) and, for the planned
-    ``densities``, the nested Top-K sets of its raw gradient (arcsim.compressors.nested)."""
+    (the grid measures ~67 (compressor, density) pairs on the same steps; these depend on neither); also the
+    bucket converted to float32 (from a half-precision trace) and, for the planned ``densities``, the nested
+    Top-K sets of its raw gradient (arcsim.compressors.nested). What is model-sized is kept only within
+    ``shared_bytes`` (a 1 B model's means alone are 5.4 GB) and computed again where it did not fit."""
 
     def __init__(self, densities: Iterable[float] = (), shared_bytes: int = SHARED_BYTES) -> None:
         self._means: dict[tuple[int, int], torch.Tensor] = {}
@@ -190,9 +191,13 @@ class GradientStats:
         return True
 
     def mean(self, step: int, bucket: int, x: torch.Tensor) -> torch.Tensor:
-        if (step, bucket) not in self._means:
-            self._means[step, bucket] = x.mean(dim=0, keepdim=True)
-        return self._means[step, bucket]
+        """The workers' mean [1, n] of ``x``: kept while there is room, else computed again when asked."""
+        if (step, bucket) in self._means:
+            return self._means[step, bucket]
+        mean = x.mean(dim=0, keepdim=True)
+        if self._take(mean.numel() * 4):
+            self._means[step, bucket] = mean
+        return mean
 
     def mean2(self, step: int, bucket: int, x: torch.Tensor) -> float:
         """||ḡ||² of the bucket's mean gradient (``x``: the bucket's [W, n] gradients)."""
@@ -277,15 +282,17 @@ class BucketedCompression:
         return (make_compressor(self.compressor, self.density, seed=slice_seed(self.seed, bucket, g), **self.options),
                 make_memory(self.memory))
 
-    def step(self, step: int, g: torch.Tensor, final: bool = False) -> tuple[list[torch.Tensor], dict[str, list]]:
+    def step(self, step: int, g: torch.Tensor, final: bool = False, updates: bool = True
+             ) -> tuple[list[torch.Tensor], dict[str, list]]:
         """Compress [W, d] gradients bucket by bucket; returns the [1, bucket] updates (in bucket order, which
-        is the order of the flat vector) and the step's row. ``final``: no step follows (memories stay)."""
+        is the order of the flat vector; none kept without ``updates``: a model-sized vector a trace's
+        measurement does not apply) and the step's row. ``final``: no step follows (memories stay)."""
         if self.comm is None:
             self.comm = InProcessComm(g.shape[0])
         comm = self.comm
         row: dict[str, list] = {k: [] for k in ("records", "err2", "ref2", "upd2", "raw2", "gain", "selected",
                                                 "compress_s")}
-        updates = []
+        kept: list[torch.Tensor] = []
         stats = self.stats or GradientStats()
         for b in self.buckets:
             if self.only is not None and b.index not in self.only:
@@ -293,7 +300,8 @@ class BucketedCompression:
             x = stats.bucket(step, b, g)  # a half-precision step is converted here, a bucket at a time
             mean_g = stats.mean(step, b.index, x)
             if self.node_aware:
-                updates.append(self._node_aware(step, b, x, stats, row, final))
+                out = self._node_aware(step, b, x, stats, row, final)
+                kept.extend([out] if updates else [])
                 continue
             self.comps[b.index].raw = stats.nested(step, b.index, x)
             seen: dict[str, float] = {}
@@ -311,7 +319,7 @@ class BucketedCompression:
             mark = comm.log.mark()
             out = self.mems[b.index].step(x, self.comps[b.index], comm, step, self.layouts[b.index], observe,
                                           final)
-            updates.append(out)
+            kept.extend([out] if updates else [])
             if not seen:  # sent dense this step (EF21's first step): exact
                 seen = {"err2": 0.0, "ref2": stats.mean2(step, b.index, x), "gain": 1.0, "selected": float(b.numel)}
             row["records"].append(comm.log.since(mark))
@@ -324,7 +332,7 @@ class BucketedCompression:
             row["compress_s"].append(self.one_rank[b.index])
             for key in ("err2", "ref2", "gain", "selected"):
                 row[key].append(seen[key])
-        return updates, row
+        return kept, row
 
     def _node_aware(self, step: int, b: Bucket, x: torch.Tensor, stats: GradientStats, row: dict[str, list],
                     final: bool) -> torch.Tensor:
@@ -379,7 +387,7 @@ def measure_many(steps: Iterable[tuple[int, torch.Tensor]], buckets: list[Bucket
     for i, (step, g) in enumerate(steps):  # (live training yields these: its own threads and autograd)
         with intra_op_threads(measuring_threads(buckets, g.shape[0])), torch.no_grad():
             for bc, meas in zip(runs, out, strict=True):
-                meas.add(bc.step(step, g, final=i + 1 == count)[1])
+                meas.add(bc.step(step, g, final=i + 1 == count, updates=False)[1])
         del g
     return out if sample is None else [sample.expand(meas) for meas in out]
 
