@@ -122,7 +122,6 @@ def test_target_never_reached_is_reported_not_an_error():
     (("--hierarchy", "node", "-t", "8x1-eth10"), "give --topology with two or more GPUs per node"),
     (("--hierarchy", "node", "-t", "2x8-ib100", "-w", "3"), "cannot be grouped"),
     (("--hierarchy", "both", "-t", "2x2-eth10"), "train runs one hierarchy"),
-    (("--hierarchy", "node", "-t", "2x2-eth10", "--network-schedule", "s.yaml"), "not written yet"),
 ])
 def test_bad_requests_are_one_line_exit_2(args, fragment, tmp_path):
     r = run_cli("train", *args, "-o", str(tmp_path / "t"), timeout=120)

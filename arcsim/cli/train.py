@@ -65,7 +65,8 @@ if TYPE_CHECKING:
 @click.option("--engine", default="analytic", show_default=True, type=click.Choice(["analytic", "des"]))
 @click.option("--hierarchy", default="flat", show_default=True,
               help="flat, or node: dense inside each node of --topology, compressed between nodes (the workers "
-                   "grouped into nodes as arcsim run groups them).")
+                   "grouped into nodes as arcsim run groups them); with --network-schedule also both: the policies "
+                   "choose flat or node-aware as they choose compressor and ratio.")
 @click.option("--gpu", default=None, help="Price steps on this GPU instead of the topology's (cpu: as measured here).")
 @library_option
 @click.option("--fusion", type=click.Choice(FUSIONS), default="bucket", show_default=True,
@@ -127,11 +128,9 @@ def train(model: str, model_args: tuple[str, ...], data: str | None, dataset: st
                           "drop --data and give --dataset digits, mnist1d or python-text")
     dataset = source.dataset_for(dataset, None)
     settings = optimizer_settings(optimizer)
-    if hierarchy != "flat" and schedule is not None:
-        raise ArcsimError("--hierarchy node with --network-schedule is not written yet: the policies switch flat "
-                          "compressors; drop one of them")
+    per_run = hierarchy if schedule is None else "flat"  # under a schedule the policies choose it, step by step
     gpus_per_node = 0
-    if hierarchy != "flat" and topology:
+    if per_run != "flat" and topology:
         from arcsim.topology import load_topology
 
         gpus_per_node = load_topology(topology).gpus_per_node
@@ -139,7 +138,7 @@ def train(model: str, model_args: tuple[str, ...], data: str | None, dataset: st
                       compressors=tuple(c.strip() for c in compressors.split(",") if c.strip()), density=density,
                       memory=memory, steps=steps, batch=batch, eval_every=eval_every,
                       seeds=seeds, compute_profile=compute_profile, scope=scope, fusion=fusion, precision=precision,
-                      hierarchy=hierarchy, gpus_per_node=gpus_per_node, input_size=input_size, **settings)
+                      hierarchy=per_run, gpus_per_node=gpus_per_node, input_size=input_size, **settings)
     cfg.check()
     grouping = cfg.grouping()
     if grouping is not None:
@@ -149,7 +148,7 @@ def train(model: str, model_args: tuple[str, ...], data: str | None, dataset: st
         from arcsim.cli.train_schedule import train_under_schedule
 
         train_under_schedule(cfg, schedule, topology, engine, gpu, library, goal, out, json_out,
-                             policies, candidates, ratios, warmup, stop_at_target, objective)
+                             policies, candidates, ratios, warmup, stop_at_target, objective, hierarchy)
         return
     for flag, value in (("--policy", policies), ("--warmup", warmup), ("--candidates", candidates),
                         ("--ratios", ratios), ("--stop-at-target", stop_at_target or None),

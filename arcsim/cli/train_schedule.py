@@ -21,7 +21,7 @@ def train_under_schedule(cfg: TrainConfig, schedule_path: str, topology: str | N
                          library: str | None, target: Target | None, out: str | None, json_out: str | None,
                          policies: str | None, candidates: str | None, ratios: tuple[float, ...] | None,
                          warmup: int | None, stop_at_target: bool = False,
-                         objective: str = "time-to-target") -> None:
+                         objective: str = "time-to-target", hierarchy: str = "flat") -> None:
     from arcsim.network_schedule import load_schedule
     from arcsim.train.plots import schedule_plot
     from arcsim.train.policies import PAPER_RATIOS
@@ -40,11 +40,17 @@ def train_under_schedule(cfg: TrainConfig, schedule_path: str, topology: str | N
         cfg, schedule, topology or DEFAULT_SCHEDULE_TOPOLOGY,
         policies=_names(policies, POLICIES), candidates=_names(candidates, ("topk", "arctopk", "adaptive")),
         ratios=ratios if ratios is not None else PAPER_RATIOS, target=target,
-        warmup=warmup, engine=engine, gpu=gpu, library=library, stop_at_target=stop_at_target, objective=objective)
+        warmup=warmup, engine=engine, gpu=gpu, library=library, stop_at_target=stop_at_target, objective=objective,
+        hierarchy=hierarchy)
     scfg.check()
     if topology is None:
         note(f"priced on {DEFAULT_SCHEDULE_TOPOLOGY} (one GPU per node) with the schedule's networks; --topology "
              "to change")
+    grouping = scfg.grouping()
+    if grouping is not None:
+        note(f"node-aware candidates ({grouping.label()}): the {cfg.workers} workers as nodes of "
+             f"{grouping.priced_gpus} GPUs, dense inside each, compressed between them"
+             + ("; the warm-up is flat" if hierarchy == "both" else ""))
     directory = Path(out or f"reports/train/{cfg.source.label.replace(':', '-')}-{cfg.dataset}-{schedule.name}")
     started = time.perf_counter()
     with step_progress("training", unit="step") as progress:
@@ -68,6 +74,7 @@ def train_under_schedule(cfg: TrainConfig, schedule_path: str, topology: str | N
     from arcsim.cli.sweep import records
 
     write_json({"directory": str(directory), "schedule": schedule.name, "topology": scfg.topology,
+                "hierarchy": scfg.hierarchy,
                 "phases": [p.to_dict() for p in schedule.phases], "warmup_steps": scfg.warmup_steps,
                 **(target.key() if target else {"target": None}), "headline": records(top),
                 "summary": records(summary), "decisions": log,
@@ -110,6 +117,8 @@ def _table(top, target: Target | None, seeds: int) -> None:
 
 
 def _decision_table(log: list[dict], seed: int) -> None:
+    from arcsim.run.report import short_collective
+
     mine = [d for d in log if d["seed"] == seed]
     if not mine:
         return
@@ -121,7 +130,8 @@ def _decision_table(log: list[dict], seed: int) -> None:
         ch = d["chosen"]
         steps, seconds = ch.get("steps_to_target", math.nan), ch.get("time_to_target_s", math.nan)
         table.add_row(str(d["step"]), str(d["phase"] or "–"), d["network"], d["reason"],
-                      f"{ch['compressor']}@{ch['density']:g} ({ch['op']} {ch['collective']})",
+                      f"{ch['compressor']}@{ch['density']:g} "
+                      f"({short_collective(ch['op'], ch['collective'], ch.get('hierarchy', 'flat'))})",
                       f"{ch['time_s'] * 1e3:.1f}", f"{ch.get('descent', math.nan):.3f}",
                       "–" if not math.isfinite(steps) else f"{steps:.0f}",
                       "–" if not math.isfinite(seconds) else f"{seconds:.2f}")

@@ -16,6 +16,7 @@ Slice boundaries that fall inside a matrix move to its nearest row boundary, so 
 
 from __future__ import annotations
 
+import copy
 import functools
 import itertools
 import math
@@ -185,6 +186,38 @@ class NodeAware:
         shared as pricing's ``inter`` group says), measured on a slice of n / G' and scaled to one of n / G."""
         scatter, gather = in_node_records(self.numel, self.grouping.priced_gpus)
         return [scatter, *(scaled(r, self.grouping.slice_scale) for r in rail), gather]
+
+
+def node_memories(mem: Memory, grouping: Grouping, bounds: list[tuple[int, int]]) -> list[Memory]:
+    """A flat bucket's error feedback as node-aware's, one memory per slice of ``bounds``: each node's per-rank
+    state is the mean of its workers' (state every worker holds alike is sliced). Every memory's state is linear
+    in what the workers sent, so the aggregate still owes what it owed, and EF21's h̄ still is the mean of h."""
+    parts = []
+    for lo, hi in bounds:
+        part = copy.copy(mem)
+        for name in mem.per_rank + mem.shared:
+            value = getattr(mem, name)
+            if value is None:
+                continue
+            piece = value[:, lo:hi]
+            if name in mem.per_rank:
+                piece = piece.reshape(grouping.nodes, grouping.gpus, -1).mean(dim=1)
+            setattr(part, name, piece.clone())
+        parts.append(part)
+    return parts
+
+
+def worker_memory(parts: list[Memory], grouping: Grouping) -> Memory:
+    """Node-aware error feedback (one memory per slice) as a flat bucket's: each worker takes its node's per-rank
+    state, the slices joined (so the aggregate owes what it owed: the inverse of :func:`node_memories` on what
+    the nodes hold)."""
+    whole = copy.copy(parts[0])
+    for name in whole.per_rank + whole.shared:
+        if getattr(whole, name) is None:
+            continue
+        joined = torch.cat([getattr(p, name) for p in parts], dim=1)
+        setattr(whole, name, joined.repeat_interleave(grouping.gpus, dim=0) if name in whole.per_rank else joined)
+    return whole
 
 
 def in_node_records(numel: int, gpus: int) -> tuple[CommRecord, CommRecord]:

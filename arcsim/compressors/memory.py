@@ -25,6 +25,8 @@ Observer = Callable[[torch.Tensor, Compressed], None]
 
 class Memory(ABC):
     name: str
+    per_rank: tuple[str, ...] = ()  # state tensors with a row per local worker ([W, d]), None before the first step
+    shared: tuple[str, ...] = ()    # state tensors every worker holds alike ([1, d])
 
     def step(self, g: torch.Tensor, compressor: Compressor, comm: Communicator, step: int,
              layout: tuple[Layer, ...] | None = None, observe: Observer | None = None,
@@ -56,6 +58,7 @@ class NoMemory(Memory):
 
 class EF14(Memory):
     name = "ef14"
+    per_rank = ("error",)
 
     def __init__(self) -> None:
         self.error: torch.Tensor | None = None
@@ -79,6 +82,8 @@ class EF14(Memory):
 
 class EF21(Memory):
     name = "ef21"
+    per_rank: tuple[str, ...] = ("h", "last_target")
+    shared = ("h_mean",)
 
     def __init__(self) -> None:
         self.h: torch.Tensor | None = None
@@ -109,6 +114,7 @@ class EF21(Memory):
 
 class EF21M(EF21):
     name = "ef21m"
+    per_rank = ("h", "last_target", "v")
 
     def __init__(self, eta: float = 0.1) -> None:
         super().__init__()

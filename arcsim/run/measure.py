@@ -10,6 +10,7 @@ the gradients are on a GPU).
 from __future__ import annotations
 
 import contextlib
+import copy
 import functools
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -25,7 +26,14 @@ from arcsim.comm.log import CommRecord
 from arcsim.comm.solo import SoloComm
 from arcsim.compressors import make_compressor
 from arcsim.compressors.base import Compressed, Compressor
-from arcsim.compressors.hierarchy import Grouping, NodeAware, slice_seed
+from arcsim.compressors.hierarchy import (
+    Grouping,
+    NodeAware,
+    node_memories,
+    slice_bounds,
+    slice_seed,
+    worker_memory,
+)
 from arcsim.compressors.memory import Memory, make_memory
 from arcsim.compressors.nested import NestedTopK
 from arcsim.run.buckets import Bucket
@@ -252,9 +260,12 @@ class BucketedCompression:
         self.stats = stats
         self.memory = memory or default_memory(compressor)
         self.grouping = grouping
-        self.switch(compressor, density)
-        self.mems = [make_memory(self.memory) for _ in buckets]
         self.layouts = [b.layout() for b in buckets]
+        # error feedback: flat, a memory per bucket; node-aware, one per slice of each bucket (the other list empty)
+        self.mems = [make_memory(self.memory) for _ in buckets] if grouping is None else []
+        self.slice_mems = [] if grouping is None else [
+            [make_memory(self.memory) for _ in range(grouping.gpus)] for _ in buckets]
+        self.switch(compressor, density)
         self.comm: InProcessComm | None = None
         self.timed = timed  # False where compression is modelled (a catalogue GPU): nothing timed, NaN kept
         self.timing_threads = torch.get_num_threads()  # one rank's work is timed on the threads it would have
@@ -264,23 +275,49 @@ class BucketedCompression:
         with intra_op_threads(self.timing_threads):
             return one_rank_seconds(*args)
 
+    @property
+    def hierarchy(self) -> str:
+        return "flat" if self.grouping is None else "node"
+
     def switch(self, compressor: str, density: float) -> None:
         """Compress with ``compressor`` at ``density`` from now on; the error-feedback memories carry over (what
-        a worker has not yet sent is owed whatever compresses it next)."""
+        a worker, or a node's slice, has not yet sent is owed whatever compresses it next)."""
         self.compressor, self.density = compressor, density
         self.options = options_for(compressor, self.shared_options)  # shared options (scope …) this one accepts
         self.comps = [make_compressor(compressor, density, seed=self.seed + b.index, **self.options)
                       for b in self.buckets]
         self.one_rank: dict[int, float] = {}  # per-rank compression seconds per bucket, timed on its first step
         grouping = self.grouping
-        self.node_aware = [] if grouping is None else [  # a switch starts their memories afresh
+        self.node_aware = [] if grouping is None else [
             NodeAware(grouping, b.numel, b.layout(), functools.partial(self._slice_part, b.index))
             for b in self.buckets]
 
+    def regroup(self, grouping: Grouping | None) -> None:
+        """Compress flat (None) or node-aware with ``grouping`` from now on, the error feedback carried over
+        (arcsim.compressors.hierarchy.node_memories and worker_memory: what the workers owed their nodes owe,
+        and back)."""
+        if grouping != self.grouping:
+            if self.grouping is not None:
+                self.mems = [worker_memory(parts, self.grouping) for parts in self.slice_mems]
+                self.slice_mems = []
+            if grouping is not None:
+                self.slice_mems = [node_memories(mem, grouping, slice_bounds(b.numel, grouping.gpus, layout))
+                                   for mem, b, layout in zip(self.mems, self.buckets, self.layouts, strict=True)]
+                self.mems = []
+            self.grouping = grouping
+        self.switch(self.compressor, self.density)
+
+    def take_memories(self, other: BucketedCompression) -> None:
+        """A copy of ``other``'s error feedback, regrouped to this one's hierarchy (an adaptive decision's trial)."""
+        wanted = self.grouping
+        self.grouping, self.mems, self.slice_mems = other.grouping, copy.deepcopy(other.mems), copy.deepcopy(
+            other.slice_mems)
+        self.regroup(wanted)
+
     def _slice_part(self, bucket: int, g: int) -> tuple[Compressor, Memory]:
-        """Node-aware: the compressor and memory of slice ``g`` of bucket ``bucket`` (a seed of its own)."""
+        """Node-aware: the compressor (a seed of its own) and memory of slice ``g`` of bucket ``bucket``."""
         return (make_compressor(self.compressor, self.density, seed=slice_seed(self.seed, bucket, g), **self.options),
-                make_memory(self.memory))
+                self.slice_mems[bucket][g])
 
     def step(self, step: int, g: torch.Tensor, final: bool = False, updates: bool = True
              ) -> tuple[list[torch.Tensor], dict[str, list]]:

@@ -30,12 +30,12 @@ def per_phase(analysis: Analysis, schedule: NetworkSchedule) -> list[dict[str, A
         fastest = min([c for c in result.candidates if usable(c)] or result.candidates, key=lambda c: c.iteration_s)
         phases.append({"phase": i + 1, **phase.to_dict(),
                        "chosen": {"compressor": chosen.compressor, "collective": chosen.collective,
-                                  "op": chosen.op, "density": chosen.density, "iteration_s": chosen.iteration_s,
-                                  "rel_error": chosen.rel_error, "rule": rule,
+                                  "op": chosen.op, "hierarchy": chosen.hierarchy, "density": chosen.density,
+                                  "iteration_s": chosen.iteration_s, "rel_error": chosen.rel_error, "rule": rule,
                                   "time_to_target_s": chosen.time_to_target_s},
                        "fastest": {"compressor": fastest.compressor, "collective": fastest.collective,
-                                   "op": fastest.op, "density": fastest.density, "iteration_s": fastest.iteration_s,
-                                   "rel_error": fastest.rel_error},
+                                   "op": fastest.op, "hierarchy": fastest.hierarchy, "density": fastest.density,
+                                   "iteration_s": fastest.iteration_s, "rel_error": fastest.rel_error},
                        "dense_iteration_s": result.dense.iteration_s,
                        "policy_iteration_s": result.policy.iteration_s if result.policy else None})
     return phases
@@ -45,7 +45,7 @@ def render_phases(phases: list[dict[str, Any]], schedule: NetworkSchedule, conso
     table = Table(title=f"Per phase of {schedule.name}: the best choice on each network",
                   caption="chosen: the recommendation on that network (auto: the soonest to the target; else the "
                           "speed/fidelity front's pick); fastest usable: the quickest candidate at --density whose "
-                          "error is below 0.95; ms per iteration")
+                          "error is below 0.95; ', node': node-aware (--hierarchy); ms per iteration")
     for col in ("phase", "from step", "network", "chosen", "ms", "error", "fastest usable", "ms ",
                 "dense ms"):
         table.add_column(col, justify="left" if col in ("network", "chosen", "fastest usable")
@@ -54,8 +54,8 @@ def render_phases(phases: list[dict[str, Any]], schedule: NetworkSchedule, conso
         ch, fa = p["chosen"], p["fastest"]
         density = f"@{ch['density']:g}" if ch["density"] is not None else ""
         table.add_row(str(p["phase"]), str(p["start_step"]), p["network"],
-                      f"{ch['compressor']}{density} {short_collective(ch['op'], ch['collective'])}",
+                      f"{ch['compressor']}{density} {short_collective(ch['op'], ch['collective'], ch['hierarchy'])}",
                       f"{ch['iteration_s'] * 1e3:.1f}", f"{ch['rel_error']:.3f}",
-                      f"{fa['compressor']} {short_collective(fa['op'], fa['collective'])}",
+                      f"{fa['compressor']} {short_collective(fa['op'], fa['collective'], fa['hierarchy'])}",
                       f"{fa['iteration_s'] * 1e3:.1f}", f"{p['dense_iteration_s'] * 1e3:.1f}")
     console.print(table)

@@ -111,7 +111,8 @@ class TrainConfig:
             raise ArcsimError(fusion_message(self.fusion))
         if self.hierarchy not in ("flat", "node"):
             raise ArcsimError(f"--hierarchy {self.hierarchy}: train runs one hierarchy, flat or node (both is for "
-                              "arcsim run, which prices each compressor both ways)")
+                              "arcsim run, which prices each compressor both ways, and for --network-schedule, "
+                              "whose policies choose)")
         self.grouping()  # node-aware: the workers must make two or more nodes
         # a wrong model (or input size) fails before the data is made
         self.source.try_forward(data_spec(self.dataset, self.input_size), None)

@@ -111,13 +111,14 @@ def _strip(ax: plt.Axes, history: pd.DataFrame, runs: list[tuple[str, str]]) -> 
     for row, (policy, choice) in enumerate(reversed(runs)):
         run = history[(history["policy"] == policy) & (history["choice"] == choice)]
         run = run[run["seed"] == run["seed"].min()].sort_values("step")
-        keys = list(zip(run["compressor"], run["collective"].fillna(""), run["density"], strict=True))
+        keys = list(zip(run["compressor"], run["collective"].fillna(""), run["density"],
+                        run["hierarchy"].fillna("flat"), strict=True))
         start = 0
         for i in range(1, len(keys) + 1):
             if i < len(keys) and keys[i] == keys[start]:
                 continue
-            compressor, collective, density = keys[start]
-            kind = f"{compressor} {collective}"
+            compressor, collective, density, way = keys[start]
+            kind = f"{compressor} {collective}" + ("" if way == "flat" else f" {way}")
             colour = PALETTE[kinds.setdefault(kind, len(kinds)) % len(PALETTE)]
             ax.broken_barh([(start + 1, i - start)], (row - 0.4, 0.8), color=colour, alpha=0.8, lw=0)
             if i - start >= 4:
@@ -125,6 +126,7 @@ def _strip(ax: plt.Axes, history: pd.DataFrame, runs: list[tuple[str, str]]) -> 
             start = i
     ax.set_yticks(range(len(runs)), [f"static {c}" if p == "static" else p for p, c in reversed(runs)], fontsize=8)
     ax.set_ylim(-0.6, len(runs) + 0.2)
-    ax.set_xlabel("training step; blocks: compressor and collective, numbers: compression ratio (first seed)")
+    ax.set_xlabel("training step; blocks: compressor, collective (and node: node-aware), numbers: compression "
+                  "ratio (first seed)")
     handles = [plt.Rectangle((0, 0), 1, 1, color=PALETTE[i % len(PALETTE)], alpha=0.8) for i in kinds.values()]
     ax.legend(handles, list(kinds), fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False)

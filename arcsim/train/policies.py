@@ -1,15 +1,16 @@
-"""Who picks the (compressor, collective, ratio) of each training step when the network changes.
+"""Who picks the (compressor, collective, ratio, hierarchy) of each training step when the network changes.
 
 Every policy starts with the same warm-up (Tyagi & Swany): Top-K with its ratio falling geometrically
 from 1.0 to 0.1 over the first ``warmup`` steps. Then:
 
-- ``static`` keeps one (compressor, ratio) for the rest of the run; its collective is the one that makes
-  the whole run fastest (chosen after it, in hindsight).
+- ``static`` keeps one (compressor, ratio, hierarchy) for the rest of the run; its collective is the one that
+  makes the whole run fastest (chosen after it, in hindsight).
 - ``adaptive`` re-decides when the warm-up ends, when the network changes and when the running
   compressor's measured gain ‖C(u)‖/‖u‖ drifts from the value it was chosen at by more than ``drift``
-  (relative). A decision runs every candidate (compressor, ratio) once on this step's gradients, each with
-  a copy of the run's error-feedback memory, and prices what each sends with every collective its library
-  offers on every network of the schedule. The objective ``time-to-target`` (default) picks the candidate
+  (relative). A decision runs every candidate (compressor, ratio, and flat or node-aware where both are
+  asked for) once on this step's gradients, each with a copy of the run's error-feedback memory (regrouped
+  to the candidate's hierarchy), and prices what each sends with every collective its library offers on
+  every network of the schedule. The objective ``time-to-target`` (default) picks the candidate
   with the shortest estimated time to the target (arcsim.train.estimate: the run's own progress, the
   candidate's descent ratio, its step time on the networks to come), keeping the running one unless
   another is estimated ``KEEP_MARGIN`` sooner; ``asf`` minimises the achievement scalarising function
@@ -21,7 +22,6 @@ from 1.0 to 0.1 over the first ``warmup`` steps. Then:
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import math
 from dataclasses import dataclass, field
@@ -31,6 +31,7 @@ import numpy as np
 import torch
 
 from arcsim.catalog import INFO
+from arcsim.compressors.hierarchy import Grouping
 from arcsim.network_schedule import NetworkSchedule
 from arcsim.pricing import Pricer, algorithms_for
 from arcsim.run.candidates import Context, compress_times, main_op_of, step_timeline
@@ -48,16 +49,18 @@ KEEP_MARGIN = 0.05         # time-to-target: another candidate must be estimated
 OBJECTIVES = ("time-to-target", "asf")
 WARMUP_COMPRESSOR, WARMUP_FROM, WARMUP_TO = "topk", 1.0, 0.1
 WARMUP_SHARE = 0.1         # of the run's steps, by default
+Used = tuple[str, float, str | None, str]  # one step's compressor, ratio, collective (None: its fastest), hierarchy
 
 
 @dataclass(frozen=True)
 class Choice:
     compressor: str
     density: float
+    hierarchy: str = "flat"  # or node: dense inside each node, compressed between nodes
 
     @property
     def label(self) -> str:
-        return f"{self.compressor}@{self.density:g}"
+        return f"{self.compressor}@{self.density:g}" + ("" if self.hierarchy == "flat" else f"/{self.hierarchy}")
 
 
 def warmup_density(step: int, warmup: int) -> float:
@@ -84,11 +87,12 @@ class Pricing:
         return 0 if index is None else index + 1
 
     def step_seconds(self, step: int, records: list, compressor: str, measured: list[float],
-                     collective: str, slot: int | None = None) -> float:
+                     collective: str, slot: int | None = None, hierarchy: str = "flat") -> float:
         """One step's predicted iteration on the network in force at ``step`` (or on network ``slot``)."""
         where = self.slot(step) if slot is None else slot
         ctx, pricer = self.contexts[where], self.pricers[where]
-        timeline, _ = step_timeline(records, compress_times(compressor, measured, ctx), collective, ctx, pricer)
+        timeline, _ = step_timeline(records, compress_times(compressor, measured, ctx, hierarchy), collective, ctx,
+                                    pricer)
         return timeline.iteration_s
 
     def collectives(self, records: list) -> tuple[str, tuple[str, ...]]:
@@ -97,10 +101,10 @@ class Pricing:
         return op, algorithms_for(self.contexts[0].topo, op)
 
     def fastest(self, step: int, records: list, compressor: str, measured: list[float],
-                slot: int | None = None) -> tuple[str, str, float]:
+                slot: int | None = None, hierarchy: str = "flat") -> tuple[str, str, float]:
         """(op, collective, seconds) of the fastest collective for this step's records."""
         op, algos = self.collectives(records)
-        times = {a: self.step_seconds(step, records, compressor, measured, a, slot) for a in algos}
+        times = {a: self.step_seconds(step, records, compressor, measured, a, slot, hierarchy) for a in algos}
         best = min(times, key=times.__getitem__)
         return op, best, times[best]
 
@@ -121,7 +125,7 @@ class Controller:
     warmup: int
     choice: Choice | None = None                 # static: the choice after warm-up
     collective: str | None = None                # adaptive: the chosen collective (None: fastest per step)
-    used: list[tuple[str, float, str | None]] = field(default_factory=list)  # per step: compressor, ρ, collective
+    used: list[Used] = field(default_factory=list)  # per step: compressor, ρ, collective, hierarchy
     decisions: list[dict[str, Any]] = field(default_factory=list)
     gain_at_choice: float | None = None
     overhead_s: dict[int, float] = field(default_factory=dict)  # per decision step: compressing every candidate
@@ -130,8 +134,8 @@ class Controller:
 
     def before(self, step: int, grads: torch.Tensor, run: TrainingRun, ctx: DecisionContext) -> None:
         if step < self.warmup:
-            run.bc.switch(WARMUP_COMPRESSOR, warmup_density(step, self.warmup))
-            self.used.append((WARMUP_COMPRESSOR, run.bc.density, None))
+            ctx.use(run, Choice(WARMUP_COMPRESSOR, warmup_density(step, self.warmup), ctx.hierarchies[0]))
+            self.used.append((WARMUP_COMPRESSOR, run.bc.density, None, run.bc.hierarchy))
             return
         phase = ctx.pricing.schedule.index_at(step)
         if self.policy == "adaptive":
@@ -139,12 +143,10 @@ class Controller:
             if reason:
                 self._decide(step, phase, reason, grads, run, ctx)
         else:
-            wanted = self.choice
-            assert wanted is not None
-            if (run.bc.compressor, run.bc.density) != (wanted.compressor, wanted.density):
-                run.bc.switch(wanted.compressor, wanted.density)
+            assert self.choice is not None
+            ctx.use(run, self.choice)
         self.phase_seen = phase
-        self.used.append((run.bc.compressor, run.bc.density, self.collective))
+        self.used.append((run.bc.compressor, run.bc.density, self.collective, run.bc.hierarchy))
 
     def _reason(self, step: int, phase: int | None, run: TrainingRun, drift: float) -> str | None:
         if step == self.warmup:
@@ -169,13 +171,13 @@ class Controller:
         else:
             best = self._soonest(step, rows, run, ctx)
         chosen = rows[best]
-        run.bc.switch(chosen["compressor"], chosen["density"])
+        ctx.use(run, Choice(chosen["compressor"], chosen["density"], chosen["hierarchy"]))
         self.collective = chosen["collective"]
         self.overhead_s[step] = sum(r["compress_s"] for r in rows)  # on the compute stream, before this step
         self.gain_at_choice = chosen["gain"]
         network = ctx.pricing.schedule.phases[phase].label if phase is not None else "the topology's own"
-        shown = ("compressor", "density", "collective", "op", "time_s", "gain", "descent", "asf", "steps_to_target",
-                 "time_to_target_s")
+        shown = ("compressor", "density", "hierarchy", "collective", "op", "time_s", "gain", "descent", "asf",
+                 "steps_to_target", "time_to_target_s")
         self.decisions.append({"step": step, "phase": None if phase is None else phase + 1, "network": network,
                                "reason": reason, "objective": ctx.objective,
                                "chosen": {k: chosen[k] for k in shown if k in chosen},
@@ -200,8 +202,8 @@ class Controller:
                 r["time_to_target_s"] = r["time_s"] / r["descent"] if r["descent"] > 0 else math.inf
         score = [r["time_to_target_s"] for r in rows]
         best = min(range(len(rows)), key=lambda i: (score[i], rows[i]["time_s"]))
-        running = next((i for i, r in enumerate(rows) if (r["compressor"], r["density"]) ==
-                        (run.bc.compressor, run.bc.density)), None)
+        running = next((i for i, r in enumerate(rows) if (r["compressor"], r["density"], r["hierarchy"]) ==
+                        (run.bc.compressor, run.bc.density, run.bc.hierarchy)), None)
         if running is not None and score[running] <= score[best] * (1 + KEEP_MARGIN):
             return running
         return best
@@ -220,47 +222,66 @@ class DecisionContext:
     drift: float = DRIFT
     objective: str = "time-to-target"
     target: Target | None = None
+    hierarchies: tuple[str, ...] = ("flat",)  # what the candidates may be; the warm-up runs the first
+    grouping: Grouping | None = None          # node-aware: the workers grouped into the topology's nodes
+
+    def grouping_of(self, hierarchy: str) -> Grouping | None:
+        return None if hierarchy == "flat" else self.grouping
+
+    def use(self, run: TrainingRun, choice: Choice) -> None:
+        """Compress ``run``'s next steps as ``choice`` says (nothing changes when it already does); error feedback
+        carries over a change of compressor, ratio or hierarchy (BucketedCompression.regroup)."""
+        bc = run.bc
+        if bc.hierarchy != choice.hierarchy:
+            bc.regroup(self.grouping_of(choice.hierarchy))
+        if (bc.compressor, bc.density) != (choice.compressor, choice.density):
+            bc.switch(choice.compressor, choice.density)
 
     def explore(self, step: int, grads: torch.Tensor, run: TrainingRun) -> list[dict[str, Any]]:
-        """Every candidate (compressor, ratio) once on ``grads`` with a copy of the run's error feedback, priced
-        with each collective on the network now in force and on every network of the schedule; one row per
-        candidate, at its fastest collective now, with its descent ratio and step time on each network."""
+        """Every candidate (compressor, ratio, hierarchy) once on ``grads`` with a copy of the run's error feedback
+        (regrouped to the candidate's hierarchy), priced with each collective on the network now in force and on
+        every network of the schedule; one row per candidate, at its fastest collective now, with its descent
+        ratio and step time on each network."""
         mean = grads.mean(dim=0)
         now = self.pricing.slot(step)
         rows = []
-        for name in self.candidates:
-            for ratio in (self.ratios if not INFO[name].density_free else (1.0,)):
-                trial = BucketedCompression(self.setup.buckets, name, ratio, self.cfg.memory, seed=run.bc.seed,
-                                            options={"scope": self.cfg.scope}, timed=self.pricing.timed)
-                trial.mems = copy.deepcopy(run.bc.mems)
-                parts, row = trial.step(step, grads, final=True)  # the trial is dropped after this step
-                by_slot = [self.pricing.fastest(step, row["records"], name, row["compress_s"], slot)
-                           for slot in range(len(self.pricing.contexts))]
-                op, collective, seconds = by_slot[now]
-                local = sum(compress_times(name, row["compress_s"], self.pricing.contexts[now]))
-                rows.append({"compressor": name, "density": ratio, "collective": collective, "op": op,
-                             "time_s": seconds, "gain": float(np.mean(row["gain"])),
-                             "descent": descent_ratio(mean, torch.cat(parts, dim=1)[0]), "compress_s": local,
-                             "slot_s": [t for _, _, t in by_slot]})
+        for hierarchy in self.hierarchies:
+            for name in self.candidates:
+                for ratio in (self.ratios if not INFO[name].density_free else (1.0,)):
+                    trial = BucketedCompression(self.setup.buckets, name, ratio, self.cfg.memory, seed=run.bc.seed,
+                                                options={"scope": self.cfg.scope}, timed=self.pricing.timed,
+                                                grouping=self.grouping_of(hierarchy))
+                    trial.take_memories(run.bc)
+                    parts, row = trial.step(step, grads, final=True)  # the trial is dropped after this step
+                    by_slot = [self.pricing.fastest(step, row["records"], name, row["compress_s"], slot, hierarchy)
+                               for slot in range(len(self.pricing.contexts))]
+                    op, collective, seconds = by_slot[now]
+                    local = sum(compress_times(name, row["compress_s"], self.pricing.contexts[now], hierarchy))
+                    rows.append({"compressor": name, "density": ratio, "hierarchy": hierarchy,
+                                 "collective": collective, "op": op, "time_s": seconds,
+                                 "gain": float(np.mean(row["gain"])),
+                                 "descent": descent_ratio(mean, torch.cat(parts, dim=1)[0]), "compress_s": local,
+                                 "slot_s": [t for _, _, t in by_slot]})
         return rows
 
 
-def price_run(used: list[tuple[str, float, str | None]], records: list, compress_s: list, pricing: Pricing,
+def price_run(used: list[Used], records: list, compress_s: list, pricing: Pricing,
               slot: int | None = None) -> tuple[np.ndarray, list[str]]:
     """Each step's predicted seconds and collective — the controller's collective, or the step's fastest — on
     the network in force at each step (or all on network ``slot``)."""
     seconds, collectives = [], []
-    for step, ((name, _, collective), recs, measured) in enumerate(zip(used, records, compress_s, strict=False)):
+    for step, ((name, _, collective, hierarchy), recs, measured) in enumerate(zip(used, records, compress_s,
+                                                                                  strict=False)):
         if collective is None:
-            _, collective, t = pricing.fastest(step, recs, name, measured, slot)
+            _, collective, t = pricing.fastest(step, recs, name, measured, slot, hierarchy)
         else:
-            t = pricing.step_seconds(step, recs, name, measured, collective, slot)
+            t = pricing.step_seconds(step, recs, name, measured, collective, slot, hierarchy)
         seconds.append(t)
         collectives.append(collective)
     return np.asarray(seconds), collectives
 
 
-def price_static(used: list[tuple[str, float, str | None]], records: list, compress_s: list, pricing: Pricing,
+def price_static(used: list[Used], records: list, compress_s: list, pricing: Pricing,
                  warmup: int, slot: int | None = None) -> tuple[np.ndarray, list[str], str | None]:
     """A static run priced: warm-up steps on their fastest collective, the rest all on the one collective that
     makes them fastest in total (hindsight). Returns each step's seconds and collective, and that collective
@@ -269,7 +290,7 @@ def price_static(used: list[tuple[str, float, str | None]], records: list, compr
     if len(records) <= warmup:
         return head, collectives, None
     _, algos = pricing.collectives(records[warmup])
-    tails = {a: [pricing.step_seconds(s, records[s], used[s][0], compress_s[s], a, slot)
+    tails = {a: [pricing.step_seconds(s, records[s], used[s][0], compress_s[s], a, slot, used[s][3])
                  for s in range(warmup, len(records))] for a in algos}
     best = min(tails, key=lambda a: sum(tails[a]))
     return (np.concatenate([head, np.asarray(tails[best])]), collectives + [best] * len(tails[best]), best)

@@ -25,8 +25,9 @@ import pandas as pd
 import torch
 
 from arcsim.catalog import COMPRESSORS, INFO
+from arcsim.compressors.hierarchy import HIERARCHIES, Grouping, group_workers, hierarchy_message
 from arcsim.errors import ArcsimError
-from arcsim.files import AppendOnlyCSV, atomic_path
+from arcsim.files import AppendOnlyCSV, atomic_path, write_atomic
 from arcsim.network_schedule import NetworkSchedule
 from arcsim.topology import load_topology
 from arcsim.train.bound import best_sequence, curve_of, segments_after
@@ -53,12 +54,12 @@ from arcsim.train.target import Target
 
 POLICIES = ("static", "adaptive", "bound")
 HISTORY_COLUMNS = ("policy", "choice", "seed", "step", "loss", "accuracy", "val_loss", "time_s", "compressor",
-                   "density", "collective", "phase", "diverged")
+                   "density", "collective", "phase", "diverged", "hierarchy")
 # phase: the network slot (0 the topology's own, i the schedule's phase i); final: the target's metric at the end
 BY_PHASE_COLUMNS = ("choice", "seed", "phase", "collective", "step_s", "time_to_target_s", "final")
 BOUND_COLUMNS = ("seed", "time_to_target_s", "steps_to_target", "sequence")
 CHECKPOINT_EVERY = 25
-CHECKPOINT_VERSION = 2  # bumped whenever what a checkpoint pickles changes shape: older ones are set aside
+CHECKPOINT_VERSION = 3  # bumped whenever what a checkpoint pickles changes shape: older ones are set aside
 
 
 @dataclass
@@ -78,15 +79,28 @@ class ScheduledConfig:
     weights: tuple[float, float] = ASF_WEIGHTS
     stop_at_target: bool = False    # end each run at its first evaluation at or above the target
     objective: str = "time-to-target"  # adaptive's: time-to-target or asf (arcsim.train.policies)
+    hierarchy: str = "flat"         # the candidates' hierarchy: flat, node (node-aware) or both
 
     @property
     def warmup_steps(self) -> int:
         return self.warmup if self.warmup is not None else max(1, round(WARMUP_SHARE * self.train.steps))
 
     @property
+    def hierarchies(self) -> tuple[str, ...]:
+        """The hierarchies the candidates are tried in (the warm-up runs the first)."""
+        return ("flat", "node") if self.hierarchy == "both" else (self.hierarchy,)
+
+    @property
     def choices(self) -> list[Choice]:
-        """The static candidates: every compressor at every ratio (density-free ones once)."""
-        return [Choice(c, r) for c in self.candidates for r in (self.ratios if not INFO[c].density_free else (1.0,))]
+        """The static candidates: every compressor at every ratio (density-free ones once), in every hierarchy."""
+        return [Choice(c, r, h) for h in self.hierarchies for c in self.candidates
+                for r in (self.ratios if not INFO[c].density_free else (1.0,))]
+
+    def grouping(self) -> Grouping | None:
+        """Node-aware candidates: the workers grouped into the topology's nodes (None: flat only)."""
+        if self.hierarchy == "flat":
+            return None
+        return group_workers(self.train.workers, load_topology(self.topology).gpus_per_node)
 
     def check(self) -> None:
         self.train.check()
@@ -111,6 +125,12 @@ class ScheduledConfig:
             raise ArcsimError("--stop-at-target needs a target (--target or --target-loss)")
         if not self.drift > 0:
             raise ArcsimError(f"--drift must be positive, got {self.drift}")
+        if self.hierarchy not in HIERARCHIES:
+            raise ArcsimError(hierarchy_message(self.hierarchy))
+        if self.train.hierarchy != "flat":
+            raise ArcsimError("under a network schedule the hierarchy is the policies' (ScheduledConfig.hierarchy); "
+                              "leave TrainConfig.hierarchy flat")
+        self.grouping()  # node-aware: the topology has nodes of two or more GPUs and the workers make two nodes
         self.schedule.check_steps(self.train.steps)
 
     def key(self) -> dict[str, Any]:
@@ -120,7 +140,8 @@ class ScheduledConfig:
                 "candidates": list(self.candidates), "ratios": list(self.ratios),
                 **(self.target.key() if self.target else {"target": None}), "warmup": self.warmup_steps,
                 "drift": self.drift, "weights": list(self.weights), "stop_at_target": self.stop_at_target,
-                "objective": self.objective, **self.train.extra_key()}
+                "objective": self.objective, **({"hierarchy": self.hierarchy} if self.hierarchy != "flat" else {}),
+                **self.train.extra_key()}
 
 
 def _open(out: Path, key: dict[str, Any], steps: int, stop: Target | None) -> set[tuple[str, str, int]]:
@@ -128,6 +149,9 @@ def _open(out: Path, key: dict[str, Any], steps: int, stop: Target | None) -> se
     at the target ``stop``)."""
     claim_dir(out, key)
     history = load_history(out)
+    path = out / "history.csv"
+    if path.exists() and path.open().readline().rstrip("\r\n").split(",") != list(HISTORY_COLUMNS):
+        write_atomic(path, history.to_csv(index=False))  # written before a column was added: rows appended fit it
     history = history.assign(hit=stop.met(history[stop.column]) if stop is not None else False)
     ends = history.groupby(["policy", "choice", "seed"]).agg(last=("step", "max"), diverged=("diverged", "any"),
                                                              hit=("hit", "any"))
@@ -159,7 +183,8 @@ class ScheduledExperiment:
         self.setup: Setup = prepare(self.cfg)  # every check before the directory is touched
         self.pricing = Pricing(self.setup, topo, scfg.schedule, scfg.engine, self.cfg.scope)
         self.decide = DecisionContext(self.cfg, self.setup, self.pricing, scfg.candidates, scfg.ratios,
-                                      scfg.weights, scfg.drift, scfg.objective, scfg.target)
+                                      scfg.weights, scfg.drift, scfg.objective, scfg.target, scfg.hierarchies,
+                                      scfg.grouping())
         self.done = _open(out, scfg.key(), self.cfg.steps, scfg.target if scfg.stop_at_target else None)
 
     def runs(self) -> list[tuple[str, str, int]]:
@@ -263,7 +288,8 @@ class ScheduledExperiment:
                          "time_s": float(elapsed[i]) if i < len(elapsed) else math.nan,
                          "compressor": used[i][0] if i < len(used) else "", "density": used[i][1] if i < len(used)
                          else math.nan, "collective": collectives[i] if i < len(collectives) else "",
-                         "phase": 0 if phase is None else phase + 1, "diverged": hist.diverged_at is not None})
+                         "phase": 0 if phase is None else phase + 1, "diverged": hist.diverged_at is not None,
+                         "hierarchy": used[i][3] if i < len(used) else ""})
         if controller.decisions:
             with (self.out / "decisions.jsonl").open("a") as fh:
                 for d in controller.decisions:
