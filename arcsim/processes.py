@@ -101,6 +101,18 @@ def keep_freed_memory() -> None:
     mallopt(M_TRIM_THRESHOLD, 2**31 - 1)
 
 
+def release_freed_memory() -> None:
+    """Hand the freed memory glibc keeps (:func:`restart_keeping_freed_memory`) back to the kernel now: after
+    work whose blocks are model-sized, which the next such block, placed elsewhere in a fragmented heap,
+    would otherwise add to (a 1 B model's streamed trace step: 18.9 GB peak over three measurements,
+    11.4 GB released after each). A no-op without glibc."""
+    try:
+        trim = ctypes.CDLL(None).malloc_trim
+    except (OSError, AttributeError):
+        return
+    trim(0)
+
+
 def raise_interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt(f"signal {signum}")
 

@@ -69,4 +69,7 @@ class Adaptive(Compressor):
         mean_k = sum(self.history) / len(self.history)
         self.lam *= math.exp(KAPPA * (mean_k - target) / target)
         self.inner.raw = raw
-        return self.inner.compress(x, comm, step, layout, density=k / d)
+        try:
+            return self.inner.compress(x, comm, step, layout, density=k / d)
+        finally:
+            self.inner.raw = None  # holds the gradients: not past this call

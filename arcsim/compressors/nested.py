@@ -21,21 +21,21 @@ Groups = tuple[tuple[int, int], ...]
 
 
 class NestedTopK:
-    """The nested sets of one [W, d] raw gradient ``x`` (the measurement's own tensor: compressors check
-    ``source is u`` before using it, so a memory's accumulated or copied input never takes this path)."""
+    """The nested sets of one bucket's raw gradients at the planned ``densities``, found as they are asked for.
+    What a measurement keeps holds no tensor of gradients: :meth:`bind` gives the view a compressor uses, on
+    the [W, d] gradients ``source`` the sets are found on (compressors check ``source is u`` first, so a
+    memory's accumulated or copied input never takes this path)."""
 
-    def __init__(self, x: torch.Tensor, densities: Iterable[float]) -> None:
-        self.source = x
+    def __init__(self, densities: Iterable[float]) -> None:
+        self.source: torch.Tensor | None = None
         self.densities = sorted(set(densities), reverse=True)
         self._levels: dict[Groups, list[list[list[torch.Tensor]]]] = {}  # groups → [group][row] → per density
 
     def bind(self, x: torch.Tensor) -> NestedTopK:
-        """The same sets for ``x``, another tensor of the same values (a measurement's own conversion)."""
-        if x is self.source:
-            return self
-        other = NestedTopK.__new__(NestedTopK)
-        other.source, other.densities, other._levels = x, self.densities, self._levels
-        return other
+        """These sets, found on and read from ``x`` (this trace step's [W, d] raw gradients of the bucket)."""
+        bound = NestedTopK.__new__(NestedTopK)
+        bound.source, bound.densities, bound._levels = x, self.densities, self._levels
+        return bound
 
     def covers(self, groups: Sequence[tuple[int, int]], density: float) -> bool:
         """Whether ``density`` is at most the largest planned one in every group (so a level holds it)."""
@@ -45,15 +45,18 @@ class NestedTopK:
                 ) -> torch.Tensor:
         """[len(rows), K]: each row's k largest |x| in every group at ``density`` (see :meth:`covers`), as
         column indices (the layout of :func:`~arcsim.compressors.base.topk_indices`)."""
+        assert self.source is not None, "bind() the sets to the gradients first"
         return self._select(tuple(groups), [group_k(n, density) for _, n in groups],
                             range(self.source.shape[0]) if rows is None else rows)
 
     def kth_abs(self, row: int, k: int) -> torch.Tensor:
         """The k-th largest |x| of one whole row (0-d); k at most the largest planned density's."""
+        assert self.source is not None, "bind() the sets to the gradients first"
         d = self.source.shape[1]
         return self.source[row, self._select(((0, d),), [k], [row])[0]].abs().min()
 
     def _select(self, groups: Groups, ks: list[int], rows: Sequence[int]) -> torch.Tensor:
+        assert self.source is not None
         levels = self._levels_for(groups, rows)
         parts = []
         for (off, n), k, per_row in zip(groups, ks, levels, strict=True):
@@ -69,6 +72,7 @@ class NestedTopK:
 
     def _levels_for(self, groups: Groups, rows: Iterable[int]) -> list[list[list[torch.Tensor]]]:
         """The level sets (int32, one per planned density, largest first) of ``rows``, found where missing."""
+        assert self.source is not None
         levels = self._levels.setdefault(groups, [[[] for _ in range(self.source.shape[0])] for _ in groups])
         for (off, n), per_row in zip(groups, levels, strict=True):
             for r in rows:

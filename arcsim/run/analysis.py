@@ -39,6 +39,7 @@ from arcsim.files import cache_dir, generated_traces_dir, writable_cache_dir
 from arcsim.models.source import input_of_trace, source_of_trace
 from arcsim.netsim import ENGINES
 from arcsim.pricing import Pricer
+from arcsim.processes import release_freed_memory
 from arcsim.run import cache, decisions
 from arcsim.run.candidates import Candidate, Context, candidates_for, evaluate
 from arcsim.run.compute import ComputeTimes, from_profile, from_trace, mapped
@@ -395,12 +396,17 @@ class Analysis:
         if not isinstance(t, Trace):
             yield from t.steps_iter()
             return
-        if t.steps * t.workers * t.elements * t.dtype.itemsize > CACHE_BYTES:
+        if self._streamed():
             yield from t.steps_iter(stored_dtype=True)
             return
         if self._cached is None:
             self._cached = list(t.steps_iter(stored_dtype=True))
         yield from self._cached
+
+    def _streamed(self) -> bool:
+        """Whether the trace is too large to keep (CACHE_BYTES as stored): read again by every measurement."""
+        t = self.trace
+        return isinstance(t, Trace) and t.steps * t.workers * t.elements * t.dtype.itemsize > CACHE_BYTES
 
     def grid_steps(self) -> int:
         """Trace steps the ratio grid is measured on: all, unless the trace is large (then the first only)."""
@@ -447,6 +453,8 @@ class Analysis:
             self.cached += 1
         else:
             meas = self._measure_key(key)
+            if self._streamed():
+                release_freed_memory()
             cache.save(name, meas)
         seconds = time.perf_counter() - started
         self._keep(key, meas, seconds)

@@ -189,7 +189,7 @@ class GradientStats:
             need = int(x.numel() * 4 * sum(self.densities))  # int32 indices, one set per density
             if not self.densities or not self._take(need):
                 return None
-            self._nested[step, bucket] = NestedTopK(x, self.densities)
+            self._nested[step, bucket] = NestedTopK(self.densities)
         return self._nested[step, bucket].bind(x)
 
     def _take(self, size: int) -> bool:
@@ -340,7 +340,8 @@ class BucketedCompression:
                 out = self._node_aware(step, b, x, stats, row, final)
                 kept.extend([out] if updates else [])
                 continue
-            self.comps[b.index].raw = stats.nested(step, b.index, x)
+            comp = self.comps[b.index]
+            comp.raw = stats.nested(step, b.index, x)  # (bound to x: dropped after this bucket)
             seen: dict[str, float] = {}
 
             def observe(u: torch.Tensor, res: Compressed, x: torch.Tensor = x, mean_g: torch.Tensor = mean_g,
@@ -354,8 +355,8 @@ class BucketedCompression:
                 seen["selected"] = float(res.selected.float().mean())
 
             mark = comm.log.mark()
-            out = self.mems[b.index].step(x, self.comps[b.index], comm, step, self.layouts[b.index], observe,
-                                          final)
+            out = self.mems[b.index].step(x, comp, comm, step, self.layouts[b.index], observe, final)
+            comp.raw = None
             kept.extend([out] if updates else [])
             if not seen:  # sent dense this step (EF21's first step): exact
                 seen = {"err2": 0.0, "ref2": stats.mean2(step, b.index, x), "gain": 1.0, "selected": float(b.numel)}
