@@ -31,7 +31,8 @@ import torch
 import torch.distributed as dist
 
 from arcsim.catalog import options_for
-from arcsim.comm.distributed import DistributedComm, gather_into, scatter_from
+from arcsim.comm import Communicator
+from arcsim.comm.distributed import DistributedComm, InNodeComm
 from arcsim.compressors import Compressor, make_compressor
 from arcsim.compressors.base import Layer
 from arcsim.compressors.hierarchy import in_node_records, slice_bounds, slice_layout, slice_seed
@@ -81,7 +82,8 @@ class CompressionState:
     nodes: NodeGroups | None = None       # node-aware: the node and rail groups (node_groups); None: flat
     step: int = 0                         # iterations completed
     per_bucket: dict[tuple[int, int], tuple[Compressor, Memory]] = field(default_factory=dict)
-    _comm: DistributedComm | None = None
+    _comm: Communicator | None = None
+    _node_comm: InNodeComm | None = None
 
     def __post_init__(self) -> None:
         self.make(0)  # refuse bad names, ratios and options now
@@ -96,13 +98,22 @@ class CompressionState:
         return make_compressor(self.compressor, self.density, seed=seed, **self.options_for_compressor())
 
     @property
-    def comm(self) -> DistributedComm:
+    def comm(self) -> Communicator:
         """The communicator the compressor runs on: every rank, or node-aware this rank's rail (whose log also
         holds the dense steps inside the node)."""
         if self._comm is None:
             self._comm = (DistributedComm(self.process_group) if self.nodes is None else
                           DistributedComm(self.nodes.rail, "inter"))
         return self._comm
+
+    @property
+    def node_comm(self) -> InNodeComm:
+        """Node-aware: the dense reduce-scatter and all-gather inside this rank's node."""
+        if self.nodes is None:
+            raise ValueError("flat compression has no collectives inside a node; give nodes=node_groups(G)")
+        if self._node_comm is None:
+            self._node_comm = InNodeComm(self.nodes.node)
+        return self._node_comm
 
     def for_bucket(self, index: int, numel: int) -> tuple[Compressor, Memory]:
         """The bucket's compressor and memory (node-aware: those of this rank's slice of it, ``numel`` the slice's);
@@ -147,7 +158,7 @@ def _compress_node_aware(state: CompressionState, nodes: NodeGroups, index: int,
     mine = torch.empty(width)
     log, (scatter, gather) = state.comm.log, in_node_records(n, g)
     log.records.append(scatter)
-    scatter_from(mine, padded.view(-1), group=nodes.node)
+    state.node_comm.reduce_scatter(mine, padded.view(-1))
     lo, hi = bounds[nodes.local_rank]
     comp, mem = state.for_bucket(index, hi - lo)  # by the slice's size: a rebuilt bucket's layout can move its cuts
     piece = mem.step((mine[:hi - lo] / g).view(1, -1), comp, state.comm, state.step, slice_layout(layout, lo, hi))
@@ -155,7 +166,7 @@ def _compress_node_aware(state: CompressionState, nodes: NodeGroups, index: int,
     out[:hi - lo] = piece.view(-1)
     gathered = torch.empty(g * width)
     log.records.append(gather)
-    gather_into(gathered, out, group=nodes.node)
+    state.node_comm.all_gather(gathered, out)
     rows = gathered.view(g, width)
     return torch.cat([rows[r, :b - a] for r, (a, b) in enumerate(bounds)]).to(flat.dtype)
 

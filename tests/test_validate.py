@@ -119,7 +119,35 @@ def test_real_cluster_path_under_torchrun_on_loopback(tmp_path):
         per_rank = np.sum([phases[k] for k in PHASES], axis=0)  # [rank, iteration]
         assert np.allclose(per_rank.max(axis=0), times[name]["iteration_s"])
         assert min(min(v) for v in phases["hook_comm_s"]) > 0
+        assert np.all(np.asarray(phases["hook_node_s"]) == 0) and phases["node_collectives_s"] == [[]] * 5  # flat
     assert (rows["measured_hook_comm_s"] > 0).all() and (rows["measured_arrival_skew_s"] >= 0).all()
+
+
+@pytest.mark.slow
+def test_node_aware_worker_times_the_collectives_inside_the_node_apart(tmp_path):
+    """2 nodes × 2 ranks under torchrun on loopback: the node-aware hook's reduce-scatter and all-gather inside
+    the node are their own phase, out of the hook's local work and apart from the rails' collectives."""
+    from arcsim.testbed.validate import ValidateConfig, measured_phases, worker_config
+
+    cfg = ValidateConfig(compressors=("topk",), model="mlp", steps=3, warmup=1, ranks_per_node=2)
+    (tmp_path / "config.json").write_text(json.dumps(worker_config(cfg, "node")))
+    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "4", "--master_port",
+                        str(free_port()), "-m", "arcsim.testbed.validate_worker", str(tmp_path / "config.json"),
+                        str(tmp_path / "real-")], capture_output=True, text=True,
+                       env={**os.environ, "OMP_NUM_THREADS": "1"}, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    topk = json.loads((tmp_path / "real-times.json").read_text())["topk"]
+    phases = topk["phases"]
+    assert np.asarray(phases["hook_node_s"]).shape == (4, 3) and np.all(np.asarray(phases["hook_node_s"]) > 0)
+    # per bucket one rail collective (top-k's packed all-gather) and two inside the node (reduce-scatter, all-gather)
+    assert [len(n) for n in phases["node_collectives_s"]] == [2 * len(c) for c in phases["collectives_s"]]
+    assert np.allclose(np.sum(phases["node_collectives_s"][0]), np.asarray(phases["hook_node_s"])[0, 0])
+    per_rank = np.sum([phases[k] for k in PHASES], axis=0)  # counted once: not in the hook's local work as well
+    assert np.allclose(per_rank.max(axis=0), topk["iteration_s"])
+    assert np.all(np.asarray(phases["hook_local_s"]) > 0)
+    assert measured_phases([topk])["measured_hook_node_s"] > 0
+    # compression as run, node-aware: the hook's local work with the collectives as local copies
+    assert set(json.loads((tmp_path / "real-profile.json").read_text())["extra"]["compress_scale"]) == {"topk"}
 
 
 def test_measured_needs_a_topology(tmp_path):
@@ -155,6 +183,9 @@ def test_the_arrival_skew_is_the_last_rank_against_the_mean():
     got = measured_phases([run, run])
     assert got["measured_arrival_skew_s"] == 1.0  # per iteration max − mean: 1, 0, 1 → median 1
     assert got["measured_hook_local_s"] == 1.5 and got["measured_hook_comm_s"] == 5.0
+    assert "measured_hook_node_s" not in got  # a run from before the collectives inside the node were timed
+    node_aware = {"phases": {**run["phases"], "hook_node_s": [[2.0] * 3, [4.0] * 3]}}
+    assert measured_phases([node_aware])["measured_hook_node_s"] == 3.0
     assert measured_phases([{"iteration_s": [1.0]}]) == {}  # a run from before phases were timed
 
 
@@ -189,6 +220,10 @@ def test_a_case_splits_into_compute_hook_and_the_rest_and_names_the_term_furthes
     assert worst["term"] == "other" and worst["gap_s"] == pytest.approx(-0.0035)
     assert worst["share"] == pytest.approx(-0.0035 / 0.030)
     assert worst_term(_case(predicted_compress_s=0.002))["term"] == "hook"
+    # node-aware: the collectives inside the node are the hook's too (a row from before they were timed apart
+    # holds them in its local work)
+    assert terms(_case(measured_hook_local_s=0.004, measured_hook_node_s=0.008))["hook"] == pytest.approx(
+        (0.018, 0.017))
     assert terms({k: v for k, v in _case().items() if not k.startswith("measured_hook")}) is None
 
 
@@ -203,3 +238,16 @@ def test_report_reprints_a_committed_validation_with_the_term_each_case_outside_
     for t in s["outside_by_term"]:
         assert t["term"] in ("compute", "hook", "other")
         assert t["gap_s"] == pytest.approx(t["predicted_s"] - t["measured_s"])
+
+
+def test_the_prediction_times_compression_at_the_ranks_priority():
+    """Real-time where the emulated ranks ran real-time (and it is allowed here), and back to normal after."""
+    from arcsim.testbed.cluster import realtime_allowed
+    from arcsim.testbed.validate import ranks_priority
+
+    policy = os.sched_getscheduler(0)
+    with ranks_priority(False):
+        assert os.sched_getscheduler(0) == policy
+    with ranks_priority(True):
+        assert os.sched_getscheduler(0) == (os.SCHED_FIFO if realtime_allowed() else policy)
+    assert os.sched_getscheduler(0) == policy

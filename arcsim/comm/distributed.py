@@ -41,6 +41,20 @@ gather_into = getattr(dist, "all_gather_single", None) or dist.all_gather_into_t
 scatter_from = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 
 
+class InNodeComm:
+    """The dense steps of node-aware compression inside a node (``group``): a reduce-scatter and an all-gather
+    into the caller's tensors. The caller logs them (as the priced node's, ``hierarchy.in_node_records``)."""
+
+    def __init__(self, group: dist.ProcessGroup) -> None:
+        self.group = group
+
+    def reduce_scatter(self, out: torch.Tensor, t: torch.Tensor) -> None:
+        scatter_from(out, t, group=self.group)
+
+    def all_gather(self, out: torch.Tensor, t: torch.Tensor) -> None:
+        gather_into(out, t, group=self.group)
+
+
 class DistributedComm:
     def __init__(self, group: dist.ProcessGroup | None = None, name: str = "world") -> None:
         """``group``: the process group its collectives run on; ``name``: what that group is in the job

@@ -12,8 +12,9 @@
 3. Compression as run (``compression_as_run``): how much longer each compressor's local work takes with
    all ranks compressing at once after a backward than arcsim's one-rank timing says.
 4. For each compressor: real DDP training steps with arcsim's comm hook (``none``: DDP's all-reduce);
-   every rank times each iteration and its phases (before the hook, the hook's local work, its
-   collectives, after the hook); rank 0 writes the per-iteration maxima over ranks and every rank's phases.
+   every rank times each iteration and its phases (before the hook, the hook's local work, node-aware its
+   collectives inside the node, its collectives between nodes or over every rank, after the hook); rank 0
+   writes the per-iteration maxima over ranks and every rank's phases.
 
 Rank 0 writes the compute profile: the optimizer step and DDP's overhead as ``extra["after_backward_s"]``,
 which arcsim's timeline places after the last communication (they need the reduced gradients).
@@ -31,9 +32,9 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from arcsim.comm.distributed import DistributedComm, run_gloo_job
-from arcsim.compressors.hierarchy import slice_bounds, slice_layout, slice_seed
-from arcsim.hooks import CompressionState, NodeGroups, compression_hook, node_groups
+from arcsim.comm.distributed import DistributedComm, InNodeComm, run_gloo_job
+from arcsim.compressors.hierarchy import slice_bounds, slice_layout
+from arcsim.hooks import CompressionState, NodeGroups, compress_bucket, compression_hook, node_groups
 from arcsim.models import loss_fn, model_entry
 from arcsim.models.datasets import make_dataset
 from arcsim.traces.profile import ComputeProfile, LayerTiming, device_name
@@ -125,8 +126,7 @@ def _no_communication(state, bucket):  # unannotated: DDP checks annotations, an
 
 class TimedComm(DistributedComm):
     """DistributedComm that records the seconds each collective takes (waiting for peers included). Node-aware
-    (over a rail): the compressor's collectives between nodes; the dense steps inside the node are the hook's
-    own calls, so they count as its local work."""
+    (over a rail): the compressor's collectives between nodes (those inside the node: :class:`TimedInNodeComm`)."""
 
     def __init__(self, group: dist.ProcessGroup | None = None, name: str = "world") -> None:
         super().__init__(group, name)
@@ -148,7 +148,42 @@ class TimedComm(DistributedComm):
         return self._timed(super().broadcast, t, src, tag)
 
 
-PHASES = ("before_hook_s", "hook_local_s", "hook_comm_s", "after_hook_s")
+class TimedInNodeComm(InNodeComm):
+    """InNodeComm that records the seconds each collective inside the node takes (waiting for peers included)."""
+
+    def __init__(self, group: dist.ProcessGroup) -> None:
+        super().__init__(group)
+        self.calls: list[float] = []  # this iteration's, in order: reduce-scatter, all-gather per bucket
+
+    def reduce_scatter(self, out: torch.Tensor, t: torch.Tensor) -> None:
+        started = time.perf_counter()
+        super().reduce_scatter(out, t)
+        self.calls.append(time.perf_counter() - started)
+
+    def all_gather(self, out: torch.Tensor, t: torch.Tensor) -> None:
+        started = time.perf_counter()
+        super().all_gather(out, t)
+        self.calls.append(time.perf_counter() - started)
+
+
+class LocalInNodeComm(InNodeComm):
+    """The collectives inside the node as one rank's local work (compression as run): the reduce-scatter
+    leaves this rank's own slice in the output, the all-gather leaves the output as it is (the other slices
+    are the peers')."""
+
+    def __init__(self, nodes: NodeGroups) -> None:
+        super().__init__(nodes.node)
+        self.local_rank = nodes.local_rank
+
+    def reduce_scatter(self, out: torch.Tensor, t: torch.Tensor) -> None:
+        out.copy_(t.view(-1, out.numel())[self.local_rank])
+
+    def all_gather(self, out: torch.Tensor, t: torch.Tensor) -> None:
+        """Nothing: this rank's slice is its own already, and the rest are the peers' work."""
+
+
+# an iteration's phases, in order; hook_node_s: node-aware, the hook's collectives inside the node (0 flat)
+PHASES = ("before_hook_s", "hook_local_s", "hook_node_s", "hook_comm_s", "after_hook_s")
 
 
 def node_groups_for(cfg: dict) -> NodeGroups | None:
@@ -160,8 +195,8 @@ def train_times(cfg: dict, compressor: str, rank: int, world: int,
                 nodes: NodeGroups | None = None) -> tuple[list[float], list[float], dict]:
     """Per-iteration times (slowest rank), the time spent inside the hook (this rank), and every rank's
     per-iteration phases: before the first hook call (forward, backward up to the bucket), the hook's local
-    work, its collectives (waiting for the other ranks included) and what follows the hook (rest of backward,
-    DDP's copies, the optimizer step).
+    work, node-aware its reduce-scatter and all-gather inside the node, its other collectives (waiting for the
+    other ranks included) and what follows the hook (rest of backward, DDP's copies, the optimizer step).
 
     ``compressor`` "noop" runs DDP with a hook that communicates nothing (the framework's own cost); ``nodes``:
     node-aware compression over those groups."""
@@ -169,11 +204,12 @@ def train_times(cfg: dict, compressor: str, rank: int, world: int,
     ddp = DDP(net, bucket_cap_mb=cfg["bucket_mb"])
     in_hook, first_call = [0.0], [0.0]
     comm = TimedComm() if nodes is None else TimedComm(nodes.rail, "inter")
+    node_comm = None if nodes is None else TimedInNodeComm(nodes.node)
     if compressor == "noop":
         ddp.register_comm_hook(None, _no_communication)
     elif compressor != "none":
         state = CompressionState(compressor, cfg["density"], _memory(cfg, compressor), seed=cfg["seed"], nodes=nodes)
-        state._comm = comm  # the hook's collectives, timed
+        state._comm, state._node_comm = comm, node_comm  # the hook's collectives, timed
 
         def timed_hook(state, bucket):  # unannotated: DDP checks annotations, and this module defers them
             started = time.perf_counter()
@@ -185,11 +221,13 @@ def train_times(cfg: dict, compressor: str, rank: int, world: int,
         ddp.register_comm_hook(state, timed_hook)
     opt = torch.optim.SGD(ddp.parameters(), lr=entry.lr, momentum=0.9)
     batches = _batches(ds, cfg, rank, world)
-    times, hooks, phases, calls = [], [], [], []
+    times, hooks, phases, calls, node_calls = [], [], [], [], []
     for i in range(cfg["warmup"] + cfg["steps"]):
         x, y = next(batches)
         dist.barrier()
         in_hook[0], first_call[0], comm.calls = 0.0, 0.0, []
+        if node_comm is not None:
+            node_comm.calls = []
         started = time.perf_counter()
         opt.zero_grad(set_to_none=True)
         loss_fn(ds.spec.kind, ddp(x), y).backward()
@@ -199,14 +237,16 @@ def train_times(cfg: dict, compressor: str, rank: int, world: int,
             before = (first_call[0] - started) if first_call[0] else took
             times.append(took)
             hooks.append(in_hook[0])
-            spent = sum(comm.calls)
-            phases.append([before, in_hook[0] - spent, spent, took - before - in_hook[0]])
+            spent, inside = sum(comm.calls), 0.0 if node_comm is None else sum(node_comm.calls)
+            phases.append([before, in_hook[0] - inside - spent, inside, spent, took - before - in_hook[0]])
             calls.append(list(comm.calls))
+            node_calls.append([] if node_comm is None else list(node_comm.calls))
     table = torch.tensor(phases, dtype=torch.float64)
     every = [torch.empty_like(table) for _ in range(world)]
     dist.all_gather(every, table)
     by_rank = {name: [t[:, j].tolist() for t in every] for j, name in enumerate(PHASES)}  # [rank][iteration]
     by_rank["collectives_s"] = calls  # this rank's, per iteration
+    by_rank["node_collectives_s"] = node_calls  # this rank's inside its node, per iteration (flat: none)
     return _max_over_ranks(times), hooks, by_rank
 
 
@@ -216,18 +256,19 @@ COMPRESS_REPEATS = 11  # timed compressions per compressor, after one untimed
 def compression_as_run(cfg: dict, rank: int, world: int, nodes: NodeGroups | None = None) -> dict[str, float]:
     """How much longer each compressor's local work takes in training than arcsim times it alone, per compressor.
 
-    After a backward, from a barrier until the LAST rank has compressed (a second barrier), with all ranks
-    compressing at once in their own roles (as in the hook; collectives become local copies), less what the
-    two barriers cost on idle ranks; over rank 0's one-rank timing (``arcsim.run.measure``'s hot loop, the
-    other ranks waiting). A property of the machine, like compute as run: ranks sharing cores, the work a
-    backward leaves behind, caches the backward filled with other data; near 1 where each rank has its own
-    cores. (Subtracting the same bracket after a backward with nothing in it instead drops what the backward
-    leaves behind, which the hook does pay: measured, it under-predicts the 4-rank cases by 12–43 %.)
-    Node-aware (``nodes``): each rank compresses its slice of the gradient over its rail, as in the hook, over
-    the one-rank timing of slice 0 (as ``arcsim run`` times a node-aware bucket)."""
+    After a backward, from a barrier until the LAST rank has done the hook's local work on the gradient (a
+    second barrier), with all ranks at once in their own roles (as in the hook; collectives become local
+    copies), less what the two barriers cost on idle ranks; over rank 0's one-rank timing
+    (``arcsim.run.measure``'s hot loop, the other ranks waiting). A property of the machine, like compute as run:
+    ranks sharing cores, the work a backward leaves behind, caches the backward filled with other data; near 1
+    where each rank has its own cores. (Subtracting the same bracket after a backward with nothing in it instead
+    drops what the backward leaves behind, which the hook does pay: measured, it under-predicts the 4-rank
+    cases by 12–43 %.) Node-aware (``nodes``): the hook's whole local work — the bucket cut into padded slices,
+    this rank's slice compressed over its rail, the node's slices joined again (the collectives inside the node
+    are priced on their own) — over the one-rank timing of slice 0 (as ``arcsim run`` times a node-aware
+    bucket)."""
     from arcsim.comm.solo import SoloComm
     from arcsim.compressors.base import layout_of
-    from arcsim.compressors.memory import make_memory
     from arcsim.run.measure import one_rank_seconds
 
     _, ds, net = _setup(cfg)
@@ -255,28 +296,26 @@ def compression_as_run(cfg: dict, rank: int, world: int, nodes: NodeGroups | Non
         return float(torch.tensor(_max_over_ranks(times[1:])).median()), g
 
     parts = 1 if nodes is None else nodes.gpus_per_node
-    bounds = slice_bounds(sum(p.numel() for p in params), parts, layout)
-    own = 0 if nodes is None else nodes.local_rank
-    mine, first = (slice_layout(layout, *bounds[own]), slice_layout(layout, *bounds[0])) if nodes else (layout, layout)
+    lo, hi = slice_bounds(sum(p.numel() for p in params), parts, layout)[0]
     peers = world if nodes is None else nodes.nodes
-
-    def part(g: torch.Tensor, which: int) -> torch.Tensor:  # a node-aware rank's slice of its node's mean
-        lo, hi = bounds[which]
-        return g if nodes is None else (g[:, lo:hi] / parts).contiguous()
-
     empty, _ = bracketed(lambda k, g: None, after_backward=False)
     scales = {}
     for name in cfg["compressors"]:
         if name == "none":
             continue
-        memory = _memory(cfg, name)
-        state = CompressionState(name, cfg["density"], memory, seed=cfg["seed"])
-        seed = cfg["seed"] if nodes is None else slice_seed(cfg["seed"], 0, own)
-        comp, mem, solo = state.make(seed), make_memory(memory), SoloComm(peers, rank // parts)
-        took, g = bracketed(lambda k, g, comp=comp, mem=mem, solo=solo: mem.step(part(g, own), comp, solo, k, mine))
+        state = CompressionState(name, cfg["density"], _memory(cfg, name), seed=cfg["seed"], nodes=nodes)
+        state._comm = SoloComm(peers, rank // parts)
+        if nodes is not None:
+            state._node_comm = LocalInNodeComm(nodes)
+
+        def hook_work(k: int, g: torch.Tensor, state: CompressionState = state) -> None:
+            state.step = k
+            compress_bucket(state, 0, g.view(-1), layout)
+
+        took, g = bracketed(hook_work)
         if rank == 0:
-            alone = one_rank_seconds(part(g, 0).expand(peers, -1), name, cfg["density"], memory, seed,
-                                     state.options_for_compressor(), first)
+            alone = one_rank_seconds((g[:, lo:hi] / parts).expand(peers, -1), name, cfg["density"], state.memory,
+                                     cfg["seed"], state.options_for_compressor(), slice_layout(layout, lo, hi))
             scales[name] = max(took - empty, alone) / alone
         dist.barrier()
     return scales
