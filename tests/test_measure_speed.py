@@ -114,3 +114,24 @@ def test_a_half_precision_bucket_is_converted_once_within_the_room():
     assert x.dtype == torch.float32 and stats.bucket(0, bucket, half) is x  # converted once, then shared
     assert stats.bucket(1, bucket, single).data_ptr() == single.data_ptr()  # float32: a view, nothing kept
     assert stats.bucket(2, bucket, half) is not stats.bucket(2, bucket, half)  # no room left: converted each time
+
+
+def test_a_streamed_trace_measured_in_one_pass_bucket_by_bucket_measures_the_same(tmp_path, monkeypatch):
+    """A trace too large to keep is read once for all the measurements of as many steps, bucket by bucket
+    (each bucket's shared conversion, mean and Top-K sets dropped after it): the same numbers as one
+    measurement at a time."""
+    config = dataclasses.replace(CONFIG, compressors=("topk", "adaptive", "star", "powersgd"))
+    monkeypatch.setenv("ARCSIM_MEASURE_PROCESSES", "1")
+    monkeypatch.setenv("ARCSIM_CACHE_DIR", str(tmp_path / "kept"))
+    kept = Analysis(dataclasses.replace(config), announce=lambda _: None)
+    kept.run()
+    monkeypatch.setattr(analysis_module, "CACHE_BYTES", 0)
+    monkeypatch.setenv("ARCSIM_CACHE_DIR", str(tmp_path / "streamed"))
+    streamed = Analysis(dataclasses.replace(config), announce=lambda _: None)
+    assert streamed._streamed()
+    streamed.run()
+    assert streamed._measured.keys() == kept._measured.keys()
+    for key, meas in kept._measured.items():
+        other = streamed._measured[key]
+        assert other.selected == meas.selected and other.records == meas.records, key
+        assert np.allclose(other.err2, meas.err2, rtol=1e-6) and np.allclose(other.upd2, meas.upd2, rtol=1e-6), key

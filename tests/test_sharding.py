@@ -254,7 +254,8 @@ def test_fsdp2_on_the_emulated_cluster(tmp_path) -> None:
     # the suite's own load; docs/sharding.md has the quiet machine's figures)
     assert 0.5 < c["priced_allgather_s"] / m["allgather_s"] < 1.5
     assert abs(m["reducescatter_s"] / m["allreduce_s"] - 1) < 0.25
-    assert m["reducescatter_s"] > 1.5 * m["allgather_s"]
+    assert m["reducescatter_s"] > 1.25 * m["allgather_s"]  # ~2× quiet; a true reduce-scatter would be ~1× (and
+    #                                                         under load the all-gather's own time inflates: 1.49×)
     assert c["priced_reducescatter_s"] == pytest.approx(2 * c["priced_allgather_s"], rel=0.05)  # gloo's model: an
     #                                                                           all-reduce, twice a ring's steps
 

@@ -110,7 +110,8 @@ def _decide(rows, running=("topk", 0.1), step=40, schedule=None):
     steps = [10, 20, 30, 40]
     hist = SimpleNamespace(eval_steps=steps, accuracy=[1 - 0.9 * math.exp(-0.01 * s) for s in steps],
                            val_loss=[math.nan] * 4, descent=[1.0] * 40)
-    run = SimpleNamespace(hist=hist, bc=SimpleNamespace(compressor=running[0], density=running[1]))
+    run = SimpleNamespace(hist=hist, bc=SimpleNamespace(compressor=running[0], density=running[1],
+                                                                  hierarchy="flat"))
     ctx = SimpleNamespace(target=Target(0.8), pricing=SimpleNamespace(schedule=schedule),
                           cfg=SimpleNamespace(steps=300))
     controller = Controller("adaptive", 10)
@@ -118,7 +119,8 @@ def _decide(rows, running=("topk", 0.1), step=40, schedule=None):
 
 
 def _row(name, density, descent, slot_s):
-    return {"compressor": name, "density": density, "descent": descent, "time_s": slot_s[1], "slot_s": slot_s}
+    return {"compressor": name, "density": density, "hierarchy": "flat", "descent": descent, "time_s": slot_s[1],
+            "slot_s": slot_s}
 
 
 def test_on_a_steady_network_the_most_progress_per_second_wins():
@@ -154,7 +156,7 @@ def test_the_running_choice_is_kept_unless_another_is_clearly_sooner():
 def test_without_a_fit_the_rate_on_the_network_now_decides():
     rows = [_row("topk", 0.1, 0.8, [0, 0.060]), _row("topk", 0.033, 0.4, [0, 0.026])]
     hist = SimpleNamespace(eval_steps=[10], accuracy=[0.3], val_loss=[math.nan], descent=[1.0] * 10)
-    run = SimpleNamespace(hist=hist, bc=SimpleNamespace(compressor="topk", density=0.1))
+    run = SimpleNamespace(hist=hist, bc=SimpleNamespace(compressor="topk", density=0.1, hierarchy="flat"))
     ctx = SimpleNamespace(target=Target(0.8), pricing=SimpleNamespace(schedule=None), cfg=SimpleNamespace(steps=100))
     controller = Controller("adaptive", 5)
     picked = controller._soonest(10, rows, run, ctx)

@@ -26,7 +26,8 @@ class NestedTopK:
     the [W, d] gradients ``source`` the sets are found on (compressors check ``source is u`` first, so a
     memory's accumulated or copied input never takes this path)."""
 
-    def __init__(self, densities: Iterable[float]) -> None:
+    def __init__(self, densities: Iterable[float], reserved: int = 0) -> None:
+        self.reserved = reserved  # the bytes its owner set aside for the sets
         self.source: torch.Tensor | None = None
         self.densities = sorted(set(densities), reverse=True)
         self._levels: dict[Groups, list[list[list[torch.Tensor]]]] = {}  # groups → [group][row] → per density
@@ -34,7 +35,7 @@ class NestedTopK:
     def bind(self, x: torch.Tensor) -> NestedTopK:
         """These sets, found on and read from ``x`` (this trace step's [W, d] raw gradients of the bucket)."""
         bound = NestedTopK.__new__(NestedTopK)
-        bound.source, bound.densities, bound._levels = x, self.densities, self._levels
+        bound.source, bound.densities, bound._levels, bound.reserved = x, self.densities, self._levels, 0
         return bound
 
     def covers(self, groups: Sequence[tuple[int, int]], density: float) -> bool:

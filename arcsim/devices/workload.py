@@ -166,7 +166,7 @@ def _fused_attention(recorder: _Recorder) -> Iterator[None]:
         F.scaled_dot_product_attention = original
 
 
-WORKLOAD_VERSION = 1  # bump when counting changes: workloads kept on disk by an older count are not read
+WORKLOAD_VERSION = 2  # bump when counting changes: workloads kept on disk by an older count are not read
 
 
 def count_workload(model: str | ModelSource, batch: int, dataset: str | None = None,
@@ -205,8 +205,8 @@ def _workload(source: ModelSource, batch: int, spec: DataSpec | None, data: str 
 
 def _workload_to(work: Workload) -> dict[str, Any]:
     return {"model": work.model, "batch": work.batch, "input_shape": list(work.input_shape),
-            "forward": [[op.cls, op.flops, op.bytes] for op in work.forward],
-            "backward": [[op.cls, op.flops, op.bytes] for op in work.backward],
+            "forward": [[op.cls, op.flops, op.bytes, op.produced] for op in work.forward],
+            "backward": [[op.cls, op.flops, op.bytes, op.produced] for op in work.backward],
             "ready_after": work.ready_after, "numel": work.numel, "order": work.order}
 
 

@@ -451,10 +451,11 @@ class Analysis:
         meas = cache.load(name)
         if meas is not None:
             self.cached += 1
+        elif self._streamed():
+            self._measure_streamed(key)
+            return self._measured[key]
         else:
             meas = self._measure_key(key)
-            if self._streamed():
-                release_freed_memory()
             cache.save(name, meas)
         seconds = time.perf_counter() - started
         self._keep(key, meas, seconds)
@@ -468,6 +469,31 @@ class Analysis:
         return measure(steps, self.ctx.buckets, compressor, density, self._memory(compressor), self.cfg.seed,
                        self.cfg.options, timed=self.ctx.gpu is None, count=count, stats=self.gradient_stats,
                        grouping=grouping, sample=self.sample_for(key))
+
+    def _measure_streamed(self, wanted: MeasurementKey) -> None:
+        """A trace too large to keep: ``wanted`` and the other planned measurements of as many steps, in one
+        read of the trace and bucket by bucket (what they share of a bucket found once, then dropped), as many
+        as their error-feedback state fits LIVE_MEMORY_BYTES (all of them on a one-step pass: no state kept)."""
+        t = self.trace
+        room = len(self.planned_keys()) if wanted[2] == 1 else max(1, int(
+            LIVE_MEMORY_BYTES // (LIVE_STATE_BYTES_PER_ELEMENT * t.workers * t.elements)))
+        group = [wanted, *(k for k in self.planned_keys() if k[2] == wanted[2] and k[3] == wanted[3]
+                           and k != wanted and k not in self._measured
+                           and not cache.held(self._cache_name(k)))][:room]
+        started = time.perf_counter()
+        steps = self.steps() if wanted[2] == t.steps else itertools.islice(self.steps(), wanted[2])
+        which = [(c, d, self._memory(c)) for c, d, _, _ in group]
+        measured = measure_many(steps, self.ctx.buckets, which, self.cfg.seed, self.cfg.options,
+                                timed=self.ctx.gpu is None, count=wanted[2], stats=self.gradient_stats,
+                                grouping=wanted[3], sample=self.sample_for(wanted), bucket_major=True)
+        release_freed_memory()  # the step's blocks: the next read would add to a fragmented heap (processes.py)
+        share = (time.perf_counter() - started) / len(group)
+        for key, meas in zip(group, measured, strict=True):
+            if key != wanted:  # (measurement() said the one it was asked for)
+                self.progress(f"{key[0]} @ {key[1]:g}")
+            cache.save(self._cache_name(key), meas)
+            self._keep(key, meas, share)
+        self._measuring_wall += share * len(group)
 
     def sample_for(self, key: MeasurementKey) -> BucketSample | None:
         """The buckets ``key`` is measured on where it is large (workers × elements × steps above
@@ -532,7 +558,7 @@ class Analysis:
         """The measurements measure_ahead would spread over processes (none where it would not)."""
         if (processes or measure_processes()) < 2 or len(os.sched_getaffinity(0)) < 2 or self.ctx.gpu is None \
                 or not isinstance(self.trace, Trace) or "fork" not in multiprocessing.get_all_start_methods() \
-                or multiprocessing.current_process().daemon \
+                or multiprocessing.current_process().daemon or self._streamed() \
                 or measuring_threads(self.ctx.buckets, self.trace.workers) != 1:
             return []
         todo = [k for k in self.planned_keys() if k not in self._measured and not cache.held(self._cache_name(k))]

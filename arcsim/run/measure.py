@@ -189,8 +189,17 @@ class GradientStats:
             need = int(x.numel() * 4 * sum(self.densities))  # int32 indices, one set per density
             if not self.densities or not self._take(need):
                 return None
-            self._nested[step, bucket] = NestedTopK(self.densities)
+            self._nested[step, bucket] = NestedTopK(self.densities, need)
         return self._nested[step, bucket].bind(x)
+
+    def forget(self, step: int, bucket: int) -> None:
+        """Drop what is kept of (step, bucket) but its scalars, and give its room back."""
+        for kept in (self._floats, self._means):
+            t = kept.pop((step, bucket), None)
+            self._room += 0 if t is None else t.numel() * 4
+        nested = self._nested.pop((step, bucket), None)
+        if nested is not None:
+            self._room += nested.reserved
 
     def _take(self, size: int) -> bool:
         if size > self._room:
@@ -242,6 +251,9 @@ def measuring_threads(buckets: list[Bucket], workers: int) -> int | None:
     two threads took 19–50 s where one took 2 s, waiting at every op's barrier for a descheduled thread);
     None (torch's own) for larger buckets, where two threads measured ~2× faster on an idle machine."""
     return 1 if max(b.numel for b in buckets) * workers < SMALL_WORK_ELEMENTS else None
+
+
+ROW_KEYS = ("records", "err2", "ref2", "upd2", "raw2", "gain", "selected", "compress_s")  # a step's, per bucket
 
 
 class BucketedCompression:
@@ -319,19 +331,19 @@ class BucketedCompression:
         return (make_compressor(self.compressor, self.density, seed=slice_seed(self.seed, bucket, g), **self.options),
                 self.slice_mems[bucket][g])
 
-    def step(self, step: int, g: torch.Tensor, final: bool = False, updates: bool = True
-             ) -> tuple[list[torch.Tensor], dict[str, list]]:
+    def step(self, step: int, g: torch.Tensor, final: bool = False, updates: bool = True,
+             buckets: Iterable[Bucket] | None = None) -> tuple[list[torch.Tensor], dict[str, list]]:
         """Compress [W, d] gradients bucket by bucket; returns the [1, bucket] updates (in bucket order, which
         is the order of the flat vector; none kept without ``updates``: a model-sized vector a trace's
-        measurement does not apply) and the step's row. ``final``: no step follows (memories stay)."""
+        measurement does not apply) and the step's row. ``final``: no step follows (memories stay).
+        ``buckets``: these of the step only (one pass of several measurements, bucket by bucket)."""
         if self.comm is None:
             self.comm = InProcessComm(g.shape[0])
         comm = self.comm
-        row: dict[str, list] = {k: [] for k in ("records", "err2", "ref2", "upd2", "raw2", "gain", "selected",
-                                                "compress_s")}
+        row: dict[str, list] = {k: [] for k in ROW_KEYS}
         kept: list[torch.Tensor] = []
         stats = self.stats or GradientStats()
-        for b in self.buckets:
+        for b in self.buckets if buckets is None else buckets:
             if self.only is not None and b.index not in self.only:
                 continue
             x = stats.bucket(step, b, g)  # a half-precision step is converted here, a bucket at a time
@@ -412,9 +424,12 @@ def measure(steps: Iterable[tuple[int, torch.Tensor]], buckets: list[Bucket], co
 def measure_many(steps: Iterable[tuple[int, torch.Tensor]], buckets: list[Bucket],
                  which: list[tuple[str, float, str | None]], seed: int = 0, options: Mapping[str, Any] | None = None,
                  timed: bool = True, count: int | None = None, stats: GradientStats | None = None,
-                 grouping: Grouping | None = None, sample: BucketSample | None = None) -> list[Measurement]:
+                 grouping: Grouping | None = None, sample: BucketSample | None = None,
+                 bucket_major: bool = False) -> list[Measurement]:
     """:func:`measure` for several (compressor, density, memory) at once, in ONE pass over ``steps``: each
-    step is given to all of them before the next is asked for (live training yields one step at a time)."""
+    step is given to all of them before the next is asked for (live training yields one step at a time).
+    ``bucket_major``: each bucket to all of them before the next, what is shared of it (its float32
+    conversion, mean, nested Top-K sets) then dropped — a model too large for the shared room still shares."""
     stats = stats or GradientStats()  # shared by these runs, and only by them unless the caller keeps it
     only = None if sample is None else sample.measured
     runs = [BucketedCompression(buckets, c, d, m, seed, options, timed, stats, grouping, only)
@@ -423,9 +438,20 @@ def measure_many(steps: Iterable[tuple[int, torch.Tensor]], buckets: list[Bucket
     out = [Measurement(bc.compressor, bc.density, bc.memory, elements, "flat" if grouping is None else "node")
            for bc in runs]
     for i, (step, g) in enumerate(steps):  # (live training yields these: its own threads and autograd)
+        final = i + 1 == count
         with intra_op_threads(measuring_threads(buckets, g.shape[0])), torch.no_grad():
-            for bc, meas in zip(runs, out, strict=True):
-                meas.add(bc.step(step, g, final=i + 1 == count, updates=False)[1])
+            if not bucket_major:
+                for bc, meas in zip(runs, out, strict=True):
+                    meas.add(bc.step(step, g, final=final, updates=False)[1])
+            else:
+                rows: list[dict[str, list]] = [{k: [] for k in ROW_KEYS} for _ in runs]
+                for b in buckets:
+                    for bc, row in zip(runs, rows, strict=True):
+                        for key, values in bc.step(step, g, final=final, updates=False, buckets=[b])[1].items():
+                            row[key].extend(values)
+                    stats.forget(step, b.index)
+                for meas, row in zip(out, rows, strict=True):
+                    meas.add(row)
         del g
     return out if sample is None else [sample.expand(meas) for meas in out]
 
