@@ -47,11 +47,11 @@ def test_a_training_past_the_machine_is_one_error_line_and_writes_nothing(tmp_pa
 
 
 def test_a_capture_says_its_estimate_first_when_it_is_worth_saying(tmp_path):
-    r = run_cli("trace", "capture", "--model", "llama_60m", "-w", "12", "-s", "1", "-b", "1", "-o",
+    r = run_cli("trace", "capture", "--model", "llama_60m", "-w", "4", "-s", "1", "-b", "1", "-o",
                 str(tmp_path / "c.npz"))
     assert r.returncode == 0, r.stderr
-    first = r.stderr.strip().splitlines()[0]  # over NOTE_BYTES: weights, gradients and 12 workers' recorded ones
-    assert first.startswith("capture llama_60m: about ") and "of memory and ~" in first and "12 workers" in first
+    first = r.stderr.strip().splitlines()[0]  # over NOTE_BYTES: weights, gradients and 4 workers' recorded ones
+    assert first.startswith("capture llama_60m: about ") and "of memory and ~" in first and "4 workers" in first
     r = run_cli("trace", "capture", "--model", "cnn", "-w", "2", "-s", "1", "-o", str(tmp_path / "small.npz"))
     assert r.returncode == 0 and "capture cnn: about" not in r.stderr  # a second's work goes unannounced
 

@@ -50,8 +50,7 @@ def op_class(name: str) -> str:
 class Op:
     cls: str
     flops: float
-    bytes: float  # read and written: operands (weights included) and results
-    produced: float = 0.0  # the results' bytes alone (a forward's: an upper bound on what autograd keeps)
+    bytes: float
 
 
 @dataclass
@@ -116,8 +115,7 @@ class _Recorder(TorchDispatchMode):
             return out
         packet = func._overloadpacket
         flops = float(flop_registry[packet](*args, **kwargs, out_val=out)) if packet in flop_registry else 0.0
-        made = _nbytes(out)
-        self.ops.append(Op(op_class(name), flops, _nbytes(args) + _nbytes(kwargs) + made, made))
+        self.ops.append(Op(op_class(name), flops, _nbytes(args) + _nbytes(kwargs) + _nbytes(out)))
         return out
 
 
@@ -137,7 +135,7 @@ class _FusedAttention(torch.autograd.Function):
         ctx.recorder, ctx.causal = recorder, causal
         ctx.save_for_backward(q, k, v)
         out = torch.empty_like(q)
-        recorder.ops.append(Op("attention", attention_flops(q, k, causal), _nbytes((q, k, v, out)), _nbytes(out)))
+        recorder.ops.append(Op("attention", attention_flops(q, k, causal), _nbytes((q, k, v, out))))
         return out
 
     @staticmethod
@@ -166,7 +164,7 @@ def _fused_attention(recorder: _Recorder) -> Iterator[None]:
         F.scaled_dot_product_attention = original
 
 
-WORKLOAD_VERSION = 2  # bump when counting changes: workloads kept on disk by an older count are not read
+WORKLOAD_VERSION = 1  # bump when counting changes: workloads kept on disk by an older count are not read
 
 
 def count_workload(model: str | ModelSource, batch: int, dataset: str | None = None,
@@ -205,8 +203,8 @@ def _workload(source: ModelSource, batch: int, spec: DataSpec | None, data: str 
 
 def _workload_to(work: Workload) -> dict[str, Any]:
     return {"model": work.model, "batch": work.batch, "input_shape": list(work.input_shape),
-            "forward": [[op.cls, op.flops, op.bytes, op.produced] for op in work.forward],
-            "backward": [[op.cls, op.flops, op.bytes, op.produced] for op in work.backward],
+            "forward": [[op.cls, op.flops, op.bytes] for op in work.forward],
+            "backward": [[op.cls, op.flops, op.bytes] for op in work.backward],
             "ready_after": work.ready_after, "numel": work.numel, "order": work.order}
 
 

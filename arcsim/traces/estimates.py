@@ -67,8 +67,8 @@ def rough_duration(seconds: float) -> str:
 def training(cfg: TrainingConfig, state_per_element: float = 0.0) -> Estimate:
     """Training ``cfg`` here: the model's parameters and gradients, their average and the optimizer's state (fp32;
     none when the recorded step is the last: nothing trains after it), the recorded step's gradients of every worker
-    (in the dtype they are held in), one worker's activations (every forward operation's result, counted
-    on the meta device: an upper estimate of what autograd keeps), plus ``state_per_element`` bytes × workers ×
+    (in the dtype they are held in), one worker's activations (every forward operation's operands
+    and result, counted on the meta device: an upper estimate), plus ``state_per_element`` bytes × workers ×
     parameters (what the caller keeps beside); time from the step's FLOPs."""
     params, activations, flops = _step(cfg)
     # parameters and gradients; their average and the optimizer's state only where a step follows the last recorded
@@ -92,12 +92,11 @@ def live_run(cfg: TrainingConfig, measurements: int, budget: float) -> Estimate:
 
 
 def _step(cfg: TrainingConfig) -> tuple[int, float, float]:
-    """(parameters, the bytes one worker's forward produces, forward + backward FLOPs) of a training step, counted
-    on meta."""
+    """(parameters, one worker's forward bytes, forward + backward FLOPs) of a training step, counted on meta."""
     from arcsim.devices.workload import count_workload
 
     work = count_workload(cfg.source, cfg.batch or cfg.source.default_batch, cfg.dataset, cfg.input_size, cfg.data)
-    return (sum(work.numel.values()), sum(op.produced for op in work.forward),
+    return (sum(work.numel.values()), sum(op.bytes for op in work.forward),
             sum(op.flops for op in work.forward) + sum(op.flops for op in work.backward))
 
 
