@@ -75,14 +75,15 @@ def test_nested_top_k_sets_are_the_top_k_at_every_density():
     planned or between two levels, for all rows or one (a leader's), and the k-th largest |x| of a row."""
     x = torch.randn(3, 300_000) * torch.linspace(0.1, 3.0, 300_000)  # no ties; a row long enough to be sampled
     groups = [(0, 200_000), (200_000, 99_000), (299_000, 1_000)]
-    nested = NestedTopK((0.001, 0.01, 0.1)).bind(x)
+    sets = NestedTopK((0.001, 0.01, 0.1))
+    nested = sets.bind(x)
     for density in (0.1, 0.01, 0.004, 0.001, 0.0002):
         assert nested.covers(groups, density)
         got, want = nested.indices(groups, density), topk_indices(x, groups, density)
         assert got.shape == want.shape
         for g, w in zip(got, want, strict=True):
             assert set(g.tolist()) == set(w.tolist()), density
-        leader = nested.bind(x.clone()).indices(groups, density, [2])
+        leader = sets.bind(x.clone()).indices(groups, density, [2])
         assert set(leader[0].tolist()) == set(want[2].tolist())
     assert not nested.covers(groups, 0.3)
     for k in (1, 77, 30_000):

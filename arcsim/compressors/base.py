@@ -20,7 +20,7 @@ from arcsim.comm import Communicator
 from arcsim.errors import ArcsimError
 
 if TYPE_CHECKING:
-    from arcsim.compressors.nested import NestedTopK
+    from arcsim.compressors.nested import RawTopK
 
 
 class CompressionError(ArcsimError):
@@ -240,7 +240,7 @@ class Compressor(ABC):
         check_density(density)
         self.density = float(density)
         self.seed = int(seed)
-        self.raw: NestedTopK | None = None  # a measurement's Top-K sets of this step's raw gradient, to reuse
+        self.raw: RawTopK | None = None  # a measurement's Top-K sets of this step's raw gradient, to reuse
 
     @property
     def info(self) -> CompressorInfo:

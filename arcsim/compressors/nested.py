@@ -12,6 +12,7 @@ smallest level above it. The sets are those :func:`~arcsim.compressors.base.larg
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 
 import torch
 
@@ -22,46 +23,66 @@ Groups = tuple[tuple[int, int], ...]
 
 class NestedTopK:
     """The nested sets of one bucket's raw gradients at the planned ``densities``, found as they are asked for.
-    What a measurement keeps holds no tensor of gradients: :meth:`bind` gives the view a compressor uses, on
-    the [W, d] gradients ``source`` the sets are found on (compressors check ``source is u`` first, so a
-    memory's accumulated or copied input never takes this path)."""
+    It holds no gradients: :meth:`bind` gives the view a compressor reads, on the [W, d] gradients the sets
+    are found on."""
 
-    def __init__(self, densities: Iterable[float], reserved: int = 0) -> None:
-        self.reserved = reserved  # the bytes its owner set aside for the sets
-        self.source: torch.Tensor | None = None
+    def __init__(self, densities: Iterable[float]) -> None:
         self.densities = sorted(set(densities), reverse=True)
         self._levels: dict[Groups, list[list[list[torch.Tensor]]]] = {}  # groups → [group][row] → per density
 
-    def bind(self, x: torch.Tensor) -> NestedTopK:
+    def bind(self, x: torch.Tensor) -> RawTopK:
         """These sets, found on and read from ``x`` (this trace step's [W, d] raw gradients of the bucket)."""
-        bound = NestedTopK.__new__(NestedTopK)
-        bound.source, bound.densities, bound._levels, bound.reserved = x, self.densities, self._levels, 0
-        return bound
+        return RawTopK(self, x)
 
     def covers(self, groups: Sequence[tuple[int, int]], density: float) -> bool:
         """Whether ``density`` is at most the largest planned one in every group (so a level holds it)."""
         return bool(self.densities) and all(group_k(n, density) <= group_k(n, self.densities[0]) for _, n in groups)
 
+    def levels(self, x: torch.Tensor, groups: Groups, rows: Iterable[int]) -> list[list[list[torch.Tensor]]]:
+        """The level sets (int32, one per planned density, largest first) of ``rows`` of ``x``, found where
+        missing."""
+        levels = self._levels.setdefault(groups, [[[] for _ in range(x.shape[0])] for _ in groups])
+        for (off, n), per_row in zip(groups, levels, strict=True):
+            for r in rows:
+                if per_row[r]:
+                    continue
+                mag = x[r, off:off + n].abs()
+                idx: torch.Tensor | None = None
+                for d in self.densities:
+                    k = group_k(n, d)
+                    idx = largest(mag, k) if idx is None else idx[largest(mag[idx], k)]
+                    per_row[r].append(idx.to(torch.int32))
+        return levels
+
+
+@dataclass(frozen=True, eq=False)  # (identity: it holds a tensor)
+class RawTopK:
+    """:class:`NestedTopK`'s sets bound to the gradients ``source`` they are found on (compressors check
+    ``source is u`` first, so a memory's accumulated or copied input never takes this path)."""
+
+    sets: NestedTopK
+    source: torch.Tensor
+
+    def covers(self, groups: Sequence[tuple[int, int]], density: float) -> bool:
+        return self.sets.covers(groups, density)
+
     def indices(self, groups: Sequence[tuple[int, int]], density: float, rows: Sequence[int] | None = None
                 ) -> torch.Tensor:
         """[len(rows), K]: each row's k largest |x| in every group at ``density`` (see :meth:`covers`), as
         column indices (the layout of :func:`~arcsim.compressors.base.topk_indices`)."""
-        assert self.source is not None, "bind() the sets to the gradients first"
         return self._select(tuple(groups), [group_k(n, density) for _, n in groups],
                             range(self.source.shape[0]) if rows is None else rows)
 
     def kth_abs(self, row: int, k: int) -> torch.Tensor:
         """The k-th largest |x| of one whole row (0-d); k at most the largest planned density's."""
-        assert self.source is not None, "bind() the sets to the gradients first"
         d = self.source.shape[1]
         return self.source[row, self._select(((0, d),), [k], [row])[0]].abs().min()
 
     def _select(self, groups: Groups, ks: list[int], rows: Sequence[int]) -> torch.Tensor:
-        assert self.source is not None
-        levels = self._levels_for(groups, rows)
+        levels = self.sets.levels(self.source, groups, rows)
         parts = []
         for (off, n), k, per_row in zip(groups, ks, levels, strict=True):
-            level = max(i for i, d in enumerate(self.densities) if group_k(n, d) >= k)
+            level = max(i for i, d in enumerate(self.sets.densities) if group_k(n, d) >= k)
             picked = []
             for r in rows:
                 idx = per_row[r][level].long()
@@ -70,19 +91,3 @@ class NestedTopK:
                 picked.append(idx)
             parts.append(torch.stack(picked) + off)
         return parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
-
-    def _levels_for(self, groups: Groups, rows: Iterable[int]) -> list[list[list[torch.Tensor]]]:
-        """The level sets (int32, one per planned density, largest first) of ``rows``, found where missing."""
-        assert self.source is not None
-        levels = self._levels.setdefault(groups, [[[] for _ in range(self.source.shape[0])] for _ in groups])
-        for (off, n), per_row in zip(groups, levels, strict=True):
-            for r in rows:
-                if per_row[r]:
-                    continue
-                mag = self.source[r, off:off + n].abs()
-                idx: torch.Tensor | None = None
-                for d in self.densities:
-                    k = group_k(n, d)
-                    idx = largest(mag, k) if idx is None else idx[largest(mag[idx], k)]
-                    per_row[r].append(idx.to(torch.int32))
-        return levels

@@ -475,11 +475,8 @@ class Analysis:
         read of the trace and bucket by bucket (what they share of a bucket found once, then dropped), as many
         as their error-feedback state fits LIVE_MEMORY_BYTES (all of them on a one-step pass: no state kept)."""
         t = self.trace
-        room = len(self.planned_keys()) if wanted[2] == 1 else max(1, int(
-            LIVE_MEMORY_BYTES // (LIVE_STATE_BYTES_PER_ELEMENT * t.workers * t.elements)))
-        group = [wanted, *(k for k in self.planned_keys() if k[2] == wanted[2] and k[3] == wanted[3]
-                           and k != wanted and k not in self._measured
-                           and not cache.held(self._cache_name(k)))][:room]
+        group = self._one_pass(wanted, t.workers * t.elements, stateless=wanted[2] == 1,
+                               todo=lambda k: not cache.held(self._cache_name(k)))
         started = time.perf_counter()
         steps = self.steps() if wanted[2] == t.steps else itertools.islice(self.steps(), wanted[2])
         which = [(c, d, self._memory(c)) for c, d, _, _ in group]
@@ -593,9 +590,7 @@ class Analysis:
         as many steps, as many as fit LIVE_MEMORY_BYTES (each keeps error-feedback state for every worker)."""
         live = self.trace
         assert isinstance(live, LiveSource)
-        room = max(1, int(LIVE_MEMORY_BYTES // (LIVE_STATE_BYTES_PER_ELEMENT * live.workers * live.elements)))
-        group = [wanted, *(k for k in self.planned_keys() if k[2] == wanted[2] and k[3] == wanted[3]
-                           and k != wanted and k not in self._measured)][:room]
+        group = self._one_pass(wanted, live.workers * live.elements)
         started = time.perf_counter()
         for compressor, density, _, _ in group:
             self.progress(f"{compressor} @ {density:g}")
@@ -608,6 +603,17 @@ class Analysis:
         self.timings[f"measure live pass {live.passes}: {len(group)} compressor runs ({wanted[2]} steps)"] = \
             time.perf_counter() - started
         self._measuring_wall += time.perf_counter() - started
+
+    def _one_pass(self, wanted: MeasurementKey, elements: int, stateless: bool = False,
+                  todo: Callable[[MeasurementKey], bool] = lambda _: True) -> list[MeasurementKey]:
+        """``wanted`` and the other planned measurements of as many steps (and the same grouping) not yet
+        measured (and ``todo``), as many as their error-feedback state over ``elements`` (workers × elements)
+        fits LIVE_MEMORY_BYTES; all of them where the pass keeps no state (``stateless``)."""
+        others = [k for k in self.planned_keys() if k[2] == wanted[2] and k[3] == wanted[3] and k != wanted
+                  and k not in self._measured and todo(k)]
+        room = len(others) + 1 if stateless else max(1, int(LIVE_MEMORY_BYTES // (LIVE_STATE_BYTES_PER_ELEMENT
+                                                                                  * elements)))
+        return [wanted, *others][:room]
 
     def _trace_hash(self) -> str:
         assert self._hash is not None, "only a trace file is measured through the cache"

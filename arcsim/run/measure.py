@@ -35,7 +35,7 @@ from arcsim.compressors.hierarchy import (
     worker_memory,
 )
 from arcsim.compressors.memory import Memory, make_memory
-from arcsim.compressors.nested import NestedTopK
+from arcsim.compressors.nested import NestedTopK, RawTopK
 from arcsim.run.buckets import Bucket
 from arcsim.run.sampling import BucketSample
 from arcsim.traces.timing import Clock
@@ -168,7 +168,7 @@ class GradientStats:
         self._norms: dict[tuple[int, int], torch.Tensor] = {}
         self._mean2: dict[tuple[int, int], float] = {}
         self._floats: dict[tuple[int, int], torch.Tensor] = {}
-        self._nested: dict[tuple[int, int], NestedTopK] = {}
+        self._nested: dict[tuple[int, int], tuple[NestedTopK, int]] = {}  # the sets, and the bytes set aside
         self.densities = tuple(d for d in densities if 0 < d < 1)
         self._room = shared_bytes
 
@@ -182,24 +182,23 @@ class GradientStats:
             self._floats[step, b.index] = x
         return x
 
-    def nested(self, step: int, bucket: int, x: torch.Tensor) -> NestedTopK | None:
+    def nested(self, step: int, bucket: int, x: torch.Tensor) -> RawTopK | None:
         """The nested Top-K sets of the raw gradients ``x`` of (step, bucket) at the planned densities (found
         as compressors ask), bound to ``x``; None without planned densities or room."""
         if (step, bucket) not in self._nested:
             need = int(x.numel() * 4 * sum(self.densities))  # int32 indices, one set per density
             if not self.densities or not self._take(need):
                 return None
-            self._nested[step, bucket] = NestedTopK(self.densities, need)
-        return self._nested[step, bucket].bind(x)
+            self._nested[step, bucket] = NestedTopK(self.densities), need
+        return self._nested[step, bucket][0].bind(x)
 
     def forget(self, step: int, bucket: int) -> None:
         """Drop what is kept of (step, bucket) but its scalars, and give its room back."""
         for kept in (self._floats, self._means):
             t = kept.pop((step, bucket), None)
             self._room += 0 if t is None else t.numel() * 4
-        nested = self._nested.pop((step, bucket), None)
-        if nested is not None:
-            self._room += nested.reserved
+        _, reserved = self._nested.pop((step, bucket), (None, 0))
+        self._room += reserved
 
     def _take(self, size: int) -> bool:
         if size > self._room:
