@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import signal
+import subprocess
+import sys
+
 import pytest
-from conftest import run_cli
+from conftest import interruptible, run_cli
 
 from arcsim.traces import estimates
 from arcsim.traces.training import TrainingConfig
@@ -47,11 +51,17 @@ def test_a_training_past_the_machine_is_one_error_line_and_writes_nothing(tmp_pa
 
 
 def test_a_capture_says_its_estimate_first_when_it_is_worth_saying(tmp_path):
-    r = run_cli("trace", "capture", "--model", "llama_60m", "-w", "4", "-s", "1", "-b", "1", "-o",
-                str(tmp_path / "c.npz"))
-    assert r.returncode == 0, r.stderr
-    first = r.stderr.strip().splitlines()[0]  # over NOTE_BYTES: weights, gradients and 4 workers' recorded ones
+    """The estimate comes before any work: read it, interrupt, and nothing is left half-written."""
+    out = tmp_path / "c.npz"
+    proc = subprocess.Popen([sys.executable, "-m", "arcsim", "trace", "capture", "--model", "llama_60m", "-w", "4",
+                             "-s", "1", "-b", "1", "-o", str(out)], stderr=subprocess.PIPE, text=True,
+                            preexec_fn=interruptible)
+    first = proc.stderr.readline()  # over NOTE_BYTES: weights, gradients and 4 workers' recorded ones
+    proc.send_signal(signal.SIGINT)
+    err = proc.communicate(timeout=120)[1]
     assert first.startswith("capture llama_60m: about ") and "of memory and ~" in first and "4 workers" in first
+    assert proc.returncode == 130 and "interrupted" in err, err
+    assert list(tmp_path.iterdir()) == []
     r = run_cli("trace", "capture", "--model", "cnn", "-w", "2", "-s", "1", "-o", str(tmp_path / "small.npz"))
     assert r.returncode == 0 and "capture cnn: about" not in r.stderr  # a second's work goes unannounced
 

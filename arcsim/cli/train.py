@@ -117,7 +117,6 @@ def train(model: str, model_args: tuple[str, ...], data: str | None, dataset: st
     from arcsim.train.experiment import run_experiment
     from arcsim.train.loop import TrainConfig
     from arcsim.train.outcome import claims, summarise
-    from arcsim.train.plots import accuracy_plot
     from arcsim.train.target import target_of
 
     goal = target_of(target, target_loss)
@@ -189,6 +188,8 @@ def train(model: str, model_args: tuple[str, ...], data: str | None, dataset: st
     what = (f"{source.label} on {dataset}, {workers} workers, density {density:g}, {memory}"
             + ("" if grouping is None else f", node-aware ({grouping.label()})"))
     metric = goal.metric if goal is not None else "accuracy"
+    from arcsim.train.plots import accuracy_plot  # matplotlib (0.4 s) only once there is something to draw
+
     written = [accuracy_plot(history, "step", directory / f"{metric}_vs_step.png", f"Held-out {metric} — {what}",
                              goal)]
     if topology:

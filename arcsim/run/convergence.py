@@ -26,8 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import pandas as pd
-from scipy.stats import t as student_t
+from scipy.special import stdtrit  # Student's t quantile, stdtrit(dof, q)
 
 from arcsim.errors import ArcsimError
 from arcsim.files import read_json
@@ -111,7 +110,7 @@ def fit_steps_model(dense_steps: float = DEFAULT_DENSE_STEPS) -> StepsModel:
     # the scatter grows with compression (none at error 0, where the model is dense itself): variance ∝ x
     per_x = float(np.sum(resid2) / np.sum(x)) * len(x) / dof
     beta_se = math.sqrt(float(np.sum(resid2)) / dof / sxx)
-    return StepsModel(beta, beta_se, per_x, float(student_t.ppf(0.975, dof)), sxx,
+    return StepsModel(beta, beta_se, per_x, float(stdtrit(dof, 0.975)), sxx,
                       max(e for _, _, e, _, r in CALIBRATION if not r.startswith("0/")), dense_steps)
 
 
@@ -147,6 +146,8 @@ def load_trained(directory: str) -> TrainedSteps:
     else:
         raise ArcsimError(f"--history {directory} was trained without a target: its runs have no time to target "
                           "(train again with --target or --target-loss, in a new --out)")
+    import pandas as pd  # only for --history: pandas costs 0.3 s to import
+
     history = pd.read_csv(history_path)
     if "policy" in history:  # under a schedule: the static runs, one per (compressor, ratio)
         runs = history[history["policy"] == "static"]
