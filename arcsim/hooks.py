@@ -181,23 +181,30 @@ def compression_hook(state: CompressionState, bucket: dist.GradBucket) -> torch.
     return fut
 
 
+RECORD_DTYPES = {"fp16": torch.float16, "fp32": torch.float32}  # as traces store gradients
+
+
 @dataclass
 class RecordingState:
     """What the recording hook keeps: the steps to record and, per recorded step, this rank's gradient of
-    every parameter (fp32, on the CPU), when each became ready, and the step's forward time; and once, the
-    shapes and dtypes of the forward's input (:class:`arcsim.models.inputs.RecordedInput`, never its values),
-    the autocast precision the forward ran under, and the optimizer when it is given.
+    every parameter (on the CPU, in ``dtype``: fp16 by default, as traces store them, half of fp32's memory),
+    when each became ready, and the step's forward time; and once, the shapes and dtypes of the forward's
+    input (:class:`arcsim.models.inputs.RecordedInput`, never its values), the autocast precision the
+    forward ran under, and the optimizer when it is given. ``ranks`` (default: all) are the ranks that keep
+    gradients; the others only all-reduce, and their ``save`` writes nothing.
 
     ``RecordingState.for_model(ddp, steps=(10, 20), optimizer=opt)``, then
     ``ddp.register_comm_hook(state, recording_hook)``; ``state.save(path)`` writes this rank's part, and
-    ``arcsim trace merge`` (or :func:`arcsim.traces.merge.merge_recordings`) joins the ranks' parts into one
-    trace of world-size workers. The hook still all-reduces every bucket, so training is unchanged.
+    ``arcsim trace merge`` (or :func:`arcsim.traces.merge.merge_recordings`) joins the recorded ranks' parts
+    into one trace of as many workers. The hook still all-reduces every bucket, so training is unchanged.
     """
 
     names: dict
     steps: tuple
     process_group: dist.ProcessGroup | None = None
     optimizer: torch.optim.Optimizer | None = None
+    dtype: str = "fp16"                        # what the kept gradients are held and saved in
+    ranks: tuple | None = None                 # the ranks that keep gradients (None: all)
     step: int = 0                              # iterations completed
     grads: dict = field(default_factory=dict)  # step → {name: flat fp32 gradient}
     ready: dict = field(default_factory=dict)  # step → {name: seconds from the end of forward}
@@ -210,12 +217,23 @@ class RecordingState:
 
     @classmethod
     def for_model(cls, ddp: torch.nn.Module, steps: tuple, process_group: dist.ProcessGroup | None = None,
-                  optimizer: torch.optim.Optimizer | None = None) -> "RecordingState":
+                  optimizer: torch.optim.Optimizer | None = None, dtype: str = "fp16",
+                  ranks: tuple | None = None) -> "RecordingState":
         wanted = list(steps)
         if not wanted or len(set(wanted)) != len(wanted) or not all(isinstance(s, int) and s >= 0 for s in wanted):
             raise ArcsimError(f"steps {wanted} to record must be step numbers from 0, each once (e.g. (3, 5, 7))")
+        if dtype not in RECORD_DTYPES:
+            raise ArcsimError(f"dtype {dtype!r} to keep the gradients in must be one of {', '.join(RECORD_DTYPES)}")
+        if ranks is not None:
+            world = dist.get_world_size(process_group) if dist.is_initialized() else float("inf")
+            if (len(set(ranks)) != len(ranks) or len(ranks) < 2
+                    or not all(isinstance(r, int) and 0 <= r < world for r in ranks)):
+                raise ArcsimError(f"ranks {list(ranks)} to record must be two or more ranks of the job, each once "
+                                  "(e.g. (0, 1))")
+            ranks = tuple(sorted(ranks))
         module = getattr(ddp, "module", ddp)
-        state = cls({id(p): n for n, p in module.named_parameters()}, tuple(sorted(wanted)), process_group, optimizer)
+        state = cls({id(p): n for n, p in module.named_parameters()}, tuple(sorted(wanted)), process_group, optimizer,
+                    dtype, ranks)
         module.register_forward_pre_hook(state._enter, with_kwargs=True)
         module.register_forward_hook(lambda *_: state._mark(1))
         return state
@@ -231,16 +249,24 @@ class RecordingState:
     def _mark(self, which: int) -> None:
         self._marks[which] = time.perf_counter()
 
+    def records(self) -> bool:
+        """Whether this rank keeps gradients (``ranks``)."""
+        return self.ranks is None or (dist.get_rank(self.process_group) if dist.is_initialized() else 0) in self.ranks
+
     def save(self, path) -> None:
-        """This rank's recorded steps (call after the last one): a .pt file ``arcsim trace merge`` reads."""
+        """This rank's recorded steps (call after the last one): a .pt file ``arcsim trace merge`` reads; nothing
+        on a rank that does not record (``ranks``)."""
         from arcsim.traces.training import describe_torch_optimizer
 
+        if not self.records():
+            return
         missing = [s for s in self.steps if s not in self.grads]
         if missing:
             raise RuntimeError(f"steps {missing} were never reached (the job ran {self.step} steps)")
         rank = dist.get_rank(self.process_group) if dist.is_initialized() else 0
         world = dist.get_world_size(self.process_group) if dist.is_initialized() else 1
-        part = {"rank": rank, "world": world, "steps": list(self.steps), "order": self.order,
+        part = {"rank": rank, "world": world, "ranks": list(self.ranks or range(world)), "dtype": self.dtype,
+                "steps": list(self.steps), "order": self.order,
                 "shapes": self.shapes, "grads": {s: torch.cat([self.grads[s][n] for n in self.order])
                                                 for s in self.steps},
                 "ready_s": {s: [self.ready[s][n] for n in self.order] for s in self.steps},
@@ -262,13 +288,13 @@ def autocast_precision() -> str:
 
 def recording_hook(state: RecordingState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
     """DDP comm hook: keep this rank's bucket gradients on the recorded steps, then all-reduce as DDP does."""
-    if state.step in state.steps:
+    if state.step in state.steps and state.records():
         now = time.perf_counter()
         grads, ready = state.grads.setdefault(state.step, {}), state.ready.setdefault(state.step, {})
         state.forward.setdefault(state.step, state._marks[1] - state._marks[0])
         for p, g in zip(bucket.parameters(), bucket.gradients(), strict=True):
             name = state.names[id(p)]
-            grads[name] = g.detach().float().reshape(-1).cpu().clone()
+            grads[name] = g.detach().reshape(-1).to("cpu", RECORD_DTYPES[state.dtype], copy=True)
             ready[name] = now - state._marks[1]
             if name not in state.shapes:
                 state.shapes[name] = list(p.shape)

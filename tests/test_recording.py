@@ -26,7 +26,8 @@ def recorded(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("record") / "rec.npz"
     done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port",
                            str(free_port()), str(ROOT / "examples" / "record_ddp.py"), "--out", str(out),
-                           "--steps", "2"], capture_output=True, text=True, timeout=300, cwd=out.parent)
+                           "--steps", "2", "--dtype", "fp32"], capture_output=True, text=True, timeout=300,
+                          cwd=out.parent)
     assert done.returncode == 0, done.stderr[-3000:]
     return out
 
@@ -60,7 +61,7 @@ def test_a_recorded_trace_feeds_arcsim_run(recorded: Path):
 def test_parts_that_do_not_belong_together_are_refused(recorded: Path, tmp_path: Path):
     parts = sorted(Path(f"{recorded}.parts").glob("rank*.pt"))
     assert len(parts) == 2
-    with pytest.raises(ArcsimError, match="one part per rank"):
+    with pytest.raises(ArcsimError, match="one part per recorded rank"):
         merge_recordings(parts[:1], tmp_path / "x.npz")
     other = torch.load(parts[1], weights_only=True)
     other["order"] = list(reversed(other["order"]))
@@ -73,6 +74,36 @@ def test_parts_that_do_not_belong_together_are_refused(recorded: Path, tmp_path:
     r = run_cli("trace", "merge", str(parts[0]), str(tmp_path / "junk.pt"), "-o", str(tmp_path / "y.npz"))
     assert r.returncode == 2 and "is not a recording part" in r.stderr
     assert not (tmp_path / "x.npz").exists() and not (tmp_path / "y.npz").exists()
+
+
+def test_a_subset_of_ranks_records_in_fp16_what_a_capture_holds_for_those_workers(tmp_path: Path):
+    """3 ranks, ranks 0 and 2 record in fp16: rank 1 writes nothing, the parts are half of fp32's, and the trace
+    is the capture's workers 0 and 2 (fp16's rounding apart); an fp32 trace of fp16 parts is refused."""
+    out = tmp_path / "rec.npz"
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "3", "--master_port",
+                           str(free_port()), str(ROOT / "examples" / "record_ddp.py"), "--out", str(out),
+                           "--steps", "2", "--ranks", "0,2"], capture_output=True, text=True, timeout=300,
+                          cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    parts = sorted(Path(f"{out}.parts").iterdir())
+    assert [p.name for p in parts] == ["rank0.pt", "rank2.pt"]
+    held = torch.load(parts[1], weights_only=True)
+    assert held["ranks"] == [0, 2] and held["dtype"] == "fp16"
+    assert all(g.dtype == torch.float16 for g in held["grads"].values())
+    r = run_cli("trace", "capture", "--model", "mlp", "--dataset", "mnist1d", "-w", "3", "-s", "2", "-b", "8",
+                "--dtype", "fp32", "-o", str(tmp_path / "cap.npz"))
+    assert r.returncode == 0, r.stderr
+    rec, cap = open_trace(out), open_trace(tmp_path / "cap.npz")
+    assert rec.workers == 2 and rec.meta["recorded_ranks"] == [0, 2] and rec.meta["job_world_size"] == 3
+    for (_, g_r), (_, g_c) in zip(rec.steps_iter(), cap.steps_iter(), strict=True):
+        mine, theirs = by_name(rec, g_r), by_name(cap, g_c)
+        for name in mine:
+            torch.testing.assert_close(mine[name], theirs[name][[0, 2]].half().float(), rtol=1e-3, atol=1e-6)
+    with pytest.raises(ArcsimError, match="hold fp16 gradients"):
+        merge_recordings(parts, tmp_path / "x.npz", dtype="fp32")
+    with pytest.raises(ArcsimError, match="one part per recorded rank"):
+        merge_recordings(parts[:1], tmp_path / "x.npz")
+    assert not (tmp_path / "x.npz").exists()
 
 
 @pytest.fixture(scope="module")

@@ -18,7 +18,7 @@ import json
 import math
 import zipfile
 import zlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -87,22 +87,26 @@ class TraceWriter:
         np.lib.format.write_array_header_1_0(self.member, header)
         return self
 
-    def write_step(self, grads: torch.Tensor, worker_loss: list[float], forward_s: float, backward_s: float,
-                   ready_s: list[float]) -> None:
-        """Append one recorded step: grads [workers, d] in layer order (any float dtype, any device)."""
+    def write_step(self, grads: torch.Tensor | Sequence[torch.Tensor], worker_loss: list[float], forward_s: float,
+                   backward_s: float, ready_s: list[float]) -> None:
+        """Append one recorded step: grads [workers, d] in layer order, or one [d] row per worker (any float
+        dtype, any device)."""
         if self.written >= self.steps:
             raise TraceError(f"trace declared {self.steps} steps; cannot write another")
-        if tuple(grads.shape) != (self.workers, self.elements):
-            raise TraceError(f"step gradients are {tuple(grads.shape)}, expected ({self.workers}, {self.elements})")
+        shapes = {tuple(row.shape) for row in grads}
+        if len(grads) != self.workers or shapes != {(self.elements,)}:
+            raise TraceError(f"step gradients are {len(grads)} rows of {sorted(shapes)}, expected {self.workers} "
+                             f"of ({self.elements},)")
         stored = torch.float16 if self.dtype == np.float16 else torch.float32
-        for worker, row in enumerate(grads.detach()):  # a piece at a time: no whole copy beside the step
+        for worker, row in enumerate(grads):  # a piece at a time: no whole copy beside the step
+            row = row.detach()
             for lo in range(0, self.elements, WRITE_ELEMENTS):
                 out = row[lo:lo + WRITE_ELEMENTS].to("cpu", stored)
                 if not bool(torch.isfinite(out).all()):
                     source_finite = bool(torch.isfinite(row[lo:lo + WRITE_ELEMENTS]).all())
                     hint = (" (too large for fp16: capture with --dtype fp32)" if source_finite else
                             " (too large for fp16, or diverged: capture with --dtype fp32 to tell)"
-                            if grads.dtype == torch.float16 else "")
+                            if row.dtype == torch.float16 else "")
                     raise TraceError(f"gradient of worker {worker} at recorded step {self.written} is not finite"
                                      f"{hint}; lower --lr or check the model")
                 self.member.write(memoryview(out.contiguous().numpy()).cast("B"))

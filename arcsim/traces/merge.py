@@ -2,7 +2,9 @@
 
 Each part holds that rank's gradient of every parameter on the recorded steps, in the order the buckets
 became ready, the ready times and the forward time (:class:`arcsim.hooks.RecordingState`). The parts must
-come from one job: the same world size (one part per rank), recorded steps, parameter names and shapes.
+come from one job: the same world size and recorded ranks (one part per recorded rank: all of them, or
+those ``RecordingState``'s ``ranks`` named), recorded steps, parameter names and shapes. The parts are
+read memory-mapped and written a worker's piece at a time, so merging holds no step of every worker.
 The trace's compute timings are the medians over the ranks; its losses were not seen by the hook (zeros,
 and ``losses_recorded`` false in the metadata). Naming the model (``--model``, as capture takes it)
 records how to rebuild it, after checking that its parameters are the recorded ones; with the input the
@@ -36,7 +38,7 @@ def _read(path: Path) -> dict[str, Any]:
     if not path.is_file():
         raise ArcsimError(f"no such recording: {path}")
     try:
-        part = torch.load(path, map_location="cpu", weights_only=True)
+        part = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
     except Exception as exc:
         raise ArcsimError(f"{path} is not a recording part ({type(exc).__name__}); write it with "
                           "RecordingState.save") from None
@@ -69,8 +71,13 @@ def _malformed(part: dict[str, Any]) -> str | None:
         return "its parameter order and shapes do not name the same parameters, each once"
     if not all(isinstance(shape, list | tuple) and all(_whole(n, 1) for n in shape) for shape in shapes.values()):
         return "a parameter's shape is not a list of sizes"
+    recorded = part.get("ranks", list(range(part["world"])))  # parts from before `ranks` hold every rank
+    if (not isinstance(recorded, list) or len(recorded) < 2 or part["rank"] not in recorded
+            or not all(_whole(r) and r < part["world"] for r in recorded)):
+        return f"its recorded ranks {recorded!r} are not two or more ranks of the job, its own among them"
     params = sum(math.prod(shape) for shape in shapes.values())
-    for key, ok in (("grads", lambda g: isinstance(g, torch.Tensor) and tuple(g.shape) == (params,)),
+    for key, ok in (("grads", lambda g: isinstance(g, torch.Tensor) and tuple(g.shape) == (params,)
+                     and g.dtype in (torch.float16, torch.float32)),
                     ("ready_s", lambda r: isinstance(r, list) and len(r) == len(order)
                      and all(isinstance(t, float | int) and math.isfinite(t) for t in r)),
                     ("forward_s", lambda f: isinstance(f, float | int) and math.isfinite(f) and f >= 0)):
@@ -89,11 +96,17 @@ def merge_recordings(paths: list[Path], out: Path, source: ModelSource | None = 
     (0: the recorded input's); ``dataset`` or ``data``: what the job trained on, when it is one of those."""
     parts = sorted((_read(Path(p)) for p in paths), key=lambda part: part["rank"])
     world = parts[0]["world"]
-    if [part["rank"] for part in parts] != list(range(world)) or any(part["world"] != world for part in parts):
-        raise ArcsimError(f"the parts are ranks {[part['rank'] for part in parts]} of worlds "
-                          f"{sorted({part['world'] for part in parts})}: give one part per rank of one job")
     if world < 2:
         raise ArcsimError("a trace needs at least 2 workers; record a job of 2 or more ranks")
+    ranks = parts[0].get("ranks", list(range(world)))
+    if ([part["rank"] for part in parts] != ranks or any(part["world"] != world for part in parts)
+            or any(part.get("ranks", list(range(world))) != ranks for part in parts)):
+        raise ArcsimError(f"the parts are ranks {[part['rank'] for part in parts]} of worlds "
+                          f"{sorted({part['world'] for part in parts})}, recording ranks {ranks}: give one part "
+                          "per recorded rank of one job")
+    if dtype == "fp32" and any(part["grads"][s].dtype != torch.float32 for part in parts for s in part["steps"]):
+        raise ArcsimError("the parts hold fp16 gradients (RecordingState keeps fp16 unless told dtype='fp32'): "
+                          "merge them with --dtype fp16, or record again with dtype='fp32'")
     if data is not None:
         if dataset is not None:
             raise ArcsimError("--data and --dataset both name what the job trained on: give one of them")
@@ -124,16 +137,15 @@ def merge_recordings(paths: list[Path], out: Path, source: ModelSource | None = 
             "optimizer": first.get("optimizer") or "not recorded (give RecordingState.for_model the optimizer)",
             "precision": first.get("precision", "fp32"),
             "synthetic_data": False, "params": params, "batch_per_worker": batch or (recorded.batch if recorded else 0),
-            "workers": world,
+            "workers": len(parts), **({"recorded_ranks": ranks, "job_world_size": world}
+                                       if len(parts) < world else {}),
             "steps": len(steps), "recorded_steps": list(steps), "dtype": dtype, "device": "recorded",
             "device_name": "the recorded job's", "torch_version": first.get("torch_version", torch.__version__),
             "seed": 0, "losses_recorded": False, "command": shlex.join(["arcsim", *sys.argv[1:]])}
     with TraceWriter(Path(out), meta, tuple(layers), dtype) as writer:
-        for i, s in enumerate(steps):
-            grads = torch.stack([part["grads"][s].float() for part in parts])
-            if grads.shape != (world, params):
-                raise ArcsimError(f"step {s}: the parts hold {tuple(grads.shape)} gradients, not ({world}, {params})")
-            writer.write_step(grads, [0.0] * world, float(forward[i]), float(ready[i].max()), ready[i].tolist())
+        for i, s in enumerate(steps):  # each worker's row as its part holds it (mapped): no step of all in memory
+            writer.write_step([part["grads"][s] for part in parts], [0.0] * len(parts), float(forward[i]),
+                              float(ready[i].max()), ready[i].tolist())
     return Path(out)
 
 
