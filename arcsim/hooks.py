@@ -40,6 +40,7 @@ from arcsim.compressors.memory import Memory, make_memory
 from arcsim.errors import ArcsimError
 from arcsim.files import atomic_path
 from arcsim.topology import splits_into_nodes
+from arcsim.traces.format import TORCH_DTYPES
 
 
 @dataclass
@@ -181,9 +182,6 @@ def compression_hook(state: CompressionState, bucket: dist.GradBucket) -> torch.
     return fut
 
 
-RECORD_DTYPES = {"fp16": torch.float16, "fp32": torch.float32}  # as traces store gradients
-
-
 @dataclass
 class RecordingState:
     """What the recording hook keeps: the steps to record and, per recorded step, this rank's gradient of
@@ -206,7 +204,7 @@ class RecordingState:
     dtype: str = "fp16"                        # what the kept gradients are held and saved in
     ranks: tuple | None = None                 # the ranks that keep gradients (None: all)
     step: int = 0                              # iterations completed
-    grads: dict = field(default_factory=dict)  # step → {name: flat fp32 gradient}
+    grads: dict = field(default_factory=dict)  # step → {name: flat gradient, in dtype}
     ready: dict = field(default_factory=dict)  # step → {name: seconds from the end of forward}
     forward: dict = field(default_factory=dict)  # step → forward seconds
     order: list = field(default_factory=list)  # parameter names in the order their buckets became ready
@@ -222,8 +220,8 @@ class RecordingState:
         wanted = list(steps)
         if not wanted or len(set(wanted)) != len(wanted) or not all(isinstance(s, int) and s >= 0 for s in wanted):
             raise ArcsimError(f"steps {wanted} to record must be step numbers from 0, each once (e.g. (3, 5, 7))")
-        if dtype not in RECORD_DTYPES:
-            raise ArcsimError(f"dtype {dtype!r} to keep the gradients in must be one of {', '.join(RECORD_DTYPES)}")
+        if dtype not in TORCH_DTYPES:
+            raise ArcsimError(f"dtype {dtype!r} to keep the gradients in must be one of {', '.join(TORCH_DTYPES)}")
         if ranks is not None:
             world = dist.get_world_size(process_group) if dist.is_initialized() else float("inf")
             if (len(set(ranks)) != len(ranks) or len(ranks) < 2
@@ -249,9 +247,12 @@ class RecordingState:
     def _mark(self, which: int) -> None:
         self._marks[which] = time.perf_counter()
 
+    def _rank(self) -> int:
+        return dist.get_rank(self.process_group) if dist.is_initialized() else 0
+
     def records(self) -> bool:
         """Whether this rank keeps gradients (``ranks``)."""
-        return self.ranks is None or (dist.get_rank(self.process_group) if dist.is_initialized() else 0) in self.ranks
+        return self.ranks is None or self._rank() in self.ranks
 
     def save(self, path) -> None:
         """This rank's recorded steps (call after the last one): a .pt file ``arcsim trace merge`` reads; nothing
@@ -263,7 +264,7 @@ class RecordingState:
         missing = [s for s in self.steps if s not in self.grads]
         if missing:
             raise RuntimeError(f"steps {missing} were never reached (the job ran {self.step} steps)")
-        rank = dist.get_rank(self.process_group) if dist.is_initialized() else 0
+        rank = self._rank()
         world = dist.get_world_size(self.process_group) if dist.is_initialized() else 1
         part = {"rank": rank, "world": world, "ranks": list(self.ranks or range(world)), "dtype": self.dtype,
                 "steps": list(self.steps), "order": self.order,
@@ -294,7 +295,7 @@ def recording_hook(state: RecordingState, bucket: dist.GradBucket) -> torch.futu
         state.forward.setdefault(state.step, state._marks[1] - state._marks[0])
         for p, g in zip(bucket.parameters(), bucket.gradients(), strict=True):
             name = state.names[id(p)]
-            grads[name] = g.detach().reshape(-1).to("cpu", RECORD_DTYPES[state.dtype], copy=True)
+            grads[name] = g.detach().reshape(-1).to("cpu", TORCH_DTYPES[state.dtype], copy=True)
             ready[name] = now - state._marks[1]
             if name not in state.shapes:
                 state.shapes[name] = list(p.shape)

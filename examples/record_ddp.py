@@ -5,7 +5,7 @@
 
 Trains the zoo's MLP on MNIST-1D as `arcsim trace capture` does (the same seed, the same global batch
 split into the ranks' shards, SGD with momentum), registers ``recording_hook`` on the DDP model, and
-after the last step rank 0 merges the parts into ``--out``. In your own script the three lines marked
+after the last step the first recording rank merges the parts into ``--out``. In your own script the three lines marked
 ``# arcsim`` are all it takes. gloo on CPU, NCCL on GPUs (--backend nccl). The hook keeps fp16 gradients
 (``--dtype fp32`` for full precision: twice the memory), on every rank or on those ``--ranks`` names.
 """

@@ -33,6 +33,7 @@ from arcsim.files import atomic_path, file_fact
 
 SCHEMA_VERSION = 1
 DTYPES = {"fp16": np.float16, "fp32": np.float32}
+TORCH_DTYPES = {"fp16": torch.float16, "fp32": torch.float32}  # the same, as torch holds them
 REQUIRED_META = ("schema_version", "model", "dataset", "synthetic_data", "params", "batch_per_worker", "workers",
                  "steps", "recorded_steps", "dtype", "device", "torch_version", "seed", "command")
 # what each metadata field must hold: a whole number ≥ the bound, a string, a flag, or a list of step numbers
@@ -71,7 +72,7 @@ class TraceWriter:
 
     def __init__(self, path: Path, meta: dict[str, Any], layers: tuple[Layer, ...], dtype: str) -> None:
         self.path, self.meta, self.layers = Path(path), dict(meta), layers
-        self.dtype = np.dtype(DTYPES[dtype])
+        self.dtype, self.stored = np.dtype(DTYPES[dtype]), TORCH_DTYPES[dtype]
         self.steps, self.workers = int(meta["steps"]), int(meta["workers"])
         self.elements = sum(layer.numel for layer in layers)
         self.written = 0
@@ -97,11 +98,10 @@ class TraceWriter:
         if len(grads) != self.workers or shapes != {(self.elements,)}:
             raise TraceError(f"step gradients are {len(grads)} rows of {sorted(shapes)}, expected {self.workers} "
                              f"of ({self.elements},)")
-        stored = torch.float16 if self.dtype == np.float16 else torch.float32
         for worker, row in enumerate(grads):  # a piece at a time: no whole copy beside the step
             row = row.detach()
             for lo in range(0, self.elements, WRITE_ELEMENTS):
-                out = row[lo:lo + WRITE_ELEMENTS].to("cpu", stored)
+                out = row[lo:lo + WRITE_ELEMENTS].to("cpu", self.stored)
                 if not bool(torch.isfinite(out).all()):
                     source_finite = bool(torch.isfinite(row[lo:lo + WRITE_ELEMENTS]).all())
                     hint = (" (too large for fp16: capture with --dtype fp32)" if source_finite else

@@ -55,6 +55,11 @@ def _whole(value: object, low: int = 0) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= low
 
 
+def _recorded_ranks(part: dict[str, Any]) -> Any:
+    """The ranks of the job that recorded (parts written before ``ranks`` existed: every rank)."""
+    return part.get("ranks", list(range(part["world"])))
+
+
 def _malformed(part: dict[str, Any]) -> str | None:
     """What is wrong inside one part (None: nothing), checked before anything is written: its rank, its
     recorded steps (each once, in order), its layout, and one gradient, ready time per parameter and
@@ -71,7 +76,7 @@ def _malformed(part: dict[str, Any]) -> str | None:
         return "its parameter order and shapes do not name the same parameters, each once"
     if not all(isinstance(shape, list | tuple) and all(_whole(n, 1) for n in shape) for shape in shapes.values()):
         return "a parameter's shape is not a list of sizes"
-    recorded = part.get("ranks", list(range(part["world"])))  # parts from before `ranks` hold every rank
+    recorded = _recorded_ranks(part)
     if (not isinstance(recorded, list) or len(recorded) < 2 or part["rank"] not in recorded
             or not all(_whole(r) and r < part["world"] for r in recorded)):
         return f"its recorded ranks {recorded!r} are not two or more ranks of the job, its own among them"
@@ -98,9 +103,9 @@ def merge_recordings(paths: list[Path], out: Path, source: ModelSource | None = 
     world = parts[0]["world"]
     if world < 2:
         raise ArcsimError("a trace needs at least 2 workers; record a job of 2 or more ranks")
-    ranks = parts[0].get("ranks", list(range(world)))
+    ranks = _recorded_ranks(parts[0])
     if ([part["rank"] for part in parts] != ranks or any(part["world"] != world for part in parts)
-            or any(part.get("ranks", list(range(world))) != ranks for part in parts)):
+            or any(_recorded_ranks(part) != ranks for part in parts)):
         raise ArcsimError(f"the parts are ranks {[part['rank'] for part in parts]} of worlds "
                           f"{sorted({part['world'] for part in parts})}, recording ranks {ranks}: give one part "
                           "per recorded rank of one job")
