@@ -5,20 +5,24 @@ Every case is on a path arcsim does not own."""
 
 from __future__ import annotations
 
+import gc
 import gzip
 import json
 import os
 import shutil
 import stat
 import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import torch
 from conftest import run_cli
 
 from arcsim import files
+from arcsim.errors import ArcsimError
 from arcsim.run import cache as measurements
 
 SHIPPED_TRACE = files.packaged("traces", "cnn-digits-small.npz")
@@ -117,6 +121,22 @@ def test_output_into_a_pipe_streams_and_into_a_device_writes_in_place(tmp_path: 
     assert stat.S_ISCHR(os.stat("/dev/null").st_mode)
 
 
+def test_a_trace_captured_into_a_pipe_streams_and_the_command_ends(tmp_path: Path) -> None:
+    """The trace is not read back from the pipe to say what it holds: that would wait for a writer forever."""
+    from arcsim.traces.format import open_trace
+
+    fifo = tmp_path / "pipe.npz"
+    os.mkfifo(fifo)
+    got: list[bytes] = []
+    reader = threading.Thread(target=lambda: got.append(fifo.read_bytes()))
+    reader.start()
+    done = run_cli("trace", "capture", "--model", "mlp", "-w", "2", "-s", "1", "-o", str(fifo), timeout=120)
+    reader.join(timeout=60)
+    assert done.returncode == 0 and "streamed: not read back" in done.stderr, done.stderr
+    (tmp_path / "got.npz").write_bytes(got[0])
+    assert open_trace(tmp_path / "got.npz").workers == 2
+
+
 def test_an_output_that_names_an_input_is_refused_before_work(tmp_path: Path) -> None:
     trace = tmp_path / "t.npz"
     shutil.copy(SHIPPED_TRACE, trace)
@@ -156,6 +176,27 @@ def test_a_full_disk_is_one_error_line_and_leaves_no_partial_file(full_disk: Pat
     done = run_cli("topo", "list", "--json", str(out))
     assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
     assert done.stderr.count("error:") == 1 and "No space left" in done.stderr
+    assert sorted(p.name for p in full_disk.iterdir()) == ["filler"]
+
+
+def test_a_trace_on_a_full_disk_lets_go_of_its_file_without_a_second_error(full_disk: Path,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """The half-written zip is dropped with the partial file: nothing left for the garbage collector to try to
+    finish (which printed 'Exception ignored … No space left' after the error line)."""
+    from arcsim.compressors.base import Layer
+    from arcsim.traces.format import TraceWriter
+
+    def write(path: Path) -> None:
+        with TraceWriter(path, {"steps": 1, "workers": 2}, (Layer("w", (50_000,), 0),), "fp32") as writer:
+            writer.write_step(torch.ones(2, 50_000), [0.0, 0.0], 0.0, 0.0, [0.0])
+
+    unraisable: list = []
+    monkeypatch.setattr(sys, "unraisablehook", unraisable.append)
+    with pytest.raises(ArcsimError, match="No space left") as caught:
+        write(full_disk / "t.npz")
+    del caught  # its traceback holds the writer
+    gc.collect()
+    assert unraisable == []
     assert sorted(p.name for p in full_disk.iterdir()) == ["filler"]
 
 

@@ -68,7 +68,6 @@ def trace_capture(model: str, model_args: tuple[str, ...], data: str | None, dat
                   input_size: int | None, precision: str, out: str, force: bool, **optimizer: Any) -> None:
     """Capture per-worker gradients and compute timings from live data-parallel training."""
     from arcsim.traces.capture import CaptureConfig, capture
-    from arcsim.traces.format import open_trace
 
     cfg = CaptureConfig(model=model, out=Path(out), dataset=dataset, workers=workers, steps=steps, every=every,
                         warmup=warmup, batch=batch, device=device, dtype=dtype, seed=seed, input_size=input_size,
@@ -83,9 +82,7 @@ def trace_capture(model: str, model_args: tuple[str, ...], data: str | None, dat
             note(f"capture {model}: {estimate.describe()}")
     with step_progress(f"capture {model}", unit="train step") as progress:
         path = capture(cfg, progress)
-    t = open_trace(path)
-    note(f"wrote {path}: {t.steps} steps × {t.workers} workers × {t.elements:,} elements "
-         f"({t.meta['dtype']}, {format_size(path.stat().st_size)}) in {t.meta['capture_seconds']:.1f} s")
+    note(written(path))
 
 
 @trace.command("profile")
@@ -137,7 +134,6 @@ def trace_merge(parts: tuple[str, ...], model: str | None, model_args: tuple[str
                 dataset: str | None, batch: int, dtype: str, out: str) -> None:
     """Join the parts a recording hook wrote (one per rank of your DDP job) into one trace."""
     from arcsim.models.source import model_source
-    from arcsim.traces.format import open_trace
     from arcsim.traces.merge import merge_recordings
 
     if not out.endswith(".npz"):
@@ -145,9 +141,20 @@ def trace_merge(parts: tuple[str, ...], model: str | None, model_args: tuple[str
     refuse_inputs_as_outputs({"--out": out}, [*parts, data])
     source = model_source(model, model_args) if model else None
     path = merge_recordings([Path(p) for p in parts], Path(out), source, dataset, batch, dtype, data)
+    note(written(path))
+
+
+def written(path: Path) -> str:
+    """What a trace just written holds, read back from its file; a pipe's stream is gone once read (reading it
+    again would wait for a writer forever)."""
+    from arcsim.traces.format import open_trace
+
+    if not path.is_file():
+        return f"wrote {path} (streamed: not read back)"
     t = open_trace(path)
-    note(f"wrote {path}: {t.steps} steps × {t.workers} workers × {t.elements:,} elements "
-         f"({format_size(path.stat().st_size)})")
+    took = t.meta.get("capture_seconds")
+    return (f"wrote {path}: {t.steps} steps × {t.workers} workers × {t.elements:,} elements "
+            f"({t.meta['dtype']}, {format_size(path.stat().st_size)})" + (f" in {took:.1f} s" if took else ""))
 
 
 @trace.command("info")

@@ -13,6 +13,7 @@ Members (all plain .npy, no pickles):
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import math
@@ -132,9 +133,18 @@ class TraceWriter:
                 self.zip.writestr("metadata.npy", _npy_bytes(_json_member(self.meta)))
             self.zip.close()
         except BaseException as failed:
+            self._let_go()
             self.place.__exit__(type(failed), failed, failed.__traceback__)  # the partial file removed
             raise
         self.place.__exit__(exc_type, exc, tb)
+
+    def _let_go(self) -> None:
+        """After a failed write (a full disk): close the half-written file without finishing the zip, which
+        would fail again, later, in the garbage collector's hands ('Exception ignored …')."""
+        handle, self.zip.fp = self.zip.fp, None  # a zip without a file has nothing left to close
+        with contextlib.suppress(OSError):  # flushing what the disk had no room for
+            if handle is not None:
+                handle.close()
 
 
 class GradientSource(Protocol):
