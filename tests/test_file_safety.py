@@ -106,16 +106,22 @@ def test_output_through_a_link_writes_the_target_and_keeps_the_link(tmp_path: Pa
     assert json.loads(target.read_text())[0]["name"]
 
 
-def test_output_into_a_pipe_streams_and_into_a_device_writes_in_place(tmp_path: Path) -> None:
-    fifo = tmp_path / "pipe"
+def into_a_pipe(fifo: Path, *args: str) -> tuple[subprocess.CompletedProcess, bytes]:
+    """Run ``arcsim ARGS`` with a FIFO at ``fifo`` (named in ARGS) and a reader on it: the run and what it read."""
     os.mkfifo(fifo)
     got: list[bytes] = []
     reader = threading.Thread(target=lambda: got.append(fifo.read_bytes()))
     reader.start()
-    done = run_cli("topo", "list", "--json", str(fifo))
+    done = run_cli(*args, timeout=120)
     reader.join(timeout=60)
+    return done, got[0] if got else b""
+
+
+def test_output_into_a_pipe_streams_and_into_a_device_writes_in_place(tmp_path: Path) -> None:
+    fifo = tmp_path / "pipe"
+    done, got = into_a_pipe(fifo, "topo", "list", "--json", str(fifo))
     assert done.returncode == 0, done.stderr
-    assert stat.S_ISFIFO(fifo.stat().st_mode) and json.loads(got[0])[0]["name"]
+    assert stat.S_ISFIFO(fifo.stat().st_mode) and json.loads(got)[0]["name"]
     done = run_cli("topo", "list", "--json", "/dev/null")
     assert done.returncode == 0, done.stderr
     assert stat.S_ISCHR(os.stat("/dev/null").st_mode)
@@ -126,14 +132,9 @@ def test_a_trace_captured_into_a_pipe_streams_and_the_command_ends(tmp_path: Pat
     from arcsim.traces.format import open_trace
 
     fifo = tmp_path / "pipe.npz"
-    os.mkfifo(fifo)
-    got: list[bytes] = []
-    reader = threading.Thread(target=lambda: got.append(fifo.read_bytes()))
-    reader.start()
-    done = run_cli("trace", "capture", "--model", "mlp", "-w", "2", "-s", "1", "-o", str(fifo), timeout=120)
-    reader.join(timeout=60)
+    done, got = into_a_pipe(fifo, "trace", "capture", "--model", "mlp", "-w", "2", "-s", "1", "-o", str(fifo))
     assert done.returncode == 0 and "streamed: not read back" in done.stderr, done.stderr
-    (tmp_path / "got.npz").write_bytes(got[0])
+    (tmp_path / "got.npz").write_bytes(got)
     assert open_trace(tmp_path / "got.npz").workers == 2
 
 

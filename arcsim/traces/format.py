@@ -82,7 +82,10 @@ class TraceWriter:
     def __enter__(self) -> TraceWriter:
         self.place = atomic_path(self.path)  # renamed into place at the end, or streamed to a pipe or device
         self.tmp = self.place.__enter__()
-        self.zip = zipfile.ZipFile(self.tmp, "w", compression=zipfile.ZIP_STORED, allowZip64=True)
+        # opened here, write-only: given a path, zipfile first tries read-write, and that passing open of a pipe
+        # is a writer its reader can take for the whole stream (it then reads nothing, and the real one waits)
+        self.file = open(self.tmp, "wb")  # closed in __exit__
+        self.zip = zipfile.ZipFile(self.file, "w", compression=zipfile.ZIP_STORED, allowZip64=True)
         self.member = self.zip.open("gradients.npy", "w", force_zip64=True)
         header = {"descr": np.lib.format.dtype_to_descr(self.dtype), "fortran_order": False,
                   "shape": (self.steps, self.workers, self.elements)}
@@ -132,6 +135,7 @@ class TraceWriter:
                 self.zip.writestr("layers.npy", _npy_bytes(_json_member(layers)))
                 self.zip.writestr("metadata.npy", _npy_bytes(_json_member(self.meta)))
             self.zip.close()
+            self.file.close()
         except BaseException as failed:
             self._let_go()
             self.place.__exit__(type(failed), failed, failed.__traceback__)  # the partial file removed
@@ -141,10 +145,9 @@ class TraceWriter:
     def _let_go(self) -> None:
         """After a failed write (a full disk): close the half-written file without finishing the zip, which
         would fail again, later, in the garbage collector's hands ('Exception ignored …')."""
-        handle, self.zip.fp = self.zip.fp, None  # a zip without a file has nothing left to close
+        self.zip.fp = None  # a zip without a file has nothing left to finish
         with contextlib.suppress(OSError):  # flushing what the disk had no room for
-            if handle is not None:
-                handle.close()
+            self.file.close()
 
 
 class GradientSource(Protocol):
