@@ -1,7 +1,8 @@
 """The build's one addition to pyproject.toml: the top-level source folders of the shipped data (``topologies/``:
-the preset YAMLs; ``traces/``: the default trace and the measured profiles) go into the wheel as
-``arcsim/data/topologies`` and ``arcsim/data/traces``, where :func:`arcsim.files.packaged` reads them. An editable
-install reads them where they are."""
+the preset YAMLs; ``traces/``: the default trace and the measured profiles; ``examples/``: the README's examples)
+go into the wheel as ``arcsim/data/topologies``, ``arcsim/data/traces`` and ``arcsim/data/examples``, where
+:func:`arcsim.files.packaged` reads them (`arcsim examples` prints where the examples are). An editable install
+reads them where they are."""
 
 from pathlib import Path
 
@@ -10,7 +11,8 @@ from setuptools.command.build_py import build_py
 
 # what ships from each folder (not everything in it: traces/ is also where a user may capture their own);
 # the default trace's name is arcsim.traces.resolve.DEFAULT_TRACE_NAME
-SHIPPED = {"topologies": ("*.yaml", "instances/*.yaml"), "traces": ("cnn-digits-small.npz", "profiles/*.json")}
+SHIPPED = {"topologies": ("*.yaml", "instances/*.yaml"), "traces": ("cnn-digits-small.npz", "profiles/*.json"),
+           "examples": ("*.py", "*.yaml", "topologies/*.yaml")}
 
 
 class BuildPyWithData(build_py):

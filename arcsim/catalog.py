@@ -66,6 +66,13 @@ FUSIONS = ("bucket", "model")  # DDP buckets, each compressed on its own; or the
 # family) and has dense's zero error, so it is never on the front; dense itself is the grid's end point
 DEFAULT_RATIOS = (1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 0.1, 0.3)
 LIVE_DEFAULTS = {"workers": 4, "steps": 3, "device": "cpu"}  # run --live, and a sweep's live settings
+MAX_BUCKET_MB = 1e6  # a DDP bucket cap above this (about 1 TB of fp32) is a typo, not a bucket
+BUCKET_MB_RANGE = f"a number of MiB in (0, {MAX_BUCKET_MB:g}], e.g. 25"
+
+
+def bucket_mb_ok(value: float) -> bool:
+    """Whether ``value`` is a bucket cap: finite, above 0 and at most MAX_BUCKET_MB (nan and inf are not)."""
+    return 0 < value <= MAX_BUCKET_MB
 
 
 def check_compression(compressors: tuple[str, ...], memory: str | None, error: type[Exception]) -> None:

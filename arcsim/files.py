@@ -34,12 +34,30 @@ import yaml
 from arcsim.errors import ArcsimError
 
 PARTIAL = re.compile(r"^\.(?P<stem>.+)\.partial-(?P<pid>\d+)(?P<suffix>.*)$")  # what atomic_path writes first
+JOURNAL = ".writing"  # in RESULTS_FOLDER: one record per atomic write in progress, naming its partial file
+_PROTECTED: set[tuple[int, int]] = set()  # (device, inode) of the files this process reads: never written over
+
+
+def name_max(folder: Path) -> int:
+    """The longest file name (in bytes) the filesystem holding ``folder`` (or its nearest existing parent) takes."""
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    try:
+        return os.pathconf(folder, "PC_NAME_MAX")
+    except (OSError, ValueError):
+        return 255
 
 
 def partial_path(path: Path, pid: int | None = None) -> Path:
     """The hidden file beside ``path`` that a write fills before it is renamed onto ``path`` (same suffix, so writers
-    that look at it still work; the writer's PID, so a partial left by a killed process is known as such)."""
-    return path.with_name(f".{path.stem}.partial-{os.getpid() if pid is None else pid}{path.suffix}")
+    that look at it still work; the writer's PID, so a partial left by a killed process is known as such). A name
+    too long to take the additions is cut and told apart by a hash of the whole."""
+    pid = os.getpid() if pid is None else pid
+    name = f".{path.stem}.partial-{pid}{path.suffix}"
+    if len(os.fsencode(name)) > name_max(path.parent):
+        digest = hashlib.sha256(os.fsencode(path.name)).hexdigest()[:12]
+        name = f".{path.stem[:64]}~{digest}.partial-{pid}{path.suffix[:32]}"
+    return path.with_name(name)
 
 
 def _alive(pid: int) -> bool:
@@ -47,24 +65,120 @@ def _alive(pid: int) -> bool:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
+    except (OverflowError, ValueError):  # no process can have such a number
+        return False
     except OSError:  # another user's process: alive
         return True
     return True
 
 
-def stale_partials(folder: Path, of: Path | None = None) -> list[Path]:
-    """arcsim's partial files in ``folder`` (only those of ``of``, if given) whose writer is no longer running: what
-    a killed write left behind. A file is one of them only by its exact name and a dead PID."""
-    if not folder.is_dir():
+def _journal() -> Path:
+    return results_dir() / JOURNAL
+
+
+def _begin_write(partial: Path) -> Path | None:
+    """Record that this process fills ``partial`` (so that, if it is killed, arcsim can later prove the file its
+    own); best effort: where the cache cannot be written nothing is recorded, and such a partial is never removed."""
+    folder = _journal()
+    for _ in range(2):  # another process may remove the empty folder between our mkdir and our write
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            fd, record = tempfile.mkstemp(prefix=f"{os.getpid()}-", suffix=".txt", dir=folder)
+        except OSError:
+            continue
+        try:
+            os.write(fd, os.fsencode(os.path.abspath(partial)) + b"\n")
+        except OSError:
+            os.close(fd)
+            _end_write(Path(record))
+            return None
+        os.close(fd)
+        return Path(record)
+    with suppress(OSError):
+        folder.rmdir()
+    return None
+
+
+def _end_write(record: Path | None) -> None:
+    if record is None:
+        return
+    record.unlink(missing_ok=True)
+    with suppress(OSError):
+        record.parent.rmdir()  # only when no other write is in progress
+
+
+def stale_partials(of: Path | None = None) -> list[tuple[Path, Path]]:
+    """(partial file, its record) for each write of arcsim's whose process is gone (only those of ``of``, if given):
+    what a killed write left. A file is one of them only where arcsim's journal recorded it, by its exact path,
+    name and PID: a file merely named like a partial is never touched."""
+    folder = _journal()
+    if not folder.is_dir() or folder.is_symlink():
         return []
     found = []
-    for path in folder.iterdir():
-        m = PARTIAL.match(path.name)
-        if not m or not path.is_file() or path.is_symlink() or _alive(int(m["pid"])):
+    for record in folder.iterdir():
+        pid = record.name.split("-", 1)[0]
+        if not pid.isdigit() or not record.is_file() or record.is_symlink() or _alive(int(pid)):
             continue
-        if of is None or path == partial_path(of, int(m["pid"])):
-            found.append(path)
+        try:
+            partial = Path(os.fsdecode(record.read_bytes().rstrip(b"\n")))
+        except OSError:
+            continue
+        m = PARTIAL.match(partial.name)
+        if not partial.is_absolute() or not m or m["pid"] != pid:
+            continue
+        if of is None or partial == Path(os.path.abspath(partial_path(of, int(pid)))):
+            found.append((partial, record))
     return found
+
+
+def remove_stale(partials: Iterable[tuple[Path, Path]]) -> list[Path]:
+    """Remove each stale partial that is still a plain file, and its record; returns the files removed."""
+    removed = []
+    for partial, record in partials:
+        if partial.is_file() and not partial.is_symlink():
+            partial.unlink(missing_ok=True)
+            removed.append(partial)
+        _end_write(record)
+    return removed
+
+
+@contextmanager
+def protecting(paths: Iterable[Path]) -> Iterator[None]:
+    """While the block runs, :func:`atomic_path` and :class:`AppendOnlyCSV` refuse to write over these files (the
+    inputs of a command), by identity, whatever name reaches them: the CLI's up-front check names the option; this
+    catches the rest."""
+    added = set()
+    for path in paths:
+        with suppress(OSError):
+            st = os.stat(path)
+            added.add((st.st_dev, st.st_ino))
+    added -= _PROTECTED
+    _PROTECTED.update(added)
+    try:
+        yield
+    finally:
+        _PROTECTED.difference_update(added)
+
+
+def _refuse_protected(path: Path) -> None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return
+    if (st.st_dev, st.st_ino) in _PROTECTED:
+        raise ArcsimError(f"{path} is one of this command's inputs: writing it would replace what is read; write "
+                          "to another file")
+
+
+def link_loop(path: Path) -> bool:
+    """Whether ``path`` is a symbolic link that never reaches a file (it leads back to itself)."""
+    if not path.is_symlink():
+        return False
+    try:
+        os.path.realpath(path, strict=True)
+    except OSError as exc:
+        return exc.errno == errno.ELOOP
+    return False
 
 
 def write_error(path: Path, exc: OSError) -> ArcsimError:
@@ -80,8 +194,13 @@ def atomic_path(path: Path) -> Iterator[Path]:
     symbolic link is followed (its target is written, the link stays), a pipe, device or socket is written in
     place (streamed), and a regular file is filled beside the final name, then renamed onto it. A write that
     fails (full disk, read-only place) is one :class:`ArcsimError` line; its partial file is removed, and so are
-    partials of the same name that a killed earlier write left."""
+    partials of the same name that a killed earlier write of arcsim's left (as its journal proves). One of the
+    process's inputs (:func:`protect_inputs`) or a link that loops is refused."""
     path = Path(path)
+    if link_loop(path):
+        raise ArcsimError(f"cannot write {path}: it is a symbolic link that leads back to itself; remove the link "
+                          "or choose another name")
+    _refuse_protected(path)
     target = Path(os.path.realpath(path)) if path.is_symlink() else path
     if target.exists() and not target.is_file() and not target.is_dir():  # a pipe, device or socket: stream to it
         try:
@@ -90,10 +209,11 @@ def atomic_path(path: Path) -> Iterator[Path]:
             raise write_error(path, exc) from None
         return
     tmp = partial_path(target)
+    record = None
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
-        for stale in stale_partials(target.parent, target):
-            stale.unlink(missing_ok=True)
+        remove_stale(stale_partials(target))
+        record = _begin_write(tmp)
         yield tmp
         os.replace(tmp, target)
     except OSError as exc:
@@ -101,20 +221,7 @@ def atomic_path(path: Path) -> Iterator[Path]:
     finally:
         if tmp.exists():
             tmp.unlink()
-
-
-def refuse_inputs_as_outputs(outputs: Mapping[str, str | Path | None], inputs: Iterable[str | Path | None]) -> None:
-    """One error line, before any work, where an output (by option name) is one of the command's input files,
-    by any name (a link, another relative path): writing it would replace what is being read."""
-    existing = [Path(p) for p in inputs if p not in (None, "-") and Path(p).is_file()]
-    for option, out in outputs.items():
-        if out in (None, "-"):
-            continue
-        out_path = Path(out)  # type: ignore[arg-type]
-        for given in existing:  # an output that does not exist yet is no input
-            if out_path.exists() and os.path.samefile(out_path, given):
-                raise ArcsimError(f"{option} {out} is {given}, one of this command's inputs: writing it would replace "
-                                  "what is read; write to another file")
+        _end_write(record)
 
 
 def write_atomic(path: Path, text: str, check: Callable[[Path], object] | None = None) -> Path:
@@ -145,6 +252,7 @@ class AppendOnlyCSV:
     def append(self, rows: Iterable[Mapping[str, Any]]) -> None:
         """Whole rows at the end; a write that fails (a full disk) is one error line, and the rows already there
         stay (a row it cut off is dropped by the next ``repair``)."""
+        _refuse_protected(self.path)
         new = not self.path.exists() or self.path.stat().st_size == 0
         try:
             with self.path.open("a", newline="") as fh:
@@ -164,6 +272,19 @@ def unwritable_reason(path: Path, directory: bool) -> str | None:
     Probes for real — creates what is missing and a scratch file, then removes them — so a check made
     before long work leaves nothing behind and catches what permission bits alone do not (/proc, full or
     read-only mounts)."""
+    too_long = next((part for part in Path(path).parts if len(os.fsencode(part)) > name_max(Path(path).parent)), None)
+    if too_long is not None:
+        return f"a name in it is {len(os.fsencode(too_long))} bytes long, past the {name_max(Path(path).parent)} " \
+               "this filesystem takes"
+    try:
+        return _unwritable(Path(path), directory)
+    except OSError as exc:  # what the filesystem says of the name itself (too long a path, a loop on the way)
+        return exc.strerror or str(exc)
+
+
+def _unwritable(path: Path, directory: bool) -> str | None:
+    if link_loop(path):
+        return "it is a symbolic link that leads back to itself"
     path = Path(os.path.realpath(path))  # a link: its target is what is written
     if path.exists() and path.is_dir() != directory:
         return f"{path} is {'a file' if directory else 'a directory'}"
@@ -287,8 +408,8 @@ ENTRY_MARK = b'{"arcsim": "cache-entry"'  # how every entry's JSON begins: a fil
 TRACE_INDEX = "trace-facts.json"  # in RESULTS_FOLDER: facts about trace files by (path, size, mtime)
 
 
-SOURCE_FOLDERS = ("topologies", "traces")  # shipped data whose source is a top-level folder beside arcsim/ (the
-#                                           build copies it into arcsim/data: setup.py)
+# shipped data whose source is a top-level folder beside arcsim/ (the build copies it into arcsim/data: setup.py)
+SOURCE_FOLDERS = ("topologies", "traces", "examples")
 
 
 def packaged(*parts: str) -> Path:
@@ -307,6 +428,15 @@ def generated_traces_dir() -> Path:
     if os.environ.get("ARCSIM_TRACE_DIR"):
         return Path(os.environ["ARCSIM_TRACE_DIR"])
     return cache_dir() / "traces"
+
+
+def trace_candidates(value: str) -> list[Path]:
+    """Where a ``--trace`` value is looked for, in order: a path with a folder in it is that file alone; a bare name
+    is looked up in the working directory, then among the traces arcsim made, then among those it ships."""
+    given = Path(value)
+    if given.parent != Path():
+        return [given]
+    return [given, generated_traces_dir() / given.name, packaged("traces", given.name)]
 
 
 def cache_dir() -> Path:
@@ -420,18 +550,36 @@ def cache_entries() -> list[Path]:
 
 
 def cache_partials() -> list[Path]:
-    """Partial files that killed writes of arcsim's left in its results and generated traces."""
-    return [*stale_partials(results_dir()), *stale_partials(generated_traces_dir())]
+    """Partial files that killed writes of arcsim's left, wherever they were writing (its journal names them)."""
+    return [partial for partial, _ in stale_partials() if partial.is_file() and not partial.is_symlink()]
 
 
-def cache_clear() -> tuple[int, int]:
-    """Remove arcsim's kept results, its trace-facts index and partial files killed writes left; returns (files,
-    bytes) removed. Nothing else in the cache folder is touched."""
-    files = [*cache_entries(), *cache_partials()]
+def check_cache_folder() -> Path:
+    """The cache folder, refused in one line where it cannot be one (a file, a link that loops or leads nowhere)."""
+    directory = cache_dir()
+    if link_loop(directory):
+        problem = "a symbolic link that leads back to itself"
+    elif directory.is_symlink() and not directory.exists():
+        problem = f"a symbolic link to {os.readlink(directory)}, which does not exist"
+    elif directory.exists() and not directory.is_dir():
+        problem = "not a folder"
+    else:
+        return directory
+    raise ArcsimError(f"the cache folder {directory} is {problem}; set ARCSIM_CACHE_DIR to a folder (or fix the "
+                      "link)")
+
+
+def cache_clear() -> tuple[list[Path], int]:
+    """Remove arcsim's kept results, its trace-facts index and partial files killed writes of arcsim's left;
+    returns (the files removed, their bytes). Nothing else in the cache folder, nor anywhere else, is touched."""
+    check_cache_folder()
+    files = cache_entries()
     index = results_dir() / TRACE_INDEX
     if index.is_file() and not index.is_symlink():
         files.append(index)
     size = sum(p.stat().st_size for p in files)
     for path in files:
         path.unlink(missing_ok=True)
-    return len(files), size
+    stale = stale_partials()
+    size += sum(p.stat().st_size for p, _ in stale if p.is_file() and not p.is_symlink())
+    return [*files, *remove_stale(stale)], size

@@ -89,6 +89,8 @@ def rails(nics: int, bandwidth_per_nic: float, gpus: int, where: str) -> tuple[i
     rail; more NICs than GPUs (a p5 node's 32 × 100 Gb/s EFA for 8 GPUs) are striped, ``NICs / GPUs`` to each GPU's
     rail, as NCCL spreads a GPU's channels over the NICs next to it — so their bandwidths add, and only whole
     multiples of the GPUs are accepted."""
+    if gpus < 1:
+        raise TopologyError(f"{where}: gpus_per_node must be a whole number ≥ 1 (got {gpus})")
     if nics <= gpus:
         return nics, bandwidth_per_nic, 1
     if nics % gpus:
@@ -474,10 +476,9 @@ def load_topology(spec: str) -> Topology:
         if not path.is_file():
             raise TopologyError(f"topology file {spec!r} does not exist")
         return load_yaml(path)
-    for d in preset_dirs():
-        candidate = d / f"{spec}.yaml"
-        if candidate.is_file():
-            return load_yaml(candidate)
+    preset = preset_file(spec)
+    if preset is not None:
+        return load_yaml(preset)
     if _NAME_RE.match(spec):
         return from_name(spec)
     m = _INSTANCE_RE.match(spec)
@@ -489,6 +490,31 @@ def load_topology(spec: str) -> Topology:
     )
 
 
+def preset_file(name: str) -> Path | None:
+    """The YAML file of preset ``name``: the first found on $ARCSIM_TOPOLOGY_PATH, then among the shipped ones."""
+    return next((d / f"{name}.yaml" for d in preset_dirs() if (d / f"{name}.yaml").is_file()), None)
+
+
+def instance_file(instance: str) -> Path | None:
+    """The YAML file of a node type (``instances/<instance>.yaml`` in the first preset folder that has it)."""
+    return next((d / "instances" / f"{instance}.yaml" for d in preset_dirs()
+                 if (d / "instances" / f"{instance}.yaml").is_file()), None)
+
+
+def topology_files(spec: str) -> list[Path]:
+    """The files :func:`load_topology` reads for ``spec`` (none for a name of the grammar)."""
+    if not spec or Path(spec).is_dir():
+        return []
+    if spec.endswith((".yaml", ".yml")) or Path(spec).is_file():
+        return [Path(spec)]
+    preset = preset_file(spec)
+    if preset is not None:
+        return [preset]
+    m = None if _NAME_RE.match(spec) else _INSTANCE_RE.match(spec)
+    found = instance_file(m["instance"].lower()) if m else None
+    return [found] if found is not None else []
+
+
 def instance_names() -> list[str]:
     """The node types of clouds and vendors arcsim knows (``<N>x<instance>``, e.g. 4xp5)."""
     return sorted({p.stem for d in preset_dirs() for p in (d / "instances").glob("*.yaml")})
@@ -496,19 +522,20 @@ def instance_names() -> list[str]:
 
 def from_instance(nodes: int, instance: str, name: str) -> Topology:
     """``nodes`` nodes of a known instance type (topologies/instances/<instance>.yaml: one node, with its sources)."""
-    for d in preset_dirs():
-        path = d / "instances" / f"{instance}.yaml"
-        if path.is_file():
-            raw = read_yaml(path, "instance file", TopologyError)
-            if not isinstance(raw, dict):
-                raise TopologyError(f"{path}: expected a mapping with gpus_per_node, intra, network")
-            if "nodes" in raw:
-                raise TopologyError(f"{path}: an instance describes one node; remove its field 'nodes'")
-            source = raw.pop("source", "")
-            topo = from_dict({**raw, "nodes": nodes, "name": name}, str(path))
-            return dataclasses.replace(topo, source=f"{source} ({path.name})" if source else str(path))
-    raise TopologyError(f"unknown instance type {instance!r} in {name!r}; known: {', '.join(instance_names())} "
-                        f"({INSTANCE_GRAMMAR})")
+    if nodes < 1:
+        raise TopologyError(f"topology {name!r} has {nodes} nodes; give at least 1 ({INSTANCE_GRAMMAR})")
+    path = instance_file(instance)
+    if path is None:
+        raise TopologyError(f"unknown instance type {instance!r} in {name!r}; known: {', '.join(instance_names())} "
+                            f"({INSTANCE_GRAMMAR})")
+    raw = read_yaml(path, "instance file", TopologyError)
+    if not isinstance(raw, dict):
+        raise TopologyError(f"{path}: expected a mapping with gpus_per_node, intra, network")
+    if "nodes" in raw:
+        raise TopologyError(f"{path}: an instance describes one node; remove its field 'nodes'")
+    source = raw.pop("source", "")
+    topo = from_dict({**raw, "nodes": nodes, "name": name}, str(path))
+    return dataclasses.replace(topo, source=f"{source} ({path.name})" if source else str(path))
 
 
 def from_name(name: str) -> Topology:
@@ -580,7 +607,7 @@ def from_dict(raw: Mapping[str, Any], source: str = "", default_name: str = "cus
     net_raw = reader.mapping("network")
     intra_reader = _FieldReader(intra_raw, source, "intra.")
     net_reader = _FieldReader(net_raw or {}, source, "network.")
-    gpus = reader.integer("gpus_per_node")
+    gpus = reader.count("gpus_per_node")
     if gpus > 1 and not intra_raw:
         raise TopologyError(f"{source}: field 'intra' is missing (needed when gpus_per_node > 1)")
     intra = IntraLink(
@@ -589,7 +616,7 @@ def from_dict(raw: Mapping[str, Any], source: str = "", default_name: str = "cus
         latency=intra_reader.quantity("latency", parse_duration, default=0.0),
     )
     fabric = net_reader.text("fabric", default="switch")
-    rail_count, rail_bandwidth, per_rail = rails(net_reader.integer("nics_per_node", default=1),
+    rail_count, rail_bandwidth, per_rail = rails(net_reader.count("nics_per_node", default=1),
                                                  net_reader.quantity("bandwidth_per_nic", parse_rate), gpus, source)
     network = Network(
         kind=net_reader.text("kind"),
@@ -598,7 +625,7 @@ def from_dict(raw: Mapping[str, Any], source: str = "", default_name: str = "cus
         nics_per_rail=per_rail,
         latency=net_reader.quantity("latency", parse_duration),
         fabric=fabric,
-        nodes_per_leaf=net_reader.integer("nodes_per_leaf", default=0 if fabric != "fat-tree" else None),
+        nodes_per_leaf=net_reader.count("nodes_per_leaf", default=0 if fabric != "fat-tree" else None),
         oversubscription=net_reader.number("oversubscription", default=1.0),
     )
     stragglers_raw = reader.mapping("stragglers", required=False) or {}
@@ -628,7 +655,7 @@ def from_dict(raw: Mapping[str, Any], source: str = "", default_name: str = "cus
                                "nodes_per_leaf", "oversubscription"})
     return Topology(
         name=reader.text("name", default=default_name),
-        nodes=reader.integer("nodes"),
+        nodes=reader.count("nodes"),
         gpus_per_node=gpus,
         intra=intra,
         network=network,
@@ -687,7 +714,7 @@ def _calibration(raw: Mapping[str, Any], source: str, where: str = "calibration.
                          _fitted_rate(b))
             b.reject_unknown({"up_to", "latency", "bandwidth"})
         out[op] = Calibrated(r.quantity("latency", parse_duration), _fitted_rate(r),
-                             r.number("r2", default=1.0), r.integer("ranks", default=0),
+                             r.number("r2", default=1.0), r.count("ranks", default=0),
                              r.text("library", default=""), small, _measured_points(r, fields),
                              r.quantity("burst", parse_size, default=0.0))
         r.reject_unknown({"latency", "bandwidth", "r2", "ranks", "library", "small", "measured", "burst"})
@@ -750,6 +777,13 @@ class _FieldReader:
         value = self._get(key, default)
         if isinstance(value, bool) or not isinstance(value, int):
             raise self.error(key, f"must be a whole number (got {value!r})")
+        return value
+
+    def count(self, key: str, default: Any = _MISSING) -> int:
+        """A count (nodes, GPUs, NICs, ranks): a whole number ≥ 1; ``default`` only when the field is absent."""
+        value = self.integer(key, default)
+        if value < 1 and self.raw.get(key) is not None:
+            raise self.error(key, f"must be a whole number ≥ 1 (got {value!r})")
         return value
 
     def number(self, key: str, default: Any = _MISSING) -> float:

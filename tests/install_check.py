@@ -130,6 +130,20 @@ def users_recorded_job(venv: Path) -> str | None:
     return None
 
 
+def shipped_examples(arcsim: Path, package: Path) -> str | None:
+    """`arcsim examples` from an empty folder names a folder inside the installed package that holds the README's
+    examples, byte for byte the checkout's: None if it does, else what is wrong."""
+    with tempfile.TemporaryDirectory() as cwd:
+        where = Path(sh(arcsim, "examples", cwd=Path(cwd)).strip())
+    if package not in where.parents:
+        return f"they are at {where}, not inside the installed package {package}"
+    source = ROOT / "examples"
+    wanted = sorted(p.relative_to(source) for p in source.rglob("*") if p.suffix in (".py", ".yaml"))
+    wrong = [str(p) for p in wanted
+             if not (where / p).is_file() or (where / p).read_bytes() != (source / p).read_bytes()]
+    return f"missing or different: {', '.join(wrong)}" if wrong or not wanted else None
+
+
 def first_difference(a: object, b: object, where: str = "") -> str | None:
     if isinstance(a, dict) and isinstance(b, dict):
         for key in sorted(set(a) | set(b)):
@@ -175,13 +189,13 @@ def main() -> None:
         else:
             failed += 1
             print(f"install: {label}: the wheel answers differently at {difference}", flush=True)
-    problem = users_recorded_job(venv)
-    if problem is None:
-        passed += 1
-        print("install: a user's recorded torchrun job, merged and priced on 4x8-eth25-a100 from the wheel", flush=True)
-    else:
-        failed += 1
-        print(f"install: a user's recorded torchrun job from the wheel: {problem}", flush=True)
+    for label, success, problem in (
+            ("a user's recorded torchrun job from the wheel", "merged and priced on 4x8-eth25-a100",
+             users_recorded_job(venv)),
+            ("arcsim examples", "the README's examples, inside the installed package",
+             shipped_examples(installed, wheel_pkg))):
+        passed, failed = passed + (problem is None), failed + (problem is not None)
+        print(f"install: {label}: {success if problem is None else problem}", flush=True)
     if tree_digest(wheel_pkg) != before:
         failed += 1
         print("install: the installed package was written to while running", flush=True)

@@ -20,6 +20,8 @@ import pytest
 
 from arcsim.files import packaged
 
+ROOT = Path(__file__).resolve().parents[1]
+REPORT = ROOT / "reports" / "validation.csv"  # a validation report arcsim validate wrote
 SHIPPED_TRACE = packaged("traces", "cnn-digits-small.npz")
 SHIPPED_PROFILE = packaged("traces", "profiles", "cnn-h100-b32-fp32.json")
 PRESET = packaged("topologies", "8x1-eth10.yaml")
@@ -73,6 +75,23 @@ def trace_with(path: Path, meta_changes: dict | None = None, corrupt: bool = Fal
     return path
 
 
+# a validation report's row 2 (line 3) with one value outside its domain
+REPORT_FAULTS: dict[str, tuple[str, object]] = {
+    "per_node_above_ranks": ("ranks_per_node", 8), "spread_reversed": ("spread_min", 1e3),
+    "density_2": ("density", 2.0), "hierarchy_empty": ("hierarchy", ""), "hierarchy_unknown": ("hierarchy", "rack")}
+
+
+def report_with(column: str, value: object) -> str:
+    """The committed validation report with ``column`` of its second row set to ``value``."""
+    import csv
+
+    rows = list(csv.reader(io.StringIO(REPORT.read_text())))
+    rows[2][rows[0].index(column)] = str(value)
+    out = io.StringIO()
+    csv.writer(out, lineterminator="\n").writerows(rows)
+    return out.getvalue()
+
+
 def files(tmp: Path) -> dict[str, Path]:
     """Every malformed file the cases name, made in ``tmp/in`` (outside the working folder they run in)."""
     d = tmp / "in"
@@ -99,10 +118,19 @@ def files(tmp: Path) -> dict[str, Path]:
         "profile_negative": SHIPPED_PROFILE.read_text().replace('"forward_s": ', '"forward_s": -'),
         "profile_nan": re.sub(r'"backward_s": [0-9.e-]+', '"backward_s": NaN', SHIPPED_PROFILE.read_text()),
         "results_header_only": "point_id,compressor,iteration_s\n",
+        "topo_gpus_zero": text.replace("gpus_per_node: 1", "gpus_per_node: 0"),
+        "topo_nodes_negative": text.replace("nodes: 8", "nodes: -2"),
+        "topo_nics_zero": text.replace("nics_per_node: 1", "nics_per_node: 0"),
+        "topo_leaf_zero": text.replace("fabric: switch", "fabric: fat-tree\n  nodes_per_leaf: 0"),
+        "topo_calib_ranks_zero": text + "calibration:\n  allreduce: {latency: 10us, bandwidth: 1Gbit, ranks: 0}\n",
+        "sweep_bucket_inf": "bucket_mb: .inf\n", "sweep_bucket_list": "bucket_mb: [25, .nan]\n",
+        "sweep_bucket_bool": "bucket_mb: true\n",
+        **{f"report_{name}": report_with(column, value) for name, (column, value) in REPORT_FAULTS.items()},
     }
     out = {}
     for name, body in made.items():
-        suffix = ".json" if "json" in name or name.startswith("profile") else ".csv" if "results" in name else ".yaml"
+        suffix = (".json" if "json" in name or name.startswith("profile") else
+                  ".csv" if "results" in name or name.startswith("report") else ".yaml")
         path = d / f"{name}{suffix}"
         (path.write_bytes if isinstance(body, bytes) else path.write_text)(body)
         out[name] = path
@@ -183,7 +211,24 @@ CASES: list[tuple[str, list[str], str]] = [
         (["run", "--compute-profile", "{profile_negative}"], "negative"),
         (["run", "--compute-profile", "{profile_nan}"], "not finite"),
         (["run", "--network-schedule", "{sched_nan}"], "latency"),
+        *[(["sweep", "--bucket-mb", v, "-o", "sw"], "bucket_mb: cannot use") for v in ("inf", "nan", "-1", "0")],
+        *[(["sweep", f"{{sweep_bucket_{v}}}", "-o", "sw"], "bucket_mb: cannot use") for v in ("inf", "list", "bool")],
     ]],
+    # count fields of a topology or instance file (and of the name grammar): whole numbers ≥ 1, named with the file
+    *[("topology count", args, phrase) for args, phrase in [
+        (["topo", "show", "{topo_gpus_zero}"], "field 'gpus_per_node' must be a whole number ≥ 1 (got 0)"),
+        (["run", "-t", "{topo_gpus_zero}"], "topo_gpus_zero.yaml: field 'gpus_per_node'"),
+        (["topo", "show", "{topo_nodes_negative}"], "field 'nodes' must be a whole number ≥ 1 (got -2)"),
+        (["topo", "show", "{topo_nics_zero}"], "field 'network.nics_per_node' must be a whole number ≥ 1"),
+        (["topo", "show", "{topo_leaf_zero}"], "field 'network.nodes_per_leaf' must be a whole number ≥ 1"),
+        (["topo", "show", "{topo_calib_ranks_zero}"], "field 'calibration.allreduce.ranks' must be a whole number"),
+        (["topo", "show", "8x0-eth10"], "gpus_per_node must be a whole number ≥ 1 (got 0)"),
+        (["collective", "-t", "8x0-ib100"], "gpus_per_node must be a whole number ≥ 1"),
+        (["topo", "show", "0xp5"], "has 0 nodes"),
+    ]],
+    # rows of a validation report outside their domain: the line, the column and what to give
+    *[("report row", ["validate", "--report", f"{{report_{name}}}"], f"line 3, column {column}")
+      for name, (column, _) in REPORT_FAULTS.items()],
     # files that are not text, not the expected type, or a folder
     *[("file", args, phrase) for args, phrase in [
         (["run", "--network-schedule", "{binary_yaml}"], "not a text file"),
@@ -229,6 +274,11 @@ CASES: list[tuple[str, list[str], str]] = [
         (["sweep", "--live-workers", "4", "-o", "sw"], "live"),
         (["run", "--gpu", "cpu", "--precision", "bf16"], "bf16"),
         (["run", "--gpu", "cpu", "--batch", "64"], "--batch"),
+        (["run", "--policy", "paper", "--slack", "0.5"], "--slack sets --policy gate's error limit"),
+        (["run", "--slack", "0.1"], "--policy auto has none"),
+        (["shard", "--model", "cnn", "-t", "8x1-eth10", "--quantize", "none+int8"], "none stands alone"),
+        (["shard", "--model", "cnn", "-t", "8x1-eth10", "--quantize", "int8+none,zeropp"], "none stands alone"),
+        (["shard", "--model", "cnn", "-t", "8x1-eth10", "--quantize", "zeropp+hpz"], "hpz with two tokens"),
     ]],
     # YAML alias bombs
     *[("alias", args, phrase) for args, phrase in [
@@ -240,6 +290,8 @@ CASES: list[tuple[str, list[str], str]] = [
     *[("message", args, phrase) for args, phrase in [
         (["run", "-t", "8x8-ib100-X100"], "unknown gpu 'x100'"), (["run", "--csv", "-"], "--csv"),
         (["run", "--trace", ""], "empty"), (["collective", "-t", " "], "topology"),
+        (["shard", "--model", "cnn", "-t", "8x1-eth10", "--quantize", "hpz"], "one GPU per node, and hpZ"),
+        (["shard", "--model", "cnn", "-t", "8x1-eth10", "--sharding", "full"], "one GPU per node, and hpZ"),
     ]],
 ]
 
@@ -277,3 +329,20 @@ def test_yaml_aliases_within_the_bound_are_read(tmp_path: Path):
     assert parse_yaml("a: &x [1, 2]\nb: *x\n", "f", ArcsimError) == {"a": [1, 2], "b": [1, 2]}
     with pytest.raises(ArcsimError, match="aliases"):
         parse_yaml(BOMB, "f", ArcsimError)
+
+
+@pytest.mark.parametrize(("field", "value"), [("gpus_per_node", "0"), ("gpus_per_node", "-8"),
+                                              ("nics_per_node", "0")])
+def test_an_instance_file_count_is_a_whole_number_of_at_least_one(tmp_path: Path, field: str, value: str):
+    """A node type of one's own (instances/<name>.yaml on $ARCSIM_TOPOLOGY_PATH) with a count of 0 or below: one
+    error naming the field and the file (gpus_per_node 0 was a ZeroDivisionError)."""
+    (tmp_path / "instances").mkdir()
+    text = packaged("topologies", "instances", "p5.yaml").read_text()
+    mine = tmp_path / "instances" / "mine.yaml"
+    mine.write_text(re.sub(rf"{field}: \d+", f"{field}: {value}", text))
+    cwd = tmp_path / "work"
+    cwd.mkdir()
+    code, _, err = invoke(["topo", "show", "2xmine"], cwd, {"ARCSIM_TOPOLOGY_PATH": str(tmp_path)})
+    prefix = "network." if field == "nics_per_node" else ""
+    assert code == 2 and err.strip() == (f"error: {mine}: field '{prefix}{field}' must be a whole number ≥ 1 "
+                                         f"(got {value})"), err

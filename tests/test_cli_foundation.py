@@ -52,7 +52,7 @@ def test_auto_reports_its_choice_and_all_lists_every_algorithm():
 
 def test_every_preset_op_and_algorithm_answers_with_both_engines():
     listing = json.loads(run_cli("topo", "list", "--json", "-").stdout)
-    names = [t["name"] for t in listing if t["ranks"] <= 128]  # 1,024 ranks are covered in test_engines
+    names = [t["name"] for t in listing if t["kind"] == "preset" and t["ranks"] <= 128]  # 1,024: test_engines
     for name in names:
         for op in ("allreduce", "allgather", "broadcast", "reducescatter"):
             r = run_cli("collective", "-t", name, "--op", op, "--algo", "all", "--engine", "both",
@@ -105,6 +105,35 @@ def test_bad_topology_files(tmp_path, yaml_text, fragment):
 def test_debug_shows_the_traceback():
     r = run_cli("--debug", "collective", "-t", "nowhere")
     assert r.returncode == 2 and "Traceback" in r.stderr
+
+
+@pytest.mark.parametrize("where", ["before", "after"])
+def test_quiet_and_debug_go_before_the_command_or_after_it(tmp_path, where):
+    """`arcsim run -q` had been 'No such option' with no hint that -q goes first."""
+    def argv(flag: str, *command: str) -> list[str]:
+        return [flag, *command] if where == "before" else [*command, flag]
+
+    out = tmp_path / "t.json"
+    r = run_cli(*argv("-q", "topo", "list", "--json", str(out)))
+    assert r.returncode == 0 and r.stderr == "" and json.loads(out.read_text())  # no 'wrote' note
+    r = run_cli(*argv("--quiet", "trace", "info", "--json", "-"))  # in a nested group too
+    assert r.returncode == 0 and r.stderr == "" and json.loads(r.stdout)
+    r = run_cli(*argv("--debug", "collective", "-t", "nowhere"))
+    assert r.returncode == 2 and "Traceback" in r.stderr
+
+
+def test_topo_list_shows_the_instance_types_too():
+    from arcsim.topology import instance_names
+
+    listing = json.loads(run_cli("topo", "list", "--json", "-").stdout)
+    instances = {t["name"]: t for t in listing if t["kind"] == "instance"}
+    assert set(instances) == set(instance_names()) >= {"p5", "dgx-h100", "nd-h100-v5"}
+    p5 = instances["p5"]
+    assert p5["usage"] == "<N>xp5" and p5["gpus_per_node"] == 8 and p5["gpu"] == "h100"
+    assert p5["node_bandwidth_Bps"] == pytest.approx(3.2e12 / 8)
+    assert {t["kind"] for t in listing} == {"preset", "instance"} and listing[0]["kind"] == "preset"
+    table = " ".join(run_cli("topo", "list", env={"COLUMNS": "120"}).stdout.split())
+    assert "Instance types" in table and "AWS p5.48xlarge" in table and "4xp5, 2xdgx-h100" in table
 
 
 def test_straggler_example_shows_in_the_des_only():

@@ -71,12 +71,27 @@ def test_a_cold_run_counts_what_it_must_measure_and_a_warm_one_nothing():
 
     cfg = RunConfig(compressors=("dense", "topk"), ratios=(0.01, 0.1), seed=123)  # a seed no other test caches
     cold = Analysis(cfg)
-    todo, seconds = cold.measuring_work()
+    quiet = estimates.Load(0.0, 2)
+    todo, seconds = cold.measuring_work(quiet)
     assert todo == cold.planned_measurements() == 3 <= cfg.planned_measurements_at_most()
     read = sum(cold.trace.workers * k[2] * cold.trace.elements for k in cold.planned_keys())
-    assert seconds == pytest.approx(estimates.measuring_seconds(read, timed=cold.ctx.gpu is None))
+    assert seconds == pytest.approx(estimates.measuring_seconds(read, timed=cold.ctx.gpu is None, load=quiet))
+    told: list[str] = []
+    cold.detail = told.append  # the bar's note moves within a measurement, step by step
     cold.run()
+    steps = cold.trace.steps
+    assert [f"dense @ 1, step {i}/{steps}" for i in range(1, steps + 1)] == [t for t in told if t.startswith("dense")]
     assert Analysis(cfg).measuring_work() == (0, 0.0)  # all in the cache now
+
+
+def test_measuring_estimates_rise_with_the_load_other_work_puts_on_the_cores():
+    """A busy machine had made the estimate 3-4x low (~40 s said, 163 s taken)."""
+    idle, busy, busier = (estimates.measuring_seconds(4e9, timed=False, load=estimates.Load(load, 2))
+                          for load in (0.0, 4.0, 6.0))
+    assert idle == pytest.approx(20.0) and busy == pytest.approx(3 * idle) and busier == pytest.approx(4 * idle)
+    assert estimates.Load(0.2, 2).describe() == ""  # a quiet machine is not mentioned
+    assert "the cores busy: load 4.0 on 2, 3.0× an idle machine's time" in estimates.Load(4.0, 2).describe()
+    assert estimates.Load.now().others >= 0 and estimates.own_load() >= 0
 
 
 def test_a_capture_on_demand_says_its_estimate_and_is_refused_past_the_memory(monkeypatch, tmp_path):

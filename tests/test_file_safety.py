@@ -63,27 +63,59 @@ def test_cache_clear_and_eviction_remove_only_arcsims_entries(cache: Path, monke
     assert [p.name for p in files.cache_entries()] == []
     monkeypatch.setattr(files, "CACHE_CAP_BYTES", cap)
     files.cache_write("e" * 32, {"z": 4})
-    assert files.cache_clear()[0] == 1 and files.results_dir().parent == cache
+    assert len(files.cache_clear()[0]) == 1 and files.results_dir().parent == cache
     for name, data in mine.items():
         assert (cache / name).read_bytes() == data, name
 
 
-def test_the_cache_cli_counts_and_clears_partials_of_killed_writes_only(cache: Path) -> None:
+def killed_write(path: Path) -> Path:
+    """The partial file a write of ``path`` leaves when its process is killed in the middle of it."""
+    script = ("import os, signal, sys\nfrom pathlib import Path\nfrom arcsim.files import atomic_path\n"
+              "with atomic_path(Path(sys.argv[1])) as tmp:\n    tmp.write_text('half')\n"
+              "    os.kill(os.getpid(), signal.SIGKILL)\n")
+    done = subprocess.run([sys.executable, "-c", script, str(path)], capture_output=True)
+    assert done.returncode == -9, done.stderr
+    (partial,) = path.parent.glob(f".{path.stem}.partial-*{path.suffix}")
+    return partial
+
+
+def test_the_cache_cli_counts_and_clears_partials_of_killed_writes_only(cache: Path, tmp_path: Path) -> None:
     mine = user_files(cache)
     traces = cache / "traces"
     traces.mkdir()
-    killed = traces / f".resnet50.partial-{DEAD_PID}.npz"  # a write whose process is gone
-    killed.write_bytes(b"half a trace")
-    running = traces / f".resnet18.partial-{os.getpid()}.npz"  # a write still going on
+    killed = killed_write(traces / "resnet50.npz")  # a write whose process is gone
+    elsewhere = killed_write(tmp_path / "out.json")  # an output of arcsim's, killed beside the user's files
+    running = traces / f".resnet18.partial-{os.getpid()}.npz"  # named as a write still going on
     running.write_bytes(b"being written")
+    lookalikes = [traces / f".notes.partial-{DEAD_PID}.txt",  # named as arcsim names partials, but not arcsim's
+                  traces / f".x.partial-{10 ** 30}.npz"]  # a PID no system has
+    for path in lookalikes:
+        path.write_bytes(b"the user's")
     files.cache_write("f" * 32, {"v": 1})
     info = json.loads(run_cli("cache", "info", "--json", "-").stdout)
-    assert (info["entries"], info["partial_files"]) == (1, 1)
-    done = run_cli("cache", "clear")
+    assert (info["entries"], info["partial_files"]) == (1, 2)
+    done = run_cli("cache", "clear", env={"ARCSIM_TRACE_DIR": str(traces)})
     assert done.returncode == 0, done.stderr
-    assert not killed.exists() and running.exists()
+    assert str(traces) in done.stderr and str(tmp_path) in done.stderr  # the folders it removed from
+    assert not killed.exists() and not elsewhere.exists() and running.exists()
+    assert all(path.read_bytes() == b"the user's" for path in lookalikes)
+    assert not (files.results_dir() / files.JOURNAL).exists()  # the records went with their partials
     for name, data in mine.items():
         assert (cache / name).read_bytes() == data, name
+
+
+@pytest.mark.parametrize("make", ["file", "loop", "dangling"])
+def test_a_cache_folder_that_is_no_folder_is_said_as_such(tmp_path: Path, make: str) -> None:
+    where = tmp_path / "cache"
+    if make == "file":
+        where.write_text("a file of the user's")
+    else:
+        where.symlink_to(where if make == "loop" else tmp_path / "gone")
+    for command in (("cache", "info"), ("cache", "clear")):
+        done = run_cli(*command, env={"ARCSIM_CACHE_DIR": str(where)})
+        assert done.returncode == 2 and done.stderr.count("error:") == 1, done.stderr
+        assert f"the cache folder {where} is" in done.stderr and "ARCSIM_CACHE_DIR" in done.stderr
+    assert make != "file" or where.read_text() == "a file of the user's"
 
 
 def test_a_damaged_cache_is_a_miss(cache: Path) -> None:
@@ -145,13 +177,13 @@ def test_an_output_that_names_an_input_is_refused_before_work(tmp_path: Path) ->
     for output in ("--json", "--csv"):
         done = run_cli("run", "--trace", str(trace), output, str(trace), cwd=str(tmp_path))
         assert done.returncode == 2 and done.stderr.count("error:") == 1, done.stderr
-        assert "one of this command's inputs" in done.stderr
+        assert f"would replace {trace}, which this command reads (--trace)" in done.stderr
     part = tmp_path / "rank0.pt"
     part.write_bytes(b"a recording part")
     alias = tmp_path / "out.npz"
     alias.symlink_to(part)
     done = run_cli("trace", "merge", str(part), "-o", str(alias))
-    assert done.returncode == 2 and "one of this command's inputs" in done.stderr, done.stderr
+    assert done.returncode == 2 and "which this command reads (PARTS)" in done.stderr, done.stderr
     assert trace.read_bytes() == before and part.read_bytes() == b"a recording part"
 
 
@@ -210,13 +242,31 @@ def test_a_full_cache_is_a_warning_not_the_end_of_the_work(full_disk: Path, monk
     assert files.cache_entries() == [] and list((full_disk / files.RESULTS_FOLDER).iterdir()) == []
 
 
-def test_a_write_removes_the_partial_a_killed_write_of_the_same_file_left(tmp_path: Path) -> None:
+def test_a_write_removes_the_partial_a_killed_write_of_the_same_file_left(cache: Path, tmp_path: Path) -> None:
     out = tmp_path / "table.csv"
-    killed = files.partial_path(out, DEAD_PID)
-    killed.write_text("half")
+    killed = killed_write(out)
     alive = files.partial_path(out, 1)  # PID 1 runs: its write is not ours to remove
     alive.write_text("in progress")
-    other = tmp_path / f".notes.partial-{DEAD_PID}.csv"  # another file's partial: left for its own next write
-    other.write_text("half of another")
+    other = killed_write(tmp_path / "notes.csv")  # another file's partial: left for its own next write
+    lookalike = files.partial_path(out, DEAD_PID)  # named as a killed write's would be, but never recorded
+    lookalike.write_text("the user's")
     files.write_atomic(out, "a,b\n")
     assert out.read_text() == "a,b\n" and not killed.exists() and alive.exists() and other.exists()
+    assert lookalike.read_text() == "the user's"
+
+
+def test_an_output_name_too_long_for_the_filesystem_is_refused_before_work(tmp_path: Path) -> None:
+    long_name = "r" * 300 + ".json"
+    done = run_cli("topo", "list", "--json", str(tmp_path / long_name))
+    assert done.returncode == 2 and done.stderr.count("error:") == 1 and "Traceback" not in done.stderr
+    assert "bytes long, past the 255 this filesystem takes" in done.stderr
+    near = tmp_path / ("n" * 250 + ".json")  # fits, but its partial's name would not without cutting
+    files.write_atomic(near, "{}")
+    assert near.read_text() == "{}" and [p.name for p in tmp_path.iterdir()] == [near.name]
+
+
+def test_a_closed_standard_output_is_one_error_line_before_any_work() -> None:
+    done = subprocess.run([sys.executable, "-m", "arcsim", "topo", "list"], capture_output=False,
+                          stderr=subprocess.PIPE, text=True, preexec_fn=lambda: os.close(1), timeout=120)
+    assert done.returncode == 2 and done.stderr.count("error:") == 1 and "standard output is closed" in done.stderr
+    assert "Traceback" not in done.stderr

@@ -18,11 +18,12 @@ def test_a_checkout_reads_the_top_level_folders():
     assert packaged("topologies") == ROOT / "topologies" and packaged("traces") == ROOT / "traces"
     assert packaged("devices") == ROOT / "arcsim" / "data" / "devices"  # the rest stays in the package
     assert not (ROOT / "arcsim" / "data" / "topologies").exists() and not (ROOT / "arcsim" / "data" / "traces").exists()
+    assert packaged("examples") == ROOT / "examples" and not (ROOT / "arcsim" / "data" / "examples").exists()
 
 
 def test_the_wheel_carries_the_top_level_folders_inside_the_package(tmp_path):
     source = tmp_path / "src"  # a copy, so the build writes nothing into the checkout
-    for name in ("arcsim", "topologies", "traces"):
+    for name in ("arcsim", "topologies", "traces", "examples"):
         shutil.copytree(ROOT / name, source / name, ignore=shutil.ignore_patterns("__pycache__"))
     for name in ("pyproject.toml", "setup.py", "MANIFEST.in", "README.md"):
         shutil.copy(ROOT / name, source / name)
@@ -36,4 +37,8 @@ def test_the_wheel_carries_the_top_level_folders_inside_the_package(tmp_path):
     assert {f"arcsim/data/topologies/{p.name}" for p in presets} <= names
     assert {f"arcsim/data/traces/profiles/{p.name}" for p in profiles} <= names
     assert "arcsim/data/traces/cnn-digits-small.npz" in names and "arcsim/data/devices/h100.yaml" in names
-    assert not any(n.startswith(("topologies/", "traces/")) for n in names)  # only inside the package
+    examples = sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "examples").rglob("*")
+                      if p.suffix in (".py", ".yaml"))
+    assert "examples/my_model.py" in examples and "examples/topologies/8x1-eth10-straggler.yaml" in examples
+    assert {f"arcsim/data/{e}" for e in examples} <= names  # the README's examples, for an installed user
+    assert not any(n.startswith(("topologies/", "traces/", "examples/")) for n in names)  # only inside the package

@@ -188,3 +188,22 @@ def test_a_recorded_huggingface_input_is_counted_with_its_own_loss_at_any_batch(
     matmul = [sum(op.flops for op in w.forward if op.cls == "matmul") for w in (small, large)]
     assert matmul[0] > 0 and matmul[1] == pytest.approx(8 * matmul[0])
     assert set(large.numel) == {n for n, _ in source.build(None).named_parameters()}
+
+
+def test_trace_info_on_a_recording_shows_its_ranks_not_a_seed_or_a_capture_time(tmp_path: Path):
+    """A merged recording has no seed or capture time of arcsim's: info had shown 'seed 0, ? s' and a loss of 0."""
+    for rank in (0, 2):  # ranks 0 and 2 of a 3-rank job recorded, without its forward's input
+        grads = {s: torch.randn(16, generator=torch.Generator().manual_seed(rank + s)).half() for s in (5, 9)}
+        torch.save({"rank": rank, "world": 3, "ranks": [0, 2], "dtype": "fp16", "steps": [5, 9], "order": ["b", "w"],
+                    "shapes": {"w": [4, 3], "b": [4]}, "grads": grads, "ready_s": {s: [1e-3, 2e-3] for s in (5, 9)},
+                    "forward_s": {s: 3e-3 for s in (5, 9)}, "inputs": None, "precision": "bf16", "optimizer": None,
+                    "torch_version": "2.13.0"}, tmp_path / f"rank{rank}.pt")
+    merged = run_cli("trace", "merge", "rank0.pt", "rank2.pt", "-o", "rec.npz", cwd=str(tmp_path))
+    assert merged.returncode == 0, merged.stderr
+    shown = run_cli("trace", "info", "rec.npz", cwd=str(tmp_path), env={"COLUMNS": "140"})
+    assert shown.returncode == 0, shown.stderr
+    table = " ".join(shown.stdout.split())
+    assert "recorded from │ ranks 0, 2 of a job of 3 ranks (RecordingState), torch 2.13.0" in table
+    assert "2 × ? (the forward's input was not recorded)" in table and "fp16 [2, 2, 16]" in table
+    assert "seed" not in table and "? s" not in table and "captured on" not in table
+    assert "│ 5 │ - │" in table and "0.0000" not in table  # no loss was recorded

@@ -142,6 +142,27 @@ def test_interrupted_sweep_keeps_finished_rows_and_resumes_without_recomputing(t
     assert list(final.columns) == list(COLUMNS)
 
 
+def test_the_bandwidth_column_names_its_unit_and_an_older_table_still_reads_and_resumes(tmp_path):
+    """results.csv had a bare `bandwidth` column of bytes/s: it is `bandwidth_Bps` now, and a table with the old name
+    reads (plot, resume) under the new one."""
+    spec = build_spec({"compressor": "dense,topk", "density": "0.01", "bandwidth": "10Gbit,100Gbit"})
+    out = tmp_path / "s"
+    run_sweep(spec, out, workers=1, announce=lambda _: None)
+    table = out / "results.csv"
+    header, *rows = table.read_text().splitlines()
+    assert "bandwidth_Bps" in header.split(",") and "bandwidth" not in header.split(",")
+    new = load_results(out)
+    assert sorted(set(new["bandwidth_Bps"])) == [10e9 / 8, 100e9 / 8]
+    table.write_text("\n".join([header.replace("bandwidth_Bps", "bandwidth"), *rows[:-1]]) + "\n")  # an older
+    old = load_results(out)  # sweep's table, one point short
+    assert "bandwidth" not in old and list(old["bandwidth_Bps"]) == list(new["bandwidth_Bps"][:-1])
+    again = run_sweep(spec, out, workers=1, announce=lambda _: None)
+    assert (again.already_done, again.computed) == (len(rows) - 1, 1)
+    resumed = load_results(out)
+    assert list(resumed["point_id"]) == list(new["point_id"])
+    assert list(resumed["bandwidth_Bps"]) == list(new["bandwidth_Bps"])
+
+
 def test_a_recorded_sweep_file_runs_again_and_partial_results_say_incomplete(tmp_path):
     spec = build_spec({"compressor": "dense,topk", "density": "0.01,0.1", "bandwidth": "10Gbit,100Gbit",
                        "latency": "5us"})
@@ -287,6 +308,52 @@ def test_where_selects_the_held_value_and_says_so():
                         ("ranks=x", "cannot read 'x' as a ranks"), ("ranks=", "NAME=VALUE")):
         with pytest.raises(ArcsimError, match=phrase):
             select(df, (bad,))
+
+
+OLD_TABLE = """point_id,compressor,density,nic_gbps,model,iteration_s,dense_iteration_s,speedup_vs_dense,rel_error,\
+compute_s,compress_s,exposed_comm_s,op,collective
+a,dense,1.0,10,cnn,1.0,1.0,1.0,0,0.5,0,0.5,allreduce,ring
+b,topk,0.01,10,cnn,0.8,1.0,1.25,0.3,0.5,0.1,0.2,allgather,ring
+c,dense,1.0,100,cnn,0.6,0.6,1.0,0,0.5,0,0.1,allreduce,ring
+d,topk,0.01,100,cnn,0.7,0.6,0.86,0.3,0.5,0.1,0.1,allgather,ring
+"""
+
+
+def test_plot_reads_a_table_without_the_hierarchy_or_world_column(tmp_path):
+    """A table from before the hierarchy axis (and without world): read as its points were priced (flat); a chart
+    that needs a missing column is skipped with the reason; --where on it is one error naming the axes it has."""
+    (tmp_path / "old").mkdir()
+    (tmp_path / "old" / "results.csv").write_text(OLD_TABLE)
+    r = run_cli("plot", "old", "--where", "hierarchy=flat", "-o", "flat", cwd=str(tmp_path))
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
+    assert (tmp_path / "flat" / "breakdown.png").is_file() and "speedup needs the column world" in r.stderr
+    r = run_cli("plot", "old", "--where", "ranks=8", "-o", "ranks", cwd=str(tmp_path))
+    assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
+    assert r.stderr.startswith("error: --where 'ranks=8': this table has no world column") and \
+        "--where takes bandwidth, model, density, fusion, hierarchy" in r.stderr
+    assert not (tmp_path / "ranks").exists()
+    nodes = OLD_TABLE.replace("op,collective", "op,collective,nodes,gpus_per_node").replace("ring\n", "ring,2,4\n")
+    (tmp_path / "old" / "results.csv").write_text(nodes)
+    assert set(load_results(tmp_path / "old")["world"]) == {8}  # world as the sweep writes it: nodes × GPUs
+
+
+def test_charts_say_which_value_of_an_axis_they_do_not_separate_they_hold(tmp_path):
+    """Two libraries in the table: a chart that does not separate them holds one, says so in its title and in a
+    note, and names the ones left out with the --where that draws them."""
+    from arcsim.sweep.plots import plot_all
+
+    df = pd.DataFrame({
+        "compressor": ["dense", "topk"] * 2, "density": [1.0, 0.01] * 2, "library": ["nccl"] * 2 + ["gloo"] * 2,
+        "iteration_s": [1.0, 0.5, 2.0, 0.7], "dense_iteration_s": [1.0, 1.0, 2.0, 2.0], "op": ["allreduce"] * 4,
+        "collective": ["ring"] * 4, "compute_s": [0.4] * 4, "compress_s": [0.0, 0.1] * 2,
+        "exposed_comm_s": [0.6, 0.0, 1.6, 0.2], "model": ["m"] * 4, "world": [8] * 4, "nic_gbps": [10.0] * 4})
+    held, text = hold_others(df, ())
+    assert set(held["library"]) == {"gloo"} and text == "held at library gloo"
+    notes: list[str] = []
+    written, _ = plot_all(df, tmp_path, ("breakdown",), announce=notes.append)
+    assert written == [tmp_path / "breakdown.png"]
+    assert notes == ["breakdown.png holds library at gloo (not drawn: nccl); draw another with --where, e.g. "
+                     "--where library=nccl"]
 
 
 def test_heatmap_cells_and_crossover_ratios_come_from_the_table():

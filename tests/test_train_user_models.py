@@ -100,6 +100,26 @@ def test_a_model_that_returns_only_its_loss_has_a_held_out_loss_and_no_accuracy(
     assert math.isnan(acc) and math.isfinite(loss)
 
 
+def test_a_nanogpt_is_evaluated_on_its_logits_at_every_position(tmp_path):
+    """nanoGPT returns every position's logits only when given targets: held-out accuracy is then the next token's
+    (it had been NaN, from the last position's logits), and the held-out loss the model's own."""
+    from test_user_models import NANOGPT
+
+    from arcsim.models.datasets import make_dataset
+    from arcsim.models.source import ModelSource
+
+    (tmp_path / "my_gpt.py").write_text(NANOGPT)
+    source, data = ModelSource(f"{tmp_path / 'my_gpt.py'}:build"), make_dataset("python-text", 16)
+    torch.manual_seed(0)
+    model = source.build(data.spec)
+    acc, loss = evaluate(model, source, data)
+    x, y = data.held_out()
+    with torch.no_grad():
+        logits, own = model(x, targets=y)
+    assert acc == pytest.approx(float((logits.argmax(-1) == y).float().mean()))
+    assert loss == pytest.approx(float(own), rel=1e-5)
+
+
 def test_bf16_autocast_trains_close_to_fp32_but_not_equal():
     runs = [train(c, prepare(c), "dense", seed=0) for c in (TrainConfig(model="mlp", **SMALL, precision=p)
                                                            for p in ("fp32", "bf16"))]

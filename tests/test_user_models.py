@@ -112,6 +112,19 @@ MODEL_FILE = textwrap.dedent('''
 
     def wrong_output():
         return nn.Embedding(32000, 8)  # 8 features per token, not 32000 logits
+
+
+    class LastOnly(nn.Module):  # a generator's forward: the next token's logits only, and no way to give targets
+        def __init__(self):
+            super().__init__()
+            self.embed, self.head = nn.Embedding(32000, 8), nn.Linear(8, 32000)
+
+        def forward(self, idx):
+            return self.head(self.embed(idx))[:, [-1], :]
+
+
+    def last_only():
+        return LastOnly()
 ''')
 
 
@@ -203,13 +216,136 @@ def test_bad_user_models_are_one_line_and_leave_nothing(user_dir: Path, args: li
     assert not (user_dir / "x.npz").exists()
 
 
+# nanoGPT as Karpathy wrote it, in its structure (written for this test): token and position embeddings, pre-norm
+# blocks of causal self-attention and an MLP, a final norm, an lm_head tied to the token embedding; forward(idx,
+# targets=None) returns (logits, loss), and without targets the logits of the LAST position only, (B, 1, V).
+NANOGPT = textwrap.dedent('''
+    import math
+    from dataclasses import dataclass
+
+    import torch
+    from torch import nn
+    from torch.nn import functional as F
+
+
+    @dataclass
+    class GPTConfig:
+        block_size: int = 16
+        vocab_size: int = 32000
+        n_layer: int = 2
+        n_head: int = 2
+        n_embd: int = 16
+        dropout: float = 0.0
+        bias: bool = True
+
+
+    class CausalSelfAttention(nn.Module):
+        def __init__(self, config):
+            super().__init__()
+            self.c_attn = nn.Linear(config.n_embd, 3 * config.n_embd, bias=config.bias)
+            self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
+            self.n_head, self.n_embd = config.n_head, config.n_embd
+
+        def forward(self, x):
+            B, T, C = x.size()
+            q, k, v = self.c_attn(x).split(self.n_embd, dim=2)
+            q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            return self.c_proj(y.transpose(1, 2).contiguous().view(B, T, C))
+
+
+    class MLP(nn.Module):
+        def __init__(self, config):
+            super().__init__()
+            self.c_fc = nn.Linear(config.n_embd, 4 * config.n_embd, bias=config.bias)
+            self.c_proj = nn.Linear(4 * config.n_embd, config.n_embd, bias=config.bias)
+
+        def forward(self, x):
+            return self.c_proj(F.gelu(self.c_fc(x)))
+
+
+    class Block(nn.Module):
+        def __init__(self, config):
+            super().__init__()
+            self.ln_1, self.attn = nn.LayerNorm(config.n_embd), CausalSelfAttention(config)
+            self.ln_2, self.mlp = nn.LayerNorm(config.n_embd), MLP(config)
+
+        def forward(self, x):
+            x = x + self.attn(self.ln_1(x))
+            return x + self.mlp(self.ln_2(x))
+
+
+    class GPT(nn.Module):
+        def __init__(self, config):
+            super().__init__()
+            self.config = config
+            self.transformer = nn.ModuleDict(dict(
+                wte=nn.Embedding(config.vocab_size, config.n_embd),
+                wpe=nn.Embedding(config.block_size, config.n_embd),
+                drop=nn.Dropout(config.dropout),
+                h=nn.ModuleList([Block(config) for _ in range(config.n_layer)]),
+                ln_f=nn.LayerNorm(config.n_embd),
+            ))
+            self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
+            self.transformer.wte.weight = self.lm_head.weight  # weight tying
+            for name, p in self.named_parameters():
+                if name.endswith("c_proj.weight"):
+                    nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * config.n_layer))
+
+        def forward(self, idx, targets=None):
+            b, t = idx.size()
+            assert t <= self.config.block_size, f"cannot forward a sequence of {t}: block size {self.config.block_size}"
+            pos = torch.arange(0, t, dtype=torch.long, device=idx.device)
+            x = self.transformer.drop(self.transformer.wte(idx) + self.transformer.wpe(pos))
+            for block in self.transformer.h:
+                x = block(x)
+            x = self.transformer.ln_f(x)
+            if targets is not None:
+                logits = self.lm_head(x)
+                loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1), ignore_index=-1)
+            else:
+                logits = self.lm_head(x[:, [-1], :])  # inference: the last position only
+                loss = None
+            return logits, loss
+
+
+    def build(**overrides):
+        return GPT(GPTConfig(**overrides))
+''')
+
+
+def test_a_faithful_nanogpt_captures_from_the_readme_command_with_its_own_loss(user_dir: Path):
+    """Its forward without targets gives the last position's logits, (B, 1, V): arcsim passes the dataset's next
+    tokens as ``targets`` and trains on the loss the model computes (it had failed on a shape error)."""
+    (user_dir / "my_gpt.py").write_text(NANOGPT)
+    out = user_dir / "t.npz"
+    r = run_cli("trace", "capture", "--model", "my_gpt.py:build", "--dataset", "python-text", "--input-size", "16",
+                "-w", "2", "-s", "1", "-b", "2", "--dtype", "fp32", "-o", str(out), cwd=str(user_dir))
+    assert r.returncode == 0, r.stderr[-1500:]
+    trace = open_trace(out)
+    from arcsim.models.datasets import make_dataset
+
+    torch.manual_seed(0)  # the capture's model and batch, by hand
+    model = ModelSource(f"{user_dir / 'my_gpt.py'}:build").build(None)
+    params = dict(model.named_parameters())
+    assert trace.elements == sum(p.numel() for p in params.values())  # the tied lm_head once
+    x, y = make_dataset("python-text", 16).draw(4, torch.Generator().manual_seed(0))
+    grads = []
+    for xw, yw in zip(x.chunk(2), y.chunk(2), strict=True):
+        model.zero_grad()
+        model(xw, targets=yw)[1].backward()
+        grads.append(torch.cat([params[la.name].grad.reshape(-1) for la in trace.layers]))
+    (_, recorded), = trace.steps_iter()
+    torch.testing.assert_close(recorded, torch.stack(grads), rtol=1e-4, atol=1e-6)
+
+
 def test_a_nanogpt_style_model_returning_logits_and_loss_trains_on_user_batches_and_a_dataset(user_dir: Path):
     r = run_cli("trace", "capture", "--model", "mine.py:nano", "--model-arg", "vocab=64", "--data",
                 "mine.py:token_batches", "-w", "2", "-s", "1", "-b", "2", "-o", str(user_dir / "n.npz"),
                 cwd=str(user_dir))
     assert r.returncode == 0, r.stderr
     assert open_trace(user_dir / "n.npz").elements == 64 * 16 + 16 * 64 + 64
-    spec = DataSpec("tokens", (8,), 64)  # on a built-in dataset it gets model(x): (logits, None)
+    spec = DataSpec("tokens", (8,), 64)  # on a built-in dataset it gets model(x, targets=y): (logits, loss)
     source = ModelSource(f"{user_dir / 'mine.py'}:nano", (("vocab", 64),))
     model, x = source.build(spec), torch.randint(64, (2, 8))
     loss = source.loss(model, (x, x), spec)
@@ -219,6 +355,8 @@ def test_a_nanogpt_style_model_returning_logits_and_loss_trains_on_user_batches_
 @pytest.mark.parametrize(("model", "phrase"), [
     ("mine.py:broken", "rejected a batch of tokens data, shape (2, 16): ValueError: the head wants 16 features"),
     ("mine.py:wrong_output", "returned logits of shape (2, 16, 8), over 8 classes where the tokens data has 32000"),
+    ("mine.py:last_only", "returned logits of shape (2, 1, 32000) for targets of shape (2, 16): return logits of "
+                          "shape (2, 16, 32000) from forward(x), or take the targets as forward(idx, targets=None)"),
 ])
 def test_a_wrong_model_is_refused_before_any_text_is_prepared(user_dir: Path, model: str, phrase: str):
     cache = user_dir / "cache"

@@ -251,3 +251,18 @@ def test_the_prediction_times_compression_at_the_ranks_priority():
     with ranks_priority(True):
         assert os.sched_getscheduler(0) == (os.SCHED_FIFO if realtime_allowed() else policy)
     assert os.sched_getscheduler(0) == policy
+
+
+def test_report_title_names_the_density_the_compressors_ran_at(tmp_path):
+    """The committed report ran at density 0.01; its first row (dense) says 1, and the title once said so."""
+    (tmp_path / "validation.csv").write_bytes(REPORT.read_bytes())
+    r = run_cli("validate", "--report", "validation.csv", cwd=str(tmp_path))
+    assert r.returncode == 0, r.stderr
+    title = r.stdout.splitlines()[0]
+    assert "density 0.01" in title and "density 1" not in title.replace("density 0.01", ""), title
+    from arcsim.testbed.validate import read_report, what_ran
+
+    rows = read_report(REPORT)
+    assert what_ran(rows) == "mlp_wide, density 0.01"
+    assert what_ran([{**rows[1], "density": 0.1}, *rows]) == "mlp_wide, densities 0.01, 0.1"
+    assert what_ran([r for r in rows if r["compressor"] == "dense"]) == "mlp_wide"

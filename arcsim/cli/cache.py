@@ -20,6 +20,7 @@ def cache_info(json_out: str | None) -> None:
     """Where the kept results are, how many, their size, and partial files that killed writes left."""
     from arcsim import files as kept
 
+    kept.check_cache_folder()
     files, partials = kept.cache_entries(), kept.cache_partials()
     size = sum(p.stat().st_size for p in files)
     left = sum(p.stat().st_size for p in partials)
@@ -38,5 +39,6 @@ def cache_clear() -> None:
     the cache folder is touched."""
     from arcsim import files as kept
 
-    files, size = kept.cache_clear()
-    note(f"removed {files} files of arcsim's ({format_size(size)}) from {kept.results_dir()}")
+    removed, size = kept.cache_clear()
+    folders = sorted({str(p.parent) for p in removed}) or [str(kept.results_dir())]
+    note(f"removed {len(removed)} files of arcsim's ({format_size(size)}) from {', '.join(folders)}")

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import click
 
-from arcsim.cli.common import Count, OutputPath, json_option, note, write_json
+from arcsim.cli.common import Count, json_option, note, write_json
+from arcsim.cli.paths import OutputPath
 from arcsim.errors import ArcsimError
 from arcsim.files import write_atomic
 from arcsim.processes import refuse_stray_rank, torchrun_world
@@ -30,7 +31,8 @@ from arcsim.units import parse_size
               help="Ranks per node (numbered node by node): also measure inside a node and along the rails between "
                    "nodes, for node-aware compression. Under torchrun: its --nproc_per_node.")
 @click.option("--repeats", default="5", show_default=True, type=Count(), help="Timed repeats per size (median).")
-@click.option("--out", "-o", required=True, type=OutputPath(), help="Topology YAML to write.")
+@click.option("--out", "-o", required=True, type=OutputPath(companions=(".samples.csv",)),
+              help="Topology YAML to write (and its samples beside it, as .samples.csv).")
 @json_option
 def calibrate(cluster: str | None, loopback: bool, ranks: int | None, bandwidth: str | None, delay: str,
               burst: str | None, sizes: str | None, ranks_per_node: int, repeats: int, out: str,

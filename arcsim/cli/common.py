@@ -16,8 +16,9 @@ from rich.console import Console
 from tqdm import tqdm
 
 from arcsim.catalog import SCOPES
+from arcsim.cli.paths import JsonTarget
 from arcsim.collectives.limits import DES_EVENTS, EVENTS_PER_SECOND, STORED_MESSAGES
-from arcsim.files import unwritable_reason, write_atomic
+from arcsim.files import write_atomic
 from arcsim.topology import GRAMMAR
 
 FORCE_TRAINING_HELP = ("Train even where the estimate (printed first: memory from the model's parameters × workers, "
@@ -44,23 +45,6 @@ def note(message: str) -> None:
 def progress_bar(total: int | None, desc: str, unit: str) -> tqdm:
     """A tqdm bar on stderr, hidden when stderr is no terminal or under --quiet."""
     return tqdm(total=total, desc=desc, unit=unit, disable=True if Verbosity.quiet else None, file=sys.stderr)
-
-
-class JsonTarget(click.Path):
-    """``--json FILE`` or ``--json -`` (standard output); a FILE is checked for writability up front."""
-
-    name = "FILE|-"
-
-    def __init__(self) -> None:
-        super().__init__(dir_okay=False, allow_dash=True)
-
-    def convert(self, value, param, ctx):  # type: ignore[no-untyped-def]
-        value = super().convert(value, param, ctx)
-        if value != "-":
-            reason = unwritable_reason(Path(value), False)
-            if reason:
-                self.fail(f"cannot write {value}: {reason}; choose a writable place, or - for stdout", param, ctx)
-        return value
 
 
 json_option = click.option(
@@ -231,24 +215,6 @@ scope_option = click.option(
     "--scope", type=click.Choice(SCOPES), default="tensor", show_default=True,
     help="Top-k family (topk, randk, gaussiank, star, var, arctopk): k per layer (tensor, as the reference "
          "implementations) or one k over each whole bucket.")
-
-
-class OutputPath(click.Path):
-    """A path the command will write: refused up front, before any work, if it cannot be written."""
-
-    def __init__(self, directory: bool = False) -> None:
-        super().__init__(file_okay=not directory, dir_okay=directory)
-        self.directory = directory
-
-    def convert(self, value, param, ctx):  # type: ignore[no-untyped-def]
-        if str(value).strip() in ("", "-"):
-            self.fail(f"{value!r} is not a place to write; give a path (only --json takes - for standard output)",
-                      param, ctx)
-        value = super().convert(value, param, ctx)
-        reason = unwritable_reason(Path(value), self.directory)
-        if reason:
-            self.fail(f"cannot write {value}: {reason}; choose a writable place", param, ctx)
-        return value
 
 
 force_option = click.option(

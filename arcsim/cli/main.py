@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import re
 import sys
 import traceback
 from pathlib import Path
@@ -35,6 +36,7 @@ from arcsim.cli.common import (
     write_json,
 )
 from arcsim.cli.device import device_group
+from arcsim.cli.paths import Reads, guard_commands
 from arcsim.cli.run import run as run_command
 from arcsim.cli.shard import shard as shard_command
 from arcsim.cli.sweep import plot as plot_command
@@ -45,11 +47,19 @@ from arcsim.cli.validate import validate as validate_command
 from arcsim.collectives.limits import allow_any
 from arcsim.collectives.tree import MAX_CHUNKS
 from arcsim.errors import ArcsimError
-from arcsim.files import write_error
+from arcsim.files import packaged, write_error
 from arcsim.netsim import ENGINES
 from arcsim.pricing import ALGO_CHOICES, price_collective
 from arcsim.processes import keep_freed_memory
-from arcsim.topology import DEFAULT_TOPOLOGY, GRAMMAR, load_topology, preset_names
+from arcsim.topology import (
+    DEFAULT_TOPOLOGY,
+    GRAMMAR,
+    INSTANCE_GRAMMAR,
+    Topology,
+    instance_names,
+    load_topology,
+    preset_names,
+)
 from arcsim.units import format_bits, format_duration, format_rate, format_size, parse_duration, parse_size
 
 MAX_MESSAGE_BYTES = 1e15  # 1 PB: no gradient message is larger; past it the answer is an overflow, not a time
@@ -79,10 +89,15 @@ def topo() -> None:
 @topo.command("list")
 @json_option
 def topo_list(json_out: str | None) -> None:
-    """List preset topologies."""
+    """List preset topologies, and the instance types of clouds and vendors (<N>x<instance>, e.g. 4xp5)."""
     topologies = [load_topology(name) for name in preset_names()]
-    write_json([{"name": t.name, "ranks": t.ranks, "nodes": t.nodes, "gpus_per_node": t.gpus_per_node,
-                 "node_bandwidth_Bps": t.node_bandwidth, "description": t.description} for t in topologies], json_out)
+    instances = {name: load_topology(f"1x{name}") for name in instance_names()}  # one node of each
+    write_json([{"kind": "preset", "name": t.name, "ranks": t.ranks, "nodes": t.nodes,
+                 "gpus_per_node": t.gpus_per_node, "gpu": t.gpu, "node_bandwidth_Bps": t.node_bandwidth,
+                 "description": t.description} for t in topologies]
+               + [{"kind": "instance", "name": name, "usage": f"<N>x{name}", "ranks": None, "nodes": None,
+                   "gpus_per_node": t.gpus_per_node, "gpu": t.gpu, "node_bandwidth_Bps": t.node_bandwidth,
+                   "description": t.description} for name, t in instances.items()], json_out)
     if not tables_wanted(json_out):
         return
     table = Table(title="Preset topologies", caption=f"Also any YAML path, or the grammar {escape(GRAMMAR)}")
@@ -91,10 +106,24 @@ def topo_list(json_out: str | None) -> None:
     for t in topologies:
         table.add_row(t.name, str(t.ranks), format_bits(t.node_bandwidth), t.description)
     console.print(table)
+    console.print(_instance_table(instances))
+
+
+def _instance_table(instances: dict[str, Topology]) -> Table:
+    """Nodes as clouds and vendors sell them: one row per instance type, named as ``<N>x<instance>``."""
+    table = Table(title="Instance types: N nodes of one as <N>x<instance>",
+                  caption=f"e.g. {escape(INSTANCE_GRAMMAR.split('e.g. ')[-1])}; sources: arcsim topo show 1x<instance>")
+    for col in ("instance", "GPUs per node", "inside", "inter-node per node", "node"):
+        table.add_column(col)
+    for name, t in instances.items():
+        inside = f"{t.intra.kind} {format_size(t.intra.bandwidth)}/s" if t.intra else "-"
+        table.add_row(name, f"{t.gpus_per_node} × {t.gpu or '?'}", inside, format_bits(t.node_bandwidth),
+                      re.split(r": | \(", t.description, maxsplit=1)[0])  # its product name
+    return table
 
 
 @topo.command("show")
-@click.argument("spec")
+@click.argument("spec", type=Reads("topology"))
 @json_option
 def topo_show(spec: str, json_out: str | None) -> None:
     """Show a topology: SPEC is a preset name, a YAML path, or a grammar name such as 8x8-ib100."""
@@ -111,9 +140,21 @@ def topo_show(spec: str, json_out: str | None) -> None:
     console.print(table)
 
 
+# -- examples ------------------------------------------------------------------------------------------
+@cli.command("examples")
+def examples() -> None:
+    """Print the folder of the README's examples (my_model.py, sweep.yaml, record_ddp.py, …).
+
+    \b
+    Copy it beside you to run the README's commands as written:
+      cp -r "$(arcsim examples)" examples
+    """
+    click.echo(packaged("examples"))
+
+
 # -- collectives ---------------------------------------------------------------------------------------
 @cli.command()
-@click.option("--topology", "-t", default=DEFAULT_TOPOLOGY, show_default=True,
+@click.option("--topology", "-t", default=DEFAULT_TOPOLOGY, show_default=True, type=Reads("topology"),
               help=TOPOLOGY_HELP)
 @click.option("--op", default="allreduce", show_default=True,
               help="allreduce, allgather, broadcast or reducescatter.")
@@ -182,7 +223,7 @@ def collective(topology: str, op: str, algo: str, library: str | None, chunks: i
 @click.option("--seed", default=0, show_default=True, type=Count(minimum=0),
               help="Seed for data, projections and random indices.")
 @click.option("--rank", type=Count(), default=None, help="PowerSGD rank, or ARC-Top-K sketch columns r (default 4).")
-@click.option("--trace", default=None,
+@click.option("--trace", default=None, type=Reads("trace"),
               help="A gradient trace (.npz), a known model's name (resnet50.npz: captured if missing), "
                    "or nothing for the shipped default.")
 @click.option("--no-capture", is_flag=True, help="Stop instead of capturing a missing known-model trace.")
@@ -269,6 +310,29 @@ cli.add_command(sweep_command)
 cli.add_command(plot_command)
 cli.add_command(train_command)
 cli.add_command(cache_group)
+
+
+def _quiet(ctx: click.Context, param: click.Parameter, value: bool) -> None:
+    if value:
+        Verbosity.quiet = True
+
+
+def accept_anywhere(group: click.Group) -> None:
+    """``-q``/``--quiet`` and ``--debug`` after the command too (``arcsim run -q``), as before it (``arcsim -q run``):
+    they had been 'No such option' there."""
+    for command in group.commands.values():
+        command.params += [
+            click.Option(["--quiet", "-q"], is_flag=True, expose_value=False, callback=_quiet,
+                         help="As arcsim -q: no progress bars or status notes."),
+            click.Option(["--debug"], is_flag=True, expose_value=False,
+                         help="As arcsim --debug: the full traceback on errors."),
+        ]
+        if isinstance(command, click.Group):
+            accept_anywhere(command)
+
+
+accept_anywhere(cli)
+guard_commands(cli)  # every command checks its outputs against its inputs first (arcsim.cli.paths)
 
 
 def main() -> None:

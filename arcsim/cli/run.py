@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 import click
 
-from arcsim.catalog import COMPRESSORS, DEFAULT_RATIOS, FUSIONS, LIVE_DEFAULTS, MEMORIES, POLICIES
+from arcsim.catalog import COMPRESSORS, DEFAULT_RATIOS, FUSIONS, LIVE_DEFAULTS, MAX_BUCKET_MB, MEMORIES, POLICIES
 from arcsim.cli.common import (
     DENSITY,
     FORCE_TRAINING_HELP,
@@ -17,7 +17,6 @@ from arcsim.cli.common import (
     Count,
     ListOf,
     Number,
-    OutputPath,
     console,
     json_option,
     library_option,
@@ -29,12 +28,12 @@ from arcsim.cli.common import (
     tables_wanted,
     write_json,
 )
+from arcsim.cli.paths import InputPath, OutputPath, Reads
 from arcsim.collectives.limits import allow_any
 from arcsim.errors import ArcsimError
-from arcsim.files import refuse_inputs_as_outputs
 from arcsim.netsim import ENGINES
 from arcsim.topology import DEFAULT_TOPOLOGY
-from arcsim.traces.estimates import NOTE_SECONDS, rough_duration
+from arcsim.traces.estimates import NOTE_SECONDS, Load, rough_duration
 from arcsim.units import parse_duration, parse_params, parse_rate
 
 if TYPE_CHECKING:  # torch stays unimported until a command needs it
@@ -42,9 +41,9 @@ if TYPE_CHECKING:  # torch stays unimported until a command needs it
 
 
 @click.command("run")
-@click.option("--topology", "-t", default=DEFAULT_TOPOLOGY, show_default=True,
+@click.option("--topology", "-t", default=DEFAULT_TOPOLOGY, show_default=True, type=Reads("topology"),
               help=TOPOLOGY_HELP)
-@click.option("--trace", default=None,
+@click.option("--trace", default=None, type=Reads("trace"),
               help="Gradient trace (.npz); a known model's name (resnet50.npz) is captured if missing. "
                    "Default: the shipped traces/cnn-digits-small.npz.")
 @click.option("--no-capture", is_flag=True, help="Stop instead of capturing a missing known-model trace.")
@@ -78,7 +77,7 @@ if TYPE_CHECKING:  # torch stays unimported until a command needs it
 @click.option("--bandwidth", default=None, help="Per-NIC bandwidth instead of the topology's, e.g. 25Gbit.")
 @click.option("--latency", default=None,
               help="One-way network latency per message instead of the topology's, e.g. 2us.")
-@click.option("--bucket-mb", default=25.0, show_default=True, type=Number(above=0, maximum=1e6),
+@click.option("--bucket-mb", default=25.0, show_default=True, type=Number(above=0, maximum=MAX_BUCKET_MB),
               help="DDP bucket cap (MiB of fp32); with --framework horovod the fusion threshold (default there 64).")
 @click.option("--framework", type=click.Choice(["ddp", "horovod"]), default="ddp", show_default=True,
               help="ddp: DDP buckets sent as each is ready; horovod: tensors ready in one cycle fused into buffers "
@@ -97,8 +96,8 @@ if TYPE_CHECKING:  # torch stays unimported until a command needs it
               help=f"One of: {', '.join(POLICIES)}. auto: the soonest to the target (iteration time × the steps its "
                    "error needs); paper: Tyagi & Swany's per-bucket NSGA-II over time and compression gain; gate: "
                    "per bucket the fastest whose error is within --slack of Top-K's (the rule before); none.")
-@click.option("--slack", default=0.25, show_default=True, type=Number(minimum=0),
-              help="--policy gate: error allowed above Top-K's, relative.")
+@click.option("--slack", default=None, type=Number(minimum=0),
+              help="--policy gate only: error allowed above Top-K's, relative (default 0.25).")
 @click.option("--dense-steps", default=1000.0, show_default=True, type=Number(above=0),
               help="Steps dense fp32 takes to the target: scales every time_to_target_s (never the ranking).")
 @click.option("--ratios", default=",".join(f"{r:g}" for r in DEFAULT_RATIOS), show_default=True,
@@ -115,7 +114,7 @@ if TYPE_CHECKING:  # torch stays unimported until a command needs it
                    "the trace's, else fp32).")
 @click.option("--compare-gpu", default=None,
               help="With --plot: also run on this GPU and draw both breakdowns side by side (breakdown-gpus.png).")
-@click.option("--compute-profile", type=click.Path(), default=None,
+@click.option("--compute-profile", type=InputPath(directory=True), default=None,
               help="Compute timings from this profile (arcsim trace profile) instead of the trace's own.")
 @click.option("--seed", default=0, show_default=True, type=Count(minimum=0))
 @click.option("--grid-steps", type=Count(), default=None,
@@ -123,15 +122,17 @@ if TYPE_CHECKING:  # torch stays unimported until a command needs it
 @click.option("--exact", is_flag=True,
               help="Measure every bucket (default: a large trace's measurements compress a stratified sample of "
                    "its buckets, the error's ± including the sampling; docs/run.md).")
-@click.option("--network-schedule", "schedule", type=click.Path(dir_okay=False), default=None,
+@click.option("--network-schedule", "schedule", type=InputPath(), default=None,
               help="Also the best choice on each phase's network of this schedule (examples/schedule-c1.yaml).")
-@click.option("--history", "history_dir", type=click.Path(file_okay=False), default=None,
+@click.option("--history", "history_dir", default=None,
+              type=InputPath(directory=True, file=False, reads=("config.json", "history.csv", "target.json")),
               help="An arcsim train directory with a target: each candidate's steps to the target there, times its "
                    "iteration time here, estimate its time to target (shown beside the front's pick).")
 @click.option("--all-collectives", is_flag=True, help="Show every (compressor, collective) pair, not the best.")
 @json_option
 @click.option("--csv", "csv_out", type=OutputPath(), default=None, help="Write every point as CSV.")
-@click.option("--plot", "plot_dir", type=OutputPath(directory=True), default=None, help="Write PNG charts here.")
+@click.option("--plot", "plot_dir", type=OutputPath(directory=True, writes=("*.png",)), default=None,
+              help="Write PNG charts here.")
 @scope_option
 @click.option("--force", is_flag=True, help=f"{FORCE_TRAINING_HELP} With --engine des: price past its work limits.")
 def run(topology: str, trace: str | None, no_capture: bool, params: str | None, layers: int | None,
@@ -139,7 +140,7 @@ def run(topology: str, trace: str | None, no_capture: bool, params: str | None, 
         workers: int, steps: int, live_device: str,
         compressors: str, density: float, memory: str | None,
         engine: str, library: str | None, bandwidth: str | None, latency: str | None, bucket_mb: float,
-        framework: str, cycle_ms: float | None, fusion: str, hierarchy: str, policy: str, slack: float,
+        framework: str, cycle_ms: float | None, fusion: str, hierarchy: str, policy: str, slack: float | None,
         dense_steps: float, ratios: tuple[float, ...],
         weights: tuple[float, float] | None,
         gpu: str | None, batch: int | None, precision: str | None, compare_gpu: str | None, compute_profile: str | None,
@@ -151,8 +152,6 @@ def run(topology: str, trace: str | None, no_capture: bool, params: str | None, 
     from arcsim.run import report
     from arcsim.run.analysis import Analysis, RunConfig
 
-    refuse_inputs_as_outputs({"--json": json_out, "--csv": csv_out},
-                             [trace, compute_profile, schedule, data, model.split(":")[0] if model else None])
     training = live_training(live, model, dataset, workers, steps, live_device, batch, seed, model_args, data)
     cfg = RunConfig(topology=topology, trace=trace, compressors=tuple(c.strip() for c in compressors.split(",")
                                                                        if c.strip()),
@@ -196,16 +195,18 @@ def run(topology: str, trace: str | None, no_capture: bool, params: str | None, 
             note(f"--live {model}: {estimate.describe()}")
     with step_progress("training" if live else "capture", unit="train step") as capture_progress:
         analysis = Analysis(cfg, announce=note, capture_progress=capture_progress)
-    todo, seconds = analysis.measuring_work()
+    load = Load.now()
+    todo, seconds = analysis.measuring_work(load)
     if todo and seconds >= NOTE_SECONDS:
-        note(f"measuring {todo} compressor run(s) on the trace: ~{rough_duration(seconds)} here "
-             f"({analysis.planned_measurements() - todo} cached)")
+        note(f"measuring {todo} compressor run(s) on the trace ({analysis.planned_measurements() - todo} cached): "
+             f"~{rough_duration(seconds)} here{load.describe()}")
     with progress_bar(analysis.planned_measurements(), "measuring compressors on the trace", "run") as bar:
         def progress(label: str) -> None:
             bar.set_postfix_str(label)
             bar.update()
 
         analysis.progress = progress
+        analysis.detail = bar.set_postfix_str
         with allow_any(force):
             result = analysis.run()
     fused = None

@@ -17,6 +17,7 @@ from arcsim.cli.common import (
     tables_wanted,
     write_json,
 )
+from arcsim.cli.paths import Reads
 from arcsim.devices.catalog import PRECISIONS
 from arcsim.errors import ArcsimError
 from arcsim.netsim import ENGINES
@@ -38,7 +39,8 @@ def _names(value: str, option: str) -> list[str]:
 
 @click.command("shard")
 @click.option("--model", required=True, help=f"A zoo model ({', '.join(MODELS)}) or path/to/file.py:build.")
-@click.option("--topology", "-t", default=DEFAULT_TOPOLOGY, show_default=True, help=TOPOLOGY_HELP)
+@click.option("--topology", "-t", default=DEFAULT_TOPOLOGY, show_default=True, type=Reads("topology"),
+              help=TOPOLOGY_HELP)
 @library_option
 @click.option("--gpu", default=None, help="A catalogue device (arcsim device list); default: the topology's.")
 @click.option("--batch", "-b", default=8, show_default=True, type=Count(), help="Batch per GPU.")
@@ -56,7 +58,7 @@ def _names(value: str, option: str) -> list[str]:
 @click.option("--activations", default="0B", show_default=True,
               help="Activation memory per GPU to add (e.g. 12GB); arcsim does not estimate it.")
 @click.option("--engine", type=click.Choice(ENGINES), default="analytic", show_default=True)
-@click.option("--trace", default=None,
+@click.option("--trace", default=None, type=Reads("trace"),
               help="Gradient trace (.npz) the quantised reduce-scatters' error is measured on (default: shipped).")
 @click.option("--detail", is_flag=True, help="Put every collective (size, group, start, end) into the JSON.")
 @json_option

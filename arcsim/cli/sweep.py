@@ -13,13 +13,14 @@ from arcsim.catalog import LIVE_DEFAULTS
 from arcsim.cli.common import (
     Count,
     Number,
-    OutputPath,
     Verbosity,
     json_option,
     note,
     write_json,
 )
+from arcsim.cli.paths import InputPath, OutputPath, Place, Reads, topology_places, trace_places
 from arcsim.errors import ArcsimError
+from arcsim.sweep.spec import RESULTS, SPEC
 
 SWEEP_OPTIONS = {  # option → spec key; every value is a comma list, strings may hold {a,b} groups
     "topology": "topology", "bandwidth": "bandwidth", "latency": "latency", "ranks": "ranks", "trace": "trace",
@@ -30,13 +31,35 @@ LIVE_OPTIONS = {"live_workers": "live_workers", "live_steps": "live_steps", "liv
                 "live_dataset": "live_dataset"}
 
 
+def spec_places(path: Path) -> list[Place]:
+    """The topology and trace files a sweep file names (a bad file names none here: the sweep itself says what is
+    wrong with it; read as strictly, so an alias bomb is refused, not expanded)."""
+    from arcsim.files import read_yaml
+
+    try:
+        raw = read_yaml(path, "sweep file", ArcsimError)
+    except ArcsimError:
+        return []
+    if not isinstance(raw, dict):
+        return []
+    found = []
+    for axis, resolve in (("topology", topology_places), ("trace", trace_places)):
+        values = raw.get(axis)
+        for value in values if isinstance(values, list) else [values]:
+            if isinstance(value, str):
+                found += resolve(value)
+    return found
+
+
 @click.command("sweep")
-@click.argument("spec_file", required=False, type=click.Path(dir_okay=False))
-@click.option("--topology", "-t", default=None, help="Topologies, e.g. 8x8-ib{25,100,400} or a,b (default 8x8-ib100).")
+@click.argument("spec_file", required=False, type=InputPath(expand=spec_places))
+@click.option("--topology", "-t", default=None, type=Reads("topology"),
+              help="Topologies, e.g. 8x8-ib{25,100,400} or a,b (default 8x8-ib100).")
 @click.option("--bandwidth", "-b", default=None, help="Per-NIC bandwidth overrides, e.g. 10Gbit,100Gbit.")
 @click.option("--latency", default=None, help="Network latency overrides, e.g. 2us,20us.")
 @click.option("--ranks", default=None, help="Rank counts (whole nodes of the topology), e.g. 16,64,256.")
-@click.option("--trace", default=None, help="Traces (.npz), e.g. traces/cnn-digits-small.npz,resnet18.npz.")
+@click.option("--trace", default=None, type=Reads("trace"),
+              help="Traces (.npz), e.g. traces/cnn-digits-small.npz,resnet18.npz.")
 @click.option("--compressors", "-c", default=None, help="Compressors (default dense,topk,randk,arctopk,star,powersgd).")
 @click.option("--density", "-d", default=None, help="Densities k/d, e.g. 1e-3,1e-2,0.1 (default 0.01).")
 @click.option("--bucket-mb", default=None, help="DDP bucket caps in MiB (default 25).")
@@ -60,7 +83,8 @@ LIVE_OPTIONS = {"live_workers": "live_workers", "live_steps": "live_steps", "liv
               help="With --live: the built-in dataset they train on (default: each zoo model's own).")
 @click.option("--memory", "-m", default=None, help="Error feedback for every compressor (default ef14).")
 @click.option("--seed", default=None, type=Count(minimum=0))
-@click.option("--out", "-o", default=None, type=OutputPath(directory=True),
+@click.option("--out", "-o", default=None,
+              type=OutputPath(directory=True, writes=(RESULTS, "*.png")),  # and its SPEC, only where there is none
               help="Results directory (default reports/sweeps/<date-time>); an existing one resumes.")
 @click.option("--scheduler", default=None, help="Run on this Dask scheduler (tcp://host:8786) instead of here.")
 @click.option("--workers", "-j", default=None, type=click.IntRange(1, 256),
@@ -129,7 +153,8 @@ def _points(n: int) -> str:
 def _plots(directory: Path, plot_all) -> tuple[list[Path], list[str]]:
     from arcsim.sweep.store import expected_points, load_results
 
-    written, skipped = plot_all(load_results(directory), directory, expected=expected_points(directory))
+    written, skipped = plot_all(load_results(directory), directory, expected=expected_points(directory),
+                                announce=note)
     for path in written:
         note(f"wrote {path}")
     for reason in skipped:
@@ -138,11 +163,11 @@ def _plots(directory: Path, plot_all) -> tuple[list[Path], list[str]]:
 
 
 @click.command("plot")
-@click.argument("results", type=click.Path())
+@click.argument("results", type=InputPath(directory=True, reads=(RESULTS, SPEC)))
 @click.option("--kind", "-k", "kinds", multiple=True, default=("all",), show_default=True,
               type=click.Choice(["all", "heatmap", "speedup", "crossover", "breakdown"]),
               help="Which chart; repeat for several.")
-@click.option("--out", "-o", default=None, type=OutputPath(directory=True),
+@click.option("--out", "-o", default=None, type=OutputPath(directory=True, writes=("*.png",)),
               help="Where the PNGs go (default: beside the results).")
 @click.option("--slack", default=0.25, show_default=True, type=Number(minimum=0),
               help="Heatmap: a sparsifier competes if its error is at most Top-K's × (1 + slack).")
@@ -168,7 +193,7 @@ def plot(results: str, kinds: tuple[str, ...], out: str | None, slack: float, an
     if conditions:
         df = select(df, conditions)
         df.attrs[INCOMPLETE], expected = missing, None
-    written, skipped = plot_all(df, target, wanted, None if any_error else slack, expected)
+    written, skipped = plot_all(df, target, wanted, None if any_error else slack, expected, announce=note)
     for p in written:
         note(f"wrote {p}")
     if skipped and "all" not in kinds:

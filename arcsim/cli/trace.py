@@ -14,7 +14,6 @@ from arcsim.cli.common import (
     FORCE_TRAINING_HELP,
     INPUT_SIZE,
     Count,
-    OutputPath,
     console,
     json_option,
     model_arg_options,
@@ -25,8 +24,9 @@ from arcsim.cli.common import (
     tables_wanted,
     write_json,
 )
+from arcsim.cli.paths import InputPath, OutputPath, Reads
 from arcsim.errors import ArcsimError
-from arcsim.files import refuse_inputs_as_outputs, write_atomic
+from arcsim.files import write_atomic
 from arcsim.units import format_duration, format_size
 
 MODEL_HELP = (f"One of the zoo ({', '.join(MODELS)}), or your own: path/to/file.py:build or package.module:build, "
@@ -120,7 +120,7 @@ def trace_profile(model: str, model_args: tuple[str, ...], data: str | None, dat
 
 
 @trace.command("merge")
-@click.argument("parts", nargs=-1, required=True, type=click.Path(dir_okay=False))
+@click.argument("parts", nargs=-1, required=True, type=InputPath())
 @click.option("--model", default=None, help="The model the job trained (as --model takes it elsewhere), so that "
                                             "arcsim run can price its compute; checked against the recording.")
 @model_arg_options
@@ -138,7 +138,6 @@ def trace_merge(parts: tuple[str, ...], model: str | None, model_args: tuple[str
 
     if not out.endswith(".npz"):
         raise ArcsimError(f"--out {out}: a trace file name must end in .npz")
-    refuse_inputs_as_outputs({"--out": out}, [*parts, data])
     source = model_source(model, model_args) if model else None
     path = merge_recordings([Path(p) for p in parts], Path(out), source, dataset, batch, dtype, data)
     note(written(path))
@@ -158,7 +157,7 @@ def written(path: Path) -> str:
 
 
 @trace.command("info")
-@click.argument("file", required=False)
+@click.argument("file", required=False, type=Reads("trace"))
 @click.option("--no-stats", is_flag=True, help="Skip the per-step gradient statistics (no gradient reads).")
 @click.option("--no-capture", is_flag=True, help="Do not capture a missing known-model trace.")
 @json_option
@@ -176,6 +175,24 @@ def trace_info_cmd(file: str | None, no_stats: bool, no_capture: bool, json_out:
         _render_info(info)
 
 
+def _origin_rows(meta: dict) -> tuple[tuple[str, str], tuple[str, str]]:
+    """The workers and where their gradients came from: a capture's device, seed and time; or, for a trace merged
+    from a recording hook's parts (which has no seed or capture time of arcsim's), the ranks it recorded of its
+    job's world."""
+    workers, batch = meta["workers"], meta["batch_per_worker"]
+    if meta.get("device") != "recorded":
+        took = f", {meta['capture_seconds']} s" if "capture_seconds" in meta else ""
+        return (("workers × batch", f"{workers} × {batch}"),
+                ("captured on", f"{meta['device']} ({meta.get('device_name', '?')}), torch {meta['torch_version']}, "
+                                f"seed {meta['seed']}{took}"))
+    ranks = meta.get("recorded_ranks") or list(range(workers))
+    world = meta.get("job_world_size", workers)
+    return (("workers × batch", f"{workers} × {batch}" if batch else f"{workers} × ? (the forward's input was not "
+                                                                     "recorded)"),
+            ("recorded from", f"ranks {', '.join(map(str, ranks))} of a job of {world} ranks (RecordingState), torch "
+                              f"{meta['torch_version']}"))
+
+
 def _render_info(info: dict) -> None:
     meta = info["metadata"]
     head = Table(title=f"{info['path']} ({format_size(info['size_bytes'])})", show_header=False)
@@ -184,13 +201,12 @@ def _render_info(info: dict) -> None:
     data = f"{meta['dataset']} — {meta.get('dataset_description', '')}"
     if meta["synthetic_data"]:
         data += "  [bold yellow](SYNTHETIC data: gradient statistics are not those of real training)[/]"
-    rows = [("model", f"{meta['model']} ({meta['params']:,} parameters)"), ("data", data),
-            ("workers × batch", f"{meta['workers']} × {meta['batch_per_worker']}"),
+    workers, origin = _origin_rows(meta)
+    rows = [("model", f"{meta['model']} ({meta['params']:,} parameters)"), ("data", data), workers,
             ("training", f"{meta.get('optimizer', '?')}, {meta.get('precision', 'fp32')}"),
             ("recorded steps", f"{meta['steps']} at training steps {meta['recorded_steps']}"),
             ("gradients", f"{meta['dtype']} [{meta['steps']}, {meta['workers']}, {info['layers']['elements']:,}]"),
-            ("captured on", f"{meta['device']} ({meta.get('device_name', '?')}), torch {meta['torch_version']}, "
-                            f"seed {meta['seed']}, {meta.get('capture_seconds', '?')} s"),
+            origin,
             ("compute (per worker)", f"forward {format_duration(info['compute']['forward_s'])}, "
                                      f"backward {format_duration(info['compute']['backward_s'])}"),
             ("command", meta["command"])]
@@ -212,7 +228,8 @@ def _render_info(info: dict) -> None:
     for col in ("step", "loss", "||g_w|| mean", "||mean||", "kurtosis", "cos mean", "cos min…max", "agreement"):
         st.add_column(col, justify="right")
     for s in info["steps"]:
-        st.add_row(str(s["step"]), f"{s['loss']:.4f}", f"{s['worker_norm']:.4g}", f"{s['mean_norm']:.4g}",
+        loss = f"{s['loss']:.4f}" if meta.get("losses_recorded", True) else "-"  # a recording keeps none
+        st.add_row(str(s["step"]), loss, f"{s['worker_norm']:.4g}", f"{s['mean_norm']:.4g}",
                    f"{s['kurtosis']:.1f}", f"{s['cosine_mean']:.3f}", f"{s['cosine_min']:.3f}…{s['cosine_max']:.3f}",
                    f"{s['agreement']:.3f}")
     console.print(st)

@@ -19,7 +19,6 @@ from arcsim.cli.common import (
     Count,
     ListOf,
     Number,
-    OutputPath,
     console,
     json_option,
     library_option,
@@ -32,11 +31,15 @@ from arcsim.cli.common import (
     tables_wanted,
     write_json,
 )
+from arcsim.cli.paths import InputPath, OutputPath, Reads
 from arcsim.errors import ArcsimError
 from arcsim.files import write_atomic
 
 if TYPE_CHECKING:
     from arcsim.train.target import Target
+
+
+TRAIN_WRITES = ("*.csv", "*.json", "*.jsonl", "*.png", "checkpoints/*")  # what a training folder holds
 
 
 @click.command("train")
@@ -61,7 +64,8 @@ if TYPE_CHECKING:
 @click.option("--eval-every", default="10", show_default=True, type=Count(), help="Held-out accuracy every N steps.")
 @click.option("--seeds", default="0", show_default=True, type=ListOf(Count(minimum=0), unique=True, example="0,1,2"),
               help="Seeds, comma-separated (≥ 3 to judge noise).")
-@click.option("--topology", "-t", default=None, help="Price every step on this topology (wall-clock axis).")
+@click.option("--topology", "-t", default=None, type=Reads("topology"),
+              help="Price every step on this topology (wall-clock axis).")
 @click.option("--engine", default="analytic", show_default=True, type=click.Choice(["analytic", "des"]))
 @click.option("--hierarchy", default="flat", show_default=True,
               help="flat, or node: dense inside each node of --topology, compressed between nodes (the workers "
@@ -71,15 +75,15 @@ if TYPE_CHECKING:
 @library_option
 @click.option("--fusion", type=click.Choice(FUSIONS), default="bucket", show_default=True,
               help="bucket: DDP buckets; model: the whole gradient compressed as one vector (as arcsim run).")
-@click.option("--compute-profile", type=click.Path(dir_okay=False), default=None,
+@click.option("--compute-profile", type=InputPath(), default=None,
               help="Compute timings for pricing (default: the topology's GPU, else measured here on the CPU).")
 @click.option("--target", default=None, type=Number(above=0, maximum=1), help="Held-out accuracy to reach, e.g. 0.95.")
 @click.option("--target-loss", default=None, type=Number(above=0),
               help="Held-out loss to get under instead (cross-entropy in nats; perplexity is its exponential), "
                    "e.g. 6.5 for a language model.")
-@click.option("--out", "-o", default=None, type=OutputPath(directory=True),
+@click.option("--out", "-o", default=None, type=OutputPath(directory=True, writes=TRAIN_WRITES),
               help="Results directory (default reports/train/<model>-<dataset>-d<density>); an existing one resumes.")
-@click.option("--network-schedule", "schedule", type=click.Path(dir_okay=False), default=None,
+@click.option("--network-schedule", "schedule", type=InputPath(), default=None,
               help="Inter-node latency and bandwidth that change at given steps (examples/schedule-c1.yaml); each "
                    "step is priced on the network in force, and --policy picks what is sent.")
 @click.option("--policy", "policies", default=None,

@@ -12,13 +12,13 @@ from arcsim.cli.common import (
     DENSITY,
     Count,
     ListOf,
-    OutputPath,
     console,
     json_option,
     note,
     tables_wanted,
     write_json,
 )
+from arcsim.cli.paths import InputPath, OutputPath
 from arcsim.errors import ArcsimError
 from arcsim.files import write_atomic
 from arcsim.testbed import VALIDATE_WORKER
@@ -27,6 +27,9 @@ from arcsim.units import parse_rate
 
 def _list(text: str) -> tuple[str, ...]:
     return tuple(v.strip() for v in text.split(",") if v.strip())
+
+
+VALIDATE_WRITES = ("validation.csv", "validation.png", "validation/*")  # what --out holds after a run
 
 
 @click.command("validate")
@@ -47,20 +50,21 @@ def _list(text: str) -> tuple[str, ...]:
 @click.option("--batch", default="32", show_default=True, type=Count(), help="Batch per rank.")
 @click.option("--repeats", default="3", show_default=True, type=Count(),
               help="DDP trainings per case, each in fresh processes: the median and min–max of their medians.")
-@click.option("--out", default="reports", show_default=True, type=OutputPath(directory=True))
-@click.option("--write-config", type=click.Path(file_okay=False), default=None,
+@click.option("--out", default=None, type=OutputPath(directory=True, writes=VALIDATE_WRITES),
+              help="Where the measured cases go (default: reports; --report writes nothing there).")
+@click.option("--write-config", type=OutputPath(directory=True, writes=("config.json",)), default=None,
               help="Real cluster: write DIR/config.json for the torchrun worker and print the commands.")
-@click.option("--measured", type=click.Path(file_okay=False), default=None,
+@click.option("--measured", type=InputPath(directory=True, file=False), default=None,
               help="Real cluster: compare the worker's results in DIR (with --topology) instead of emulating.")
-@click.option("--topology", "-t", type=click.Path(dir_okay=False), default=None,
+@click.option("--topology", "-t", type=InputPath(), default=None,
               help="With --measured: the topology calibrated on that cluster (arcsim calibrate under torchrun).")
-@click.option("--report", type=click.Path(dir_okay=False), default=None,
+@click.option("--report", type=InputPath(), default=None,
               help="Print a validation CSV written before (its table, summary and the term furthest off in each "
                    "case outside the spread) without measuring anything.")
 @json_option
 def validate(rank_list: tuple[int, ...], bandwidth: str, delay: str, ranks_per_node: int, hierarchy: str,
-             compressors: str, model: str, dataset: str, density: float, steps: int, batch: int, repeats: int, out: str,
-             write_config: str | None, measured: str | None, topology: str | None, report: str | None,
+             compressors: str, model: str, dataset: str, density: float, steps: int, batch: int, repeats: int,
+             out: str | None, write_config: str | None, measured: str | None, topology: str | None, report: str | None,
              json_out: str | None) -> None:
     """Measure DDP iterations on the emulated cluster (or a real one) and compare with arcsim run's predictions."""
     import json
@@ -84,7 +88,7 @@ def validate(rank_list: tuple[int, ...], bandwidth: str, delay: str, ranks_per_n
         s = summary(rows)
         write_json({"rows": rows, "summary": s, "csv": report}, json_out)
         if tables_wanted(json_out):
-            _render(rows, s, str(rows[0]["model"]), float(rows[0]["density"]))
+            _render(rows, s)
         return
     for rate in _list(bandwidth):
         if not parse_rate(rate) > 0:
@@ -104,7 +108,7 @@ def validate(rank_list: tuple[int, ...], bandwidth: str, delay: str, ranks_per_n
         raise ArcsimError("--measured compares flat runs only; drop --hierarchy (node-aware runs on a real cluster "
                           "are not written yet)")
     cfg = ValidateConfig(ranks=rank_list, bandwidths=_list(bandwidth), delay=delay, compressors=comps, model=model,
-                         dataset=dataset, density=density, steps=steps, batch=batch, out_dir=Path(out),
+                         dataset=dataset, density=density, steps=steps, batch=batch, out_dir=Path(out or "reports"),
                          repeats=repeats, ranks_per_node=ranks_per_node, hierarchies=hierarchies)
     if write_config:
         directory = Path(write_config)
@@ -129,7 +133,7 @@ def validate(rank_list: tuple[int, ...], bandwidth: str, delay: str, ranks_per_n
     write_json({"rows": rows, "summary": s, "csv": str(csv), "chart": str(png)}, json_out)
     note(f"wrote {csv} and {png}")
     if tables_wanted(json_out):
-        _render(rows, s, model, density)
+        _render(rows, s)
 
 
 def _hierarchies(hierarchy: str, ranks_per_node: int, ranks: tuple[int, ...]) -> tuple[str, ...]:
@@ -150,10 +154,10 @@ def _hierarchies(hierarchy: str, ranks_per_node: int, ranks: tuple[int, ...]) ->
     return chosen
 
 
-def _render(rows: list[dict], s: dict, model: str, density: float) -> None:
-    from arcsim.testbed.validate import setting, setting_label
+def _render(rows: list[dict], s: dict) -> None:
+    from arcsim.testbed.validate import setting, setting_label, what_ran
 
-    table = Table(title=f"Validation: {model} on the emulated cluster (gloo), density {density:g}")
+    table = Table(title=f"Validation: {what_ran(rows)} on the emulated cluster (gloo)")
     node_aware = any(setting(r)[2] != "flat" for r in rows)
     columns = ("ranks", "bandwidth", *(("hierarchy",) if node_aware else ()), "compressor",
                "measured ms (runs' min–max)", "predicted ms", "error", "inside")

@@ -165,7 +165,7 @@ class SyntheticTokens(Dataset):
         for t in range(length):
             jump = torch.rand(n, generator=gen) > 0.7
             seq[:, t + 1] = torch.where(jump, torch.randint(vocab, (n,), generator=gen), self.successor[seq[:, t]])
-        return seq[:, :-1], seq[:, 1:]
+        return seq[:, :-1].contiguous(), seq[:, 1:].contiguous()  # as a loader's: .view works
 
 
 from arcsim.models.text import PythonText  # noqa: E402  (it builds on Dataset above)

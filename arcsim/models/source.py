@@ -12,8 +12,9 @@ How a batch becomes a loss: a zoo model keeps its own rule (cross-entropy of ``m
 Otherwise a dict batch is passed as ``model(**batch)``, a tuple or list as ``model(*batch)``, anything else
 as ``model(batch)``; the result is the loss — a scalar tensor, an object with ``.loss`` as HuggingFace
 models return, or a tuple holding it as nanoGPT's ``(logits, loss)``. A user's model on a built-in dataset
-gets ``model(x)``; if that is not a loss it is taken as logits (a tensor, ``.logits``, a tuple's first) for
-the dataset's cross-entropy.
+gets ``model(x, targets=y)`` when its forward takes ``targets`` (nanoGPT's contract: it computes its own loss,
+and only then returns logits at every position), else ``model(x)``; a result that is not a loss is taken as
+logits (a tensor, ``.logits``, a tuple's first) for the dataset's cross-entropy.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from __future__ import annotations
 import hashlib
 import importlib
 import importlib.util
+import inspect
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, redirect_stdout
@@ -195,6 +197,17 @@ def forward_loss(model: nn.Module, batch: Any, what: str) -> torch.Tensor:
     return loss_of(result, what)
 
 
+def takes_targets(model: nn.Module) -> bool:
+    """Whether the model's forward takes ``targets`` by name, as nanoGPT's ``forward(idx, targets=None)``. (A
+    HuggingFace model's ``labels`` are the inputs, shifted inside it, so a dataset's next tokens are not passed
+    as labels.)"""
+    try:
+        params = inspect.signature(model.forward).parameters
+    except (TypeError, ValueError):
+        return False
+    return "targets" in params
+
+
 def _trainable(loss: torch.Tensor, ref: str) -> torch.Tensor:
     """A user model's loss, refused when gradients are wanted and it does not depend on the parameters."""
     if torch.is_grad_enabled() and not loss.requires_grad:
@@ -310,7 +323,7 @@ class ModelSource:
         what = f"a batch of {spec.kind} data, shape {tuple(batch[0].shape)}" if spec else "a batch of --data"
         try:
             with torch.device("meta"), user_code(f"--model {self.ref}"):
-                out = model(batch[0]) if spec is not None else call_forward(model, batch)
+                out = self.forward(model, *batch) if spec is not None else call_forward(model, batch)
         except ModelError:
             raise
         except Exception as exc:
@@ -331,13 +344,18 @@ class ModelSource:
             return loss_fn(spec.kind, model(x), y)
         try:
             with user_code(f"--model {self.ref}"):
-                out = model(x)
+                out = self.forward(model, x, y)
         except ModelError:
             raise
         except Exception as exc:
             raise ModelError(f"--model {self.ref} rejected a batch of {spec.kind} data, shape {tuple(x.shape)}: "
                              f"{type(exc).__name__}: {str(exc)[:300]}") from None
         return _trainable(self.loss_of_output(out, y, spec), self.ref)
+
+    def forward(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> Any:
+        """A built-in dataset's batch through the model: ``model(x, targets=y)`` for a user's forward that takes
+        ``targets`` (:func:`takes_targets`), else ``model(x)``."""
+        return model(x, targets=y) if self.entry is None and takes_targets(model) else model(x)
 
     def loss_of_output(self, out: Any, y: torch.Tensor, spec: DataSpec) -> torch.Tensor:
         """The loss of a forward's result on a built-in dataset's targets ``y``: the zoo's rule; for a user's model
@@ -352,6 +370,11 @@ class ModelSource:
             raise ModelError(f"--model {self.ref} returned logits of shape {tuple(logits.shape)}, over "
                              f"{logits.shape[-1]} classes where the {spec.kind} data has {spec.classes}: build it "
                              f"with {spec.classes} outputs or more")
+        if logits is not None and tuple(logits.shape[:-1]) != tuple(y.shape):
+            raise ModelError(f"--model {self.ref} returned logits of shape {tuple(logits.shape)} for targets of shape "
+                             f"{tuple(y.shape)}: return logits of shape {(*y.shape, spec.classes)} from forward(x), "
+                             "or take the targets as forward(idx, targets=None) and return (logits, loss) as "
+                             "nanoGPT does")
         try:
             return loss_fn(spec.kind, out if logits is None else logits, y)
         except Exception as exc:

@@ -103,7 +103,7 @@ class PythonText(Dataset):
 
     def _windows(self, ids: torch.Tensor, starts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         seq = ids[starts[:, None] + torch.arange(self.spec.shape[0] + 1)]
-        return seq[:, :-1], seq[:, 1:]
+        return seq[:, :-1].contiguous(), seq[:, 1:].contiguous()  # as a loader's: .view works
 
     def draw(self, n: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
         starts = torch.randint(len(self.train_ids) - self.spec.shape[0] - 1, (n,), generator=gen)

@@ -8,7 +8,7 @@ import itertools
 import multiprocessing
 import os
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -19,11 +19,13 @@ import torch
 from arcsim.catalog import (
     AG_FAMILY,
     AR_TOPK_FAMILY,
+    BUCKET_MB_RANGE,
     COMPRESSORS,
     DEFAULT_RATIOS,
     FUSIONS,
     INFO,
     POLICIES,
+    bucket_mb_ok,
     check_compression,
     check_options,
     fusion_message,
@@ -47,7 +49,7 @@ from arcsim.run.frameworks import DDP_BUCKET_MB, FRAMEWORKS, framework_message, 
 from arcsim.run.measure import GradientStats, Measurement, measure, measure_many, measuring_threads
 from arcsim.run.sampling import MIN_SAMPLE_SAVING, BucketSample, describe, sample_threshold
 from arcsim.topology import DEFAULT_TOPOLOGY, Topology, load_topology
-from arcsim.traces.estimates import LIVE_STATE_BYTES_PER_ELEMENT, measuring_seconds
+from arcsim.traces.estimates import LIVE_STATE_BYTES_PER_ELEMENT, Load, measuring_seconds
 from arcsim.traces.format import GradientSource, Trace, open_trace
 from arcsim.traces.live import LiveSource
 from arcsim.traces.params import DEFAULT_LAYERS, ParamsModel
@@ -56,6 +58,7 @@ from arcsim.traces.training import TrainingConfig
 from arcsim.units import format_bits, format_duration
 
 MeasurementKey = tuple[str, float, int, "Grouping | None"]  # compressor, density, steps, node grouping (None: flat)
+TraceStep = tuple[int, torch.Tensor]  # a trace's step: its training step, and every worker's gradient [W, d]
 GRID_ALL_STEPS_ELEMENTS = 2e8  # steps × workers × elements above which the grid uses the first step only
 CACHE_BYTES = 4 * 2**30  # traces up to this size (as stored) are read once and kept in memory
 PARALLEL_PROCESSES = 2  # measure_ahead: processes at most (the machines this was measured on have 2 cores)
@@ -83,6 +86,7 @@ def _one_thread() -> None:
 
 def _measure_ahead_key(key: MeasurementKey) -> tuple[Measurement, float]:
     assert _AHEAD is not None, "measure_ahead's processes are forked from the analysis they measure for"
+    _AHEAD.detail = lambda _: None  # the parent's bar is the parent's to draw
     started = time.perf_counter()
     meas = _AHEAD._measure_key(key)
     return meas, time.perf_counter() - started
@@ -105,7 +109,7 @@ class RunConfig:
     ratios: tuple[float, ...] = DEFAULT_RATIOS
     weights: tuple[float, float] | None = None
     compute_profile: str | None = None
-    slack: float = 0.25                 # gate policy: error allowed above Top-K's, relative
+    slack: float | None = None          # gate policy only: error allowed above Top-K's, relative (None: GATE_SLACK)
     dense_steps: float = 1000.0         # steps dense takes to the target: scales every time to target
     seed: int = 0
     allow_capture: bool = True
@@ -215,14 +219,17 @@ class RunConfig:
         bad = [r for r in (self.density, *self.ratios) if not 0 < r <= 1]
         if bad or not self.ratios:
             raise RunError(f"ratios and --density must lie in (0, 1]; got {bad[0] if bad else 'an empty grid'}")
-        if not self.bucket_mb > 0:
-            raise RunError(f"--bucket-mb must be positive, got {self.bucket_mb}")
+        if not bucket_mb_ok(self.bucket_mb):
+            raise RunError(f"--bucket-mb must be {BUCKET_MB_RANGE}, got {self.bucket_mb:g}")
         if self.weights is not None and (len(self.weights) != 2 or min(self.weights) < 0 or sum(self.weights) <= 0):
             raise RunError("--weights takes two non-negative numbers TIME,ERROR, not both zero (e.g. 1,1)")
         scales = self.compress_scale.values() if isinstance(self.compress_scale, dict) else [self.compress_scale]
         if not all(s > 0 for s in scales):
             raise RunError(f"compress_scale must be positive, got {self.compress_scale}")
-        if not self.slack >= 0:
+        if self.slack is not None and self.policy != "gate":
+            raise RunError(f"--slack sets --policy gate's error limit; --policy {self.policy} has none: drop --slack, "
+                           "or add --policy gate")
+        if self.slack is not None and not self.slack >= 0:
             raise RunError(f"--slack must be ≥ 0, got {self.slack}")
 
 
@@ -295,6 +302,7 @@ class Analysis:
         cfg.check()
         self.cfg = cfg
         self.progress = progress or (lambda _: None)
+        self.detail: Callable[[str], None] = lambda _: None  # where a measurement is, step by step (the bar's note)
         self.announce = announce
         self.compute_basis: dict[str, Any] | None = None  # a modelled compute's batch and precision, and whence
         self.topo = load_topology(cfg.topology).with_overrides(cfg.bandwidth, cfg.latency, cfg.library)
@@ -466,6 +474,7 @@ class Analysis:
         """``key`` measured on the trace here (neither read from the cache nor kept there)."""
         compressor, density, count, grouping = key
         steps = self.steps() if count == self.trace.steps else itertools.islice(self.steps(), count)
+        steps = self._told(steps, f"{compressor} @ {density:g}", count)
         return measure(steps, self.ctx.buckets, compressor, density, self._memory(compressor), self.cfg.seed,
                        self.cfg.options, timed=self.ctx.gpu is None, count=count, stats=self.gradient_stats,
                        grouping=grouping, sample=self.sample_for(key))
@@ -479,6 +488,7 @@ class Analysis:
                                todo=lambda k: not cache.held(self._cache_name(k)))
         started = time.perf_counter()
         steps = self.steps() if wanted[2] == t.steps else itertools.islice(self.steps(), wanted[2])
+        steps = self._told(steps, f"{len(group)} runs in one read", wanted[2])
         which = [(c, d, self._memory(c)) for c, d, _, _ in group]
         measured = measure_many(steps, self.ctx.buckets, which, self.cfg.seed, self.cfg.options,
                                 timed=self.ctx.gpu is None, count=wanted[2], stats=self.gradient_stats,
@@ -491,6 +501,12 @@ class Analysis:
             cache.save(self._cache_name(key), meas)
             self._keep(key, meas, share)
         self._measuring_wall += share * len(group)
+
+    def _told(self, steps: Iterable[TraceStep], label: str, count: int) -> Iterator[TraceStep]:
+        """``steps``, telling ``detail`` which of ``count`` is being measured (a long measurement moves)."""
+        for i, step in enumerate(steps, 1):
+            self.detail(f"{label}, step {i}/{count}")
+            yield step
 
     def sample_for(self, key: MeasurementKey) -> BucketSample | None:
         """The buckets ``key`` is measured on where it is large (workers × elements × steps above
@@ -567,15 +583,16 @@ class Analysis:
                          self.cfg.seed, self.cfg.options, steps, self.ctx.gpu is None, grouping,
                          self.sample_for(key))
 
-    def measuring_work(self) -> tuple[int, float]:
-        """The planned measurements neither in memory nor in the cache, and the seconds they should take here
-        (arcsim.traces.estimates); (0, 0) for live training, whose training was estimated before it started."""
+    def measuring_work(self, load: Load | None = None) -> tuple[int, float]:
+        """The planned measurements neither in memory nor in the cache, and the seconds they should take here with
+        the machine as loaded as ``load`` (default: now; arcsim.traces.estimates); (0, 0) for live training, whose
+        training was estimated before it started."""
         if not isinstance(self.trace, Trace):
             return 0, 0.0
         todo = [k for k in self.planned_keys() if k not in self._measured
                 and not cache.held(self._cache_name(k))]
-        return len(todo), measuring_seconds(sum(self.trace.workers * k[2] * self._measured_elements(k) for k in todo),
-                                            timed=self.ctx.gpu is None)
+        read = sum(self.trace.workers * k[2] * self._measured_elements(k) for k in todo)
+        return len(todo), measuring_seconds(read, timed=self.ctx.gpu is None, load=load or Load.now())
 
     def _measured_elements(self, key: MeasurementKey) -> int:
         """The elements ``key`` compresses per worker and step: the trace's, or its sample's."""
@@ -675,7 +692,8 @@ class Analysis:
         if self.cfg.policy == "paper":
             return policies.paper(grid, self.ctx, self.cfg.seed, model), None
         if self.cfg.policy == "gate":
-            return decisions.policy(cands, self.ctx, self.cfg.slack), None
+            slack = decisions.GATE_SLACK if self.cfg.slack is None else self.cfg.slack
+            return decisions.policy(cands, self.ctx, slack), None
         return None, None
 
     def _grid(self, dense: Candidate, ring: Candidate) -> list[Candidate]:

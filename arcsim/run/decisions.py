@@ -25,6 +25,7 @@ BANDWIDTH_SCALES = tuple(float(s) for s in np.logspace(-2, 2, 25))
 UNUSABLE_ERROR = 0.95  # relative aggregate error from which a candidate is unusable: within 5 % of sending nothing
 #                        (a zero update has error 1); Rand-K at 0.99 stayed at chance accuracy under `arcsim train`
 #                        where Top-K (0.78) and STAR (0.90) trained like dense (docs/train.md)
+GATE_SLACK = 0.25  # --policy gate: the error allowed above Top-K's, relative, when --slack gives none
 UNUSABLE_NOTE = (f"unusable: error ≥ {UNUSABLE_ERROR:g}, within {1 - UNUSABLE_ERROR:.0%} of sending nothing "
                  "(error 1); never recommended or chosen")
 Measure = Callable[..., Measurement]  # (compressor, density, hierarchy=…) → its measurement on the trace

@@ -8,6 +8,7 @@ gradients become ready; its forward the same share of forward."""
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -21,6 +22,7 @@ from arcsim.sharding.schedule import (
     STRATEGIES,
     Quantize,
     ShardCollective,
+    check_fits,
     cross_node_bytes,
     fsdp_schedule,
 )
@@ -147,6 +149,8 @@ def study(model: str, topo: Topology, gpu: str | None, batch: int, precision: st
             raise ArcsimError(f"unknown sharding {s!r}; choose among {', '.join(STRATEGIES)}")
     if topo.ranks < 2:
         raise ArcsimError(f"{topo.name} has one rank: data parallelism needs at least 2")
+    for s, q in itertools.product(strategies, variants):
+        check_fits(s, q, topo.gpus_per_node, topo.nodes, topo.name)
     gpu = gpu or topo.gpu
     if gpu is None:
         raise ArcsimError(f"{topo.name} names no GPU: give --gpu (arcsim device list)")
@@ -165,8 +169,6 @@ def study(model: str, topo: Topology, gpu: str | None, batch: int, precision: st
                                  activations_bytes)
             results.append(ddp_result(pred, pricer, mem, reduce_dtype))
             continue
-        if s == "hybrid" and topo.gpus_per_node < 2:
-            raise ArcsimError(f"{topo.name} has one GPU per node: hybrid sharding shards nothing there")
         for q in variants:
             mem = memory_per_gpu(s, units, root, topo.ranks, topo.gpus_per_node, capacity, param_dtype, reduce_dtype,
                                  activations_bytes, q.hpz and topo.nodes > 1)

@@ -61,18 +61,38 @@ VARIANT_HELP = ("none; fp16, bf16 or int8 (weights' all-gathers, qwZ); qgz or qg
 
 
 def quantize_variant(name: str) -> Quantize:
-    """A variant by its tokens joined with ``+`` (``int8+qgz``, ``zeropp``, ``none``)."""
+    """A variant by its tokens joined with ``+`` (``int8+qgz``, ``zeropp``), or ``none`` alone; each of weights,
+    gradients and hpZ set by one token at most."""
+    tokens = [t.strip() for t in name.strip().lower().split("+")]
+    if tokens == ["none"]:
+        return Quantize()
+    if "none" in tokens:
+        rest = "+".join(t for t in tokens if t != "none") or "none"
+        raise ArcsimError(f"--quantize {name!r} joins none with a format; none stands alone (no quantisation): give "
+                          f"none, or the formats without it, e.g. {rest}")
     fields: dict[str, object] = {}
-    for token in name.strip().lower().split("+"):
-        if token == "none":
-            continue
+    for token in tokens:
         if token not in _TOKENS:
-            raise ArcsimError(f"unknown --quantize {token!r}; choose among {VARIANT_HELP}")
+            raise ArcsimError(f"unknown --quantize {token!r} in {name!r}; choose among {VARIANT_HELP}")
         for key, value in _TOKENS[token].items():
-            if key in fields and fields[key] != value:
-                raise ArcsimError(f"--quantize {name!r} asks for two {key} formats; give one")
+            if key in fields:
+                raise ArcsimError(f"--quantize {name!r} sets {key} with two tokens (zeropp = int8+hpz+qgz4); give "
+                                  "each once")
             fields[key] = value
     return Quantize(**fields)  # type: ignore[arg-type]
+
+
+def check_fits(strategy: str, quantize: Quantize, gpus_per_node: int, nodes: int, where: str) -> None:
+    """Refuse what nodes of one GPU cannot do: hybrid sharding (it shards inside the node) and hpZ (its secondary
+    shard of the parameters lives inside the node); ``where`` names the cluster."""
+    if gpus_per_node >= 2:
+        return
+    if strategy == "hybrid":
+        raise ArcsimError(f"{where} has one GPU per node: hybrid sharding shards nothing there")
+    if strategy == "full" and quantize.hpz and nodes > 1:
+        raise ArcsimError(f"{where} has one GPU per node, and hpZ (asked for by --quantize: {quantize.label}) keeps "
+                          "its secondary shard of the parameters inside a node, so it has nothing to shard: drop hpz "
+                          "(zeropp without it is int8+qgz4) or give a topology with several GPUs per node")
 
 
 @dataclass(frozen=True)
@@ -122,9 +142,8 @@ def fsdp_schedule(units: Sequence[ShardUnit], root: ShardUnit, strategy: str, wo
     if world % gpus_per_node:
         raise ArcsimError(f"{world} ranks are no whole number of {gpus_per_node}-GPU nodes")
     nodes = world // gpus_per_node
+    check_fits(strategy, quantize, gpus_per_node, nodes, f"a cluster of {nodes} × {gpus_per_node} GPUs")
     shard = world if strategy == "full" else gpus_per_node
-    if shard < 2:
-        raise ArcsimError("hybrid sharding with one GPU per node shards nothing: use none (DDP) or full")
     shard_group = "world" if strategy == "full" else "node"
     wdtype = param_dtype if quantize.weights == "none" or _wider(quantize.weights, param_dtype) else quantize.weights
     gdtype = reduce_dtype if quantize.grads == "none" or _wider(quantize.grads, reduce_dtype) else quantize.grads

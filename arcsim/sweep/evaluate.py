@@ -21,13 +21,17 @@ from arcsim.topology import Topology, load_topology
 ANALYSES_KEPT = 2  # traces held in memory per process (each caches its steps)
 
 # the results table's columns, in order: the point, then what arcsim predicts for it
-POINT_COLUMNS = ("point_id", "topology", "bandwidth", "latency", "ranks", "trace", "compressor", "density",
+POINT_COLUMNS = ("point_id", "topology", "bandwidth_Bps", "latency", "ranks", "trace", "compressor", "density",
                  "bucket_mb", "engine", "gpu", "library", "fusion", "hierarchy", "memory", "seed")
 RESULT_COLUMNS = ("topology_name", "nodes", "gpus_per_node", "world", "nic_gbps", "latency_us", "model", "params",
                   "trace_workers", "collective", "op", "iteration_s", "compute_s", "compress_s", "comm_s",
                   "exposed_comm_s", "dense_iteration_s", "speedup_vs_dense", "rel_error", "compression_gain",
                   "density_achieved", "bytes_per_rank")
 COLUMNS = POINT_COLUMNS + RESULT_COLUMNS
+# a point column named with its unit → the axis it holds (tables written before it had the axis's own name)
+UNIT_COLUMNS = {"bandwidth_Bps": "bandwidth"}
+# what a point prices when the axis is unset (and so what a table written before the axis existed holds)
+UNSET_AXES = {"fusion": "bucket", "hierarchy": "flat"}
 CANDIDATE_COLUMNS = ("collective", "op", "iteration_s", "compute_s", "compress_s", "comm_s", "exposed_comm_s",
                      "rel_error", "compression_gain", "density_achieved", "bytes_per_rank")  # as run.Candidate has them
 
@@ -56,7 +60,7 @@ def _analysis(point: Mapping[str, Any]):
     from arcsim.run.analysis import Analysis, RunConfig
 
     gpu = point_topology(point).gpu or "cpu"  # the point's topology names the GPU compute is priced on
-    fusion = point.get("fusion") or "bucket"
+    fusion = point.get("fusion") or UNSET_AXES["fusion"]
     live = _live(point)
     key = (point["trace"], point.get("params"), repr(live), point["bucket_mb"], point["memory"], point["seed"],
            point.get("compute_profile"), gpu, fusion)
@@ -96,7 +100,7 @@ def evaluate_point(point: Mapping[str, Any]) -> dict[str, Any]:
     topo = point_topology(point)
     ctx = dataclasses.replace(analysis.ctx, topo=topo, engine=point["engine"])
     pricer = Pricer(topo, point["engine"])
-    hierarchy = point.get("hierarchy") or "flat"
+    hierarchy = point.get("hierarchy") or UNSET_AXES["hierarchy"]
     try:
         measured = analysis.measurement(point["compressor"], point["density"], hierarchy=hierarchy, topo=topo)
     except ArcsimError as exc:
@@ -104,11 +108,11 @@ def evaluate_point(point: Mapping[str, Any]) -> dict[str, Any]:
     best = min(candidates_for(measured, ctx, pricer), key=lambda c: c.iteration_s)
     dense = min(candidates_for(analysis.measurement("dense", 1.0), ctx, pricer), key=lambda c: c.iteration_s)
     meta = analysis.trace.meta
-    row = {k: point.get(k) for k in POINT_COLUMNS}
+    row = {k: point.get(UNIT_COLUMNS.get(k, k)) for k in POINT_COLUMNS}
     row["memory"] = best.memory
     row["gpu"] = topo.gpu or "cpu"
     row["library"] = topo.library
-    row["fusion"] = point.get("fusion") or "bucket"
+    row["fusion"] = point.get("fusion") or UNSET_AXES["fusion"]
     row["hierarchy"] = hierarchy
     if point.get("live") is not None:  # the trace column names the gradients' source
         dataset = f" on {point['live_dataset']}" if point.get("live_dataset") else ""

@@ -1,14 +1,15 @@
 """Charts of a sweep's results table (torch-free).
 
 Each kind needs some axes to vary; the other varied axes are held at their first value (or where
-``arcsim plot --where`` puts them), and the chart's subtitle says which. ``plot_all`` draws every kind the
-table supports and says why it skipped the rest.
+``arcsim plot --where`` puts them), and the chart's subtitle and a note say which. ``plot_all`` draws every kind
+the table supports and says why it skipped the rest.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import matplotlib.pyplot as plt
@@ -25,10 +26,10 @@ from arcsim.units import parse_duration, parse_rate
 
 # result columns that identify a point's setting (the swept axes as they came out)
 DIMENSIONS = ("topology_name", "nic_gbps", "latency_us", "world", "model", "trace", "density", "bucket_mb", "engine",
-              "hierarchy")
+              "gpu", "library", "fusion", "hierarchy")
 LABELS = {"topology_name": "topology", "nic_gbps": "NIC Gb/s", "latency_us": "latency µs", "world": "ranks",
           "model": "model", "trace": "trace", "density": "density", "bucket_mb": "bucket MiB", "engine": "engine",
-          "hierarchy": "hierarchy"}
+          "gpu": "GPU", "library": "library", "fusion": "fusion", "hierarchy": "hierarchy"}
 
 
 class PlotUnsupported(SweepError):
@@ -42,9 +43,32 @@ def _varied(df: pd.DataFrame, col: str) -> bool:
     return df[col].nunique(dropna=False) > 1
 
 
+Held = list[tuple[str, object, list[object]]]  # (column, the value kept, the values left out)
+
+
 def hold_others(df: pd.DataFrame, keep: tuple[str, ...]) -> tuple[pd.DataFrame, str]:
     """Fix every varied dimension that ``keep`` does not determine at its first value; say which."""
-    held = []
+    df, held = _hold(df, keep)
+    return df, (f"held at {', '.join(f'{LABELS[col]} {_fmt(first)}' for col, first, _ in held)}" if held else "")
+
+
+def held_note(df: pd.DataFrame, keep: tuple[str, ...]) -> str:
+    """What a chart keeping ``keep`` leaves out of ``df``, and how to draw it instead (empty: nothing)."""
+    _, held = _hold(df, keep)
+    if not held:
+        return ""
+    col, _, rest = held[-1]
+    return (f"holds {', '.join(f'{LABELS[c]} at {_fmt(v)} (not drawn: {_join(r)})' for c, v, r in held)}; "
+            f"draw another with --where, e.g. --where {WHERE_NAME[col]}={_fmt(rest[0])}{WHERE_UNIT.get(col, '')}")
+
+
+def _join(values: list[object]) -> str:
+    return ", ".join(map(_fmt, values[:6])) + (f" and {len(values) - 6} more" if len(values) > 6 else "")
+
+
+def _hold(df: pd.DataFrame, keep: tuple[str, ...]) -> tuple[pd.DataFrame, Held]:
+    """``df`` with every varied dimension that ``keep`` does not determine at its first value, and which."""
+    held: Held = []
     for col in DIMENSIONS:
         if col not in df:  # a table written before the column existed
             continue
@@ -55,11 +79,11 @@ def hold_others(df: pd.DataFrame, keep: tuple[str, ...]) -> tuple[pd.DataFrame, 
         if groups is not None and groups.max() <= 1:
             continue  # determined by the kept axes (e.g. the topology name when the topologies differ in bandwidth)
         values = df.loc[~df["compressor"].isin(DENSITY_FREE), col] if col == "density" else df[col]
-        first = sorted(values.dropna().unique(), key=lambda v: (str(type(v)), v))[0]
+        first, *rest = sorted(values.dropna().unique(), key=lambda v: (str(type(v)), v))
         keep_free = df["compressor"].isin(DENSITY_FREE) if col == "density" else False  # dense has no density
         df = df[(df[col] == first) | keep_free]
-        held.append(f"{LABELS[col]} {_fmt(first)}")
-    return df, (f"held at {', '.join(held)}" if held else "")
+        held.append((col, first, rest))
+    return df, held
 
 
 # `arcsim plot --where NAME=VALUE`: the sweep's axis names, the results column each selects, how a value reads
@@ -67,7 +91,10 @@ WHERE: dict[str, tuple[str, Callable[[str], object]]] = {
     "topology": ("topology_name", str), "bandwidth": ("nic_gbps", lambda v: parse_rate(v) * 8 / 1e9),
     "latency": ("latency_us", lambda v: parse_duration(v) * 1e6), "ranks": ("world", int), "model": ("model", str),
     "trace": ("trace", str), "density": ("density", float), "bucket_mb": ("bucket_mb", float),
-    "engine": ("engine", str), "hierarchy": ("hierarchy", str)}
+    "engine": ("engine", str), "gpu": ("gpu", str), "library": ("library", str), "fusion": ("fusion", str),
+    "hierarchy": ("hierarchy", str)}
+WHERE_NAME = {col: name for name, (col, _) in WHERE.items()}
+WHERE_UNIT = {"nic_gbps": "Gbit", "latency_us": "us"}  # what --where's value needs after a column's number
 
 
 def select(df: pd.DataFrame, conditions: tuple[str, ...]) -> pd.DataFrame:
@@ -80,6 +107,10 @@ def select(df: pd.DataFrame, conditions: tuple[str, ...]) -> pd.DataFrame:
             raise SweepError(f"--where {condition!r}: write NAME=VALUE with NAME one of {', '.join(WHERE)} "
                              "(e.g. --where ranks=32)")
         col, read = WHERE[name]
+        if col not in df:
+            have = ", ".join(n for n, (c, _) in WHERE.items() if c in df)
+            raise SweepError(f"--where {condition!r}: this table has no {col} column (written before that axis "
+                             f"existed, or by a sweep without it); --where takes {have}")
         try:
             value = read(text.strip())
         except (ValueError, ArcsimError):
@@ -102,8 +133,8 @@ def _fmt(v: object) -> str:
 
 
 def _title(ax: plt.Axes, main: str, df: pd.DataFrame, held: str) -> None:
-    model = ", ".join(sorted(map(str, df["model"].unique())))
-    worlds = sorted(df["world"].unique())
+    model = ", ".join(sorted(map(str, df["model"].unique()))) if "model" in df else "a model the table does not name"
+    worlds = sorted(df["world"].unique()) if "world" in df else []
     ranks = f", {worlds[0]} ranks" if len(worlds) == 1 and "ranks " not in held else ""
     topologies = sorted(map(str, df["topology"].unique())) if "topology" in df else []
     on = f" on {', '.join(topologies)}" if 0 < len(topologies) <= 3 else ""
@@ -167,7 +198,7 @@ def heatmap(df: pd.DataFrame, path: Path, slack: float | None = 0.25) -> Path:
     (any error with ``slack=None``), with its speed-up over dense."""
     if not (_varied(df, "nic_gbps") and df.loc[~df["compressor"].isin(DENSITY_FREE), "density"].nunique() > 1):
         raise PlotUnsupported("heatmap needs at least two bandwidths and two densities")
-    df, held = hold_others(df, ("nic_gbps", "density"))
+    df, held = hold_others(df, KINDS["heatmap"].keep)
     bws, dens, winners, speedup = fastest_by_cell(df, slack)
     names = sorted(set(winners.ravel()))
     colours = _colour_of(names)
@@ -196,7 +227,7 @@ def speedup_vs_ranks(df: pd.DataFrame, path: Path) -> Path:
     if not _varied(df, "world"):
         raise PlotUnsupported("speedup needs at least two rank counts (sweep `ranks` or topologies of different "
                               "sizes)")
-    df, held = hold_others(df, ("world",))
+    df, held = hold_others(df, KINDS["speedup"].keep)
     fig, ax = plt.subplots(figsize=(7, 4.5))
     colours = _colour_of(list(df["compressor"].unique()))
     for name, rows in df.groupby("compressor"):
@@ -220,7 +251,7 @@ def crossover(df: pd.DataFrame, path: Path) -> Path:
                               "(arctopk, star, var) among the compressors")
     if not _varied(df, "nic_gbps"):
         raise PlotUnsupported("crossover needs at least two bandwidths")
-    df, held = hold_others(df, ("nic_gbps", "model"))
+    df, held = hold_others(df, KINDS["crossover"].keep)
     ratio = ag_over_ar(df)
     params = df.groupby("model")["params"].first().sort_values()
     bws = sorted(df["nic_gbps"].unique())
@@ -258,7 +289,7 @@ def crossover(df: pd.DataFrame, path: Path) -> Path:
 
 def breakdown(df: pd.DataFrame, path: Path) -> Path:
     """Where each compressor's iteration goes: compute, compression, exposed communication."""
-    df, held = hold_others(df, ())
+    df, held = hold_others(df, KINDS["breakdown"].keep)
     rows = df.sort_values("iteration_s")
     dense = rows["dense_iteration_s"].iloc[0]
     ways = rows["hierarchy"] if "hierarchy" in rows else pd.Series("flat", index=rows.index)
@@ -286,7 +317,7 @@ def hierarchy(df: pd.DataFrame, path: Path) -> Path:
         raise PlotUnsupported("hierarchy needs both flat and node on the hierarchy axis")
     if not _varied(df, "nic_gbps"):
         raise PlotUnsupported("hierarchy needs at least two bandwidths")
-    df, held = hold_others(df, ("nic_gbps", "compressor", "hierarchy"))
+    df, held = hold_others(df, KINDS["hierarchy"].keep)
     times = df.groupby(["compressor", "nic_gbps", "hierarchy"])["iteration_s"].min().unstack("hierarchy")
     ratio = (times["node"] / times["flat"]).dropna()
     bws = sorted(df["nic_gbps"].unique())
@@ -314,9 +345,29 @@ def _finish(fig: plt.Figure, path: Path) -> Path:
         plt.close(fig)
 
 
-KINDS: dict[str, Callable[[pd.DataFrame, Path], Path]] = {
-    "heatmap": heatmap, "speedup": speedup_vs_ranks, "crossover": crossover, "breakdown": breakdown,
-    "hierarchy": hierarchy}
+@dataclass(frozen=True)
+class Chart:
+    """One kind of chart: how it draws, the dimensions it separates (the others are held), the columns it reads."""
+
+    draw: Callable[[pd.DataFrame, Path], Path]
+    keep: tuple[str, ...]
+    needs: tuple[str, ...]
+
+
+KINDS: dict[str, Chart] = {
+    "heatmap": Chart(heatmap, ("nic_gbps", "density"), ("nic_gbps", "density", "rel_error", "dense_iteration_s")),
+    "speedup": Chart(speedup_vs_ranks, ("world",), ("world", "speedup_vs_dense")),
+    "crossover": Chart(crossover, ("nic_gbps", "model"), ("nic_gbps", "model", "params")),
+    "breakdown": Chart(breakdown, (), ("dense_iteration_s", "op", "collective", "compute_s", "compress_s",
+                                       "exposed_comm_s")),
+    "hierarchy": Chart(hierarchy, ("nic_gbps", "compressor", "hierarchy"), ("nic_gbps", "hierarchy"))}
+
+
+def _check_columns(df: pd.DataFrame, kind: str, needs: tuple[str, ...]) -> None:
+    missing = [c for c in needs if c not in df]
+    if missing:
+        raise PlotUnsupported(f"{kind} needs the column{'s' if len(missing) > 1 else ''} {', '.join(missing)}, which "
+                              "this table lacks (written by an older arcsim sweep?)")
 
 
 def incompleteness(df: pd.DataFrame, expected: int | None) -> str:
@@ -325,8 +376,10 @@ def incompleteness(df: pd.DataFrame, expected: int | None) -> str:
 
 
 def plot_all(df: pd.DataFrame, out_dir: Path, kinds: tuple[str, ...] = tuple(KINDS),
-             slack: float | None = 0.25, expected: int | None = None) -> tuple[list[Path], list[str]]:
-    """Every requested kind the table supports; returns (written files, reasons for the skipped ones).
+             slack: float | None = 0.25, expected: int | None = None,
+             announce: Callable[[str], None] = lambda _: None) -> tuple[list[Path], list[str]]:
+    """Every requested kind the table supports; returns (written files, reasons for the skipped ones), and
+    ``announce``s what each chart holds and leaves out.
 
     With ``expected`` (the sweep's point count) a table that holds fewer rows is drawn with
     "incomplete: N of M points" on every chart. Speed-ups never need a missing row: each row carries the
@@ -338,11 +391,17 @@ def plot_all(df: pd.DataFrame, out_dir: Path, kinds: tuple[str, ...] = tuple(KIN
         df.attrs[INCOMPLETE] = incompleteness(df, expected)
     written, skipped = [], []
     for kind in kinds:
+        chart = KINDS[kind]
         try:
+            _check_columns(df, kind, chart.needs)
             path = out_dir / f"{kind}.png"
-            written.append(heatmap(df, path, slack) if kind == "heatmap" else KINDS[kind](df, path))
+            written.append(heatmap(df, path, slack) if kind == "heatmap" else chart.draw(df, path))
         except PlotUnsupported as exc:
             skipped.append(str(exc))
+            continue
+        left_out = held_note(df, chart.keep)
+        if left_out:
+            announce(f"{path.name} {left_out}")
     if created and not written and not any(out_dir.iterdir()):
         out_dir.rmdir()  # nothing drawn: leave no empty folder behind
     return written, skipped

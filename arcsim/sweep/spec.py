@@ -18,12 +18,24 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from arcsim.catalog import COMPRESSORS, DENSITY_FREE, FUSIONS, LIVE_DEFAULTS, MEMORIES, fusion_message
+from arcsim.catalog import (
+    BUCKET_MB_RANGE,
+    COMPRESSORS,
+    DENSITY_FREE,
+    FUSIONS,
+    LIVE_DEFAULTS,
+    MEMORIES,
+    bucket_mb_ok,
+    fusion_message,
+)
 from arcsim.errors import ArcsimError
 from arcsim.files import read_yaml
 from arcsim.netsim import ENGINES
 from arcsim.topology import DEFAULT_TOPOLOGY, MAX_RANKS
 from arcsim.units import parse_duration, parse_params, parse_rate
+
+RESULTS = "results.csv"  # in a sweep's folder: one row per finished point
+SPEC = "sweep.yaml"  # beside it: what was asked
 
 # axis name → what it is (for errors and `arcsim sweep --help`)
 AXES: dict[str, str] = {
@@ -48,6 +60,7 @@ AXES: dict[str, str] = {
     "hierarchy": "flat (compress across every rank) or node (dense inside a node, compressed between nodes; "
                  "topologies with several GPUs per node); default flat",
 }
+NUMERIC_AXES = ("bandwidth", "latency", "ranks", "density", "bucket_mb")  # _normalise reads them as numbers
 OPTIONAL_AXES = ("library", "fusion", "params", "live", "hierarchy")  # later axes: not in a point's id when unset
 SETTINGS: dict[str, str] = {  # single values, not swept
     "memory": f"error feedback for every compressor: {', '.join(MEMORIES)} (default ef14)",
@@ -282,6 +295,8 @@ def _normalise(name: str, value: Any, source: str) -> Any:
         return None
     where = f"{source}: {name}"
     try:
+        if isinstance(value, bool) and name in NUMERIC_AXES:  # YAML's yes/true would read as 1
+            raise ValueError
         if name == "bandwidth":
             rate = parse_rate(value)
             if rate <= 0:
@@ -301,13 +316,13 @@ def _normalise(name: str, value: Any, source: str) -> Any:
             return ranks
         if name in ("density", "bucket_mb"):
             x = float(value)
-            if not (0 < x <= 1 if name == "density" else x > 0):
+            if not (0 < x <= 1 if name == "density" else bucket_mb_ok(x)):
                 raise ValueError
             return x
     except (TypeError, ValueError, OverflowError, ArcsimError):
         hint = {"bandwidth": "e.g. 100Gbit", "latency": "e.g. 5us",
                 "ranks": f"a whole number of ranks from 2 to {MAX_RANKS:,}", "density": "a number in (0, 1]",
-                "bucket_mb": "a positive number"}[name]
+                "bucket_mb": BUCKET_MB_RANGE}[name]
         raise SweepError(f"{where}: cannot use {value!r} ({hint})") from None
     if name == "gpu":
         from arcsim.devices.catalog import devices

@@ -15,20 +15,18 @@ import yaml
 
 from arcsim.files import AppendOnlyCSV, read_yaml, write_atomic
 from arcsim.run.tables import Column, read_table
-from arcsim.sweep.evaluate import COLUMNS
-from arcsim.sweep.spec import OPTIONAL_AXES, SweepError, SweepSpec
+from arcsim.sweep.evaluate import COLUMNS, UNIT_COLUMNS, UNSET_AXES
+from arcsim.sweep.spec import OPTIONAL_AXES, RESULTS, SPEC, SweepError, SweepSpec
 
-RESULTS = "results.csv"
-SPEC = "sweep.yaml"
 _WHOLE, _NUMBER, _NAME = Column(int, required=False), Column(float, required=False), Column(str, required=False)
 # how each column of results.csv reads back (evaluate.COLUMNS); an axis left unset is an empty cell
 RESULT_TYPES: dict[str, Column] = {
     **{c: _NAME for c in COLUMNS}, "point_id": Column(str), "compressor": Column(str),
     "iteration_s": Column(float, positive=True),
     **{c: _WHOLE for c in ("ranks", "seed", "nodes", "gpus_per_node", "world", "params", "trace_workers")},
-    **{c: _NUMBER for c in ("density", "bucket_mb", "nic_gbps", "latency_us", "compute_s", "compress_s", "comm_s",
-                            "exposed_comm_s", "dense_iteration_s", "speedup_vs_dense", "rel_error",
-                            "compression_gain", "density_achieved", "bytes_per_rank")}}
+    **{c: _NUMBER for c in ("bandwidth_Bps", "density", "bucket_mb", "nic_gbps", "latency_us", "compute_s",
+                            "compress_s", "comm_s", "exposed_comm_s", "dense_iteration_s", "speedup_vs_dense",
+                            "rel_error", "compression_gain", "density_achieved", "bytes_per_rank")}}
 
 
 class ResultStore:
@@ -75,13 +73,27 @@ class ResultStore:
 
 
 def load_results(path: Path) -> pd.DataFrame:
-    """A results table (the sweep directory or its results.csv)."""
+    """A results table (the sweep directory or its results.csv), with the columns a sweep writes today filled in
+    where an older one left them out and their values are known (:func:`with_later_columns`)."""
     path = Path(path)
     if path.is_dir():
         path = path / RESULTS
     if not path.is_file():
         raise SweepError(f"no sweep results at {path}; run `arcsim sweep --out DIR` first")
-    return read_table(path, RESULT_TYPES, "a sweep results table arcsim sweep wrote", SweepError)
+    return with_later_columns(read_table(path, RESULT_TYPES, "a sweep results table arcsim sweep wrote", SweepError))
+
+
+def with_later_columns(df: pd.DataFrame) -> pd.DataFrame:
+    """Axes added after a table was written, as its points priced them (fusion bucket, hierarchy flat), and the
+    rank count from nodes × GPUs per node; columns whose values are unknown stay absent. A column since named with
+    its unit is read under its new name (``bandwidth`` → ``bandwidth_Bps``)."""
+    df = df.rename(columns={old: new for new, old in UNIT_COLUMNS.items() if old in df and new not in df})
+    for col, value in UNSET_AXES.items():
+        if col not in df:
+            df[col] = value
+    if "world" not in df and {"nodes", "gpus_per_node"} <= set(df):
+        df["world"] = df["nodes"] * df["gpus_per_node"]
+    return df
 
 
 def finished_results(path: Path) -> pd.DataFrame:

@@ -14,6 +14,7 @@ validation run again with the same settings resumes after them.
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -26,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from arcsim.catalog import AG_FAMILY
+from arcsim.catalog import AG_FAMILY, COMPRESSORS, DENSITY_FREE
 from arcsim.errors import ArcsimError
 from arcsim.files import write_atomic
 from arcsim.plotting import save_png
@@ -348,6 +349,16 @@ def setting(row: dict[str, Any]) -> tuple[int, str, str]:
     return int(row["ranks"]), str(row["bandwidth"]), str(row.get("hierarchy", "flat"))
 
 
+def what_ran(rows: list[dict[str, Any]]) -> str:
+    """The model(s) and the density the compressors ran at, from the rows (dense's rows say density 1), e.g.
+    'mlp_wide, density 0.01'."""
+    models = ", ".join(dict.fromkeys(str(r["model"]) for r in rows))
+    sparse = sorted({float(r["density"]) for r in rows if r["compressor"] not in DENSITY_FREE})
+    if not sparse:
+        return models
+    return f"{models}, densit{'y' if len(sparse) == 1 else 'ies'} {', '.join(f'{d:g}' for d in sparse)}"
+
+
 def setting_label(key: tuple[int, str, str], per_node: int = 1) -> str:
     ranks, bandwidth, hierarchy = key
     nodes = "" if per_node == 1 else f" ({per_node} per node)"
@@ -435,14 +446,57 @@ REPORT_COLUMNS = {  # every column compare() writes; the optional ones were adde
                                                    "after_hook", "arrival_skew")}}
 
 
+REPORT_FILLED = ("ranks_per_node", "hierarchy", "machine", "steps")  # later columns: absent in old reports, never empty
+
+
 def read_report(path: Path) -> list[dict[str, Any]]:
-    """The rows of a validation CSV that :func:`write_outputs` wrote, every column parsed by its type."""
+    """The rows of a validation CSV that :func:`write_outputs` wrote, every column parsed by its type and every
+    row's values checked against their domain (:func:`row_problem`)."""
     what = "the validation.csv that arcsim validate wrote"
     frame = read_table(path, REPORT_COLUMNS, what)
     if frame.empty:
         raise ArcsimError(f"{path} holds no rows; give {what}")
-    return [{k: (v.item() if hasattr(v, "item") else v) for k, v in row.items()} for row in
-            frame.to_dict("records")]
+    rows = [{k: (v.item() if hasattr(v, "item") else v) for k, v in row.items()} for row in frame.to_dict("records")]
+    for line, row in enumerate(rows, start=2):
+        problem = row_problem(row)
+        if problem is not None:
+            raise ArcsimError(f"{path} line {line}, column {problem[0]}: {problem[1]}")
+    return rows
+
+
+def _empty(value: Any) -> bool:
+    return value is None or (isinstance(value, float) and math.isnan(value))
+
+
+def row_problem(row: dict[str, Any]) -> tuple[str, str] | None:
+    """The first column of a report row outside its domain and what to give instead; None for a sound row."""
+    empty = next((c for c in REPORT_FILLED if c in row and _empty(row[c])), None)
+    if empty is not None:
+        return empty, "is empty; fill it in (every row has one where the column exists) or drop the column"
+    ranks, per_node, hierarchy = row["ranks"], row.get("ranks_per_node", 1), row.get("hierarchy", "flat")
+    lo, mid, hi = row["spread_min"], row["measured"], row["spread_max"]
+    p10, p90, scale = (row.get(c, math.nan) for c in ("measured_p10_s", "measured_p90_s", "compress_scale"))
+    checks = (
+        ("ranks", ranks >= 2, f"{ranks}; give 2 or more (a collective needs peers)"),
+        ("ranks_per_node", per_node <= ranks and ranks % per_node == 0,
+         f"{per_node} does not divide the row's {ranks} ranks into whole nodes; give a divisor of ranks"),
+        ("hierarchy", hierarchy in ("flat", "node"), f"{hierarchy!r}; give flat or node"),
+        ("hierarchy", hierarchy != "node" or per_node >= 2, "node with one rank per node; give flat, or the "
+                                                             "ranks_per_node (2 or more) the case ran with"),
+        ("density", 0 < row["density"] <= 1, f"{row['density']:g} lies outside (0, 1]; give the k/d the case ran "
+                                             "at (1 for dense)"),
+        ("spread_min", lo <= mid <= hi, f"spread_min {lo:g}, measured {mid:g} and spread_max {hi:g} are out of "
+                                        "order; the runs' min, median and max give spread_min ≤ measured ≤ "
+                                        "spread_max"),
+        ("measured_p10_s", _empty(p10) or _empty(p90) or p10 <= p90, f"{p10} is above measured_p90_s {p90}; "
+                                                                     "give p10 ≤ p90"),
+        ("compress_scale", _empty(scale) or scale > 0, f"{scale}; give a factor above 0"),
+        ("collective", row["collective"] in ("allgather", "allreduce"),
+         f"{row['collective']!r}; give allgather or allreduce"),
+        ("compressor", row["compressor"] in COMPRESSORS,
+         f"unknown compressor {row['compressor']!r}; give one of {', '.join(COMPRESSORS)}"),
+    )
+    return next(((column, why) for column, ok, why in checks if not ok), None)
 
 
 def write_outputs(rows: list[dict[str, Any]], out_dir: Path) -> tuple[Path, Path]:

@@ -3,14 +3,18 @@ and measuring compressors on a trace (a cold ``arcsim run``). Training that woul
 machine has available is refused (one ``error:`` line) unless ``--force``.
 
 The rates are measured on the 2-core development machine (2026-11-25); each constant names its source. They are
-rough by design: they decide whether to warn and refuse, not what to report.
+rough by design: they decide whether to warn and refuse, not what to report. Measuring is scaled by the load other
+work puts on the machine (:class:`Load`): on a busy machine it had been 3-4x too low.
 """
 
 from __future__ import annotations
 
 import math
+import os
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from arcsim.errors import ArcsimError
@@ -31,6 +35,7 @@ MEASURE_ELEMENTS_PER_S = 200e6  # measuring compressors with their error feedbac
 #                                164-205 M/s on the shipped cnn trace (328 M in 1.6-2.0 s), 220 M/s on a resnet18
 #                                trace of 2 workers × 1 step (1.57 G in 7.1 s)
 MEASURE_TIMED_FACTOR = 1.5     # compression timed here as well (--gpu cpu): the shipped trace 3.0 s against 2.0 s
+BUSY_SLOWDOWN = 1.2            # a load that slows measuring by this much or more is named in the estimate
 NOTE_SECONDS, NOTE_BYTES = 10.0, 2e9  # work estimated at either or more is announced before it starts
 OPTIMIZER_SLOTS = {"sgd": 1, "adamw": 2}  # fp32 state per parameter: momentum; AdamW's two moments
 LIVE_STATE_BYTES_PER_ELEMENT = 8  # a compressor measured live keeps error feedback and a scratch copy per worker
@@ -100,9 +105,53 @@ def _step(cfg: TrainingConfig) -> tuple[int, float, float]:
             sum(op.flops for op in work.forward) + sum(op.flops for op in work.backward))
 
 
-def measuring_seconds(elements_read: float, timed: bool) -> float:
-    """Measuring compressors that read ``elements_read`` gradient elements in all (``timed``: timing them too)."""
-    return elements_read / MEASURE_ELEMENTS_PER_S * (MEASURE_TIMED_FACTOR if timed else 1.0)
+@dataclass(frozen=True)
+class Load:
+    """What other work asks of this machine's cores: ``others`` runnable tasks on average over ``cores``."""
+
+    others: float
+    cores: int
+
+    @classmethod
+    def now(cls) -> Load:
+        """The 1-minute load average less this process's own share of it (:func:`own_load`); 0 where unknown."""
+        try:
+            load = os.getloadavg()[0]
+        except OSError:
+            load = 0.0
+        return cls(max(0.0, load - own_load()), os.cpu_count() or 1)
+
+    @property
+    def slowdown(self) -> float:
+        """Wall time against an idle machine's, sharing the cores fairly: our ``cores`` threads beside
+        ``others`` get cores / (cores + others) of them."""
+        return 1.0 + self.others / self.cores
+
+    def describe(self) -> str:
+        """``, the cores busy: load 4.0 on 2, 3.0× an idle machine's time``, or nothing on a quiet machine."""
+        if self.slowdown < BUSY_SLOWDOWN:
+            return ""
+        return f", the cores busy: load {self.others:.1f} on {self.cores}, {self.slowdown:.1f}× an idle machine's time"
+
+
+def own_load() -> float:
+    """This process's part in the 1-minute load average: its CPU seconds per second since it started, weighted as
+    the average's exponential window (60 s) has seen them; 0 where /proc cannot say."""
+    try:
+        fields = Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()
+        started = int(fields[19]) / os.sysconf("SC_CLK_TCK")  # field 22, starttime: clock ticks after boot
+        elapsed = float(Path("/proc/uptime").read_text().split()[0]) - started
+    except (OSError, ValueError, IndexError):
+        return 0.0
+    if elapsed <= 0:
+        return 0.0
+    return time.process_time() / elapsed * (1 - math.exp(-elapsed / 60))
+
+
+def measuring_seconds(elements_read: float, timed: bool, load: Load) -> float:
+    """Measuring compressors that read ``elements_read`` gradient elements in all (``timed``: timing them too), with
+    the machine as loaded as ``load``."""
+    return elements_read / MEASURE_ELEMENTS_PER_S * (MEASURE_TIMED_FACTOR if timed else 1.0) * load.slowdown
 
 
 def available_memory() -> float:

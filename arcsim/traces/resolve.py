@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from arcsim.files import generated_traces_dir, packaged
+from arcsim.files import generated_traces_dir, packaged, trace_candidates
 from arcsim.models import MODELS
 from arcsim.traces.capture import CaptureConfig, capture
 from arcsim.traces.format import TraceError
@@ -46,8 +46,7 @@ def resolve_trace(value: str | None, allow_capture: bool = True,
         raise TraceError("--trace is empty; give a trace file, or a known model's name such as resnet50.npz")
     given = Path(value)
     bare = given.parent == Path()
-    candidates = [given, generated_traces_dir() / given.name, shipped_traces_dir() / given.name] if bare else [given]
-    for candidate in candidates:
+    for candidate in trace_candidates(value):
         if candidate.is_dir():
             raise TraceError(f"--trace {value} is a directory; give a trace file (.npz)")
         if candidate.exists():

@@ -27,7 +27,7 @@ from arcsim.compressors.hierarchy import Grouping, group_workers
 from arcsim.errors import ArcsimError
 from arcsim.files import writable_cache_dir
 from arcsim.models.datasets import DATASETS, Dataset, data_spec, make_dataset
-from arcsim.models.source import ModelSource, model_source
+from arcsim.models.source import ModelSource, model_source, output_logits
 from arcsim.run.buckets import Bucket, make_buckets
 from arcsim.run.measure import BucketedCompression, Measurement
 from arcsim.traces.profile import ComputeProfile, load_profile, measure_profile
@@ -210,9 +210,9 @@ def evaluate(model: torch.nn.Module, source: ModelSource, data: Dataset) -> tupl
     model.eval()
     with torch.no_grad():
         for xs, ys in zip(x.split(8), y.split(8), strict=True):
-            out = model(xs)
-            logits = getattr(out, "logits", out)
-            if isinstance(logits, torch.Tensor) and logits.ndim == ys.ndim + 1:
+            out = source.forward(model, xs, ys)
+            logits = output_logits(out)
+            if logits is not None and logits.ndim == ys.ndim + 1:
                 correct += int((logits.argmax(dim=-1) == ys).sum())
                 losses.append(float(source.loss_of_output(out, ys, data.spec)))
             else:
