@@ -276,3 +276,15 @@ def test_cross_node_all_reduces_overlap_the_nodes_collectives() -> None:
     assert tl.comm_start[7] == pytest.approx(6.3)  # AR a waits for AR b's NICs
     serial = two_stream(["a", "b"], fwd, bwd, ops, times)
     assert serial.iteration_s > tl.iteration_s
+
+
+def test_the_default_shard_command_runs_on_single_gpu_nodes_and_says_what_it_left_out():
+    """On nodes of one GPU the defaults drop HSDP and hpZ with a note (they shard inside a node), and ZeRO++'s
+    quantised reduce-scatter has no in-node step; asked for, hpZ is still one clear refusal."""
+    done = run_cli("shard", "--model", "mlp", "-t", "8x1-eth10", "--json", "-")
+    assert done.returncode == 0, done.stderr
+    assert "no HSDP" in done.stderr and "without hpZ" in done.stderr
+    rows = json.loads(done.stdout)["results"]
+    assert {r["strategy"] for r in rows} == {"none", "full"} and not any("hpZ" in r["quantize"] for r in rows)
+    asked = run_cli("shard", "--model", "mlp", "-t", "8x1-eth10", "--quantize", "zeropp")
+    assert asked.returncode == 2 and "one GPU per node, and hpZ" in asked.stderr

@@ -3,7 +3,10 @@ quantised collectives, priced for a model on a topology (docs/sharding.md)."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import click
+from click.core import ParameterSource
 from rich.table import Table
 
 from arcsim.catalog import MODELS
@@ -21,7 +24,7 @@ from arcsim.cli.paths import Reads
 from arcsim.devices.catalog import PRECISIONS
 from arcsim.errors import ArcsimError
 from arcsim.netsim import ENGINES
-from arcsim.sharding.schedule import STRATEGIES, VARIANT_HELP
+from arcsim.sharding.schedule import STRATEGIES, VARIANT_HELP, Quantize
 from arcsim.topology import DEFAULT_TOPOLOGY
 from arcsim.units import format_duration, format_size
 
@@ -35,6 +38,22 @@ def _names(value: str, option: str) -> list[str]:
     if len(set(names)) != len(names):
         raise ArcsimError(f"{option} names one twice in {value!r}; give each once")
     return names
+
+
+def _what_one_gpu_nodes_can_do(strategies: list[str], variants: list[Quantize],
+                                gpus_per_node: int) -> tuple[list[str], list[Quantize]]:
+    """On nodes of one GPU the defaults drop what shards inside a node (HSDP, hpZ), with a note; what the user asked
+    for stays, for the pricing's own one-line refusal."""
+    if gpus_per_node > 1:
+        return strategies, variants
+    ctx = click.get_current_context()
+    if ctx.get_parameter_source("sharding") is ParameterSource.DEFAULT and "hybrid" in strategies:
+        strategies = [s for s in strategies if s != "hybrid"]
+        note("one GPU per node: no HSDP (it shards inside the node); ask for --sharding hybrid to be told why")
+    if ctx.get_parameter_source("quantize") is ParameterSource.DEFAULT and any(v.hpz for v in variants):
+        variants = list(dict.fromkeys(dataclasses.replace(v, hpz=False) for v in variants))
+        note("one GPU per node: ZeRO++ without hpZ (its secondary shard lives inside the node)")
+    return strategies, variants
 
 
 @click.command("shard")
@@ -85,6 +104,7 @@ def shard(model: str, topology: str, library: str | None, gpu: str | None, batch
     if act < 0:
         raise ArcsimError(f"--activations {activations} is negative; give bytes per GPU, e.g. 12GB")
     topo = load_topology(topology).with_overrides(library=library)
+    strategies, variants = _what_one_gpu_nodes_can_do(strategies, variants, topo.gpus_per_node)
     result = study(model, topo, gpu, batch, precision, strategies, variants, RESHARD[reshard_after_forward], engine,
                    act, reduce_dtype=reduce_dtype)
     grads_quantised = any(v.grads != "none" for v in variants) and any(s != "none" for s in strategies)

@@ -172,7 +172,9 @@ def fsdp_schedule(units: Sequence[ShardUnit], root: ShardUnit, strategy: str, wo
             return
         n = u.padded_numel(shard)
         if gdtype != reduce_dtype and strategy == "full" and nodes > 1:  # qgZ: in the node first, then across
-            out.append(ShardCollective("reducescatter", "node", gpus_per_node, u.name, "backward", n, gdtype, "grads"))
+            if gpus_per_node > 1:  # a node of one GPU has nothing to reduce inside it
+                out.append(ShardCollective("reducescatter", "node", gpus_per_node, u.name, "backward", n, gdtype,
+                                           "grads"))
             out.append(ShardCollective("reducescatter", "inter", nodes, u.name, "backward", n // gpus_per_node,
                                        gdtype, "grads"))
             return
