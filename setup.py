@@ -12,7 +12,7 @@ from setuptools.command.build_py import build_py
 # what ships from each folder (not everything in it: traces/ is also where a user may capture their own);
 # the default trace's name is arcsim.traces.resolve.DEFAULT_TRACE_NAME
 SHIPPED = {"topologies": ("*.yaml", "instances/*.yaml"), "traces": ("cnn-digits-small.npz", "profiles/*.json"),
-           "examples": ("*.py", "*.yaml", "topologies/*.yaml")}
+           "examples": ("*.py", "*.yaml", "topologies/*.yaml", "nccl-tests/*.log")}
 
 
 class BuildPyWithData(build_py):

@@ -66,9 +66,10 @@ class Plan:
         return self.choice.algo
 
 
-def plan(topo: Topology, op: str, algo: str, nbytes: float, chunks: int | None = None) -> Plan:
-    """The library's way to run ``op`` of ``nbytes`` (algorithm ``auto``: its own rule or its cheapest by the
-    closed form, among those within the work limits of arcsim.collectives.limits)."""
+def plans(topo: Topology, op: str, algo: str, nbytes: float, chunks: int | None = None) -> list[Plan]:
+    """Every way the library may run ``op`` of ``nbytes`` (algorithm ``auto``: each it would choose between; else that
+    one, in each of its protocols), priced by the closed form, among those within the work limits of
+    arcsim.collectives.limits."""
     op = normalize_op(op)
     lib = get_library(topo.library)
     offered = lib.algorithms(op)
@@ -79,7 +80,7 @@ def plan(topo: Topology, op: str, algo: str, nbytes: float, chunks: int | None =
     choices = lib.choices(op, None if algo == "auto" else algo, nbytes, topo)
     if chunks is not None:
         choices = [dataclasses.replace(c, chunks=chunks) for c in choices]
-    plans, refused = [], []
+    found, refused = [], []
     built: dict[tuple[str, int | None], Schedule] = {}  # protocols share a schedule unless it prices its chunks
     for c in choices:
         links = c.protocol.links(topo)
@@ -90,12 +91,18 @@ def plan(topo: Topology, op: str, algo: str, nbytes: float, chunks: int | None =
                 schedule = build(c.runs_as or op, c.steps, nbytes, links, c.chunks)
                 if shareable:
                     built[(c.steps, c.chunks)] = schedule
-            plans.append(Plan(c, schedule, c.protocol.time_s(estimate(schedule, links, "analytic").time_s, nbytes)))
+            found.append(Plan(c, schedule, c.protocol.time_s(estimate(schedule, links, "analytic").time_s, nbytes)))
         except TooMuchWork as exc:
             refused.append(str(exc))
-    if not plans:
+    if not found:
         raise TooMuchWork("; ".join(dict.fromkeys(refused)))  # protocols refused for one reason: say it once
-    return min(plans, key=lambda p: p.analytic_s)
+    return found
+
+
+def plan(topo: Topology, op: str, algo: str, nbytes: float, chunks: int | None = None) -> Plan:
+    """The library's way to run ``op`` of ``nbytes`` (algorithm ``auto``: its own rule or its cheapest by the closed
+    form): the cheapest of :func:`plans`."""
+    return min(plans(topo, op, algo, nbytes, chunks), key=lambda p: p.analytic_s)
 
 
 def start_times(topo: Topology, compute_s: float) -> np.ndarray:

@@ -39,14 +39,16 @@ from arcsim.units import (
 
 FABRICS = ("switch", "fat-tree")
 DEFAULT_TOPOLOGY = "8x8-ib100"  # what every command prices on when none is named
-GRAMMAR = ("NxG-<fabric><Gbps>[x<NICs>][-<gpu>][-<link>]  (fabric: ib, roce, eth; gpu: a catalogue device; "
-           "link inside the node: nvlink, pcie — default nvlink for ib and roce, pcie for eth; e.g. 8x8-ib100, "
+GRAMMAR = ("NxG-<fabric><Gbps>[x<NICs>][-<gpu>][-<link>]  (fabric: ib, roce, eth or tcp (NCCL over sockets); gpu: "
+           "a catalogue device; link inside the node: nvlink, pcie — default nvlink for ib and roce, pcie for eth and "
+           "tcp; e.g. 8x8-ib100, "
            "8x8-ib400x8-h100, 8x1-eth10, 4x8-eth25-a100-nvlink)")
 INSTANCE_GRAMMAR = "<N>x<instance>, e.g. 4xp5, 2xdgx-h100, 16xnd-h100-v5"
 _INSTANCE_RE = re.compile(r"^(?P<n>\d+)x(?P<instance>[a-z][a-z0-9.-]*)$", re.IGNORECASE)
-_NAME_RE = re.compile(r"^(?P<n>\d+)x(?P<g>\d+)-(?P<fab>ib|roce|eth)(?P<gbps>\d+(?:\.\d+)?)(?:x(?P<nics>\d+))?"
+_NAME_RE = re.compile(r"^(?P<n>\d+)x(?P<g>\d+)-(?P<fab>ib|roce|eth|tcp)(?P<gbps>\d+(?:\.\d+)?)(?:x(?P<nics>\d+))?"
                       r"(?P<suffixes>(?:-[a-z][a-z0-9]*){0,2})$", re.IGNORECASE)
 INTRA_LINKS = ("nvlink", "pcie")
+MAX_EFFICIENCY = 2.0  # a calibrated network carries at most twice what the model says (a bad fit past it)
 MAX_RANKS = 131_072  # past the largest GPU clusters built (~100,000 GPUs); per-rank state must fit in memory
 
 ResourceKey = tuple  # ("gtx", rank) | ("grx", rank) | ("ntx", node, nic) | ("nrx", node, nic) | ("up"|"down", leaf)
@@ -74,6 +76,12 @@ class Network:
     oversubscription: float = 1.0  # fat-tree only: leaf down-bandwidth / up-bandwidth
     nics_per_rail: int = 1  # physical NICs striped into each of the nics_per_node rails (p5: 4 EFA per GPU)
     nic_share: float = 1.0  # the share of a physical NIC each rail is (a group's rail over a NIC shared by G GPUs)
+    # what `arcsim calibrate --nccl-tests` fits on a cluster's own tables, on top of the library's model: the share
+    # of the modelled network bandwidth the cluster carries, and the cost of one network crossing on all channels
+    # (µs; None: the transport's own, arcsim.collectives.libraries.nccl.NET_STEP_US)
+    efficiency: float = 1.0
+    crossing_us: float | None = None
+    mtu: int = 1500  # bytes per IP packet on an Ethernet without RDMA (9000: jumbo frames): TCP's payload share
 
     @property
     def physical_nics(self) -> int:
@@ -347,6 +355,10 @@ class Topology:
             out["network"]["nodes_per_leaf"] = net.nodes_per_leaf
             out["network"]["oversubscription"] = net.oversubscription
             out["network"]["uplink_bandwidth_per_leaf_Bps"] = self.uplink_bandwidth
+        if net.efficiency != 1.0 or net.crossing_us is not None:
+            out["network"].update(efficiency=net.efficiency, crossing_us=net.crossing_us)
+        if net.mtu != 1500:
+            out["network"]["mtu"] = net.mtu
         return out
 
     def summary_rows(self) -> list[tuple[str, str]]:
@@ -421,6 +433,14 @@ def _validate(t: Topology) -> None:
             raise bad("a fat-tree needs network.nodes_per_leaf ≥ 1")
         if not (math.isfinite(net.oversubscription) and net.oversubscription >= 1.0):
             raise bad(f"network.oversubscription must be ≥ 1 (got {net.oversubscription:g})")
+    if not 576 <= net.mtu <= 9216:
+        raise bad(f"network.mtu is the IP packet size in bytes: 1500 on most Ethernet, 9000 with jumbo frames "
+                  f"(between 576 and 9216; got {net.mtu})")
+    if not (math.isfinite(net.efficiency) and 0 < net.efficiency <= MAX_EFFICIENCY):
+        raise bad(f"network.efficiency is the share of the modelled bandwidth the network carries: give a number "
+                  f"in (0, {MAX_EFFICIENCY:g}] (got {net.efficiency:g})")
+    if net.crossing_us is not None and not (math.isfinite(net.crossing_us) and net.crossing_us >= 0):
+        raise bad(f"network.crossing_us must be a finite number of µs ≥ 0 (got {net.crossing_us:g})")
     for label, value in (("gamma", t.gamma), ("jitter", t.jitter)):
         if not (math.isfinite(value) and value >= 0):
             raise bad(f"{label} must be a finite number ≥ 0 (got {value:g})")
@@ -542,8 +562,9 @@ def from_name(name: str) -> Topology:
     """Build a topology from ``NxG-<fabric><Gbps>[x<NICs>][-<gpu>][-<link>]`` (case-insensitive).
 
     ``Gbps`` is the bandwidth of ONE NIC (per direction); ``xNICs`` the NICs per node (default 1).
-    Defaults by fabric: ib 5 µs, roce 7 µs, eth 30 µs end-to-end latency. Inside a node: NVLink for ib
-    and roce, PCIe for eth, unless ``-nvlink`` or ``-pcie`` says otherwise; NVLink carries the named GPU's
+    Defaults by fabric: ib 5 µs, roce 7 µs, eth and tcp (the same: Ethernet without RDMA, NCCL over its socket
+    transport) 30 µs end-to-end latency. Inside a node: NVLink for ib and roce, PCIe for eth and tcp, unless
+    ``-nvlink`` or ``-pcie`` says otherwise; NVLink carries the named GPU's
     generation (A100 300 GB/s per GPU per direction, H100/H200 450, B200 900), else 450 GB/s when each GPU's NICs
     carry ≥ 400 Gb/s and 300 below; PCIe 4.0 ×16 25 GB/s; 3 µs. More NICs
     than GPUs are striped, a whole number to each GPU (:func:`rails`).
@@ -555,6 +576,7 @@ def from_name(name: str) -> Topology:
     nics = int(m["nics"] or 1)
     rail_count, rail_bandwidth, per_rail = rails(nics, gbps * 1e9 / 8, gpus, f"topology name {name!r}")
     fab = m["fab"].lower()
+    fab = "eth" if fab == "tcp" else fab
     fabric_kind = {"ib": "infiniband", "roce": "roce", "eth": "ethernet"}[fab]
     latency = {"ib": 5e-6, "roce": 7e-6, "eth": 30e-6}[fab]
     suffixes = [x.lower() for x in m["suffixes"].split("-")[1:]]
@@ -627,6 +649,9 @@ def from_dict(raw: Mapping[str, Any], source: str = "", default_name: str = "cus
         fabric=fabric,
         nodes_per_leaf=net_reader.count("nodes_per_leaf", default=0 if fabric != "fat-tree" else None),
         oversubscription=net_reader.number("oversubscription", default=1.0),
+        efficiency=net_reader.number("efficiency", default=1.0),
+        crossing_us=net_reader.number("crossing_us") if "crossing_us" in (net_raw or {}) else None,
+        mtu=net_reader.count("mtu", default=1500),
     )
     stragglers_raw = reader.mapping("stragglers", required=False) or {}
     try:
@@ -652,7 +677,7 @@ def from_dict(raw: Mapping[str, Any], source: str = "", default_name: str = "cus
                            "library"})
     intra_reader.reject_unknown({"kind", "bandwidth", "latency"})
     net_reader.reject_unknown({"kind", "nics_per_node", "bandwidth_per_nic", "latency", "fabric",
-                               "nodes_per_leaf", "oversubscription"})
+                               "nodes_per_leaf", "oversubscription", "efficiency", "crossing_us", "mtu"})
     return Topology(
         name=reader.text("name", default=default_name),
         nodes=reader.count("nodes"),
@@ -670,6 +695,33 @@ def from_dict(raw: Mapping[str, Any], source: str = "", default_name: str = "cus
         gpu=_gpu(reader.text("gpu", default="") or None, source),
         library=reader.text("library", default="ideal"),
     )
+
+
+def topology_yaml(topo: Topology, header: str) -> str:
+    """``topo`` as a topology file (what :func:`arcsim.topology.load_yaml` reads back to an equal topology, its
+    source aside), under the comment ``header``; measured fits are not written (:func:`check_base` refuses them)."""
+    import yaml
+
+    net, effects = topo.network, topo.effects
+    network: dict[str, object] = {"kind": net.kind, "nics_per_node": net.physical_nics,
+                                  "bandwidth_per_nic": f"{net.bandwidth_per_physical_nic!r}B/s",
+                                  "latency": f"{net.latency!r}s", "fabric": net.fabric}
+    if net.fabric == "fat-tree":
+        network.update(nodes_per_leaf=net.nodes_per_leaf, oversubscription=net.oversubscription)
+    if net.mtu != Network.mtu:
+        network["mtu"] = net.mtu
+    network["efficiency"] = net.efficiency
+    if net.crossing_us is not None:
+        network["crossing_us"] = net.crossing_us
+    fields = {"name": topo.name, "description": topo.description, "nodes": topo.nodes,
+              "gpus_per_node": topo.gpus_per_node, **({"gpu": topo.gpu} if topo.gpu else {}), "library": topo.library,
+              "intra": {"kind": topo.intra.kind, "bandwidth": f"{topo.intra.bandwidth!r}B/s",
+                        "latency": f"{topo.intra.latency!r}s"},
+              "network": network, "gamma": topo.gamma, "stragglers": dict(topo.stragglers), "jitter": topo.jitter,
+              "effects": {"compute_cv": effects.compute_cv, "step_jitter": f"{effects.step_jitter_s!r}s",
+                          "interference": effects.interference}}
+    comment = "".join(f"# {line}\n" for line in header.splitlines())
+    return comment + yaml.safe_dump(fields, sort_keys=False, allow_unicode=True, width=120)
 
 
 def _library_line(name: str) -> str:

@@ -11,6 +11,8 @@ source has takes the others' pooled value).
     python benchmarks/published_collectives.py          # the tables
     python benchmarks/published_collectives.py --rows   # and every row
     python benchmarks/published_collectives.py --fit    # the constants fitted on every source, to commit
+    python benchmarks/published_collectives.py --write-errors  # and the held-out MAPE per transport and band
+                                     # into arcsim/data/speedup_errors.json (arcsim run's speed-up intervals)
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from __future__ import annotations
 import argparse
 import csv
 import dataclasses
+import datetime
 import math
 from collections import defaultdict
 from functools import cache
@@ -27,17 +30,25 @@ import numpy as np
 
 from arcsim.collectives.libraries import get_library
 from arcsim.collectives.libraries.nccl import NET_STEP_US, PROTOCOLS, proxy_crossings, transport
+from arcsim.collectives.libraries.nccl_tuning import SOCKET_PROXY_GBPS
 from arcsim.pricing import price_collective
 from arcsim.topology import Topology, load_topology
 
 DATA = Path(__file__).resolve().parent / "published" / "nccl_tests.csv"
 BANDS = ("< 64 KiB", "64 KiB – 64 MiB", "≥ 64 MiB")
+BAND_EDGES = (2**16, 2**26)  # bytes: where each band but the last ends
 GRID_US = np.arange(0.0, 150.5, 0.5)
-UNFITTED = ("rdma", "tcp")  # 0 by NCCL's own latencies (RDMA on Hopper); no published table (plain sockets)
+UNFITTED = ("rdma", "tcp")  # 0 by NCCL's own latencies (RDMA on Hopper); sockets: too few mid-band rows to fit
+SOCKET_FITTED_ON = "nccl#398"  # the one source SOCKET_PROXY_GBPS is fitted on
 
 
 def band(nbytes: float) -> str:
-    return BANDS[0] if nbytes < 2**16 else BANDS[1] if nbytes < 2**26 else BANDS[2]
+    return BANDS[0] if nbytes < BAND_EDGES[0] else BANDS[1] if nbytes < BAND_EDGES[1] else BANDS[2]
+
+
+# the transports pooled over every source (transport() of each row's topology)
+POOLS = (("all", lambda t: True), ("RDMA and EFA", lambda t: t.startswith(("rdma", "efa"))),
+         ("TCP sockets", lambda t: t == "tcp"), ("GPUDirect-TCPX", lambda t: t == "tcpx"))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -151,6 +162,8 @@ def report(show_rows: bool) -> dict[str, dict[str, dict[str, float]]]:
             print(f"{r.source:15} {r.topology:20} {int(r.bytes):>14,} {r.measured_us:>10.1f} {us:>9.1f} "
                   f"{100 * (us / r.measured_us - 1):>+4.0f}%  {how}")
     print(f"\ncrossing cost per transport (µs), committed: {committed}")
+    print(f"socket path per node and direction: {SOCKET_PROXY_GBPS} GB/s, fitted on {SOCKET_FITTED_ON} alone (every "
+          "other TCP source is held out of it)")
     for source, values in held.items():
         print(f"  fitted without {source:15}: {values}")
     print(f"\n{'source':15} {'band':16} {'rows':>4}  {'ideal':>6} {'terms':>6} {'model':>6} {'held out':>8}   (MAPE %)")
@@ -160,12 +173,12 @@ def report(show_rows: bool) -> dict[str, dict[str, dict[str, float]]]:
         print(f"{source:15} {b:16} {len(models['ideal']):>4}  " +
               " ".join(f"{mape(models[m]):>6.1f}" for m in ("ideal", "terms", "committed")) +
               f" {mape(models['held_out']):>8.1f}")
-    for name, keep in (("all", lambda t: True), ("RDMA and EFA", lambda t: t.startswith(("rdma", "efa")))):
+    for name, keep in POOLS:
         for b in BANDS:
             pooled = {m: [e for (s, bb), ms in errors.items() if bb == b for e, t in zip(ms[m], ms["transport"],
                                                                                           strict=True) if keep(t)]
                       for m in ("ideal", "terms", "committed", "held_out")}
-            out[name][b] = {m: mape(v) for m, v in pooled.items()}
+            out[name][b] = {**{m: mape(v) for m, v in pooled.items()}, "rows": len(pooled["held_out"])}
             print(f"{name:15} {b:16} {len(pooled['ideal']):>4}  " +
                   " ".join(f"{mape(pooled[m]):>6.1f}" for m in ("ideal", "terms", "committed")) +
                   f" {mape(pooled['held_out']):>8.1f}")
@@ -175,15 +188,34 @@ def report(show_rows: bool) -> dict[str, dict[str, dict[str, float]]]:
     return out
 
 
+def errors_section(table: dict[str, dict[str, dict[str, float]]]) -> dict:
+    """What `arcsim run`'s speed-up intervals read (arcsim.run.doubt): per pooled transport (its transport() kinds)
+    and size band, the held-out MAPE and its rows."""
+    return {"script": "benchmarks/published_collectives.py", "data": "benchmarks/published/nccl_tests.csv",
+            "date": datetime.date.today().isoformat(),
+            "statistic": "MAPE (%) of the NCCL model's time, each source held out of the fit of its constant",
+            "bands": [{"name": b, "below_bytes": edge} for b, edge in zip(BANDS, (*BAND_EDGES, None), strict=True)],
+            "transports": {name: {"kinds": [k for k in NET_STEP_US if keep(k)],
+                                  "bands": {b: {"held_out_mape": round(v["held_out"], 2), "rows": int(v["rows"])}
+                                            for b, v in table[name].items() if v["rows"]}}
+                           for name, keep in POOLS}}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rows", action="store_true", help="print every row")
     parser.add_argument("--fit", action="store_true", help="print the constants fitted on every source")
+    parser.add_argument("--write-errors", action="store_true",
+                        help="write the held-out errors per transport and band for arcsim run's speed-up intervals")
     args = parser.parse_args()
     if args.fit:
         print("NET_STEP_US =", fit(rows()))
         return
-    report(args.rows)
+    table = report(args.rows)
+    if args.write_errors:
+        from arcsim.run.doubt import write_section
+
+        print(f"\nwrote {write_section('collectives', errors_section(table))}")
 
 
 if __name__ == "__main__":

@@ -138,7 +138,7 @@ def shipped_examples(arcsim: Path, package: Path) -> str | None:
     if package not in where.parents:
         return f"they are at {where}, not inside the installed package {package}"
     source = ROOT / "examples"
-    wanted = sorted(p.relative_to(source) for p in source.rglob("*") if p.suffix in (".py", ".yaml"))
+    wanted = sorted(p.relative_to(source) for p in source.rglob("*") if p.suffix in (".py", ".yaml", ".log"))
     wrong = [str(p) for p in wanted
              if not (where / p).is_file() or (where / p).read_bytes() != (source / p).read_bytes()]
     return f"missing or different: {', '.join(wrong)}" if wrong or not wanted else None

@@ -78,7 +78,11 @@ def test_what_each_algorithm_moves(topo):
     p, n = topo.ranks, 1e6
     for algo in ALGORITHMS["allgather"]:
         assert np.allclose(_received(build("allgather", algo, n, topo)), (p - 1) / p * n), algo
-    assert np.allclose(_received(build("reducescatter", "ring", n, topo)), (p - 1) / p * n)
+    for algo in ALGORITHMS["reducescatter"]:
+        rs = build("reducescatter", algo, n, topo)
+        assert np.allclose(_received(rs), (p - 1) / p * n), algo
+        assert sum((s.reduce * s.repeat).sum() for s in rs.steps) == pytest.approx((p - 1) * n), algo
+    assert len(build("reducescatter", "rd", n, topo).steps) == math.ceil(math.log2(p))
     for algo in ALGORITHMS["broadcast"]:
         got = _received(build("broadcast", algo, n, topo))
         assert got[0] == 0 and np.allclose(got[1:], n), algo

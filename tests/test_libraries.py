@@ -56,6 +56,19 @@ def test_nvls_is_chosen_where_nvidia_says_and_prices_its_bus_bandwidth():
         price_collective(load_topology("2xnd-a100-v4"), "allreduce", "nvls", 1e6, ("analytic",))
 
 
+@pytest.mark.parametrize("instance", ["gb200-nvl72", "dgx-b200", "dgx-h100", "p5"])
+def test_nvls_across_nvlink_domains_never_beats_one_domain(instance: str) -> None:
+    """Every byte of an NVLS-tree all-reduce is still reduced inside each NVLink domain: more domains (racks, nodes)
+    never raise its bus bandwidth above one domain's, and a rack of 72 GPUs is one domain, not 72 heads (NCCL's
+    arity is at most 32). Before: 2 racks of GB200 NVL72 priced at 2.06 TB/s bus, faster than one rack."""
+    one = load_topology(f"1x{instance}")
+    for nodes in (2, 4, 20):
+        many = load_topology(f"{nodes}x{instance}")
+        assert tuning.nvls_bus_bandwidth(many) <= tuning.nvls_bus_bandwidth(one) + 1e-9
+        one_s = price_collective(one, "allreduce", "auto", 2**29, ("analytic",))[0].time_s
+        assert price_collective(many, "allreduce", "auto", 2**29, ("analytic",))[0].time_s > one_s
+
+
 def test_nccl_mid_band_uses_fewer_channels_and_the_trees_correction():
     """Below its size for all channels NCCL runs fewer (a 64 KiB ring LL all-reduce on 16 ranks: one of 16), and
     its tree gets NVIDIA's correction (0.4 of LL's bandwidth at 512 KiB): the mid band is slower than the
@@ -202,3 +215,47 @@ def test_collective_cli_names_the_library_and_protocol():
     bad = run_cli("collective", "--library", "gloo", "--algo", "tree")
     assert bad.returncode == 2 and "gloo has no tree allreduce" in bad.stderr
     assert math.isfinite(row["time_s"])
+
+
+def test_nccl_over_sockets_carries_what_tcp_through_the_host_carries():
+    """NCCL's socket transport (no RDMA): TCP's payload share of the line (0.94 at MTU 1500, 0.99 at 9000), at most
+    the boundary proxy's 4.7 GB/s per direction (fitted on nccl#398 alone), at most two channels × 4 MiB in flight
+    per round trip; no LL128 across nodes. Held out: a 1-GPU-a-node 32 GbE table within 5 %, 8 V100 a node on
+    100 GbE within 20 % (both were 50-60 % fast as `eth` at full line rate)."""
+    assert tuning.tcp_goodput(1500) == pytest.approx(1448 / 1538) and tuning.tcp_goodput(9000) > 0.98
+    assert load_topology("2x8-tcp25").to_dict() | {"name": ""} == load_topology("2x8-eth25").to_dict() | {"name": ""}
+    slow = load_topology("2x1-tcp100")
+    assert tuning.socket_bandwidth(slow) == pytest.approx(tuning.SOCKET_PROXY_GBPS)
+    far = dataclasses.replace(slow, network=dataclasses.replace(slow.network, latency=1e-3))
+    assert tuning.socket_bandwidth(far) == pytest.approx(2 * 4 * 2**20 / 2e-3 / 1e9)
+    jumbo = load_topology("2x1-tcp10")
+    jumbo = dataclasses.replace(jumbo, network=dataclasses.replace(jumbo.network, mtu=9000))
+    assert tuning.socket_bandwidth(jumbo) > tuning.socket_bandwidth(load_topology("2x1-tcp10")) * 1.04
+    for size in (2**10, 2**20, 2**27):
+        assert plan(load_topology("4x8-tcp25-a100-nvlink"), "allreduce", "auto", size).choice.protocol.name != "LL128"
+    pub = _published()
+    errors = {(r.source, r.topology, r.bytes): pub.error(r, pub.NET_STEP_US) for r in pub.rows() if not r.note}
+    for (source, topology, _), err in errors.items():
+        if source == "nccl#209" and topology.endswith("x1-tcp32-v100"):
+            assert abs(err) < 0.05, topology
+        if source == "nccl#450":
+            assert abs(err) < 0.2
+
+
+def test_nccl_runs_pat_on_single_gpu_nodes_and_pays_log_hops_over_a_long_link():
+    """NCCL's PAT (tuning.cc: all-gather and reduce-scatter, Simple, one GPU a node, no network offload): log2 p
+    steps, so 8 single-GPU nodes over a 1 ms link gather a small message in ~3 ms (a measured 8-rank all-gather took
+    3.3 ms), where a ring pays 7 hops; nodes of 8 GPUs and GPUDirect-TCPXO never get it."""
+    nccl = get_library("nccl")
+    assert "pat" in nccl.available("allgather", load_topology("8x1-ib100"))
+    assert "pat" not in nccl.available("allgather", load_topology("2x8-ib100"))
+    assert "pat" not in nccl.available("allreduce", load_topology("8x1-ib100"))
+    with pytest.raises(CollectiveError, match="PAT"):
+        price_collective(load_topology("2x8-ib100"), "allgather", "pat", 1e6, ("analytic",))
+    far = load_topology("8x1-tcp10")
+    far = dataclasses.replace(far, network=dataclasses.replace(far.network, latency=1e-3))
+    for op in ("allgather", "reducescatter"):
+        small = price_collective(far, op, "auto", 1e4, ("analytic",))[0]
+        assert small.algo == "pat" and 3e-3 < small.time_s < 3.5e-3
+        assert price_collective(far, op, "ring", 1e4, ("analytic",))[0].time_s > 7e-3
+    assert plan(load_topology("8x1-ib100"), "allgather", "auto", 2**28).algo == "ring"  # PAT's bandwidth × 0.75

@@ -155,3 +155,17 @@ def test_more_nics_than_gpus_are_striped_into_one_rail_per_gpu(tmp_path):
     path = tmp_path / "p5.yaml"
     path.write_text(yaml.safe_dump(spec))
     assert load_topology(str(path)).network.physical_nics == 32
+
+
+@pytest.mark.parametrize("field, value, says", [("mtu", 100, "network.mtu"), ("efficiency", 0, "network.efficiency"),
+                                                ("efficiency", 3, "network.efficiency"),
+                                                ("crossing_us", -1, "network.crossing_us")])
+def test_a_networks_calibrated_and_socket_fields_are_checked_on_any_fabric(tmp_path, field, value, says):
+    path = tmp_path / "t.yaml"
+    path.write_text("nodes: 2\ngpus_per_node: 1\nnetwork: {kind: tcp, nics_per_node: 1, bandwidth_per_nic: 10Gbps, "
+                    f"latency: 30us, {field}: {value}}}\n")
+    with pytest.raises(TopologyError, match=says):
+        load_topology(str(path))
+    path.write_text(path.read_text().replace(f"{field}: {value}", "mtu: 9000, efficiency: 0.8, crossing_us: 12"))
+    net = load_topology(str(path)).to_dict()["network"]
+    assert (net["mtu"], net["efficiency"], net["crossing_us"]) == (9000, 0.8, 12)

@@ -123,6 +123,7 @@ ALGORITHMS: dict[str, dict[str, Builder]] = {
     },
     "reducescatter": {
         "ring": _over_rings(ring.reduce_scatter),
+        "rd": _plain(lambda t, n: recursive.halving_reduce_scatter(t.ranks, n)),
     },
 }
 PIPELINED = {("allreduce", "tree"), ("broadcast", "chain")}  # the algorithms that take a chunk count

@@ -54,6 +54,16 @@ def doubling_all_reduce(p: int, nbytes: float) -> list[Step]:
     return _folded(p, nbytes, core)
 
 
+def halving_reduce_scatter(p: int, total: float) -> list[Step]:
+    """The recursive doubling all-gather run backwards, for any p: ⌈log2 p⌉ steps, the farthest partner first; in
+    each, rank r sends (and its partner reduces) the blocks that rank's half still owes, min(d, p − d) of total/p,
+    to r + d."""
+    ranks = np.arange(p)
+    distances = [1 << i for i in range(max(p - 1, 1).bit_length())] if p > 1 else []
+    return [make_step(ranks, (ranks + d) % p, min(d, p - d) * total / p, min(d, p - d) * total / p)
+            for d in reversed(distances)]
+
+
 def doubling_all_gather(p: int, total: float) -> list[Step]:
     """Recursive doubling for any p (dissemination/Bruck form): ⌈log2 p⌉ steps.
 

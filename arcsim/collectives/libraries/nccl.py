@@ -2,13 +2,15 @@
 
 Algorithms: all-reduce by ring, tree (NCCL's tree: chains inside nodes under a double binary tree of
 nodes) or NVLS (NVLink SHARP on Hopper and Blackwell NVSwitch nodes; NVLS-tree across nodes), all-gather and
-reduce-scatter by ring, broadcast by a pipelined ring (a chain from the root). Size-dependent terms (channels in
-use, the tree's correction, NVLS's pipeline) and the proxy's cost per network crossing: :mod:`nccl_tuning`.
+reduce-scatter by ring or, with one GPU a node, PAT (parallel aggregated trees: log2 p steps, priced on the
+catalogue's recursive-doubling steps), broadcast by a pipelined ring (a chain from the root). Size-dependent
+terms (channels in use, the tree's correction, NVLS's pipeline) and the proxy's cost per network crossing:
+:mod:`nccl_tuning`.
 Protocols: LL (8-byte flag + 8-byte data lines: half the bandwidth, lowest latency), LL128 (120 of every
 128 bytes carry data) and Simple (full bandwidth, memory fences per step). NCCL prices every enabled
 (algorithm, protocol) with its model and runs the cheapest; arcsim prices the same pairs on its step
 schedules with NCCL's constants and takes the cheapest the same way. CollNet and PAT need hardware or
-settings arcsim does not model (SHARP switches, one GPU per node) and are left out.
+settings arcsim does not model (SHARP switches) and are left out.
 """
 
 from __future__ import annotations
@@ -33,6 +35,9 @@ HOP_US = {
 }
 UNBOUND = 1e3  # × the links' bandwidth: steps that contribute their latencies only (the ceiling prices the bytes)
 NVLS_US, NVLS_TREE_NET_US = 25.0, 20.9  # hwLatencies: NVLink NVLS Simple; NET NVLS-tree Simple
+# PAT (tuning.cc): base 8 µs, then log2(nodes) × the NET PAT latency (14 µs) / 3.5 and a linear 2.8 µs per rank;
+# its bus bandwidth × 0.75; Simple only; one GPU a node, and no network offload (GPUDirect-TCPX/O)
+PAT_BASE_US, PAT_NET_US, PAT_PER_RANK_US, PAT_EFFICIENCY = 8.0, 14.0 / 3.5, 2.8, 0.75
 # fitted (µs per network crossing on all channels, by transport): benchmarks/published_collectives.py --fit; RDMA
 # without the flush is 0 by NCCL's own latencies (2 × 8 H100 over 8 × 400 Gb/s IB: 13 % MAPE in the mid band), and
 # plain sockets 0 too: no published table of NCCL over kernel TCP was found to fit one on
@@ -45,7 +50,7 @@ RING_EFFICIENCY = (0.5, 0.92, 1.0)
 # × 640 threads × 8 bytes × 120/128; Simple the 4 MiB buffer over NCCL_STEPS = 8
 STEP_BYTES = (8 * 512 * 8, 120 * 640 * 8 * 120 / 128, 4 * 2**20 / 8)
 
-OFFERED = {"allreduce": ("ring", "tree", "nvls"), "allgather": ("ring",), "reducescatter": ("ring",),
+OFFERED = {"allreduce": ("ring", "tree", "nvls"), "allgather": ("ring", "pat"), "reducescatter": ("ring", "pat"),
            "broadcast": ("chain",)}
 
 
@@ -57,6 +62,12 @@ def protocol(op: str, algo: str, proto: int, topo: Topology, nbytes: float) -> P
     """NCCL's cost terms for one (algorithm, protocol) on ``topo`` moving ``nbytes``: link overrides at that size,
     a throughput ceiling (the tree's per-channel caps; NVLS's bandwidth) and the proxy's cost (:mod:`nccl_tuning`)."""
     nvlink = tuning.nvlink_efficiency(topo)
+    calibrated = topo.network.efficiency if topo.nodes > 1 else 1.0  # a calibrated cluster's share of the network
+    if algo == "pat":
+        return Protocol("Simple", base_s=(PAT_BASE_US + PAT_PER_RANK_US * topo.ranks) * 1e-6, hop_intra_s=0.0,
+                        hop_inter_s=PAT_NET_US * 1e-6, chunk_bytes=STEP_BYTES[2],
+                        efficiency=PAT_EFFICIENCY * tuning.network_efficiency(topo) * calibrated,
+                        per_message_s=proxy_s(op, algo, proto, topo, nbytes))
     if algo == "nvls":
         # NCCL's own formula: its latency (25 µs, and 2·log2(nodes) × 20.9 µs between nodes) and its bandwidth (476,
         # 462 and 364 GB/s bus bandwidth on 1, 2 and 4 nodes of 8 H100; measured 479, 469 and 366) as the ceiling,
@@ -64,7 +75,7 @@ def protocol(op: str, algo: str, proto: int, topo: Topology, nbytes: float) -> P
         # NVLS-tree pipelines the switch's reduction with the rails, which the steps would run one after the other
         latency = NVLS_US + 2 * int(math.log2(topo.nodes)) * max(NVLS_TREE_NET_US, topo.network.latency * 1e6)
         return Protocol("Simple", base_s=latency * 1e-6, hop_intra_s=0.0, latency_scale=0.0, efficiency=UNBOUND,
-                        ceiling_Bps=tuning.nvls_ceiling(topo, op, nbytes),
+                        ceiling_Bps=tuning.nvls_ceiling(topo, op, nbytes) * calibrated,
                         per_message_s=proxy_s(op, algo, proto, topo, nbytes))
 
     family = "ring" if algo in ("ring", "chain") else "tree"
@@ -79,11 +90,13 @@ def protocol(op: str, algo: str, proto: int, topo: Topology, nbytes: float) -> P
     else:
         efficiency = 0.92 * (1 / 3.8, 120 / 128 if multi_node else 7 / 9, 1.0)[proto]
     efficiency *= tuning.size_factor(topo, op, algo, proto, nbytes)
-    net = tuning.network_efficiency(topo)  # the NICs as NCCL's channels fill them; inside the node, NVLink's
+    net = tuning.network_efficiency(topo) * calibrated  # the NICs as NCCL's channels fill them; inside the node,
+    # NVLink's
     return Protocol(PROTOCOLS[proto], base_s=BASE_US[family][proto] * 1e-6, hop_intra_s=intra * 1e-6,
                     hop_inter_s=inter * 1e-6, efficiency=efficiency * net, chunk_bytes=STEP_BYTES[proto],
                     intra_efficiency=nvlink / net, per_message_s=proxy_s(op, algo, proto, topo, nbytes),
-                    ceiling_Bps=tuning.tree_ceiling(topo, op, proto, nbytes) if family == "tree" else math.inf)
+                    ceiling_Bps=tuning.tree_ceiling(topo, op, proto, nbytes) * calibrated if family == "tree"
+                    else math.inf)
 
 
 def network_hops(op: str, algo: str, topo: Topology) -> int:
@@ -94,6 +107,8 @@ def network_hops(op: str, algo: str, topo: Topology) -> int:
         return 0
     if algo in ("tree", "nvls"):
         return 2 * math.ceil(math.log2(n))
+    if algo == "pat":
+        return math.ceil(math.log2(n))
     return 2 * (n - 1) if op == "allreduce" else n - 1
 
 
@@ -109,7 +124,8 @@ def proxy_s(op: str, algo: str, proto: int, topo: Topology, nbytes: float) -> fl
     the NICs (the GPU's flag, the post, the completion, the receiver's flush on GPUs before Hopper) and the
     transport's own per-message cost, on all channels. Fitted per transport on published nccl-tests tables
     (benchmarks/published_collectives.py --fit)."""
-    return proxy_crossings(op, algo, proto, topo, nbytes) * NET_STEP_US[transport(topo)] * 1e-6
+    per_crossing = topo.network.crossing_us if topo.network.crossing_us is not None else NET_STEP_US[transport(topo)]
+    return proxy_crossings(op, algo, proto, topo, nbytes) * per_crossing * 1e-6
 
 
 def transport(topo: Topology) -> str:
@@ -121,6 +137,14 @@ def transport(topo: Topology) -> str:
         return "tcpx"
     base = "rdma" if kind in ("infiniband", "roce") else "efa" if kind == "efa" else "tcp"
     return f"{base}+flush" if base in ("rdma", "efa") and tuning.arch(topo) == "sm80" else base
+
+
+def enabled_protocols(topo: Topology) -> tuple[int, ...]:
+    """The protocols NCCL enables: not LL128 across nodes over sockets (its lines would reach the NIC through host
+    memory, a path past PXB: tuning.cc zeroes LL128's bandwidth there)."""
+    if topo.nodes > 1 and tuning.sockets(topo):
+        return (0, 2)
+    return tuple(range(len(PROTOCOLS)))
 
 
 def ring_steps(op: str, topo: Topology) -> tuple[int, int]:
@@ -162,6 +186,14 @@ def pipelined(proto: Protocol, depth: int, chunks: int) -> Protocol:
                                hop_inter_s=proto.hop_inter_s * share, latency_scale=share)
 
 
+SCHEDULES = {"nvls": "hierarchical", "pat": "rd"}  # the catalogue steps NVLS and PAT are priced on
+
+
+def pat_supported(topo: Topology) -> bool:
+    """ncclPatEnable: one GPU a node (nodes == ranks), more than one node, a host network (no TCPX/O offload)."""
+    return topo.gpus_per_node == 1 and topo.nodes > 1 and transport(topo) != "tcpx"
+
+
 class Nccl(Library):
     name = "nccl"
     summary = "NCCL 2.30: ring, tree or NVLS all-reduce, ring all-gather, pipelined-ring broadcast; LL/LL128/Simple"
@@ -169,19 +201,23 @@ class Nccl(Library):
     source = "NVIDIA/nccl v2.30.7 src/graph/tuning.cc (latencies, bandwidth factors), src/include/device.h"
 
     def available(self, op: str, topo: Topology) -> tuple[str, ...]:
-        return tuple(a for a in self.algorithms(op) if a != "nvls" or tuning.nvls_supported(topo))
+        return tuple(a for a in self.algorithms(op) if (a != "nvls" or tuning.nvls_supported(topo))
+                     and (a != "pat" or pat_supported(topo)))
 
     def choices(self, op: str, algo: str | None, nbytes: float, topo: Topology) -> list[Choice]:
+        if algo == "pat" and not pat_supported(topo):
+            raise CollectiveError("NCCL runs PAT only with one GPU a node across nodes, and not over GPUDirect-TCPX/O "
+                                  "(its network offload); pick ring, or single-GPU nodes (e.g. 8x1-ib100)")
         if algo == "nvls" and not tuning.nvls_supported(topo):
             raise CollectiveError("NCCL runs NVLS (NVLink SHARP) only on Hopper or newer GPUs on an NVSwitch, more "
                                   "than two to a node; pick ring or tree, or a topology with such GPUs (-h100, -b200)")
         algos = self.available(op, topo) if algo is None else (algo,)
         out = []
         for a in algos:
-            if a == "nvls":
-                out.append(Choice(a, protocol(op, a, 2, topo, nbytes), schedule="hierarchical"))
+            if a in ("nvls", "pat"):
+                out.append(Choice(a, protocol(op, a, 2, topo, nbytes), schedule=SCHEDULES[a]))
                 continue
-            for p in range(len(PROTOCOLS)):
+            for p in enabled_protocols(topo):
                 proto = protocol(op, a, p, topo, nbytes)
                 if a in PIPELINE_DEPTH:
                     chunks = proto.chunks(nbytes, 2.0 * tree_channels(topo) if a == "tree" else 1.0) or 1

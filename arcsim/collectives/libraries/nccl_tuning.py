@@ -77,11 +77,49 @@ def nvlink_efficiency(topo: Topology) -> float:
 
 def network_efficiency(topo: Topology) -> float:
     """The fraction of the NICs' line rate NCCL's channels carry: its graph's channels × their speed (the
-    fastest of its per-channel speeds the NIC and the GPU's PCIe path both carry: 48 GB/s on a 50 GB/s NDR NIC)."""
+    fastest of its per-channel speeds the NIC and the GPU's PCIe path both carry: 48 GB/s on a 50 GB/s NDR NIC);
+    over sockets, what TCP through the host carries (:func:`socket_bandwidth`)."""
     if topo.nodes < 2:
         return 1.0
     line = topo.network.physical_nics * topo.network.bandwidth_per_physical_nic / GB
+    if sockets(topo):
+        return socket_bandwidth(topo) / line
     return min(1.0, ring_graph(topo).bus / line)
+
+
+def sockets(topo: Topology) -> bool:
+    """Whether NCCL reaches the network through its socket transport (Ethernet without RDMA: kernel TCP)."""
+    return topo.network.kind.lower() in ("ethernet", "eth", "tcp")
+
+
+# Socket transport (net_socket.cc, net.cc, search.cc): no GPUDirect, so each channel's data waits in pinned host
+# memory for the proxy thread of the GPU where the ring leaves the node; one search channel at the speed-array step
+# under the NIC's speed, doubled to two by ncclTopoPostset; up to NCCL_STEPS × 512 KiB = 4 MiB in flight per channel.
+SOCKET_CHANNELS = 2
+SOCKET_IN_FLIGHT = 8 * 512 * 1024
+ETHERNET_FRAMING = 38  # bytes per frame outside the IP packet: header 14, FCS 4, preamble 8, inter-frame gap 12
+TCP_IP_HEADERS = 52  # inside the packet: IPv4 20, TCP 20, the timestamps option 12 (Linux's default)
+# What one node's boundary proxy moves through the kernel's TCP stack per direction, GB/s: fitted on nccl#398 (AWS
+# p3dn, 1 GPU a node over 100 GbE, 4.7 GB/s bus bandwidth, "more socket threads did not help"); held out: nccl#450
+# (4 × 8 V100 over 100 GbE), the 32 GbE tables of nccl#209 (benchmarks/published_collectives.py)
+SOCKET_PROXY_GBPS = 4.7
+
+
+def tcp_goodput(mtu: int) -> float:
+    """TCP's payload share of an Ethernet link's line rate: 0.94 at MTU 1500, 0.99 with jumbo frames."""
+    return (mtu - TCP_IP_HEADERS) / (mtu + ETHERNET_FRAMING)
+
+
+def socket_bandwidth(topo: Topology) -> float:
+    """GB/s per direction NCCL's socket transport carries between nodes: the NICs' TCP payload rate, at most what
+    each rail's boundary proxy (one GPU's process, whatever NICs its rail stripes) moves through the kernel
+    (SOCKET_PROXY_GBPS), and at most what its channels keep in flight over one round trip (4 MiB each: a 1 ms link
+    carries 4.2 GB/s on two channels, whatever its rate)."""
+    net = topo.network
+    wire = net.physical_nics * net.bandwidth_per_physical_nic / GB * tcp_goodput(net.mtu)
+    rails = net.nics_per_node
+    window = rails * SOCKET_CHANNELS * SOCKET_IN_FLIGHT / (2 * net.latency) / GB if net.latency > 0 else math.inf
+    return min(wire, rails * SOCKET_PROXY_GBPS, window)
 
 
 def _scale(topo: Topology) -> int:
@@ -132,17 +170,20 @@ def nvls_supported(topo: Topology) -> bool:
 def nvls_bus_bandwidth(topo: Topology) -> float:
     """NVLS (one node) or NVLS-tree (several) all-reduce bus bandwidth: one channel per head GPU (per NIC across
     nodes), each at min(intra × NVLS efficiency × (heads − 1)/heads × 2, inter[, cap]); the intra speed is the
-    fastest the NVSwitch ports carry for heads + 1 channels (H100: 40 GB/s, B200: 80); at most 32 heads."""
+    fastest the NVSwitch ports carry for heads + 1 channels (H100: 40 GB/s, B200: 80); at most 32 heads. Across
+    nodes the NVLink domain's own reduction still carries every byte, so NVLS-tree never exceeds NVLS in one node
+    (a rack of 72 GPUs is one NVLink domain, not a node of 72 heads)."""
     a, g = arch(topo), min(topo.gpus_per_node, MAX_NVLS_HEADS)
     speeds = INTRA_SPEEDS[a]
     total = NVLINK_GBPS[a] * NVLINKS[a]
     intra = next((s for s in speeds if s * (g + 1) <= total), speeds[-1])
     per = intra * NVLS_EFFICIENCY[a] * (g - 1) / g * 2
+    domain = g * min(per, min(2 * intra, speeds[0]))
     if topo.nodes == 1:
-        return g * min(per, min(2 * intra, speeds[0]))
-    heads = topo.network.nics_per_node  # one per NIC rail (a GPU's NICs striped: p5's four per GPU)
+        return domain
+    heads = min(topo.network.nics_per_node, MAX_NVLS_HEADS)  # one per NIC rail (p5's four EFA per GPU striped)
     inter = ring_graph(topo).bus / heads * (2 if topo.nodes <= 2 else 1)
-    return heads * min(per, inter, NVLS_TREE_CAP[a][_scale(topo)])
+    return min(domain, heads * min(per, inter, NVLS_TREE_CAP[a][_scale(topo)]))
 
 
 def nvls_pipeline(topo: Topology, nbytes: float) -> float:
