@@ -7,9 +7,10 @@ Writes devices/efficiency.json (what `arcsim device predict` and `arcsim run --g
 - transfer: the H200 profiles (measured, never fitted) predicted from the H100 fit and the H200's datasheet
   and measured launch cost.
 Errors are relative errors of forward + backward time; ``phases`` keeps each profile's forward and backward
-error apart (printed too). The shipped profiles were timed with a CUDA event per parameter: the fit prices
-that hook (``hook``) apart from autograd's own cost per operation (``autograd``), and a prediction prices
-DDP's hook (compute.DDP_HOOK) instead.
+error apart (printed too). The shipped profiles were timed with a CUDA event per parameter: that hook's host
+cost (``hook``) is measured from the profiles' own per-parameter timelines (compute.profiler_hook), not fitted,
+so the fit cannot move it into autograd's own cost per operation (``autograd``); a prediction prices DDP's hook
+(compute.DDP_HOOK) instead.
 
 Usage: python benchmarks/device_fit.py [--no-loo]
 """

@@ -32,7 +32,9 @@ if TYPE_CHECKING:
 
 OP_CLASSES = ("conv", "matmul", "attention", "memory")
 _MATMUL = {"mm", "addmm", "bmm", "baddbmm", "matmul", "linear", "_addmm_activation"}
-_FREE = {"detach", "alias", "lift_fresh", "empty", "empty_like", "empty_strided", "set_", "resize_"}  # no kernel
+# no kernel: views the dispatcher does not flag as views (``_unsafe_view``, the reshape in ``linear`` and ``matmul``
+# on 3-d inputs) and allocations
+_FREE = {"detach", "alias", "lift_fresh", "empty", "empty_like", "empty_strided", "set_", "resize_", "_unsafe_view"}
 
 
 def op_class(name: str) -> str:
@@ -164,7 +166,7 @@ def _fused_attention(recorder: _Recorder) -> Iterator[None]:
         F.scaled_dot_product_attention = original
 
 
-WORKLOAD_VERSION = 1  # bump when counting changes: workloads kept on disk by an older count are not read
+WORKLOAD_VERSION = 2  # bump when counting changes: workloads kept on disk by an older count are not read
 
 
 def count_workload(model: str | ModelSource, batch: int, dataset: str | None = None,
