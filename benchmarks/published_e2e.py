@@ -3,6 +3,8 @@
     python benchmarks/published_e2e.py                       # every row arcsim can express (a few minutes)
     python benchmarks/published_e2e.py --source Espresso     # the rows whose source contains this
     python benchmarks/published_e2e.py --rows 3              # the first 3 expressible rows
+    python benchmarks/published_e2e.py --write-errors        # every row, and the errors per framework into
+                                                             # arcsim/data/speedup_errors.json (arcsim run's intervals)
 
 Each expressible row names its arcsim setup: a stand-in model's trace (captured once here: 4 workers × 1 step
 after 1 of training, under --traces), the topology, GPU, batch per GPU, framework, compressor and density. It is
@@ -10,7 +12,8 @@ priced as ``arcsim run`` prices it (arcsim.run.analysis), dense fp32 and the com
 collectives, and the predicted speed-up is dense's iteration time over the compressor's. Every row here ran on
 BytePS (parameter servers; the systems compress between machines): arcsim has DDP and Horovod, so each is priced
 as DDP with node-aware compression (dense inside a node, compressed between nodes: --hierarchy node), flat where
-the row is one machine. That is an approximation of BytePS's placement, not BytePS. The rows arcsim cannot
+the row is one machine, and between machines on BytePS's own TCP, not NCCL's socket transport (byteps_topology).
+That is an approximation of BytePS's placement, not BytePS. The rows arcsim cannot
 express stay in the CSV with a ``skip`` reason, printed at the end.
 """
 
@@ -19,6 +22,7 @@ from __future__ import annotations
 import argparse
 import csv
 import dataclasses
+import datetime
 import math
 import statistics
 import sys
@@ -82,6 +86,25 @@ class Priced:
 _analyses: dict[tuple, object] = {}
 
 
+def byteps_topology(name: str, folder: Path) -> str:
+    """``name`` as BytePS runs on it: between machines its own TCP (ps-lite: every worker's flows to every server,
+    no NCCL proxy between the GPU and the socket), so not NCCL's socket transport, whose boundary proxy caps a node
+    (arcsim.collectives.libraries.nccl_tuning.socket_bandwidth): the NICs at NCCL's per-channel speed, as RDMA is.
+    Inside a machine, NCCL as ever. Returns the path of that topology's file."""
+    import dataclasses as dc
+
+    from arcsim.collectives.libraries.nccl_tuning import sockets
+    from arcsim.topology import load_topology, topology_yaml
+
+    topo = load_topology(name)
+    if not sockets(topo):
+        return name
+    path = folder / f"byteps-{name}.yaml"
+    own = dc.replace(topo, network=dc.replace(topo.network, kind="byteps-tcp"))
+    path.write_text(topology_yaml(own, f"{name} as BytePS's own TCP runs on it (benchmarks/published_e2e.py)"))
+    return str(path)
+
+
 def analysis(row: dict[str, str], traces: Path):
     """One arcsim Analysis per (trace, topology, GPU, batch, framework), the trace and measurements shared."""
     from arcsim.run.analysis import Analysis, RunConfig
@@ -90,7 +113,10 @@ def analysis(row: dict[str, str], traces: Path):
            row["arcsim_framework"], row["arcsim_hierarchy"])
     if key in _analyses:
         return _analyses[key]
-    given = dict(topology=row["arcsim_topology"], trace=str(trace_path(row["arcsim_trace"], traces)),
+    topology = row["arcsim_topology"]
+    if row["framework"].startswith("BytePS"):
+        topology = byteps_topology(topology, traces)
+    given = dict(topology=topology, trace=str(trace_path(row["arcsim_trace"], traces)),
                  compressors=(row["arcsim_compressor"],), policy="none", ratios=(1.0,), allow_capture=False,
                  gpu=row["arcsim_gpu"], batch=int(row["arcsim_batch"]), framework=row["arcsim_framework"],
                  hierarchy=row["arcsim_hierarchy"])
@@ -129,6 +155,32 @@ def verdict(speedup: float) -> str:
     return "faster" if speedup > 1.0 else "slower"
 
 
+Result = tuple[str, str, float, float]  # framework, source, measured speed-up, arcsim's
+
+
+def framework_errors(results: list[Result]) -> dict[str, dict]:
+    """Per framework: the rows, the share whose verdict agrees, the median |predicted − measured| speed-up and the
+    median |ln(predicted / measured)| (what arcsim run's intervals take, arcsim.run.doubt), with the rows."""
+    out: dict[str, dict] = {}
+    for name in dict.fromkeys(fw for fw, _, _, _ in results):
+        mine = [(source, m, p) for fw, source, m, p in results if fw == name]
+        out[name] = {"framework": name, "rows": len(mine),
+                     "verdict_agrees": sum(verdict(m) == verdict(p) for _, m, p in mine) / len(mine),
+                     "median_abs_speedup_error": statistics.median(abs(p - m) for _, m, p in mine),
+                     "median_abs_log_error": statistics.median(abs(math.log(p / m)) for _, m, p in mine),
+                     "pairs": [{"source": source, "measured": m, "predicted": p} for source, m, p in mine]}
+    return out
+
+
+def errors_section(results: list[Result]) -> dict:
+    """What `arcsim run`'s speed-up intervals read (arcsim.run.doubt): the end-to-end errors per framework."""
+    return {"script": "benchmarks/published_e2e.py", "data": "benchmarks/published/e2e.csv",
+            "date": datetime.date.today().isoformat(),
+            "statistic": "median |ln(predicted / measured)| of compressed-over-dense speed-ups (BytePS systems "
+                         "priced as arcsim's framework with node-aware compression); nothing is fitted on them",
+            "frameworks": framework_errors(results)}
+
+
 def main(argv: list[str] | None = None) -> int:
     from arcsim.files import generated_traces_dir
 
@@ -137,7 +189,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rows", type=int, help="only the first N expressible rows")
     ap.add_argument("--traces", type=Path, help="where the stand-in traces are kept (default: arcsim's trace "
                     "cache, published_e2e/)")
+    ap.add_argument("--write-errors", action="store_true",
+                    help="write the errors per framework for arcsim run's speed-up intervals (every row)")
     args = ap.parse_args(argv)
+    if args.write_errors and (args.source or args.rows):
+        ap.error("--write-errors takes every row: give it without --source and --rows")
     traces = args.traces or generated_traces_dir() / "published_e2e"
     table = rows(args.source)
     todo = [r for r in table if not r["skip"]][:args.rows]
@@ -146,6 +202,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'source':<10}{'where':<15}{'system / compressor':<28}{'nodes':>5}  {'arcsim':<34}"
           f"{'measured':>9}{'predicted':>10}{'|err|':>7}  agree")
     by_source: dict[str, list[tuple[float, bool]]] = defaultdict(list)
+    results: list[Result] = []
     started = time.perf_counter()
     for i, r in enumerate(todo, 1):
         p = price(r, traces)
@@ -153,6 +210,7 @@ def main(argv: list[str] | None = None) -> int:
         agree = verdict(measured) == verdict(p.speedup)
         err = abs(p.speedup - measured)
         by_source[source_name(r)].append((err, agree))
+        results.append((r["arcsim_framework"], source_name(r), measured, p.speedup))
         setup = f"{r['arcsim_trace']} {r['arcsim_compressor']}@{p.density:.2g} {r['arcsim_topology'].split('-')[1]}"
         print(f"{source_name(r):<10}{where(r):<15}{r['compressor'][:27]:<28}{r['nodes']:>5}  "
               f"{setup:<34}{measured:>9.3f}{p.speedup:>10.3f}{err:>7.3f}  {'yes' if agree else 'NO'}", flush=True)
@@ -163,6 +221,13 @@ def main(argv: list[str] | None = None) -> int:
         errs = [e for e, _ in res]
         agree_pct = 100 * sum(a for _, a in res) / len(res)
         print(f"{name:<10}{len(res):>5}{agree_pct:>15.0f}%{statistics.median(errs):>14.3f}")
+    for name, e in framework_errors(results).items():
+        print(f"{name:<10}{e['rows']:>5}{100 * e['verdict_agrees']:>15.0f}%{e['median_abs_speedup_error']:>14.3f}"
+              f"  (every source; median |ln(predicted/measured)| {e['median_abs_log_error']:.3f})")
+    if args.write_errors:
+        from arcsim.run.doubt import write_section
+
+        print(f"wrote {write_section('frameworks', errors_section(results))}")
     skipped = [r for r in table if r["skip"]]
     if args.rows is None and skipped:
         print(f"\nnot priced ({len(skipped)} rows):")

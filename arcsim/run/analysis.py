@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 import multiprocessing
 import os
@@ -42,7 +43,8 @@ from arcsim.models.source import input_of_trace, source_of_trace
 from arcsim.netsim import ENGINES
 from arcsim.pricing import Pricer
 from arcsim.processes import release_freed_memory
-from arcsim.run import cache, decisions
+from arcsim.run import cache, decisions, doubt
+from arcsim.run.buckets import Bucket
 from arcsim.run.candidates import Candidate, Context, candidates_for, evaluate
 from arcsim.run.compute import ComputeTimes, from_profile, from_trace, mapped
 from arcsim.run.frameworks import DDP_BUCKET_MB, FRAMEWORKS, framework_message, get_framework
@@ -246,6 +248,7 @@ class RunResult:
     assumptions: list[str]
     timings: dict[str, float] = field(default_factory=dict)
     compute_basis: dict[str, Any] | None = None  # a modelled compute's batch and precision, and whence each
+    speedup_errors: dict[str, Any] | None = None  # the errors the speed-up intervals come from (run/doubt.py)
 
 
 def _set_speedups(c: Candidate, dense: Candidate, ring: Candidate) -> None:
@@ -326,6 +329,7 @@ class Analysis:
         if isinstance(self.trace, Trace):     # read beside the start-up work (hashlib lets go of the GIL)
             self._hash = ThreadPoolExecutor(1).submit(cache.trace_hash, self.trace.path)
         self.notes_before: list[str] = []
+        self._predict: Callable[[int], ComputePrediction] | None = None  # compute modelled at a batch per GPU
         self.gpu, self.compute_prediction = self._device()
         scale = 1.0 if self.params is None else self.params.scale
         if self.params is not None:
@@ -334,17 +338,10 @@ class Analysis:
         elif cfg.compute_profile:
             compute = from_profile(cfg.compute_profile, self.trace)
         elif self.compute_prediction is not None:
-            pred = self.compute_prediction
-            compute = mapped(pred.profile, self.trace, f"for {pred.device.name}",
-                             f"{pred.source} on {pred.device.full_name}, batch {pred.profile.batch} per GPU, "
-                             f"{pred.precision} ({pred.detail})")
+            compute = self._compute_of(self.compute_prediction)
         else:
             compute = from_trace(self.trace)
-        cap = float("inf") if cfg.fusion == "model" else cfg.bucket_mb * 2**20 / scale  # a sample's: scaled down
-        fw = get_framework(cfg.framework, None if cfg.cycle_ms is None else cfg.cycle_ms * 1e-3)
-        if cfg.framework != "ddp" and cfg.fusion != "model":
-            cap = (cfg.bucket_mb if cfg.bucket_mb != DDP_BUCKET_MB else fw.default_bucket_mb) * 2**20 / scale
-        buckets = fw.buckets(self.trace.layers, compute.ready_s.tolist(), cap)
+        buckets = self._buckets(compute)
         self.ctx = Context(self.trace, self.topo, compute, buckets, cfg.engine, cfg.compress_scale, self.gpu,
                            cfg.scope, numel_scale=scale, framework=cfg.framework)
         self.pricer = Pricer(self.topo, cfg.engine)
@@ -357,6 +354,32 @@ class Analysis:
         self.gradient_stats = GradientStats((cfg.density, *cfg.ratios))  # shared by the trace's measurements
         self.timings: dict[str, float] = {}
         self._measuring_wall = 0.0  # seconds of wall time spent measuring (side by side: the wall, not the sum)
+
+    def _compute_of(self, pred: ComputePrediction) -> ComputeTimes:
+        """A compute prediction as this trace's layers see it."""
+        return mapped(pred.profile, self.trace, f"for {pred.device.name}",
+                      f"{pred.source} on {pred.device.full_name}, batch {pred.profile.batch} per GPU, "
+                      f"{pred.precision} ({pred.detail})")
+
+    def _buckets(self, compute: ComputeTimes) -> list[Bucket]:
+        """The trace's layers grouped as the framework sends them, with ``compute``'s ready times."""
+        cfg, scale = self.cfg, 1.0 if self.params is None else self.params.scale
+        cap = float("inf") if cfg.fusion == "model" else cfg.bucket_mb * 2**20 / scale  # a sample's: scaled down
+        fw = get_framework(cfg.framework, None if cfg.cycle_ms is None else cfg.cycle_ms * 1e-3)
+        if cfg.framework != "ddp" and cfg.fusion != "model":
+            cap = (cfg.bucket_mb if cfg.bucket_mb != DDP_BUCKET_MB else fw.default_bucket_mb) * 2**20 / scale
+        return fw.buckets(self.trace.layers, compute.ready_s.tolist(), cap)
+
+    def context_at_batch(self, batch: int) -> Context | None:
+        """This run's context with compute modelled at ``batch`` per GPU; None where compute is not modelled here or
+        the buckets would change with it (Horovod fuses what is ready in one cycle): the measurements are theirs."""
+        if self._predict is None:
+            return None
+        compute = self._compute_of(self._predict(batch))
+        buckets = self._buckets(compute)
+        if [b.layers for b in buckets] != [b.layers for b in self.ctx.buckets]:
+            return None
+        return dataclasses.replace(self.ctx, compute=compute, buckets=buckets)
 
     def share_measurements(self, other: Analysis) -> None:
         """Reuse ``other``'s compressor runs (same trace and settings, another GPU or topology): bytes and
@@ -394,8 +417,9 @@ class Analysis:
                            "recording's own timings")
         self.compute_basis = compute_basis(self.cfg, meta, where.gpu)
         self.announce(f"compute on {name}: {self.compute_basis['text']}")
-        return where.gpu, predict_compute(source, name, self.compute_basis["batch"], self.compute_basis["precision"],
+        self._predict = functools.partial(predict_compute, source, name, precision=self.compute_basis["precision"],
                                           dataset=dataset, input_size=size, data=data)
+        return where.gpu, self._predict(self.compute_basis["batch"])
 
     def steps(self) -> Iterator[tuple[int, torch.Tensor]]:
         """The trace's steps as stored (a half-precision trace is converted a bucket at a time by the
@@ -674,9 +698,30 @@ class Analysis:
         grid = self._grid(dense, ring)
         front = self._pareto(grid)
         policy, recommendation = self._policy(cands, grid)
-        return RunResult(cfg, self.ctx, cands, dense, policy, front, self._crossover(cands, grid),
-                         recommendation or decisions.recommend(front, grid, policy),
-                         self._assumptions() + density_notes(cands))
+        errors = self._errors()
+        rec = self._judged(recommendation or decisions.recommend(front, grid, policy), errors, dense, cands, grid)
+        return RunResult(cfg, self.ctx, cands, dense, policy, front, self._crossover(cands, grid), rec,
+                         self._assumptions() + density_notes(cands) + [errors.basis],
+                         speedup_errors=errors.to_dict())
+
+    # -- how sure the speed-ups are (arcsim/run/doubt.py) ---------------------------------------------------
+    def _errors(self) -> doubt.Errors:
+        pred = self.compute_prediction
+        return doubt.errors_for(self.topo, self.cfg.framework, None if pred is None else pred.expected_error,
+                                self.ctx.gpu)
+
+    def _judged(self, rec: decisions.Recommendation, errors: doubt.Errors, dense: Candidate, cands: list[Candidate],
+                grid: list[Candidate]) -> decisions.Recommendation:
+        """Every candidate's and the recommendation's speed-up interval, verdict and tips."""
+        batch = self.compute_basis["batch"] if self.compute_basis else None
+        judge = doubt.Judge(errors, self.ctx, self.pricer, dense, grid, batch, self.context_at_batch)
+        for c in [*cands, dense]:
+            judge.mark(c)
+        pick = next(c for c in [*cands, *grid] if (c.compressor, c.collective, c.hierarchy, c.density)
+                    == (rec.compressor, rec.collective, rec.hierarchy, rec.density))
+        if pick.verdict is None:  # a grid point: judged here
+            judge.mark(pick)
+        return rec.judged(pick)
 
     # -- decisions (arcsim/run/decisions.py, arcsim/run/policies.py) -----------------------------------
     def _policy(self, cands: list[Candidate], grid: list[Candidate]

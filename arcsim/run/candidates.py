@@ -15,7 +15,7 @@ from arcsim.comm.log import CommRecord
 from arcsim.devices.catalog import Device
 from arcsim.devices.kernels import compress_seconds
 from arcsim.errors import ArcsimError
-from arcsim.pricing import Pricer, algorithms_for
+from arcsim.pricing import PricedRecord, Pricer, algorithms_for
 from arcsim.run import effects
 from arcsim.run.buckets import Bucket
 from arcsim.run.compute import ComputeTimes
@@ -49,6 +49,10 @@ class Candidate:
     speedup_vs_dense: float = 1.0       # dense fp32 on its fastest collective ÷ this (run and sweep alike)
     speedup_vs_dense_ring: float = 1.0  # dense fp32 flat-ring all-reduce ÷ this (the textbook baseline)
     rel_error_ci: tuple[float, float] | None = None  # 95 % interval over the trace's steps (None: one step)
+    speedup_low: float | None = None    # the speed-up's interval from the model's held-out errors (run/doubt.py)
+    speedup_high: float | None = None
+    verdict: str | None = None          # faster, slower, too close to call; baseline: dense itself
+    tips: list[dict[str, Any]] = field(default_factory=list)  # too close to call: settings that make it clear
     density_by_step: list[float] = field(default_factory=list)  # achieved density at each trace step
     bucket_compress_s: list[float] = field(default_factory=list)  # mean compression per bucket (as priced)
     bucket_comm_s: list[float] = field(default_factory=list)      # mean communication per bucket
@@ -123,17 +127,23 @@ def compress_times(compressor: str, measured: list[float], ctx: Context, hierarc
     return [c * ctx.scale_for(compressor) for c in measured]
 
 
+def priced_buckets(step_records: list[list[CommRecord]], collective: str, ctx: Context, pricer: Pricer,
+                   op: str | None = None) -> list[tuple[list[PricedRecord], float]]:
+    """Each bucket's collectives of one step as the framework issues them, priced with ``collective`` for ``op``
+    (default: the step's main op), and the bucket's jitter (the topology's effects)."""
+    algos = {op or main_op_of(step_records): collective}
+    if ctx.framework != "ddp":  # e.g. Horovod all-gathers each tensor on its own
+        fw = get_framework(ctx.framework)
+        step_records = [fw.records(b, recs) for b, recs in zip(ctx.buckets, step_records, strict=True)]
+    return [(pricer.records(recs, algos), effects.records_jitter_s(recs, ctx.topo)) for recs in step_records]
+
+
 def step_timeline(step_records: list[list[CommRecord]], compress: list[float], collective: str, ctx: Context,
                   pricer: Pricer, op: str | None = None) -> tuple[Timeline, list[float]]:
     """One step's iteration with ``collective`` for ``op`` (default: the step's main op), and each bucket's
     communication."""
-    algos = {op or main_op_of(step_records): collective}
-    topo = ctx.topo
-    if ctx.framework != "ddp":  # e.g. Horovod all-gathers each tensor on its own
-        fw = get_framework(ctx.framework)
-        step_records = [fw.records(b, recs) for b, recs in zip(ctx.buckets, step_records, strict=True)]
-    comm = [sum(p.time_s for p in pricer.records(recs, algos)) + effects.records_jitter_s(recs, topo)
-            for recs in step_records]
+    comm = [sum(p.time_s for p in priced) + jitter
+            for priced, jitter in priced_buckets(step_records, collective, ctx, pricer, op)]
     return bucket_timeline(compress, comm, ctx), comm
 
 
@@ -168,7 +178,7 @@ def evaluate(meas: Measurement, collective: str, ctx: Context, pricer: Pricer) -
     """Price one measured compressor with one collective algorithm for its main op, step by step."""
     op = main_op(meas)
     timelines, comp_sum, comm_sum = step_timelines(meas, collective, ctx, pricer)
-    mean = {f: float(np.mean([getattr(t, f) for t in timelines]))
+    mean: dict[str, Any] = {f: float(np.mean([getattr(t, f) for t in timelines]))
             for f in ("iteration_s", "compute_s", "compress_s", "comm_s", "exposed_comm_s")}
     uses_density = not INFO[meas.compressor].density_free
     return Candidate(meas.compressor, collective, meas.density if uses_density else None, meas.memory, op, **mean,

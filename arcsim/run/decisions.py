@@ -205,6 +205,15 @@ class Recommendation(Decision):
     why: list[str]
     time_to_target_s: float | None = None         # auto: the estimate it was chosen by
     time_to_target_interval_s: list[float] | None = None
+    speedup_low: float | None = None              # the speed-up's interval and verdict (run/doubt.py)
+    speedup_high: float | None = None
+    verdict: str | None = None
+    tips: list[dict[str, Any]] | None = None      # too close to call: settings that make it clear
+
+    def judged(self, c: Candidate) -> Recommendation:
+        """This recommendation with the interval, verdict and tips of ``c``, its candidate."""
+        return dataclasses.replace(self, speedup_low=c.speedup_low, speedup_high=c.speedup_high, verdict=c.verdict,
+                                   tips=c.tips)
 
 
 def recommend(front: ParetoFront, grid: Sequence[Candidate], pol: Policy | None) -> Recommendation:

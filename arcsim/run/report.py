@@ -15,6 +15,7 @@ from arcsim.files import write_atomic
 from arcsim.run.analysis import MEASURED_AHEAD, MEASURED_AHEAD_PROCESSES, MEASURING_WALL, RunResult
 from arcsim.run.candidates import Candidate
 from arcsim.run.decisions import UNUSABLE_ERROR, UNUSABLE_NOTE, Crossover, ParetoPoint, Policy, usable
+from arcsim.run.doubt import LEVEL, TOO_CLOSE, setting_text, speedup_text
 from arcsim.units import format_size
 
 
@@ -56,12 +57,14 @@ def to_json(result: RunResult) -> dict[str, Any]:
         "policy": result.policy.to_dict() if result.policy else None,
         "pareto": result.pareto.to_dict(),
         "crossover": result.crossover.to_dict(),
+        "speedup_errors": result.speedup_errors,
         "timings_s": result.timings,
     }
 
 
 CSV_FIELDS = ("compressor", "collective", "hierarchy", "op", "density", "memory", "iteration_s", "compute_s",
-              "compress_s", "comm_s", "exposed_comm_s", "speedup_vs_dense", "speedup_vs_dense_ring", "rel_error",
+              "compress_s", "comm_s", "exposed_comm_s", "speedup_vs_dense", "speedup_low", "speedup_high", "verdict",
+              "speedup_vs_dense_ring", "rel_error",
               "update_error", "compression_gain", "density_achieved", "bytes_per_rank")
 
 
@@ -110,11 +113,28 @@ def render(result: RunResult, console: Console, every_collective: bool = False) 
         console.print(f"  [dim]• {note}[/]")
     rows = result.candidates if every_collective else best_per_compressor(result)
     rows = sorted(rows, key=lambda c: (not usable(c), c.iteration_s))  # the unusable last, however fast
-    d = result.dense
+    table = _iteration_table(result, rows, every_collective)
+    if console.measure(table, options=console.options.update_width(10**4)).maximum > console.width:  # too wide:
+        table = _iteration_table(result, rows, every_collective, stacked=True)  # each interval under its speed-up
+    console.print(table)
+    _render_too_close([c for c in rows if usable(c)], console)
+    if result.policy:
+        _render_policy(result, console)
+    _render_crossover(result, console)
+    _render_hierarchy(result, console)
+    _render_pareto(result, console)
+    _render_timings(result, console)
+
+
+def _iteration_table(result: RunResult, rows: list[Candidate], every_collective: bool, stacked: bool = False
+                     ) -> Table:
+    """The candidates' table, each speed-up's interval beside it or (``stacked``) under it."""
+    t, d = result.ctx.trace_file, result.dense
     table = Table(title="Iteration time per compressor" + ("" if every_collective else " (its fastest collective)"),
                   caption=f"ms per iteration, compute {_ms(d.compute_s)} ms in each; speed-up against dense fp32 on "
-                          f"its fastest collective (dense (baseline), {d.op} {d.collective}); AR all-reduce, AG "
-                          "all-gather; error = ‖agg − ū‖²/‖ū‖² after error feedback"
+                          f"its fastest collective (dense (baseline), {d.op} {d.collective}), with its {LEVEL} "
+                          "interval from the model's held-out errors (one spanning 1: too close to call); AR "
+                          "all-reduce, AG all-gather; error = ‖agg − ū‖²/‖ū‖² after error feedback"
                           + (f" (± its 95 % interval over the trace's {t.steps} steps"
                              + (", and over the bucket sample" if sampling(result) else "") + ")"
                              if t.steps > 1 or sampling(result) else "")
@@ -131,16 +151,10 @@ def render(result: RunResult, console: Console, every_collective: bool = False) 
                   _ms(d.comm_s), _ms(d.exposed_comm_s), "1.00×", "0", "1", format_size(d.bytes_per_rank), style="dim")
     for c in rows:
         table.add_row(c.compressor, short_collective(c.op, c.collective, c.hierarchy), _ms(c.iteration_s),
-                      _ms(c.compress_s),
-                      _ms(c.comm_s), _ms(c.exposed_comm_s), f"{c.speedup_vs_dense:.2f}×", _error(c),
+                      _ms(c.compress_s), _ms(c.comm_s), _ms(c.exposed_comm_s),
+                      speedup_text(c.speedup_vs_dense, c.speedup_low, c.speedup_high, stacked), _error(c),
                       f"{c.compression_gain:.3f}", format_size(c.bytes_per_rank))
-    console.print(table)
-    if result.policy:
-        _render_policy(result, console)
-    _render_crossover(result, console)
-    _render_hierarchy(result, console)
-    _render_pareto(result, console)
-    _render_timings(result, console)
+    return table
 
 
 def _error(c: Candidate) -> str:
@@ -158,9 +172,32 @@ def _render_recommendation(result: RunResult, console: Console) -> None:
     where = "" if r.hierarchy == "flat" else " between nodes (dense inside each node)"
     console.print(f"[bold green]Recommended:[/] [bold]{r.compressor}[/] over {OP_NAME.get(r.op, r.op)} "
                   f"({r.collective}){where}, {ratio}: {_ms(r.iteration_s)} ms per iteration, "
-                  f"{r.speedup_vs_dense:.2f}× dense, error {r.rel_error:.3f}")
+                  f"{_verdict(r.speedup_vs_dense, r.speedup_low, r.speedup_high, r.verdict)}, error {r.rel_error:.3f}")
+    if r.verdict == TOO_CLOSE:
+        console.print("  [yellow]what would make it clear:[/] "
+                      + ("; ".join(t["text"] for t in r.tips or []) or NOTHING_CLEARS))
     for reason in r.why:
         console.print(f"  why: {reason}")
+
+
+NOTHING_CLEARS = "no bandwidth (1/100 to 100×), ratio of the grid or batch tried makes it clear"
+
+
+def _verdict(speedup: float, low: float | None, high: float | None, verdict: str | None) -> str:
+    """``1.42× dense (1.21–1.66: faster)``; the baseline's ``1.00× dense``."""
+    if low is None or high is None or low == high:
+        return f"{speedup:.2f}× dense"
+    return f"{speedup:.2f}× dense ({low:.2f}–{high:.2f}: {verdict})"
+
+
+def _render_too_close(rows: list[Candidate], console: Console) -> None:
+    """The usable rows too close to call, each with the settings that would make it clear."""
+    for c in rows:
+        if c.verdict == TOO_CLOSE:
+            tips = "; ".join(f"clearly {t['verdict']} at {setting_text(t['axis'], t['side'], t['value'])}"
+                             for t in c.tips)
+            which = f"{c.compressor} {short_collective(c.op, c.collective, c.hierarchy)}"
+            console.print(f"  [dim]too close to call, {which}: {tips or NOTHING_CLEARS}[/]")
 
 
 def render_fusion(rows: list[dict[str, Any]], console: Console) -> None:
