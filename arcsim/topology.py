@@ -235,7 +235,14 @@ class Topology:
     @property
     def is_homogeneous(self) -> bool:
         """True when every node behaves alike (no stragglers, no jitter)."""
-        return not self.stragglers and self.jitter == 0.0
+        return not self.stragglers and self.crossing_jitter_s == 0.0
+
+    @property
+    def crossing_jitter_s(self) -> float:
+        """The one jitter model: the mean extra delay, exponential, of one message crossing nodes — the effects'
+        ``step_jitter`` (seconds) plus the file's ``jitter`` × the network latency. The DES draws it for every
+        crossing message; the closed form adds its expectation over a collective's steps (arcsim.run.effects)."""
+        return self.effects.step_jitter_s + self.jitter * self.network.latency if self.nodes > 1 else 0.0
 
     def slowdown(self, rank: int) -> float:
         return float(self.stragglers.get(rank, 1.0))
@@ -379,7 +386,8 @@ class Topology:
              f"(uplink {format_bits(self.uplink_bandwidth)} per leaf)"),
             ("reduction γ", f"{self.gamma:g} s/byte"),
             ("stragglers", ", ".join(f"rank {r}: {s:g}×" for r, s in sorted(self.stragglers.items())) or "none"),
-            ("latency jitter", f"{self.jitter:g} × latency (mean, exponential)" if self.jitter else "none"),
+            ("jitter per network crossing", f"{format_duration(self.crossing_jitter_s)} (mean, exponential)"
+             if self.crossing_jitter_s else "none"),
             ("step effects", "none" if self.effects.none else
              f"compute σ/μ {self.effects.compute_cv:g} (the slowest of {self.ranks} ranks), "
              f"{format_duration(self.effects.step_jitter_s)} mean jitter per network step, "

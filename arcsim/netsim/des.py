@@ -70,6 +70,7 @@ class _Send:
     nbytes: float
     links: Any  # the path's resources, resolved by the fluid network once
     latency: float
+    crosses: bool  # between nodes: its latency draws the topology's jitter
 
 
 @dataclass(slots=True)
@@ -124,12 +125,12 @@ def simulate(schedule: Schedule, topo: Topology, start_times: np.ndarray | None 
     def arrive(send: _Send, done: simpy.Event, _: simpy.Event) -> None:
         net.send(send.links, send.nbytes, done)  # the message's own event fires when its bytes are across
 
-    jitter, gamma = topo.jitter, topo.gamma  # locals: read per message
+    jitter, gamma = topo.crossing_jitter_s, topo.gamma  # locals: read per message
 
     def start(send: _Send, done: simpy.Event) -> None:
         latency = send.latency
-        if jitter:
-            latency *= 1.0 + jitter * rng.exponential()
+        if jitter and send.crosses:
+            latency += jitter * rng.exponential()
         env.timeout(latency).callbacks.append(partial(arrive, send, done))
 
     def launch(k: int, src: int, send: _Send) -> simpy.Event:
@@ -217,7 +218,8 @@ def _plans(schedule: Schedule, topo: Topology, period: int, reps: int, net: Flui
         for j in np.flatnonzero(step.src < reps):
             s, d = int(step.src[j]), int(step.dst[j])
             keys, latency = path(s, d)
-            visit(s).sends.append(_Send(d, d % reps, float(step.nbytes[j]), keys, latency))
+            visit(s).sends.append(_Send(d, d % reps, float(step.nbytes[j]), keys, latency,
+                                        s // topo.gpus_per_node != d // topo.gpus_per_node))
         for j in np.flatnonzero(step.dst < reps):
             s, d = int(step.src[j]), int(step.dst[j])
             shift = (s // reps) * reps

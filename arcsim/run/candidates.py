@@ -135,7 +135,9 @@ def priced_buckets(step_records: list[list[CommRecord]], collective: str, ctx: C
     if ctx.framework != "ddp":  # e.g. Horovod all-gathers each tensor on its own
         fw = get_framework(ctx.framework)
         step_records = [fw.records(b, recs) for b, recs in zip(ctx.buckets, step_records, strict=True)]
-    return [(pricer.records(recs, algos), effects.records_jitter_s(recs, ctx.topo)) for recs in step_records]
+    # the DES draws the jitter on every crossing itself; the closed form adds its expectation
+    jitter = effects.records_jitter_s if ctx.engine == "analytic" else (lambda recs, topo: 0.0)
+    return [(pricer.records(recs, algos), jitter(recs, ctx.topo)) for recs in step_records]
 
 
 def step_timeline(step_records: list[list[CommRecord]], compress: list[float], collective: str, ctx: Context,

@@ -47,7 +47,7 @@ def _steps(op: str, ranks: int) -> int:
 def jitter_s(record: CommRecord, topo: Topology) -> float:
     """The expected jitter one collective pays: its steps × E[the slowest of its N network crossings per step]
     (H_N × the mean); nothing inside a node or on one node."""
-    mean = topo.effects.step_jitter_s
+    mean = topo.crossing_jitter_s
     if mean == 0 or record.group == "node" or topo.nodes < 2:
         return 0.0
     ranks = topo.nodes if record.group == "inter" else topo.ranks
