@@ -346,3 +346,4 @@ def test_an_instance_file_count_is_a_whole_number_of_at_least_one(tmp_path: Path
     prefix = "network." if field == "nics_per_node" else ""
     assert code == 2 and err.strip() == (f"error: {mine}: field '{prefix}{field}' must be a whole number ≥ 1 "
                                          f"(got {value})"), err
+

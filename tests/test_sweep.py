@@ -10,6 +10,7 @@ import sys
 import time
 from pathlib import Path
 
+import click
 import pandas as pd
 import pytest
 from conftest import free_port, interruptible, run_cli
@@ -469,3 +470,19 @@ def test_the_gpu_axis_prices_each_point_on_its_gpu(tmp_path):
     shipped = json.loads(packaged("traces", "profiles", "cnn-h100-b32-fp32.json").read_text())
     assert compute["h100"] == pytest.approx(shipped["forward_s"] + shipped["backward_s"])  # measured profile
     assert len(set(compute.values())) == 3  # the V100 is modelled, cpu is the trace's own capture
+
+
+def test_plot_offers_every_chart_it_can_draw():
+    """`arcsim plot --kind` takes exactly the charts plots.KINDS draws (hierarchy had been left out of the CLI)."""
+    from arcsim.cli.sweep import plot
+    from arcsim.sweep.plots import KINDS
+
+    kind = next(p for p in plot.params if p.name == "kinds")
+    assert isinstance(kind.type, click.Choice) and set(kind.type.choices) == {"all", *KINDS}
+
+
+def test_plot_refuses_slack_beside_any_error(tmp_path):
+    """--any-error ignores the error, so a --slack beside it would silently change nothing."""
+    (tmp_path / "results.csv").write_text("point_id,compressor\n")
+    done = run_cli("plot", str(tmp_path), "--any-error", "--slack", "0.5")
+    assert done.returncode == 2 and done.stderr.count("error:") == 1 and "--slack" in done.stderr

@@ -20,7 +20,7 @@ from arcsim.cli.common import (
 )
 from arcsim.cli.paths import InputPath, OutputPath, Place, Reads, topology_places, trace_places
 from arcsim.errors import ArcsimError
-from arcsim.sweep.spec import RESULTS, SPEC
+from arcsim.sweep.spec import CHART_KINDS, RESULTS, SPEC
 
 SWEEP_OPTIONS = {  # option → spec key; every value is a comma list, strings may hold {a,b} groups
     "topology": "topology", "bandwidth": "bandwidth", "latency": "latency", "ranks": "ranks", "trace": "trace",
@@ -165,20 +165,23 @@ def _plots(directory: Path, plot_all) -> tuple[list[Path], list[str]]:
 @click.command("plot")
 @click.argument("results", type=InputPath(directory=True, reads=(RESULTS, SPEC)))
 @click.option("--kind", "-k", "kinds", multiple=True, default=("all",), show_default=True,
-              type=click.Choice(["all", "heatmap", "speedup", "crossover", "breakdown"]),
+              type=click.Choice(["all", *CHART_KINDS]),
               help="Which chart; repeat for several.")
 @click.option("--out", "-o", default=None, type=OutputPath(directory=True, writes=("*.png",)),
               help="Where the PNGs go (default: beside the results).")
-@click.option("--slack", default=0.25, show_default=True, type=Number(minimum=0),
-              help="Heatmap: a sparsifier competes if its error is at most Top-K's × (1 + slack).")
+@click.option("--slack", default=None, type=Number(minimum=0),
+              help="Heatmap: a sparsifier competes if its error is at most Top-K's × (1 + slack) (default 0.25).")
 @click.option("--any-error", is_flag=True, help="Heatmap: the fastest compressor whatever its error.")
 @click.option("--where", "conditions", multiple=True, metavar="NAME=VALUE",
               help="Only the points where an axis has this value, e.g. --where ranks=32 --where bandwidth=100Gbit "
                    "(instead of holding it at its first value); repeat for several.")
 @json_option
-def plot(results: str, kinds: tuple[str, ...], out: str | None, slack: float, any_error: bool,
+def plot(results: str, kinds: tuple[str, ...], out: str | None, slack: float | None, any_error: bool,
          conditions: tuple[str, ...], json_out: str | None) -> None:
     """Draw charts from a sweep's results (its directory or results.csv)."""
+    if slack is not None and any_error:
+        raise ArcsimError("--any-error picks the fastest whatever its error, so --slack would change nothing: give "
+                          "one of them")
     from arcsim.sweep.plots import INCOMPLETE, KINDS, incompleteness, plot_all, select
     from arcsim.sweep.store import expected_points, finished_results
 
@@ -193,7 +196,10 @@ def plot(results: str, kinds: tuple[str, ...], out: str | None, slack: float, an
     if conditions:
         df = select(df, conditions)
         df.attrs[INCOMPLETE], expected = missing, None
-    written, skipped = plot_all(df, target, wanted, None if any_error else slack, expected, announce=note)
+    from arcsim.run.decisions import GATE_SLACK  # the heatmap's rule is the gate policy's
+
+    written, skipped = plot_all(df, target, wanted, None if any_error else (GATE_SLACK if slack is None else slack),
+                                expected, announce=note)
     for p in written:
         note(f"wrote {p}")
     if skipped and "all" not in kinds:

@@ -36,6 +36,7 @@ from arcsim.units import parse_duration, parse_params, parse_rate
 
 RESULTS = "results.csv"  # in a sweep's folder: one row per finished point
 SPEC = "sweep.yaml"  # beside it: what was asked
+CHART_KINDS = ("heatmap", "speedup", "crossover", "breakdown", "hierarchy")  # arcsim.sweep.plots.KINDS draws them
 
 # axis name → what it is (for errors and `arcsim sweep --help`)
 AXES: dict[str, str] = {
