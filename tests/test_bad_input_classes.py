@@ -291,7 +291,8 @@ CASES: list[tuple[str, list[str], str]] = [
         (["run", "-t", "8x8-ib100-X100"], "unknown gpu 'x100'"), (["run", "--csv", "-"], "--csv"),
         (["run", "--trace", ""], "empty"), (["collective", "-t", " "], "topology"),
         (["shard", "--model", "cnn", "-t", "8x1-eth10", "--quantize", "hpz"], "one GPU per node, and hpZ"),
-        (["shard", "--model", "cnn", "-t", "8x1-eth10", "--sharding", "full"], "one GPU per node, and hpZ"),
+        (["shard", "--model", "cnn", "-t", "8x1-eth10", "--sharding", "full", "--quantize", "zeropp"],
+         "one GPU per node, and hpZ"),
     ]],
 ]
 

@@ -41,19 +41,21 @@ def _names(value: str, option: str) -> list[str]:
 
 
 def _what_one_gpu_nodes_can_do(strategies: list[str], variants: list[Quantize],
-                                gpus_per_node: int) -> tuple[list[str], list[Quantize]]:
-    """On nodes of one GPU the defaults drop what shards inside a node (HSDP, hpZ), with a note; what the user asked
-    for stays, for the pricing's own one-line refusal."""
+                                gpus_per_node: int) -> tuple[list[str], list[Quantize], list[str]]:
+    """On nodes of one GPU the defaults drop what shards inside a node (HSDP, hpZ), and say so (the notes, printed
+    once the study has run: a refusal stays one line); what the user asked for stays, for the pricing's own
+    one-line refusal."""
+    notes: list[str] = []
     if gpus_per_node > 1:
-        return strategies, variants
+        return strategies, variants, notes
     ctx = click.get_current_context()
     if ctx.get_parameter_source("sharding") is ParameterSource.DEFAULT and "hybrid" in strategies:
         strategies = [s for s in strategies if s != "hybrid"]
-        note("one GPU per node: no HSDP (it shards inside the node); ask for --sharding hybrid to be told why")
+        notes.append("one GPU per node: no HSDP (it shards inside the node); ask for --sharding hybrid to be told why")
     if ctx.get_parameter_source("quantize") is ParameterSource.DEFAULT and any(v.hpz for v in variants):
         variants = list(dict.fromkeys(dataclasses.replace(v, hpz=False) for v in variants))
-        note("one GPU per node: ZeRO++ without hpZ (its secondary shard lives inside the node)")
-    return strategies, variants
+        notes.append("one GPU per node: ZeRO++ without hpZ (its secondary shard lives inside the node)")
+    return strategies, variants, notes
 
 
 @click.command("shard")
@@ -104,9 +106,11 @@ def shard(model: str, topology: str, library: str | None, gpu: str | None, batch
     if act < 0:
         raise ArcsimError(f"--activations {activations} is negative; give bytes per GPU, e.g. 12GB")
     topo = load_topology(topology).with_overrides(library=library)
-    strategies, variants = _what_one_gpu_nodes_can_do(strategies, variants, topo.gpus_per_node)
+    strategies, variants, left_out = _what_one_gpu_nodes_can_do(strategies, variants, topo.gpus_per_node)
     result = study(model, topo, gpu, batch, precision, strategies, variants, RESHARD[reshard_after_forward], engine,
                    act, reduce_dtype=reduce_dtype)
+    for line in left_out:
+        note(line)
     grads_quantised = any(v.grads != "none" for v in variants) and any(s != "none" for s in strategies)
     errors: list[ReductionError] = []
     source = None
