@@ -21,22 +21,24 @@ def _published():
 
 
 def test_published_nccl_tables_within_the_recorded_errors_by_source_and_band():
-    """402 rows of published nccl-tests tables and NCCL maintainers' figures (benchmarks/published): per source and
+    """518 rows of published nccl-tests tables and NCCL maintainers' figures (benchmarks/published): per source and
     size band, the model's MAPE with that source held out of the fit stays where it was measured; over RDMA and EFA
-    the mid band (64 KiB – 64 MiB, where compressed buckets live) is under 14 % fitted and 18 % held out (30.4 %
-    before NCCL's channels, tree correction, NVLS and the proxy's crossing cost), ≥ 64 MiB under 7.5 % (21.6 %);
-    and the committed constants are what --fit finds."""
+    the mid band (64 KiB – 64 MiB, where compressed buckets live) is under 18.5 % fitted and 21.5 % held out, ≥ 64
+    MiB under 9.5 % (before the 2 × 8 H100/B200, 2-rack GB200 and multi-rack NVL72 tables found later and never
+    fitted: 13.1, 17.5 and 6.9 %); and the committed constants are what --fit finds."""
     pub = _published()
     table = pub.report(show_rows=False)
     mid, large = pub.BANDS[1], pub.BANDS[2]
     bound = {("nccl-tests#309", mid): 14, ("azure-jz", mid): 18, ("oci-hpc-oke", mid): 17, ("awsome-dt", mid): 25,
              ("a3mega-ztan", mid): 31, ("nccl-tests#232", mid): 14, ("together", large): 4,
              ("nccl-tests#309", large): 7, ("azure-jz", large): 7, ("awsome-dt", large): 9, ("oci-hpc-oke", large): 11,
-             ("nccl-tests#290", large): 3, ("nccl-tests#160", large): 1, ("DeepEP#303", pub.BANDS[0]): 13}
+             ("nccl-tests#290", large): 3, ("nccl-tests#160", large): 1, ("DeepEP#303", pub.BANDS[0]): 13,
+             # never fitted, found after the model was (RDMA's crossing cost is not fitted): unseen clusters
+             ("dstack-nebius", mid): 25, ("dstack-lambda", mid): 32, ("oci-gb200", mid): 44, ("coreweave", large): 21}
     for (source, band), limit in bound.items():
         assert table[source][band]["held_out"] < limit, (source, band)
-    assert table["RDMA and EFA"][mid]["committed"] < 14 and table["RDMA and EFA"][mid]["held_out"] < 18
-    assert table["RDMA and EFA"][large]["committed"] < 7.5
+    assert table["RDMA and EFA"][mid]["committed"] < 18.5 and table["RDMA and EFA"][mid]["held_out"] < 21.5
+    assert table["RDMA and EFA"][large]["committed"] < 9.5
     assert table["all"][mid]["committed"] < 0.5 * table["all"][mid]["ideal"]
     assert pub.fit(pub.rows()) == pub.NET_STEP_US
 
