@@ -196,7 +196,8 @@ def pat_supported(topo: Topology) -> bool:
 
 class Nccl(Library):
     name = "nccl"
-    summary = "NCCL 2.30: ring, tree or NVLS all-reduce, ring all-gather, pipelined-ring broadcast; LL/LL128/Simple"
+    summary = ("NCCL 2.30: ring, tree or NVLS all-reduce, ring or PAT all-gather and reduce-scatter, pipelined-ring "
+               "broadcast; LL/LL128/Simple; sockets where there is no RDMA")
     offered = OFFERED
     source = "NVIDIA/nccl v2.30.7 src/graph/tuning.cc (latencies, bandwidth factors), src/include/device.h"
 
