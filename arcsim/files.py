@@ -63,9 +63,7 @@ def partial_path(path: Path, pid: int | None = None) -> Path:
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except (OverflowError, ValueError):  # no process can have such a number
+    except (ProcessLookupError, OverflowError, ValueError):  # gone, or a number no process can have
         return False
     except OSError:  # another user's process: alive
         return True
@@ -272,10 +270,10 @@ def unwritable_reason(path: Path, directory: bool) -> str | None:
     Probes for real — creates what is missing and a scratch file, then removes them — so a check made
     before long work leaves nothing behind and catches what permission bits alone do not (/proc, full or
     read-only mounts)."""
-    too_long = next((part for part in Path(path).parts if len(os.fsencode(part)) > name_max(Path(path).parent)), None)
+    longest = name_max(Path(path).parent)
+    too_long = next((len(os.fsencode(part)) for part in Path(path).parts if len(os.fsencode(part)) > longest), None)
     if too_long is not None:
-        return f"a name in it is {len(os.fsencode(too_long))} bytes long, past the {name_max(Path(path).parent)} " \
-               "this filesystem takes"
+        return f"a name in it is {too_long} bytes long, past the {longest} this filesystem takes"
     try:
         return _unwritable(Path(path), directory)
     except OSError as exc:  # what the filesystem says of the name itself (too long a path, a loop on the way)
