@@ -13,7 +13,7 @@ from conftest import run_cli
 
 from arcsim.devices.catalog import DEVICE_DIR, device, devices
 from arcsim.devices.compute import load_fit, measured_profiles, modelled_profile, step_error
-from arcsim.devices.kernels import load_counts
+from arcsim.devices.kernels import compress_seconds, fitted_rows, load_counts, relative_errors
 from arcsim.devices.predict import predict_compute
 from arcsim.devices.workload import count_workload
 from arcsim.errors import ArcsimError
@@ -129,27 +129,38 @@ def test_device_cli_list_show_and_predict_json():
 
 
 def _kernel_errors(gpu: str, counts_of: str) -> list[float]:
+    """Each measured call's error priced from ``counts_of``'s table, over every file ``gpu``'s table was fitted to."""
     counts, _ = load_counts(counts_of)
-    dev = device(gpu)
-    rows = json.loads((RESULTS / gpu / "compress_times.json").read_text())["compressors"]
-    out = []
-    for r in rows:
-        if "other" in (r["variant"] or ""):
-            continue
-        scope = None if r["compressor"] in ("dense", "fp16", "powersgd") else r["scope"] or "bucket"
-        key = r["compressor"] if scope is None else f"{r['compressor']}/{scope}"
-        out.append(counts[key].seconds(r["numel"], r["layers"], dev) / (r["ms"] * 1e-3) - 1)
-    return out
+    table = json.loads((DEVICE_DIR / "kernels" / f"{gpu}.json").read_text())
+    rows = [r for name in table["from"] for r in json.loads((ROOT / name).read_text())["compressors"]]
+    return relative_errors(fitted_rows(rows), counts, device(gpu))
 
 
 def test_kernel_tables_fit_their_measurements_and_the_h100_counts_carry_to_the_h200():
-    for gpu in ("h100", "h200"):
+    for gpu, calls in (("h100", 297), ("h200", 409)):
         table = json.loads((DEVICE_DIR / "kernels" / f"{gpu}.json").read_text())
         errors = _kernel_errors(gpu, gpu)
-        assert len(errors) == 297
+        assert len(errors) == calls
         assert statistics.fmean(abs(e) for e in errors) == pytest.approx(table["fit_mean_abs_error"], rel=1e-6)
         assert table["fit_mean_abs_error"] < 0.25
     assert statistics.fmean(abs(e) for e in _kernel_errors("h200", "h100")) < 0.3
+
+
+def test_dense_topk_pays_per_selected_element_and_per_peer_it_gathers_from():
+    """Measured on an H200 (benchmarks/results/h200/2026-11-27): at ρ 0.25-0.5 the counts without a per-selected
+    term priced Top-K's calls 43 % under their time; the gathered values of p peers cost ∝ p·k."""
+    h200 = device("h200")
+    sparse, dense = (compress_seconds("topk", "bucket", 6_000_000, 40, h200, rho) for rho in (0.01, 0.5))
+    assert dense > 2 * sparse
+    few, many = (compress_seconds("topk", "bucket", 6_000_000, 40, h200, 0.25, peers) for peers in (8, 64))
+    work = json.loads((RESULTS / "h200" / "2026-11-27" / "work_times.json").read_text())["rows"]
+    scatter = {r["peers"]: r["ms"] * 1e-3 for r in work
+               if r["op"] == "index_add all peers" and r["density"] == 0.25}
+    # 56 more peers' k values scattered back: the measured index_add's growth from 8 to 64 peers, within 35 %
+    measured_growth = (scatter[64] - scatter[8]) * 6_000_000 / 25_557_032
+    assert many - few == pytest.approx(measured_growth, rel=0.35)
+    assert compress_seconds("fp16", "bucket", 6_000_000, 40, h200, 0.5, 64) == compress_seconds(
+        "fp16", "bucket", 6_000_000, 40, h200)  # a cast selects nothing and gathers nothing
 
 
 def test_topologies_name_their_gpu_and_the_grammar_takes_one():

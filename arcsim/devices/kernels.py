@@ -1,10 +1,13 @@
 """Compression on a GPU: passes over memory and kernel launches per compressor, priced by the device.
 
-One bucket of ``numel`` fp32 elements in ``layers`` layers costs
+One bucket of ``numel`` fp32 elements in ``layers`` layers, ``k`` of them selected, costs
 
-    passes × numel × 4 B / memory bandwidth + (per_layer × layers + fixed) × launch cost
+    (passes × numel + per_selected × k) × 4 B / memory bandwidth + (per_layer × layers + fixed) × launch cost
 
-The counts (passes, per_layer, fixed) of each (compressor, scope) are fitted by non-negative least squares
+and a compressor whose values are all-gathered (Top-K, Gaussian-K) scatters every peer's k values back into
+its bucket: the calls were measured with P_MEASURED peers, so p peers add (p − P_MEASURED) × k × gathered passes
+(an index_add of p·k values, measured on its own: ``benchmarks/gpu_session.py --parts work``). The counts
+(passes, per_layer, fixed, per_selected) of each (compressor, scope) are fitted by non-negative least squares
 to kernel times measured on a GPU (``benchmarks/gpu_measure.py --parts compress`` → compress_times.json;
 ``benchmarks/kernel_table.py`` turns that into ``devices/kernels/<device>.json``, with the device and torch
 version). A device with its own table is priced from its own counts (measured); any other from the H100's
@@ -31,14 +34,20 @@ SCOPE_FREE = ("dense", "fp16", "bf16", "powersgd")
 PRICED_AS = {"adaptive": "topk", "bf16": "fp16"}
 
 
+# selections whose work grows with k (Rand-K's host-side draw is arcsim's, not a framework's: passes only)
+SELECTING = ("top-k", "leader", "sketch")
+P_MEASURED = 8  # peers whose payloads the measured calls decompress (SoloComm(8) in benchmarks/gpu_measure.py)
+
+
 @dataclass(frozen=True)
 class KernelCounts:
-    passes: float      # fp32 passes over the bucket's elements
-    per_layer: float   # launches per layer in the bucket
-    fixed: float       # launches per call
+    passes: float              # fp32 passes over the bucket's elements
+    per_layer: float           # launches per layer in the bucket
+    fixed: float               # launches per call
+    per_selected: float = 0.0  # fp32 passes per selected element (written, gathered, scattered back)
 
-    def seconds(self, numel: int, layers: int, device: Device) -> float:
-        return (self.passes * numel * 4 / device.bandwidth
+    def seconds(self, numel: int, layers: int, device: Device, selected: int = 0) -> float:
+        return ((self.passes * numel + self.per_selected * selected) * 4 / device.bandwidth
                 + (self.per_layer * layers + self.fixed) * device.launch_us * 1e-6)
 
 
@@ -46,9 +55,16 @@ def _key(compressor: str, scope: str | None) -> str:
     return compressor if compressor in SCOPE_FREE or scope is None else f"{compressor}/{scope}"
 
 
-def fit_counts(rows: list[dict], device: Device) -> dict[str, KernelCounts]:
-    """Counts per (compressor, scope) from measured rows (numel, layers, compressor, variant, scope, ms);
-    a flat vector (one layer) counts for both scopes; STAR's non-leader rows are left out."""
+def selected_of(numel: int, density: float | None) -> int:
+    """Elements a call selects: k = ρ·numel (none for a density-free compressor or an unknown ρ)."""
+    return 0 if density is None else max(1, round(numel * density))
+
+
+def fit_counts(rows: list[dict], device: Device,
+               per_selected: dict[str, float] | None = None) -> dict[str, KernelCounts]:
+    """Counts per (compressor, scope) from measured rows (numel, layers, compressor, variant, scope, density,
+    ms); a flat vector (one layer) counts for both scopes; STAR's non-leader rows are left out. ``per_selected``:
+    that count held at these values (another GPU's fit, for a table measured at low densities only)."""
     from scipy.optimize import nnls
 
     groups: dict[str, list[dict]] = {}
@@ -58,15 +74,55 @@ def fit_counts(rows: list[dict], device: Device) -> dict[str, KernelCounts]:
         scopes = [r["scope"]] if r["scope"] else [None] if r["compressor"] in SCOPE_FREE else ["tensor", "bucket"]
         for scope in scopes:
             groups.setdefault(_key(r["compressor"], scope), []).append(r)
+    from arcsim.catalog import INFO
+
     out = {}
     for key, group in sorted(groups.items()):
+        selects = INFO[key.split("/")[0]].selection in SELECTING
         a = np.array([[r["numel"] * 4 / device.bandwidth, r["layers"] * device.launch_us * 1e-6,
-                       device.launch_us * 1e-6] for r in group])
+                       device.launch_us * 1e-6,
+                       selected_of(r["numel"], r.get("density")) * 4 / device.bandwidth if selects else 0.0]
+                      for r in group])
         t = np.array([r["ms"] * 1e-3 for r in group])
         weights = 1 / t  # relative error: small buckets count as much as large ones
-        x, _ = nnls(a * weights[:, None], t * weights)
-        out[key] = KernelCounts(*(float(v) for v in x))
+        held = (per_selected or {}).get(key)
+        if held is not None:
+            x, _ = nnls(a[:, :3] * weights[:, None], (t - held * a[:, 3]) * weights)
+            out[key] = KernelCounts(float(x[0]), float(x[1]), float(x[2]), per_selected=held)
+        else:
+            x, _ = nnls(a * weights[:, None], t * weights)
+            out[key] = KernelCounts(*(float(v) for v in x))
     return out
+
+
+def fitted_rows(rows: list[dict]) -> list[dict]:
+    """The measured calls a table is fitted to: Rand-K above ρ 0.1 left out (arcsim draws its indices on the host,
+    numpy, the same on every device; there that draw, not GPU work any framework pays, is what the events time)."""
+    return [r for r in rows if not (r["compressor"] == "randk" and (r.get("density") or 0) > 0.1)]
+
+
+def relative_errors(rows: list[dict], counts: dict[str, KernelCounts], device: Device) -> list[float]:
+    """predicted / measured − 1 of each measured call (STAR's non-leader calls left out)."""
+    out = []
+    for r in rows:
+        if "other" in (r.get("variant") or ""):
+            continue
+        scope = None if r["compressor"] in SCOPE_FREE else r["scope"] or "bucket"
+        key = _key(r["compressor"], scope)
+        selected = selected_of(r["numel"], r.get("density")) if scope is not None else 0
+        out.append(counts[key].seconds(r["numel"], r["layers"], device, selected) / (r["ms"] * 1e-3) - 1)
+    return out
+
+
+def fit_gathered(rows: list[dict], device: Device) -> float:
+    """fp32 passes per gathered element of decompression (one index_add of p·k values into the bucket), from
+    ``benchmarks/gpu_session.py --parts work`` rows: the slope of time over p·k, least squares, relative."""
+    scatter = [r for r in rows if r["kind"] == "decompress" and r["op"] == "index_add all peers"]
+    gathered = np.array([r["peers"] * selected_of(r["numel"], r["density"]) for r in scatter], dtype=float)
+    t = np.array([r["ms"] * 1e-3 for r in scatter])
+    a = np.stack([gathered * 4 / device.bandwidth, np.ones_like(t)], axis=1)
+    x, *_ = np.linalg.lstsq(a / t[:, None], np.ones_like(t), rcond=None)
+    return float(x[0])
 
 
 def table_path(device_name: str) -> Path:
@@ -86,14 +142,24 @@ def counts_for(device_name: str) -> tuple[dict[str, KernelCounts], dict, bool]:
     return (*load_counts(device_name if own else ANCHOR), own)
 
 
-def compress_seconds(compressor: str, scope: str, numel: int, layers: int, device: Device) -> float:
-    """Local compression work of one bucket on ``device``."""
-    counts, _, _ = counts_for(device.name)
+def compress_seconds(compressor: str, scope: str, numel: int, layers: int, device: Device,
+                     density: float | None = None, peers: int = P_MEASURED) -> float:
+    """Local compression work of one bucket on ``device``: ``density`` k/d (None: density-free or unknown),
+    ``peers`` the ranks whose all-gathered values it scatters back."""
+    from arcsim.catalog import INFO
+
+    counts, data, _ = counts_for(device.name)
     key = _key(PRICED_AS.get(compressor, compressor), scope)
     if key not in counts:
         raise ArcsimError(f"no kernel counts for {key} on {device.name}; rerun benchmarks/gpu_measure.py --parts "
                           "compress on a GPU and benchmarks/kernel_table.py")
-    return counts[key].seconds(numel, layers, device)
+    c = counts[key]
+    selected = 0 if INFO[compressor].density_free else selected_of(numel, density)
+    seconds = c.seconds(numel, layers, device, selected)
+    if INFO[compressor].family == "all-gather" and selected and peers != P_MEASURED:
+        extra = (peers - P_MEASURED) * selected * data.get("gathered_passes", 0.0) * 4 / device.bandwidth
+        seconds = max(seconds + extra, c.seconds(0, layers, device))  # fewer peers: never below the launches
+    return seconds
 
 
 def kernel_source(device: Device) -> str:

@@ -117,13 +117,17 @@ def main_op_of(step_records: list[list[CommRecord]]) -> str:
     return max(sizes, key=sizes.__getitem__)
 
 
-def compress_times(compressor: str, measured: list[float], ctx: Context, hierarchy: str = "flat") -> list[float]:
-    """Each bucket's compression on the critical path: modelled on the context's GPU, else as measured × scale.
-    Node-aware, a rank compresses its 1/G slice of each bucket (measured on that slice)."""
+def compress_times(compressor: str, measured: list[float], ctx: Context, hierarchy: str = "flat",
+                   density: float | None = None) -> list[float]:
+    """Each bucket's compression on the critical path: modelled on the context's GPU (at ``density``, with the
+    values of every peer it exchanges with scattered back), else as measured × scale. Node-aware, a rank
+    compresses its 1/G slice of each bucket (measured on that slice) and exchanges with one rank a node."""
     if ctx.gpu is not None:
-        share = 1.0 if hierarchy == "flat" else 1.0 / ctx.topo.gpus_per_node
+        flat = hierarchy == "flat"
+        share = 1.0 if flat else 1.0 / ctx.topo.gpus_per_node
+        peers = ctx.topo.ranks if flat else ctx.topo.nodes
         return [compress_seconds(compressor, ctx.scope, max(1, round(b.numel * ctx.numel_scale * share)),
-                                 len(b.layers), ctx.gpu) for b in ctx.buckets]
+                                 len(b.layers), ctx.gpu, density, peers) for b in ctx.buckets]
     return [c * ctx.scale_for(compressor) for c in measured]
 
 
@@ -164,7 +168,8 @@ def step_timelines(meas: Measurement, collective: str, ctx: Context,
     """Each step's iteration timeline with ``collective`` for the main op, and the per-bucket sums over
     the steps of compression and of communication, kept apart."""
     timelines, comp_sum, comm_sum = [], np.zeros(len(ctx.buckets)), np.zeros(len(ctx.buckets))
-    modelled = compress_times(meas.compressor, [], ctx, meas.hierarchy) if ctx.gpu is not None else None  # each step
+    modelled = (compress_times(meas.compressor, [], ctx, meas.hierarchy, meas.density) if ctx.gpu is not None
+                else None)  # the same each step
     op = main_op(meas)  # the op the collective was chosen for, on every step (a step may weigh its ops otherwise)
     for s, step_records in enumerate(meas.records):
         comp = modelled if modelled is not None else compress_times(meas.compressor, meas.compress_s[s], ctx,

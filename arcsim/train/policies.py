@@ -87,12 +87,13 @@ class Pricing:
         return 0 if index is None else index + 1
 
     def step_seconds(self, step: int, records: list, compressor: str, measured: list[float],
-                     collective: str, slot: int | None = None, hierarchy: str = "flat") -> float:
+                     collective: str, slot: int | None = None, hierarchy: str = "flat",
+                     density: float | None = None) -> float:
         """One step's predicted iteration on the network in force at ``step`` (or on network ``slot``)."""
         where = self.slot(step) if slot is None else slot
         ctx, pricer = self.contexts[where], self.pricers[where]
-        timeline, _ = step_timeline(records, compress_times(compressor, measured, ctx, hierarchy), collective, ctx,
-                                    pricer)
+        timeline, _ = step_timeline(records, compress_times(compressor, measured, ctx, hierarchy, density),
+                                    collective, ctx, pricer)
         return timeline.iteration_s
 
     def collectives(self, records: list) -> tuple[str, tuple[str, ...]]:
@@ -101,10 +102,12 @@ class Pricing:
         return op, algorithms_for(self.contexts[0].topo, op)
 
     def fastest(self, step: int, records: list, compressor: str, measured: list[float],
-                slot: int | None = None, hierarchy: str = "flat") -> tuple[str, str, float]:
+                slot: int | None = None, hierarchy: str = "flat",
+                density: float | None = None) -> tuple[str, str, float]:
         """(op, collective, seconds) of the fastest collective for this step's records."""
         op, algos = self.collectives(records)
-        times = {a: self.step_seconds(step, records, compressor, measured, a, slot, hierarchy) for a in algos}
+        times = {a: self.step_seconds(step, records, compressor, measured, a, slot, hierarchy, density)
+                 for a in algos}
         best = min(times, key=times.__getitem__)
         return op, best, times[best]
 
@@ -253,10 +256,10 @@ class DecisionContext:
                                                 grouping=self.grouping_of(hierarchy))
                     trial.take_memories(run.bc)
                     parts, row = trial.step(step, grads, final=True)  # the trial is dropped after this step
-                    by_slot = [self.pricing.fastest(step, row["records"], name, row["compress_s"], slot, hierarchy)
-                               for slot in range(len(self.pricing.contexts))]
+                    by_slot = [self.pricing.fastest(step, row["records"], name, row["compress_s"], slot, hierarchy,
+                                                    ratio) for slot in range(len(self.pricing.contexts))]
                     op, collective, seconds = by_slot[now]
-                    local = sum(compress_times(name, row["compress_s"], self.pricing.contexts[now], hierarchy))
+                    local = sum(compress_times(name, row["compress_s"], self.pricing.contexts[now], hierarchy, ratio))
                     rows.append({"compressor": name, "density": ratio, "hierarchy": hierarchy,
                                  "collective": collective, "op": op, "time_s": seconds,
                                  "gain": float(np.mean(row["gain"])),
@@ -270,12 +273,12 @@ def price_run(used: list[Used], records: list, compress_s: list, pricing: Pricin
     """Each step's predicted seconds and collective — the controller's collective, or the step's fastest — on
     the network in force at each step (or all on network ``slot``)."""
     seconds, collectives = [], []
-    for step, ((name, _, collective, hierarchy), recs, measured) in enumerate(zip(used, records, compress_s,
-                                                                                  strict=False)):
+    for step, ((name, density, collective, hierarchy), recs, measured) in enumerate(zip(used, records, compress_s,
+                                                                                        strict=False)):
         if collective is None:
-            _, collective, t = pricing.fastest(step, recs, name, measured, slot, hierarchy)
+            _, collective, t = pricing.fastest(step, recs, name, measured, slot, hierarchy, density)
         else:
-            t = pricing.step_seconds(step, recs, name, measured, collective, slot, hierarchy)
+            t = pricing.step_seconds(step, recs, name, measured, collective, slot, hierarchy, density)
         seconds.append(t)
         collectives.append(collective)
     return np.asarray(seconds), collectives
@@ -290,7 +293,7 @@ def price_static(used: list[Used], records: list, compress_s: list, pricing: Pri
     if len(records) <= warmup:
         return head, collectives, None
     _, algos = pricing.collectives(records[warmup])
-    tails = {a: [pricing.step_seconds(s, records[s], used[s][0], compress_s[s], a, slot, used[s][3])
+    tails = {a: [pricing.step_seconds(s, records[s], used[s][0], compress_s[s], a, slot, used[s][3], used[s][1])
                  for s in range(warmup, len(records))] for a in algos}
     best = min(tails, key=lambda a: sum(tails[a]))
     return (np.concatenate([head, np.asarray(tails[best])]), collectives + [best] * len(tails[best]), best)
