@@ -16,12 +16,14 @@ from typing import Any
 @dataclass(frozen=True)
 class CompressorInfo:
     name: str
-    family: str                   # "all-reduce" or "all-gather": how its values travel
-    selection: str                # none, top-k, random, leader, sketch, low-rank, adaptive (wraps another)
+    family: str                   # "all-reduce", "all-gather" or "all-to-all" (then an all-gather): how values travel
+    selection: str                # none, top-k, random, leader, sketch, low-rank, adaptive (wraps another),
+    #                               quantise (every element in a few bits), sign (one bit per element)
     density_free: bool            # its result does not depend on k/d
     default_memory: str           # error feedback arcsim run uses unless --memory says otherwise
     options: tuple[str, ...]      # keyword options its constructor accepts besides density and seed
     summary: str
+    own_memory: bool = False      # keeps its own error compensation: always run with memory none (memory_for)
 
     @property
     def all_reduce_compatible(self) -> bool:
@@ -48,6 +50,26 @@ DESCRIPTORS: tuple[CompressorInfo, ...] = (
                    "rank-r approximation, P and Q all-reduced"),
     CompressorInfo("adaptive", "all-gather", "adaptive", False, "ef14", ("inner", "scope", "rank"),
                    "water-filling k per step around an inner topk or arctopk"),
+    CompressorInfo("qsgd", "all-gather", "quantise", True, "none", ("levels",),
+                   "s-level stochastic rounding of |x|/‖x‖ (int8) and the norm; payloads all-gathered"),
+    CompressorInfo("terngrad", "all-gather", "quantise", True, "none", ("clip",),
+                   "ternary 0/±max|x| (2 bits, clipped at 2.5σ) and the scale; payloads all-gathered"),
+    CompressorInfo("natural", "all-gather", "quantise", True, "none", (),
+                   "|x| stochastically to a power of two (sign + exponent, 8 bits); payloads all-gathered"),
+    CompressorInfo("signsgd", "all-gather", "sign", True, "none", (),
+                   "1-bit signs and an ℓ1 scale all-gathered; majority vote"),
+    CompressorInfo("signum", "all-gather", "sign", True, "none", ("beta",),
+                   "1-bit signs of each worker's momentum all-gathered; majority vote"),
+    CompressorInfo("efsignsgd", "all-gather", "sign", True, "ef14", (),
+                   "1-bit signs times ‖x‖₁/d all-gathered and averaged, with error feedback"),
+    CompressorInfo("dgc", "all-gather", "top-k", False, "none",
+                   ("scope", "packed", "momentum", "masking", "clip_norm", "sample_ratio", "strided", "warmup_steps",
+                    "warmup_coeff", "optimizer_momentum"),
+                   "momentum-corrected velocity, sampled threshold, masking; values and indices all-gathered",
+                   own_memory=True),
+    CompressorInfo("onebit", "all-to-all", "sign", True, "none", ("scope", "warmup_steps"),
+                   "1-bit Adam's: signs × scale all-to-all to servers, server signs all-gathered; worker and "
+                   "server error", own_memory=True),
 )
 INFO: dict[str, CompressorInfo] = {c.name: c for c in DESCRIPTORS}
 COMPRESSORS = tuple(INFO)
@@ -73,6 +95,16 @@ BUCKET_MB_RANGE = f"a number of MiB in (0, {MAX_BUCKET_MB:g}], e.g. 25"
 def bucket_mb_ok(value: float) -> bool:
     """Whether ``value`` is a bucket cap: finite, above 0 and at most MAX_BUCKET_MB (nan and inf are not)."""
     return 0 < value <= MAX_BUCKET_MB
+
+
+def memory_for(compressor: str, memory: str | None) -> str:
+    """The error feedback ``compressor`` runs with when ``memory`` is asked for (None: its default): ``none`` for one
+    that keeps its own (DGC's momentum correction, 1-bit Adam's worker and server errors), which feedback on top
+    would count twice."""
+    info = INFO.get(compressor)
+    if info is not None and info.own_memory:
+        return "none"
+    return memory or (info.default_memory if info is not None else "none")
 
 
 def check_compression(compressors: tuple[str, ...], memory: str | None, error: type[Exception]) -> None:

@@ -30,7 +30,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from arcsim.catalog import options_for
+from arcsim.catalog import memory_for, options_for
 from arcsim.comm import Communicator
 from arcsim.comm.distributed import DistributedComm, InNodeComm
 from arcsim.compressors import Compressor, make_compressor
@@ -122,7 +122,7 @@ class CompressionState:
         key = (index, numel)
         if key not in self.per_bucket:
             seed = self.seed + index if self.nodes is None else slice_seed(self.seed, index, self.nodes.local_rank)
-            self.per_bucket[key] = (self.make(seed), make_memory(self.memory))
+            self.per_bucket[key] = (self.make(seed), make_memory(memory_for(self.compressor, self.memory)))
         return self.per_bucket[key]
 
 

@@ -13,7 +13,7 @@ import numpy as np
 from arcsim.collectives import ALGORITHM_NAMES, PIPELINED, Schedule, build, busbw_factor, normalize_op
 from arcsim.collectives.libraries import LIBRARIES, Choice, get_library
 from arcsim.collectives.limits import TooMuchWork
-from arcsim.comm.log import GROUPS, CommRecord
+from arcsim.comm.log import GROUPS, CommRecord, on_ranks
 from arcsim.errors import CollectiveError
 from arcsim.netsim import ENGINES, estimate
 from arcsim.topology import Topology
@@ -222,10 +222,16 @@ class Pricer:
 
     def records(self, records: list[CommRecord], algorithms: dict[str, str] | None = None) -> list[PricedRecord]:
         """Each record on its group's links; ``algorithms`` (op → algorithm) applies to the data's collectives —
-        every rank's, or the rails' between nodes — while the dense steps inside a node are the library's."""
+        every rank's, or the rails' between nodes — while the dense steps inside a node are the library's. A share of
+        the tensor per rank (1-bit Adam's server chunks) is resized to the group's ranks first (``on_ranks``)."""
         chosen = algorithms or {}
-        return [self.group(r.group).price(r.op, r.bytes_per_rank, "auto" if r.group == "node" else
-                                          chosen.get(r.op, "auto"), r.tag) for r in records]
+        out = []
+        for r in records:
+            group = self.group(r.group)
+            r = on_ranks(r, group.topo.ranks)
+            out.append(group.price(r.op, r.bytes_per_rank, "auto" if r.group == "node" else chosen.get(r.op, "auto"),
+                                   r.tag))
+        return out
 
 
 def price_records(records: list[CommRecord], topo: Topology, engine: str = "analytic",

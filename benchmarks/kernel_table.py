@@ -24,12 +24,14 @@ from pathlib import Path
 from arcsim.devices.catalog import device
 from arcsim.devices.kernels import (
     ANCHOR,
+    WORK_STEPS,
     fit_counts,
     fit_gathered,
     fitted_rows,
     load_counts,
     relative_errors,
     table_path,
+    work_counts,
 )
 from arcsim.files import write_atomic
 
@@ -49,12 +51,15 @@ def main() -> None:
     if args.selected_from:
         source, held = load_counts(args.selected_from)
         per_selected = {k: c.per_selected for k, c in source.items()}
+        work = {k: source[k] for k in WORK_STEPS}
         gathered, gathered_from = held["gathered_passes"], f"held at {args.selected_from}'s ({held['gathered_from']})"
     else:
         per_selected = None
         if not args.work:
             ap.error("give --work (decompression's measured gathered passes) or --selected-from")
-        gathered, gathered_from = fit_gathered(json.loads(args.work.read_text())["rows"], dev), str(args.work)
+        work_rows = json.loads(args.work.read_text())["rows"]
+        gathered, gathered_from = fit_gathered(work_rows, dev), str(args.work)
+        work = work_counts(work_rows, dev)
     counts = fit_counts(rows, dev, per_selected)
     fit_err = relative_errors(rows, counts, dev)
     densities = sorted({r["density"] for r in rows if r.get("density") is not None})
@@ -64,7 +69,8 @@ def main() -> None:
              "per_selected_from": f"held at {args.selected_from}'s" if args.selected_from else "fitted here",
              "gathered_passes": gathered, "gathered_from": gathered_from,
              "fit_mean_abs_error": statistics.fmean(abs(e) for e in fit_err),
-             "counts": {k: vars(v) for k, v in counts.items()}}
+             "counts": {k: vars(v) for k, v in counts.items()},
+             "work_counts_from": gathered_from, "work_counts": {k: vars(v) for k, v in work.items()}}
     if dev.name != ANCHOR and table_path(ANCHOR).exists():
         anchor, _ = load_counts(ANCHOR)
         transfer = relative_errors(rows, anchor, dev)
@@ -74,6 +80,8 @@ def main() -> None:
     for key, c in counts.items():
         print(f"{key:18s} passes {c.passes:8.2f}  per selected {c.per_selected:6.2f}  launches/layer "
               f"{c.per_layer:6.2f}  launches/call {c.fixed:7.1f}")
+    for key, c in work.items():
+        print(f"{key:18s} passes {c.passes:8.2f}  per element per peer {c.per_peer:5.2f}  launches/call {c.fixed:7.1f}")
     print(f"decompression: {gathered:.1f} passes per gathered element ({gathered_from})")
     print(f"fit: mean |error| {table['fit_mean_abs_error']:.1%} over {len(fit_err)} measured calls")
     write_atomic(table_path(dev.name), json.dumps(table, indent=1) + "\n")

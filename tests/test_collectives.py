@@ -139,7 +139,8 @@ def test_bus_bandwidth_factors():
 
 def test_unknown_op_and_algorithm():
     with pytest.raises(CollectiveError, match="allreduce"):
-        normalize_op("alltoall")
+        normalize_op("scatter")
+    assert normalize_op("all-to-all") == normalize_op("a2a") == "alltoall"
     with pytest.raises(CollectiveError, match="ring"):
         build("allgather", "tree", 1e6, flat(4))
 

@@ -215,3 +215,18 @@ def test_a_compute_profile_prices_compression_on_the_gpu_it_was_measured_on_unle
     assert compute_source("a100", profile=profile).gpu.name == "a100"
     assert compute_source("cpu", profile=profile).gpu is None
     assert compute_source("a100", profile=profile).kind == "profile"
+
+
+def test_the_sign_methods_decode_every_peer_and_onebit_does_not():
+    """H200 (benchmarks/results/h200/2026-11-27): a majority vote of p peers' packed signs grows with p (2.7 ms at
+    8 peers, 21 ms at 64 on 25.6 M); 1-bit Adam decodes its chunk of p peers, then p chunks: n each, whatever p."""
+    h200 = device("h200")
+    n = 25_557_032
+    work = json.loads((RESULTS / "h200" / "2026-11-27" / "work_times.json").read_text())["rows"]
+    vote = {r["peers"]: r["ms"] * 1e-3 for r in work if r["op"] == "majority vote" and r["numel"] == n}
+    eight, many = (compress_seconds("signsgd", "bucket", n, 1, h200, None, p) for p in (8, 64))
+    assert many - eight == pytest.approx(vote[64] - vote[8], rel=0.15)
+    assert compress_seconds("onebit", "bucket", n, 1, h200, None, 64) == compress_seconds(
+        "onebit", "bucket", n, 1, h200, None, 8)
+    assert compress_seconds("qsgd", "bucket", n, 1, h200, None, 8) < compress_seconds("qsgd", "bucket", n, 1, h200,
+                                                                                      None, 32)

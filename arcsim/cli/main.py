@@ -157,7 +157,7 @@ def examples() -> None:
 @click.option("--topology", "-t", default=DEFAULT_TOPOLOGY, show_default=True, type=Reads("topology"),
               help=TOPOLOGY_HELP)
 @click.option("--op", default="allreduce", show_default=True,
-              help="allreduce, allgather, broadcast or reducescatter.")
+              help="allreduce, allgather, broadcast, reducescatter or alltoall.")
 @click.option("--algo", type=click.Choice(ALGO_CHOICES), default="auto", show_default=True,
               help="Algorithm; 'auto': the library's own choice, 'all': every one the library offers.")
 @library_option
@@ -242,7 +242,7 @@ def compress(compressor: str, density: float, memory: str | None, seed: int, ran
              no_capture: bool, synthetic: str | None, workers: int, elements: int, steps: int, shared: float,
              spread: float, json_out: str | None, scope: str) -> None:
     """Run a compressor with error feedback on real tensors and measure every step."""
-    from arcsim.catalog import INFO, options_for
+    from arcsim.catalog import memory_for, options_for
     from arcsim.compressors import Compressor, make_compressor  # torch: imported by the commands that need it
     from arcsim.compressors.memory import Memory, make_memory
     from arcsim.compressors.session import compress_steps, compress_streamed
@@ -251,8 +251,7 @@ def compress(compressor: str, density: float, memory: str | None, seed: int, ran
     from arcsim.traces.synthetic import synthetic_steps
 
     comp = make_compressor(compressor, density, seed=seed, rank=rank, **options_for(compressor, {"scope": scope}))
-    if memory is None:
-        memory = INFO[compressor].default_memory if compressor in INFO else "none"
+    memory = memory_for(compressor, memory)  # its default when not given; DGC and onebit keep their own (none)
     mem = make_memory(memory)
     if trace is not None and synthetic is not None:
         raise ArcsimError("give either --trace or --synthetic, not both")

@@ -1,7 +1,8 @@
 """The catalogue: one step description per (operation, algorithm).
 
 Sizes follow cost-models.md: for all-reduce, reduce-scatter and broadcast ``nbytes`` is the vector each
-rank holds; for all-gather it is the TOTAL gathered output. Ranks are numbered node by node.
+rank holds; for all-gather it is the TOTAL gathered output; for all-to-all each rank's send buffer (as
+nccl-tests counts it). Ranks are numbered node by node.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from arcsim.collectives import limits, recursive, ring, tree
+from arcsim.collectives import limits, pairwise, recursive, ring, tree
 from arcsim.collectives.schedule import Schedule, Step, concat, make_step
 from arcsim.errors import CollectiveError
 from arcsim.topology import Topology
@@ -125,11 +126,15 @@ ALGORITHMS: dict[str, dict[str, Builder]] = {
         "ring": _over_rings(ring.reduce_scatter),
         "rd": _plain(lambda t, n: recursive.halving_reduce_scatter(t.ranks, n)),
     },
+    "alltoall": {
+        "pairwise": _plain(lambda t, n: pairwise.all_to_all(t.ranks, n)),
+        "direct": _plain(lambda t, n: pairwise.direct(t.ranks, n)),
+    },
 }
 PIPELINED = {("allreduce", "tree"), ("broadcast", "chain")}  # the algorithms that take a chunk count
 OPS = tuple(ALGORITHMS)
 ALGORITHM_NAMES = tuple(dict.fromkeys(a for table in ALGORITHMS.values() for a in table))
-_ALIASES = {"ar": "allreduce", "ag": "allgather", "bcast": "broadcast", "rs": "reducescatter"}
+_ALIASES = {"ar": "allreduce", "ag": "allgather", "bcast": "broadcast", "rs": "reducescatter", "a2a": "alltoall"}
 
 
 def normalize_op(op: str) -> str:
@@ -167,6 +172,6 @@ def busbw_factor(op: str, ranks: int) -> float:
     op = normalize_op(op)
     if op == "allreduce":
         return 2.0 * (ranks - 1) / ranks
-    if op in ("allgather", "reducescatter"):
+    if op in ("allgather", "reducescatter", "alltoall"):
         return (ranks - 1) / ranks
     return 1.0

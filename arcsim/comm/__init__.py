@@ -5,6 +5,8 @@ axis of *local workers* — all P simulated workers in-process, 1 under torch.di
 back is replicated, so it has a leading axis of 1:
 - ``all_reduce(t[W, …])`` → ``[1, …]``, the mean (or sum) over all P workers;
 - ``all_gather(t[W, k])`` → ``[1, P, k]``, every worker's ``t`` in rank order;
+- ``all_to_all(t[W, P, …])`` → ``[W, P, …]``: local worker w receives chunk w of every worker's ``t``, in rank
+  order (out[w, j] = t[j, w] in-process); each rank sends all of its ``t`` (its chunk to itself stays home);
 - ``broadcast(t, src)`` → ``[1, …]``, worker ``src``'s value; ``t`` may be ``[W, …]`` or just ``[1, …]``
   holding src's row where this process holds it (see :meth:`Communicator.local_index`).
 Every call is appended to ``comm.log`` with the caller's ``tag``.
@@ -27,6 +29,8 @@ class Communicator(Protocol):
     def all_reduce(self, t: torch.Tensor, op: str = "mean", tag: str = "") -> torch.Tensor: ...
 
     def all_gather(self, t: torch.Tensor, tag: str = "") -> torch.Tensor: ...
+
+    def all_to_all(self, t: torch.Tensor, tag: str = "") -> torch.Tensor: ...
 
     def broadcast(self, t: torch.Tensor, src: int, tag: str = "") -> torch.Tensor: ...
 

@@ -85,6 +85,14 @@ class DistributedComm:
         gather_into(out, t[0:1].contiguous(), group=self.group)
         return out.unsqueeze(0)
 
+    def all_to_all(self, t: torch.Tensor, tag: str = "") -> torch.Tensor:
+        self.log.add("alltoall", tag, t, t[0].numel())
+        if t.shape[1] != self.world_size:
+            raise ValueError(f"expected [1, {self.world_size} chunks, …], got shape {tuple(t.shape)}")
+        out = torch.empty_like(t[0])
+        dist.all_to_all_single(out, t[0].contiguous(), group=self.group)
+        return out.unsqueeze(0)
+
     def broadcast(self, t: torch.Tensor, src: int, tag: str = "") -> torch.Tensor:
         self.log.add("broadcast", tag, t, t[0].numel())
         out = t[0:1].clone()

@@ -34,6 +34,13 @@ class InProcessComm:
         self.log.add("allgather", tag, t, t[0].numel())
         return t.unsqueeze(0)
 
+    def all_to_all(self, t: torch.Tensor, tag: str = "") -> torch.Tensor:
+        self._check(t)
+        if t.dim() < 2 or t.shape[1] != self.world_size:
+            raise ValueError(f"expected [workers, {self.world_size} chunks, …], got shape {tuple(t.shape)}")
+        self.log.add("alltoall", tag, t, t[0].numel())
+        return t.transpose(0, 1).contiguous()
+
     def broadcast(self, t: torch.Tensor, src: int, tag: str = "") -> torch.Tensor:
         row = t[src:src + 1] if t.shape[0] == self.world_size else t
         self.log.add("broadcast", tag, row, row[0].numel())

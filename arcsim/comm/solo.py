@@ -8,7 +8,8 @@ from arcsim.comm.log import CommLog
 
 
 class SoloComm:
-    """Rank ``rank`` of ``world`` alone: reductions return its own row, gathers repeat it ``world`` times.
+    """Rank ``rank`` of ``world`` alone: reductions return its own row, gathers repeat it ``world`` times, an
+    all-to-all gives it its own chunk from every peer.
 
     The arithmetic a compressor does is one rank's (the values are not a real aggregate). ``leader=True``
     makes this rank the root of every broadcast, so AR-Top-K's leader work is included.
@@ -25,6 +26,11 @@ class SoloComm:
     def all_gather(self, t: torch.Tensor, tag: str = "") -> torch.Tensor:
         self.log.add("allgather", tag, t, t[0].numel())
         return t[0:1].expand(self.world_size, *t.shape[1:]).unsqueeze(0)
+
+    def all_to_all(self, t: torch.Tensor, tag: str = "") -> torch.Tensor:
+        self.log.add("alltoall", tag, t, t[0].numel())
+        mine = t[0:1, self.rank:self.rank + 1]  # what this rank sends itself, as if every peer sent the same
+        return mine.expand(1, self.world_size, *t.shape[2:]).clone()
 
     def broadcast(self, t: torch.Tensor, src: int, tag: str = "") -> torch.Tensor:
         self.log.add("broadcast", tag, t, t[0].numel())

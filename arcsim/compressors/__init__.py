@@ -8,14 +8,20 @@ from arcsim.compressors.arctopk import ArcTopK
 from arcsim.compressors.artopk import Star, Var
 from arcsim.compressors.base import Compressed, CompressionError, Compressor
 from arcsim.compressors.dense import Bf16, Dense, Fp16
+from arcsim.compressors.dgc import DGC
 from arcsim.compressors.gaussiank import GaussianK
+from arcsim.compressors.onebit import OneBit
 from arcsim.compressors.powersgd import PowerSGD
+from arcsim.compressors.quantisers import QSGD, Natural, TernGrad
 from arcsim.compressors.randk import RandK
+from arcsim.compressors.signs import EFSignSGD, SignSGD, Signum
 from arcsim.compressors.topk import TopK
 
 REGISTRY: dict[str, type[Compressor]] = {
     cls.name: cls for cls in (Dense, Fp16, Bf16, TopK, RandK, GaussianK, ArcTopK, Star, Var, PowerSGD, Adaptive)
 }
+REGISTRY.update({cls.name: cls for cls in (QSGD, TernGrad, Natural, SignSGD, Signum, EFSignSGD)})  # quantisers, signs
+REGISTRY.update({cls.name: cls for cls in (DGC, OneBit)})  # DGC, 1-bit Adam's compressed all-reduce
 NAMES = tuple(REGISTRY)
 
 

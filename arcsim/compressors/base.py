@@ -1,9 +1,10 @@
 """What every compressor shares: its result, its contribution types, the layer layout, and checks.
 
 A compressor sees ``x`` of shape [W, d] (W local workers, see :mod:`arcsim.comm`) and returns the
-aggregate every worker applies, shape [1, d], which always equals the mean over all P workers of what
-each *contributed*; the contribution is kept per local worker so error feedback can subtract it in
-place (:mod:`arcsim.compressors.memory`).
+aggregate every worker applies, shape [1, d], which equals the mean over all P workers of what
+each *contributed* (signSGD's and Signum's majority vote aside: the vote of those, :mod:`arcsim.compressors.signs`);
+the contribution is kept per local worker so error feedback can subtract it in place
+(:mod:`arcsim.compressors.memory`).
 """
 
 from __future__ import annotations
@@ -102,6 +103,10 @@ class Compressed:
     contribution: Contribution
     selected: torch.Tensor  # [W] elements each local worker selected (d for dense methods)
     index_based: bool  # True when the aggregate is supported on selected indices
+    # [1, d]: what the aggregate approximates where a compressor compensates on its own (DGC's velocity, 1-bit Adam's
+    # input plus its worker and server errors): its error is measured against this, as an error-feedback memory's
+    # against the input it compensated (None: the mean of the input; also where this process holds one worker)
+    reference: torch.Tensor | None = None
 
 
 # -- layout ------------------------------------------------------------------------------------------

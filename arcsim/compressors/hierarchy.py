@@ -160,7 +160,7 @@ class NodeAware:
             stats.kept2.add_(res.contribution.norms(width).double().pow(2))
             stats.sent2.add_(u.double().pow(2).sum(dim=1))
             stats.selected.add_(res.selected.double())
-            stats.u_mean.append(u.mean(dim=0, keepdim=True))
+            stats.u_mean.append(u.mean(dim=0, keepdim=True) if res.reference is None else res.reference.float())
 
         marks = []
         outs = []

@@ -15,7 +15,7 @@ class StepMetrics:
     step: int
     density_achieved: float  # mean over workers of elements selected / d
     density_aggregate: float  # nonzeros of the aggregate / d
-    rel_error: float  # ‖agg − x̄‖² / ‖x̄‖², x̄ the mean of what was compressed
+    rel_error: float  # ‖agg − x̄‖² / ‖x̄‖², x̄ the mean of what was compressed (or the compressor's reference)
     energy_captured: float  # ‖agg‖² / ‖x̄‖²
     overlap_topk: float | None  # share of the global top-k of x̄ inside the aggregate's support
     bytes_per_rank: int
@@ -30,7 +30,7 @@ class StepMetrics:
 def fidelity(u: torch.Tensor, out: Compressed, k: int) -> dict[str, float | None]:
     """Metrics for the stacked input u [P, d] (all workers) and its compressed aggregate."""
     d = u.shape[1]
-    mean = u.float().mean(dim=0, keepdim=True)
+    mean = u.float().mean(dim=0, keepdim=True) if out.reference is None else out.reference.float()
     agg = out.aggregate.float()
     energy = float(mean.pow(2).sum())
     scale = energy if energy > 0 else 1.0

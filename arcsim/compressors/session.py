@@ -69,7 +69,7 @@ def compress_streamed(trace: Trace, make: Callable[[int], tuple[Compressor, Memo
             seen: dict[str, Any] = {}
 
             def observe(u: torch.Tensor, out: Compressed, seen: dict = seen) -> None:
-                seen["mean"] = u.float().mean(dim=0, keepdim=True)
+                seen["mean"] = u.float().mean(dim=0, keepdim=True) if out.reference is None else out.reference.float()
                 seen["out"] = out
 
             update = mem.step(g, comp, comm, step, layout, observe)

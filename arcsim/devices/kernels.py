@@ -29,9 +29,23 @@ from arcsim.errors import ArcsimError
 
 KERNEL_DIR = DEVICE_DIR / "kernels"
 ANCHOR = "h100"
-SCOPE_FREE = ("dense", "fp16", "bf16", "powersgd")
-# adaptive's default inner selector does its kernel work; a bf16 cast moves the bytes an fp16 cast does (estimated)
-PRICED_AS = {"adaptive": "topk", "bf16": "fp16"}
+# the quantisers and sign methods send every element: priced whole, from the passes their steps measured
+# (WORK_STEPS), each peer's payload decoded and summed on every rank; compressor: (its steps, its per-peer decode)
+WORK_STEPS: dict[str, tuple[tuple[str, ...], str | None]] = {
+    "qsgd": (("qsgd",), "qsgd sum peers"),
+    "terngrad": (("terngrad",), "qsgd sum peers"),
+    "natural": (("natural",), "qsgd sum peers"),
+    "signsgd": (("sign pack",), "majority vote"),
+    "signum": (("sign pack", "copy"), "majority vote"),        # + the momentum's update: one pass (estimated)
+    "efsignsgd": (("efsign scale+pack",), "majority vote"),
+    # compressed twice (worker, server), decoded twice (its chunk from p peers, then p chunks): n each, whatever p
+    "onebit": (("efsign scale+pack", "efsign scale+pack", "sign unpack", "sign unpack"), None),
+}
+SCOPE_FREE = ("dense", "fp16", "bf16", "powersgd", *WORK_STEPS)
+# adaptive's default inner selector does its kernel work; a bf16 cast moves the bytes an fp16 cast does; DGC's
+# sampled threshold measured under torch.topk's time (0.31-0.37 against 0.60-0.64 ms on 25.6 M, H200), its
+# momentum correction a few passes more: priced as Top-K (estimated)
+PRICED_AS = {"adaptive": "topk", "bf16": "fp16", "dgc": "topk"}
 
 
 # selections whose work grows with k (Rand-K's host-side draw is arcsim's, not a framework's: passes only)
@@ -45,10 +59,11 @@ class KernelCounts:
     per_layer: float           # launches per layer in the bucket
     fixed: float               # launches per call
     per_selected: float = 0.0  # fp32 passes per selected element (written, gathered, scattered back)
+    per_peer: float = 0.0      # fp32 passes per element per peer whose whole payload is decoded (quantisers, signs)
 
-    def seconds(self, numel: int, layers: int, device: Device, selected: int = 0) -> float:
-        return ((self.passes * numel + self.per_selected * selected) * 4 / device.bandwidth
-                + (self.per_layer * layers + self.fixed) * device.launch_us * 1e-6)
+    def seconds(self, numel: int, layers: int, device: Device, selected: int = 0, peers: int = P_MEASURED) -> float:
+        return ((self.passes * numel + self.per_selected * selected + self.per_peer * numel * peers)
+                * 4 / device.bandwidth + (self.per_layer * layers + self.fixed) * device.launch_us * 1e-6)
 
 
 def _key(compressor: str, scope: str | None) -> str:
@@ -114,6 +129,24 @@ def relative_errors(rows: list[dict], counts: dict[str, KernelCounts], device: D
     return out
 
 
+def work_counts(rows: list[dict], device: Device) -> dict[str, KernelCounts]:
+    """Counts of the quantisers and sign methods from their steps' measured times (``gpu_session.py --parts work``):
+    passes and launches from the two sizes, passes per element per peer from the decode's growth with the peers."""
+    def ms(op: str, numel: int, peers: int | None = None) -> float:
+        return next(r["ms"] for r in rows if r["op"] == op and r["numel"] == numel and r.get("peers") == peers)
+
+    small, large = sorted({r["numel"] for r in rows if r["kind"] == "quantise"})
+    out = {}
+    for name, (steps, decode) in WORK_STEPS.items():
+        t_small, t_large = (sum(ms(op, n) for op in steps) * 1e-3 for n in (small, large))
+        passes = max(0.0, (t_large - t_small) * device.bandwidth / (4 * (large - small)))
+        fixed = max(0.0, t_small - passes * 4 * small / device.bandwidth) / (device.launch_us * 1e-6)
+        by_peers = sorted((r["peers"], r["ms"] * 1e-3) for r in rows if r["op"] == decode and r["numel"] == large)
+        slope = np.polyfit([p for p, _ in by_peers], [t for _, t in by_peers], 1)[0] if by_peers else 0.0
+        out[name] = KernelCounts(passes, 0.0, fixed, per_peer=max(0.0, float(slope)) * device.bandwidth / (4 * large))
+    return out
+
+
 def fit_gathered(rows: list[dict], device: Device) -> float:
     """fp32 passes per gathered element of decompression (one index_add of p·k values into the bucket), from
     ``benchmarks/gpu_session.py --parts work`` rows: the slope of time over p·k, least squares, relative."""
@@ -132,7 +165,8 @@ def table_path(device_name: str) -> Path:
 @lru_cache(maxsize=16)
 def load_counts(device_name: str) -> tuple[dict[str, KernelCounts], dict]:
     data = json.loads(table_path(device_name).read_text())
-    return {k: KernelCounts(**v) for k, v in data["counts"].items()}, data
+    counts = {**data["counts"], **data.get("work_counts", {})}
+    return {k: KernelCounts(**v) for k, v in counts.items()}, data
 
 
 @lru_cache(maxsize=16)
@@ -155,7 +189,7 @@ def compress_seconds(compressor: str, scope: str, numel: int, layers: int, devic
                           "compress on a GPU and benchmarks/kernel_table.py")
     c = counts[key]
     selected = 0 if INFO[compressor].density_free else selected_of(numel, density)
-    seconds = c.seconds(numel, layers, device, selected)
+    seconds = c.seconds(numel, layers, device, selected, peers)
     if INFO[compressor].family == "all-gather" and selected and peers != P_MEASURED:
         extra = (peers - P_MEASURED) * selected * data.get("gathered_passes", 0.0) * 4 / device.bandwidth
         seconds = max(seconds + extra, c.seconds(0, layers, device))  # fewer peers: never below the launches

@@ -20,7 +20,7 @@ import numpy as np
 import torch
 from scipy.special import stdtrit  # Student's t quantile, stdtrit(dof, q); scipy.stats costs 0.5 s to import
 
-from arcsim.catalog import INFO, options_for
+from arcsim.catalog import INFO, memory_for, options_for
 from arcsim.comm.inprocess import InProcessComm
 from arcsim.comm.log import CommRecord
 from arcsim.comm.solo import SoloComm
@@ -269,7 +269,7 @@ class BucketedCompression:
         self.buckets, self.seed, self.shared_options = buckets, seed, dict(options or {})
         self.only = None if only is None else frozenset(only)
         self.stats = stats
-        self.memory = memory or default_memory(compressor)
+        self.memory = memory_for(compressor, memory)  # DGC and onebit keep their own (always none)
         self.grouping = grouping
         self.layouts = [b.layout() for b in buckets]
         # error feedback: flat, a memory per bucket; node-aware, one per slice of each bucket (the other list empty)
@@ -357,8 +357,8 @@ class BucketedCompression:
 
             def observe(u: torch.Tensor, res: Compressed, x: torch.Tensor = x, mean_g: torch.Tensor = mean_g,
                         stats: GradientStats = stats, index: int = b.index, seen: dict = seen) -> None:
-                raw = u is x  # the memory sent the gradient itself (no feedback yet, or none at all)
-                mean = mean_g if raw else u.mean(dim=0, keepdim=True)
+                raw = u is x and res.reference is None  # the gradient itself was sent (no feedback yet, or none)
+                mean = mean_g if raw else u.mean(dim=0, keepdim=True) if res.reference is None else res.reference
                 seen["err2"] = float((res.aggregate.float() - mean).pow(2).sum())
                 seen["ref2"] = stats.mean2(step, index, x) if raw else float(mean.pow(2).sum())
                 norms = stats.norms(step, index, x) if raw else u.norm(dim=1).clamp_min(1e-30)

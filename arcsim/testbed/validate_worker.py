@@ -144,6 +144,9 @@ class TimedComm(DistributedComm):
     def all_gather(self, t: torch.Tensor, tag: str = "") -> torch.Tensor:
         return self._timed(super().all_gather, t, tag)
 
+    def all_to_all(self, t: torch.Tensor, tag: str = "") -> torch.Tensor:
+        return self._timed(super().all_to_all, t, tag)
+
     def broadcast(self, t: torch.Tensor, src: int, tag: str = "") -> torch.Tensor:
         return self._timed(super().broadcast, t, src, tag)
 

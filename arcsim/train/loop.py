@@ -244,9 +244,11 @@ class TrainingRun:
         self.model = setup.source.build(setup.data.spec)
         self.opt = build_optimizer(self.model.parameters(), cfg.optimizer_name, cfg.lr or setup.source.default_lr,
                                    sgd_momentum(cfg), cfg.betas, cfg.weight_decay)
+        options: dict[str, object] = {"scope": cfg.scope}
+        if cfg.optimizer_name == "sgd":  # DGC at SGD's momentum, its update handed to it (compressors/dgc.py)
+            options.update(momentum=sgd_momentum(cfg), optimizer_momentum=True)
         self.bc = BucketedCompression(setup.buckets, compressor, cfg.density if density is None else density,
-                                      cfg.memory, seed=seed, options={"scope": cfg.scope}, timed=timed,
-                                      grouping=cfg.grouping())
+                                      cfg.memory, seed=seed, options=options, timed=timed, grouping=cfg.grouping())
         self.hist = History(compressor, seed, self.bc.memory,
                             Measurement(compressor, self.bc.density, self.bc.memory, setup.elements, cfg.hierarchy))
         self.generator = torch.Generator().manual_seed(seed).get_state()  # a state: Generators do not pickle

@@ -4,9 +4,10 @@ All-reduce: ring by default (gloo's reduce-scatter + all-gather ring); halving-d
 Reduce-scatter: PyTorch's ProcessGroupGloo all-reduces the whole input and keeps its rank's chunk, so it costs an
 all-reduce of the input (measured on the emulated cluster: 0.38–0.39 s for 4 MiB over 100 Mbit/s, an all-reduce of
 it 0.37 s, a ring reduce-scatter's price 0.19 s; docs/sharding.md).
-All-gather: ring. Broadcast: a binomial tree in which every rank posts all its sends at once (gloo's
-sends are asynchronous), so a rank's children share its uplink: 3·S/B at p = 4 (measured ≈ 3·S/B on
-the emulated cluster), 6·S/B at 8, against log2 p · S/B for a binomial tree sent one child at a time.
+All-gather: ring. All-to-all: priced as the pairwise exchange (an estimate, not measured here). Broadcast: a
+binomial tree in which every rank posts all its sends at once (gloo's sends are asynchronous), so a rank's
+children share its uplink: 3·S/B at p = 4 (measured ≈ 3·S/B on the emulated cluster), 6·S/B at 8, against
+log2 p · S/B for a binomial tree sent one child at a time.
 
 Transport: each ring step is a TCP send the receiver must post a buffer for, so a step costs about a
 round trip (2 × the one-way latency) plus gloo's software time, and TCP/IP and Ethernet headers leave 1448 of
@@ -27,7 +28,7 @@ EFFICIENCY = 1448 / 1514  # a full frame's TCP payload: 1448 of the 1514 bytes a
 TCP = Protocol("tcp", latency_scale=2.0, step_overhead_s=STEP_OVERHEAD_S, efficiency=EFFICIENCY)
 
 OFFERED = {"allreduce": ("ring", "rhd"), "allgather": ("ring",), "reducescatter": ("ring",),
-           "broadcast": ("eager",)}
+           "broadcast": ("eager",), "alltoall": ("pairwise",)}
 
 
 class Gloo(Library):

@@ -7,6 +7,7 @@ steps in arcsim's dissemination form) below 50,000 bytes of output, else ring (n
 even p, which moves the same bytes in half the steps: priced as ring). Broadcast: binomial below 2,048
 bytes; a split binary tree below 370,728 bytes (priced as binomial, which arcsim has); above, a pipeline
 (chain) with 128 KiB segments while p < 1.6134e-6·S + 2.11, else 8–64 KiB segments by the same rule.
+All-to-all: pairwise exchange (the rules' choice for large blocks; Bruck's for small ones is not priced apart).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from arcsim.collectives.libraries.base import BARE, Choice, Library, Protocol
 from arcsim.topology import Topology
 
 OFFERED = {"allreduce": ("rd", "ring", "rhd", "binomial"), "allgather": ("rd", "ring"),
-           "reducescatter": ("ring",), "broadcast": ("binomial", "chain")}
+           "reducescatter": ("ring",), "broadcast": ("binomial", "chain"), "alltoall": ("pairwise",)}
 
 
 def _default(op: str, nbytes: float, p: int) -> tuple[str, float]:
@@ -32,6 +33,8 @@ def _default(op: str, nbytes: float, p: int) -> tuple[str, float]:
             if p < (b if a is None else a * nbytes + b):
                 return ("binomial" if a is None else "chain"), segment * 1024.0
         return "chain", 8 * 1024.0
+    if op == "alltoall":
+        return "pairwise", 0.0
     return "ring", 0.0
 
 

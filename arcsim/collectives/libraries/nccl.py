@@ -3,7 +3,9 @@
 Algorithms: all-reduce by ring, tree (NCCL's tree: chains inside nodes under a double binary tree of
 nodes) or NVLS (NVLink SHARP on Hopper and Blackwell NVSwitch nodes; NVLS-tree across nodes), all-gather and
 reduce-scatter by ring or, with one GPU a node, PAT (parallel aggregated trees: log2 p steps, priced on the
-catalogue's recursive-doubling steps), broadcast by a pipelined ring (a chain from the root). Size-dependent
+catalogue's recursive-doubling steps), broadcast by a pipelined ring (a chain from the root), all-to-all as grouped
+send/recv to every peer at once (``direct``: one step, the peers sharing the ports; ``pairwise`` offered) with the
+Simple protocol's ring constants (an estimate, not fitted to published all-to-all tables). Size-dependent
 terms (channels in use, the tree's correction, NVLS's pipeline) and the proxy's cost per network crossing:
 :mod:`nccl_tuning`.
 Protocols: LL (8-byte flag + 8-byte data lines: half the bandwidth, lowest latency), LL128 (120 of every
@@ -51,7 +53,7 @@ RING_EFFICIENCY = (0.5, 0.92, 1.0)
 STEP_BYTES = (8 * 512 * 8, 120 * 640 * 8 * 120 / 128, 4 * 2**20 / 8)
 
 OFFERED = {"allreduce": ("ring", "tree", "nvls"), "allgather": ("ring", "pat"), "reducescatter": ("ring", "pat"),
-           "broadcast": ("chain",)}
+           "broadcast": ("chain",), "alltoall": ("direct", "pairwise")}
 
 
 def _intra_kind(topo: Topology) -> str:
@@ -217,6 +219,9 @@ class Nccl(Library):
         for a in algos:
             if a in ("nvls", "pat"):
                 out.append(Choice(a, protocol(op, a, 2, topo, nbytes), schedule=SCHEDULES[a]))
+                continue
+            if a in ("direct", "pairwise"):  # grouped send/recv: Simple, with the ring's per-step constants
+                out.append(Choice(a, protocol(op, "ring", 2, topo, nbytes)))
                 continue
             for p in enabled_protocols(topo):
                 proto = protocol(op, a, p, topo, nbytes)
