@@ -56,11 +56,46 @@ def multi(nodes: int, gpus: int, nics: int, gbps: float = 100.0, fabric: str = "
 
 
 def run_cli(*args: str, cwd: str | None = None, env: dict[str, str] | None = None,
-            timeout: float = 300) -> subprocess.CompletedProcess:
-    """Run the real `arcsim` entry point in a subprocess (exit codes and stderr as a user sees them)."""
-    full_env = None if env is None else {**os.environ, **env}
-    return subprocess.run([sys.executable, "-m", "arcsim", *args], capture_output=True, text=True, cwd=cwd,
-                          env=full_env, timeout=timeout)
+            timeout: float = 300, process: bool = False) -> subprocess.CompletedProcess:
+    """Run arcsim's command line as a user does: its exit code, standard output and standard error. In this test
+    process (arcsim.cli.main.main, the entry point's second half: the same errors and exit codes, without a new
+    interpreter importing torch for every call) unless ``process`` or ``env`` asks for a process of its own."""
+    if process or env is not None:
+        return subprocess.run([sys.executable, "-m", "arcsim", *args], capture_output=True, text=True, cwd=cwd,
+                              env=None if env is None else {**os.environ, **env}, timeout=timeout)
+    return _run_in_process(list(args), cwd)
+
+
+def _run_in_process(args: list[str], cwd: str | None) -> subprocess.CompletedProcess:
+    import contextlib
+    import io
+    import traceback
+
+    from arcsim.cli.main import main
+
+    out, err = io.StringIO(), io.StringIO()
+    here, argv = os.getcwd(), sys.argv
+    code: int = 0
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            if cwd is not None:
+                os.chdir(cwd)
+            sys.argv = ["arcsim", *args]
+            try:
+                main()
+            except SystemExit as exc:
+                if isinstance(exc.code, int) or exc.code is None:
+                    code = exc.code or 0
+                else:
+                    print(exc.code, file=sys.stderr)
+                    code = 1
+            except Exception:  # as an interpreter would: the traceback, exit 1
+                traceback.print_exc()
+                code = 1
+    finally:
+        os.chdir(here)
+        sys.argv = argv
+    return subprocess.CompletedProcess(["arcsim", *args], code, out.getvalue(), err.getvalue())
 
 
 def interruptible() -> None:

@@ -76,7 +76,7 @@ def test_topo_show_json_and_table():
     (("collective", "--size", "100 MiB"), "space"),
     (("collective", "--size", "1e6"), "unit"),
     (("collective", "--size", "12XB"), "cannot read size"),
-    (("collective", "--op", "alltoall"), "unknown collective"),
+    (("collective", "--op", "scatter"), "unknown collective"),
     (("collective", "--op", "broadcast", "--algo", "ring"), "nccl has no ring broadcast"),
     (("collective", "--algo", "bogus"), "Invalid value"),
     (("topo", "show", "missing.yaml"), "does not exist"),
