@@ -9,12 +9,17 @@
 Each expressible row names its arcsim setup: a stand-in model's trace (captured once here: 4 workers × 1 step
 after 1 of training, under --traces), the topology, GPU, batch per GPU, framework, compressor and density. It is
 priced as ``arcsim run`` prices it (arcsim.run.analysis), dense fp32 and the compressor on their fastest
-collectives, and the predicted speed-up is dense's iteration time over the compressor's. Every row here ran on
-BytePS (parameter servers; the systems compress between machines): arcsim has DDP and Horovod, so each is priced
-as DDP with node-aware compression (dense inside a node, compressed between nodes: --hierarchy node), flat where
-the row is one machine, and between machines on BytePS's own TCP, not NCCL's socket transport (byteps_topology).
-That is an approximation of BytePS's placement, not BytePS. The rows arcsim cannot
-express stay in the CSV with a ``skip`` reason, printed at the end.
+collectives, and the predicted speed-up is dense's iteration time over the compressor's. The Espresso and BytePS
+rows ran on BytePS (parameter servers; the systems compress between machines): arcsim has DDP and Horovod, so each
+is priced as DDP with node-aware compression (dense inside a node, compressed between nodes: --hierarchy node), flat
+where the row is one machine, and between machines on BytePS's own TCP, not NCCL's socket transport
+(byteps_topology). That is an approximation of BytePS's placement, not BytePS. DeepSpeed's 1-bit Adam rows compress
+across every rank (flat) and are priced on NCCL as the topology names it. A row may add ``arcsim_options``,
+space-separated ``key=value`` (OPTIONS): ``baseline`` the compressor it is measured against (DeepSpeed's FP16 runs
+all-reduce fp16, not fp32), ``fusion`` and ``scope`` as ``arcsim run``'s (``fusion=model``: one gradient vector sent
+after the backward pass, measured whole: some 50 GB of memory for a 350 M-parameter model, so DeepSpeed's rows keep
+DDP's buckets). A density-free compressor (the signs, onebit) leaves ``arcsim_density`` empty. The rows arcsim
+cannot express stay in the CSV with a ``skip`` reason, printed at the end.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ import argparse
 import csv
 import dataclasses
 import datetime
+import gc
 import math
 import statistics
 import sys
@@ -35,8 +41,11 @@ CSV = Path(__file__).parent / "published" / "e2e.csv"
 BYTEPS_MIN_COMPRESS_BYTES = 1_024_000  # BytePS compresses only tensors this large (fp32 bytes); the rest go dense
 # the stand-in traces: zoo model and image side (None: the model's own input)
 TRACES: dict[str, tuple[str, int | None]] = {"gpt2_small": ("gpt2_small", None), "resnet50": ("resnet50", None),
-                                             "resnet18_cifar": ("resnet18", 32), "cnn": ("cnn", None)}
+                                             "resnet18_cifar": ("resnet18", 32), "cnn": ("cnn", None),
+                                             "gpt2_small_s80": ("gpt2_small", 80), "llama_350m": ("llama_350m", 128)}
 WORKERS, STEPS, WARMUP = 4, 1, 1  # 4 workers: node-aware compression groups them as 2 nodes × 2
+# arcsim_options' keys and the values each takes (empty: dense, DDP buckets, k per tensor, as arcsim run's defaults)
+OPTIONS = {"baseline": ("dense", "fp16", "bf16"), "fusion": ("bucket", "model"), "scope": ("tensor", "bucket")}
 
 
 def rows(source: str | None = None) -> list[dict[str, str]]:
@@ -63,10 +72,30 @@ def trace_path(name: str, traces: Path) -> Path:
     return path
 
 
+def options_of(row: dict[str, str]) -> dict[str, str]:
+    """The row's ``arcsim_options`` (``key=value`` separated by spaces), each key one of OPTIONS with one of its
+    values; refused otherwise, so a typo is not priced as the default."""
+    out = {}
+    for item in row.get("arcsim_options", "").split():
+        key, _, value = item.partition("=")
+        if value not in OPTIONS.get(key, ()):
+            raise ValueError(f"arcsim_options {item!r}: give one of " + "; ".join(
+                f"{k}={'|'.join(v)}" for k, v in OPTIONS.items()))
+        out[key] = value
+    return out
+
+
 def density_of(row: dict[str, str], layers) -> float:
     """The row's density; ``kN``: BytePS's N elements per tensor of BYTEPS_MIN_COMPRESS_BYTES or more, the smaller
-    tensors sent whole, as the density sending the same number of elements."""
+    tensors sent whole, as the density sending the same number of elements; empty for a density-free compressor
+    (measured as arcsim run measures it, at 1)."""
+    from arcsim.catalog import INFO
+
     d = row["arcsim_density"]
+    if INFO[row["arcsim_compressor"]].density_free:
+        if d:
+            raise ValueError(f"{row['arcsim_compressor']} does not depend on the density: leave arcsim_density empty")
+        return 1.0
     if not d.startswith("k"):
         return float(d)
     k = int(d[1:])
@@ -106,24 +135,31 @@ def byteps_topology(name: str, folder: Path) -> str:
 
 
 def analysis(row: dict[str, str], traces: Path):
-    """One arcsim Analysis per (trace, topology, GPU, batch, framework), the trace and measurements shared."""
+    """One arcsim Analysis per (trace, topology, GPU, batch, framework, hierarchy, fusion, scope), the trace and
+    measurements shared; a new stand-in lets the last one's go (its measurements stay in arcsim's cache on disk)."""
     from arcsim.run.analysis import Analysis, RunConfig
 
+    options = options_of(row)
     key = (row["arcsim_trace"], row["arcsim_topology"], row["arcsim_gpu"], row["arcsim_batch"],
-           row["arcsim_framework"], row["arcsim_hierarchy"])
+           row["arcsim_framework"], row["arcsim_hierarchy"], options.get("fusion", "bucket"),
+           options.get("scope", "tensor"))
     if key in _analyses:
         return _analyses[key]
+    if not any(k[0] == key[0] for k in _analyses):  # another stand-in: its gradients take GB, the last one's go
+        _analyses.clear()
+        gc.collect()
     topology = row["arcsim_topology"]
     if row["framework"].startswith("BytePS"):
         topology = byteps_topology(topology, traces)
     given = dict(topology=topology, trace=str(trace_path(row["arcsim_trace"], traces)),
                  compressors=(row["arcsim_compressor"],), policy="none", ratios=(1.0,), allow_capture=False,
                  gpu=row["arcsim_gpu"], batch=int(row["arcsim_batch"]), framework=row["arcsim_framework"],
-                 hierarchy=row["arcsim_hierarchy"])
+                 hierarchy=row["arcsim_hierarchy"], fusion=key[6], options={"scope": key[7]})
     if given["framework"] == "ddp" and "framework" not in {f.name for f in dataclasses.fields(RunConfig)}:
         del given["framework"]  # an arcsim from before --framework (to compare against it) priced DDP only
     cfg = RunConfig(**given)  # type: ignore[arg-type]
-    earlier = next((a for k, a in _analyses.items() if k[0] == key[0]), None)
+    # measurements are shared only where the buckets and the options are the same (the trace, fusion and scope)
+    earlier = next((a for k, a in _analyses.items() if (k[0], k[6], k[7]) == (key[0], key[6], key[7])), None)
     a = Analysis(cfg, announce=lambda _: None, source=None if earlier is None else earlier.trace)  # type: ignore
     if earlier is not None:
         a.share_measurements(earlier)  # type: ignore[arg-type]
@@ -132,7 +168,8 @@ def analysis(row: dict[str, str], traces: Path):
 
 
 def price(row: dict[str, str], traces: Path) -> Priced:
-    """arcsim's speed-up of the row's compressor over dense fp32, each on its fastest collective."""
+    """arcsim's speed-up of the row's compressor over its baseline (dense fp32 unless ``arcsim_options`` names
+    another), each on its fastest collective."""
     from arcsim.run.candidates import candidates_for
 
     a = analysis(row, traces)
@@ -141,7 +178,7 @@ def price(row: dict[str, str], traces: Path) -> Priced:
     def best(meas):
         return min(candidates_for(meas, a.ctx, a.pricer), key=lambda c: c.iteration_s)
 
-    dense = best(a.measurement("dense", 1.0))
+    dense = best(a.measurement(options_of(row).get("baseline", "dense"), 1.0))
     comp = best(a.measurement(row["arcsim_compressor"], density, hierarchy=row["arcsim_hierarchy"]))
     return Priced(dense.iteration_s / comp.iteration_s, dense.iteration_s, comp.iteration_s, density)
 
@@ -170,6 +207,26 @@ def framework_errors(results: list[Result]) -> dict[str, dict]:
                      "median_abs_log_error": statistics.median(abs(math.log(p / m)) for _, m, p in mine),
                      "pairs": [{"source": source, "measured": m, "predicted": p} for source, m, p in mine]}
     return out
+
+
+def summary(results: list[Result], compressors: list[str]) -> str:
+    """Per source, then per source and compressor, then every source per framework: the rows, the share whose
+    verdict agrees, the median |predicted − measured| speed-up and the median of that relative to the measured."""
+    groups: dict[str, list[tuple[float, float]]] = defaultdict(list)
+    for _, source, m, p in results:
+        groups[source].append((m, p))
+    for (_, source, m, p), c in zip(results, compressors, strict=True):
+        groups[f"{source} {c}"].append((m, p))
+    for fw, _, m, p in results:
+        groups[f"every source ({fw})"].append((m, p))
+    width = max(map(len, groups)) + 2
+    lines = [f"{'source':<{width}}{'rows':>5}{'verdict agrees':>16}{'median |err|':>14}{'median |err|/measured':>23}"]
+    for name, pairs in groups.items():
+        agree = 100 * sum(verdict(m) == verdict(p) for m, p in pairs) / len(pairs)
+        err = statistics.median(abs(p - m) for m, p in pairs)
+        rel = 100 * statistics.median(abs(p - m) / m for m, p in pairs)
+        lines.append(f"{name:<{width}}{len(pairs):>5}{agree:>15.0f}%{err:>14.3f}{rel:>22.0f}%")
+    return "\n".join(lines)
 
 
 def errors_section(results: list[Result]) -> dict:
@@ -201,29 +258,25 @@ def main(argv: list[str] | None = None) -> int:
           "speed-up of compression over dense")
     print(f"{'source':<10}{'where':<15}{'system / compressor':<28}{'nodes':>5}  {'arcsim':<34}"
           f"{'measured':>9}{'predicted':>10}{'|err|':>7}  agree")
-    by_source: dict[str, list[tuple[float, bool]]] = defaultdict(list)
     results: list[Result] = []
+    compressors: list[str] = []
     started = time.perf_counter()
     for i, r in enumerate(todo, 1):
         p = price(r, traces)
         measured = float(r["speedup"])
         agree = verdict(measured) == verdict(p.speedup)
         err = abs(p.speedup - measured)
-        by_source[source_name(r)].append((err, agree))
         results.append((r["arcsim_framework"], source_name(r), measured, p.speedup))
-        setup = f"{r['arcsim_trace']} {r['arcsim_compressor']}@{p.density:.2g} {r['arcsim_topology'].split('-')[1]}"
-        print(f"{source_name(r):<10}{where(r):<15}{r['compressor'][:27]:<28}{r['nodes']:>5}  "
+        compressors.append(r["arcsim_compressor"])
+        density = "" if not r["arcsim_density"] else f"@{p.density:.2g}"
+        setup = f"{r['arcsim_trace']} {r['arcsim_compressor']}{density} {r['arcsim_topology'].split('-')[1]}"
+        print(f"{source_name(r)[:9]:<10}{where(r):<15}{r['compressor'][:27]:<28}{r['nodes']:>5}  "
               f"{setup:<34}{measured:>9.3f}{p.speedup:>10.3f}{err:>7.3f}  {'yes' if agree else 'NO'}", flush=True)
         print(f"  [{i}/{len(todo)} in {time.perf_counter() - started:.0f} s]", file=sys.stderr, flush=True)
     print()
-    print(f"{'source':<10}{'rows':>5}{'verdict agrees':>16}{'median |err|':>14}")
-    for name, res in by_source.items():
-        errs = [e for e, _ in res]
-        agree_pct = 100 * sum(a for _, a in res) / len(res)
-        print(f"{name:<10}{len(res):>5}{agree_pct:>15.0f}%{statistics.median(errs):>14.3f}")
+    print(summary(results, compressors))
     for name, e in framework_errors(results).items():
-        print(f"{name:<10}{e['rows']:>5}{100 * e['verdict_agrees']:>15.0f}%{e['median_abs_speedup_error']:>14.3f}"
-              f"  (every source; median |ln(predicted/measured)| {e['median_abs_log_error']:.3f})")
+        print(f"{name}, every source: median |ln(predicted/measured)| {e['median_abs_log_error']:.3f}")
     if args.write_errors:
         from arcsim.run.doubt import write_section
 
@@ -236,7 +289,7 @@ def main(argv: list[str] | None = None) -> int:
             reasons[(source_name(r), r["skip"])] += 1
         for (name, why), n in reasons.items():
             print(f"  {name}: {n} × {why}")
-    return 0 if all(math.isfinite(e) for res in by_source.values() for e, _ in res) else 1
+    return 0 if all(math.isfinite(p) for _, _, _, p in results) else 1
 
 
 if __name__ == "__main__":

@@ -226,7 +226,23 @@ def test_the_sign_methods_decode_every_peer_and_onebit_does_not():
     vote = {r["peers"]: r["ms"] * 1e-3 for r in work if r["op"] == "majority vote" and r["numel"] == n}
     eight, many = (compress_seconds("signsgd", "bucket", n, 1, h200, None, p) for p in (8, 64))
     assert many - eight == pytest.approx(vote[64] - vote[8], rel=0.15)
-    assert compress_seconds("onebit", "bucket", n, 1, h200, None, 64) == compress_seconds(
-        "onebit", "bucket", n, 1, h200, None, 8)
+    onebit = {p: compress_seconds("onebit", "bucket", n, 1, h200, None, p) for p in (1, 8, 64)}
+    assert onebit[64] < onebit[8] < onebit[1]  # more peers: a smaller chunk to serve, no more to decode
+
+
+def test_onebit_server_compresses_only_the_chunk_it_serves():
+    """1-bit Adam's worker compresses its n elements and decodes n twice (its chunk from p peers, then p chunks);
+    its server compresses the 1/p chunk it serves (DeepSpeed's server chunk; ``served`` [W, chunk] in
+    arcsim.compressors.onebit), not the whole bucket: priced as the H200's measured steps, its pack's passes on n/p."""
+    h200 = device("h200")
+    small, n = 1 << 20, 25_557_032
+    work = json.loads((RESULTS / "h200" / "2026-11-27" / "work_times.json").read_text())["rows"]
+    step = {(r["op"], r["numel"]): r["ms"] * 1e-3 for r in work if r.get("peers") is None}
+    pack, unpack = step["efsign scale+pack", n], step["sign unpack", n]
+    per_element = (pack - step["efsign scale+pack", small]) / (n - small)  # the pack's seconds per element
+    one, eight, many = (compress_seconds("onebit", "bucket", n, 1, h200, None, p) for p in (1, 8, 64))
+    assert one == pytest.approx(2 * pack + 2 * unpack, rel=1e-9)  # one rank: its server's chunk is everything
+    assert eight - many == pytest.approx(per_element * n * (1 / 8 - 1 / 64), rel=1e-9)
+    assert one - many == pytest.approx(per_element * n * (1 - 1 / 64), rel=1e-9)
     assert compress_seconds("qsgd", "bucket", n, 1, h200, None, 8) < compress_seconds("qsgd", "bucket", n, 1, h200,
                                                                                       None, 32)

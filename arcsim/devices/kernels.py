@@ -38,9 +38,12 @@ WORK_STEPS: dict[str, tuple[tuple[str, ...], str | None]] = {
     "signsgd": (("sign pack",), "majority vote"),
     "signum": (("sign pack", "copy"), "majority vote"),        # + the momentum's update: one pass (estimated)
     "efsignsgd": (("efsign scale+pack",), "majority vote"),
-    # compressed twice (worker, server), decoded twice (its chunk from p peers, then p chunks): n each, whatever p
-    "onebit": (("efsign scale+pack", "efsign scale+pack", "sign unpack", "sign unpack"), None),
+    # the worker compresses n, and decodes twice (its chunk from p peers, then p chunks): n each, whatever p; the
+    # server's compression is of its chunk alone (SHARE_STEPS)
+    "onebit": (("efsign scale+pack", "sign unpack", "sign unpack"), None),
 }
+# steps a compressor runs on its 1/p share of the bucket only: 1-bit Adam's server compresses the chunk it serves
+SHARE_STEPS: dict[str, tuple[str, ...]] = {"onebit": ("efsign scale+pack",)}
 SCOPE_FREE = ("dense", "fp16", "bf16", "powersgd", *WORK_STEPS)
 # adaptive's default inner selector does its kernel work; a bf16 cast moves the bytes an fp16 cast does; DGC's
 # sampled threshold measured under torch.topk's time (0.31-0.37 against 0.60-0.64 ms on 25.6 M, H200), its
@@ -60,9 +63,11 @@ class KernelCounts:
     fixed: float               # launches per call
     per_selected: float = 0.0  # fp32 passes per selected element (written, gathered, scattered back)
     per_peer: float = 0.0      # fp32 passes per element per peer whose whole payload is decoded (quantisers, signs)
+    per_share: float = 0.0     # fp32 passes over a 1/peers share of the elements (1-bit Adam's server chunk)
 
     def seconds(self, numel: int, layers: int, device: Device, selected: int = 0, peers: int = P_MEASURED) -> float:
-        return ((self.passes * numel + self.per_selected * selected + self.per_peer * numel * peers)
+        return ((self.passes * numel + self.per_selected * selected + self.per_peer * numel * peers
+                 + self.per_share * numel / max(1, peers))
                 * 4 / device.bandwidth + (self.per_layer * layers + self.fixed) * device.launch_us * 1e-6)
 
 
@@ -131,19 +136,25 @@ def relative_errors(rows: list[dict], counts: dict[str, KernelCounts], device: D
 
 def work_counts(rows: list[dict], device: Device) -> dict[str, KernelCounts]:
     """Counts of the quantisers and sign methods from their steps' measured times (``gpu_session.py --parts work``):
-    passes and launches from the two sizes, passes per element per peer from the decode's growth with the peers."""
+    passes and launches from the two sizes (the steps on the whole bucket, and apart those on a 1/p share of it:
+    SHARE_STEPS), passes per element per peer from the decode's growth with the peers."""
     def ms(op: str, numel: int, peers: int | None = None) -> float:
         return next(r["ms"] for r in rows if r["op"] == op and r["numel"] == numel and r.get("peers") == peers)
+
+    def passes_and_small(steps: tuple[str, ...]) -> tuple[float, float]:
+        t_small, t_large = (sum(ms(op, n) for op in steps) * 1e-3 for n in (small, large))
+        return max(0.0, (t_large - t_small) * device.bandwidth / (4 * (large - small))), t_small
 
     small, large = sorted({r["numel"] for r in rows if r["kind"] == "quantise"})
     out = {}
     for name, (steps, decode) in WORK_STEPS.items():
-        t_small, t_large = (sum(ms(op, n) for op in steps) * 1e-3 for n in (small, large))
-        passes = max(0.0, (t_large - t_small) * device.bandwidth / (4 * (large - small)))
-        fixed = max(0.0, t_small - passes * 4 * small / device.bandwidth) / (device.launch_us * 1e-6)
+        (passes, t_small), (share, share_small) = passes_and_small(steps), passes_and_small(SHARE_STEPS.get(name, ()))
+        fixed = max(0.0, t_small + share_small - (passes + share) * 4 * small / device.bandwidth) / (
+            device.launch_us * 1e-6)
         by_peers = sorted((r["peers"], r["ms"] * 1e-3) for r in rows if r["op"] == decode and r["numel"] == large)
         slope = np.polyfit([p for p, _ in by_peers], [t for _, t in by_peers], 1)[0] if by_peers else 0.0
-        out[name] = KernelCounts(passes, 0.0, fixed, per_peer=max(0.0, float(slope)) * device.bandwidth / (4 * large))
+        out[name] = KernelCounts(passes, 0.0, fixed, per_peer=max(0.0, float(slope)) * device.bandwidth / (4 * large),
+                                 per_share=share)
     return out
 
 
