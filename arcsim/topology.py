@@ -254,6 +254,8 @@ class Topology:
                        library: str | None = None, nodes: int | None = None, gpu: str | None = None) -> Topology:
         """This topology with the network's per-NIC bandwidth and one-way latency, its library, node count or GPU
         replaced; measured fits (calibration) scale with the bandwidth and latency they were measured at."""
+        from arcsim.devices.catalog import priced_gpu
+
         net, calib, rail = self.network, dict(self.calibration), dict(self.group_calibration.get("inter", {}))
         if bandwidth is not None:
             scale = bandwidth / net.bandwidth_per_nic
@@ -265,7 +267,8 @@ class Topology:
             calib, rail = ({op: c.scaled(latency=scale) for op, c in fits.items()} for fits in (calib, rail))
         groups = {**self.group_calibration, **({"inter": rail} if rail else {})}  # the node's own links stay
         return dataclasses.replace(self, network=net, calibration=calib, group_calibration=groups,
-                                   nodes=nodes or self.nodes, gpu=gpu or self.gpu, library=library or self.library)
+                                   nodes=nodes or self.nodes, gpu=priced_gpu(gpu, self.gpu),
+                                   library=library or self.library)
 
     # -- paths, vectorised for the closed-form engine ------------------------------------------------
     def link_arrays(self, src: np.ndarray, dst: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from conftest import run_cli
 
-from arcsim.devices.catalog import DEVICE_DIR, device, devices
+from arcsim.devices.catalog import DEVICE_DIR, device, devices, priced_gpu
 from arcsim.devices.compute import load_fit, measured_profiles, modelled_profile, step_error
 from arcsim.devices.kernels import compress_seconds, fitted_rows, load_counts, relative_errors
 from arcsim.devices.predict import predict_compute
@@ -37,6 +37,15 @@ def test_the_catalogue_has_the_promised_devices_each_with_its_sources():
     for gpu in ("h100", "h200"):
         launch = json.loads((RESULTS / gpu / "roofline.json").read_text())["launch"]["host_us_per_launch"]
         assert device(gpu).launch_us == pytest.approx(launch, rel=0.05)
+
+
+def test_the_gpu_priced_on_is_the_flag_else_the_topologys():
+    """Issue 49: one home for the rule that run, train, shard and the topology's overrides share."""
+    assert priced_gpu("h100", "a100") == "h100"
+    assert priced_gpu(None, "a100") == "a100"
+    assert priced_gpu("cpu", "a100") == "cpu"  # as measured here, not the topology's
+    assert priced_gpu(None, None) is None
+    assert load_topology("2x4-ib100").with_overrides(gpu="h100").gpu == "h100"
 
 
 def test_counted_flops_match_the_published_figures():

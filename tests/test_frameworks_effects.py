@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import json
 
 import pytest
+from conftest import run_cli
 
 from arcsim.comm.log import record
 from arcsim.compressors.base import Layer
@@ -115,3 +117,28 @@ def test_one_jitter_model_drawn_by_the_des_and_expected_by_the_closed_form() -> 
     calm_s = price_collective(calm, "allreduce", "ring", 1e5, ("des",))[0].time_s
     rec = record("allreduce", "values", 4, "float32", 25_000, 4)
     assert sum(drawn) / len(drawn) - calm_s == pytest.approx(effects.jitter_s(rec, noisy), rel=0.1)
+
+
+@pytest.mark.parametrize(("framework", "bucket_mb", "cap", "buckets"),
+                         [("horovod", "25", 25.0, 20), ("horovod", None, 64.0, 7), ("ddp", None, 25.0, 20)])
+def test_bucket_mb_is_honoured_and_defaults_to_the_frameworks_own(tmp_path, framework, bucket_mb, cap, buckets):
+    """Issue 49: --bucket-mb 25 with Horovod gives 25 MiB fusion buffers (it gave 64 when 25 was also the default);
+    without it, each framework's default: DDP's 25 MiB buckets, Horovod's 64 MiB fusion threshold. 100 M parameters
+    in 40 layers of 10 MB: two layers to a 25 MiB buffer, six to a 64 MiB one."""
+    out = tmp_path / "b.json"
+    r = run_cli("run", "--params", "100M", "--layers", "40", "-c", "dense", "--policy", "none", "--ratios", "0.01",
+                "--framework", framework, *(["--bucket-mb", bucket_mb] if bucket_mb else []), "--json", str(out),
+                env={"ARCSIM_TRACE_DIR": str(tmp_path)})
+    assert r.returncode == 0, r.stderr
+    res = json.loads(out.read_text())
+    assert res["config"]["bucket_mb"] == cap
+    assert len(res["buckets"]) == buckets
+
+
+def test_dense_step_caps_buckets_at_the_frameworks_default() -> None:
+    layers = [LayerTiming(f"l{i}", 2_621_440, 0.0) for i in range(10)]  # 10 MiB of fp32 each, all ready at once
+    prof = ComputeProfile("toy", 64, "cuda", "V100", 0.0, 0.0, layers, "profile")
+    topo = load_topology("2x4-ib100")
+    assert dense_step(prof, topo, framework="ddp").buckets == 5        # 25 MiB: two layers each
+    assert dense_step(prof, topo, framework="horovod").buckets == 2    # 64 MiB: six, then four
+    assert dense_step(prof, topo, 25, framework="horovod").buckets == 5

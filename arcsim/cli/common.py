@@ -209,6 +209,9 @@ def optimizer_settings(given: dict[str, Any]) -> dict[str, Any]:
 
 DENSITY = Number(above=0, maximum=1)  # k/d: a fraction of the gradient's elements
 INPUT_SIZE = Count(maximum=4096, why_max=" (an image side or a sequence length; larger ones do not fit in memory here)")
+input_size_option = click.option(
+    "--input-size", "--seq-len", "input_size", type=INPUT_SIZE, default=None,
+    help="Image side or sequence length (--seq-len: the same, a GPT's tokens per example); default: the dataset's.")
 
 
 scope_option = click.option(

@@ -7,9 +7,9 @@ from rich.table import Table
 
 from arcsim.catalog import MODELS
 from arcsim.cli.common import (
-    INPUT_SIZE,
     Count,
     console,
+    input_size_option,
     json_option,
     model_arg_options,
     tables_wanted,
@@ -65,7 +65,7 @@ def device_show(name: str, json_out: str | None) -> None:
               help=f"One of the zoo ({', '.join(MODELS)}), or your own: path/to/file.py:build or package.module:build.")
 @model_arg_options
 @click.option("--dataset", default=None, help="The built-in dataset its forward takes (default: the model's own).")
-@click.option("--input-size", type=INPUT_SIZE, default=None, help="Image side or sequence length.")
+@input_size_option
 @click.option("--gpu", required=True, help="A catalogue device (arcsim device list).")
 @click.option("--batch", "-b", default=32, show_default=True, type=Count(), help="Batch per GPU.")
 @click.option("--precision", type=click.Choice(PRECISIONS), default="fp32", show_default=True,

@@ -9,7 +9,17 @@ from typing import TYPE_CHECKING
 
 import click
 
-from arcsim.catalog import COMPRESSORS, DEFAULT_RATIOS, FUSIONS, LIVE_DEFAULTS, MAX_BUCKET_MB, MEMORIES, POLICIES
+from arcsim.catalog import (
+    COMPRESSORS,
+    DDP_BUCKET_MB,
+    DEFAULT_RATIOS,
+    FUSIONS,
+    HOROVOD_FUSION_MB,
+    LIVE_DEFAULTS,
+    MAX_BUCKET_MB,
+    MEMORIES,
+    POLICIES,
+)
 from arcsim.cli.common import (
     DENSITY,
     FORCE_TRAINING_HELP,
@@ -77,8 +87,9 @@ if TYPE_CHECKING:  # torch stays unimported until a command needs it
 @click.option("--bandwidth", default=None, help="Per-NIC bandwidth instead of the topology's, e.g. 25Gbit.")
 @click.option("--latency", default=None,
               help="One-way network latency per message instead of the topology's, e.g. 2us.")
-@click.option("--bucket-mb", default=25.0, show_default=True, type=Number(above=0, maximum=MAX_BUCKET_MB),
-              help="DDP bucket cap (MiB of fp32); with --framework horovod the fusion threshold (default there 64).")
+@click.option("--bucket-mb", default=None, type=Number(above=0, maximum=MAX_BUCKET_MB),
+              help=f"DDP bucket cap (MiB of fp32; default {DDP_BUCKET_MB:g}); with --framework horovod the fusion "
+                   f"threshold (default {HOROVOD_FUSION_MB:g}).")
 @click.option("--framework", type=click.Choice(["ddp", "horovod"]), default="ddp", show_default=True,
               help="ddp: DDP buckets sent as each is ready; horovod: tensors ready in one cycle fused into buffers "
                    "of the fusion threshold, sparsified tensors all-gathered one by one (docs/run.md).")
@@ -139,7 +150,7 @@ def run(topology: str, trace: str | None, no_capture: bool, params: str | None, 
         live: bool, model: str | None, model_args: tuple[str, ...], data: str | None, dataset: str | None,
         workers: int, steps: int, live_device: str,
         compressors: str, density: float, memory: str | None,
-        engine: str, library: str | None, bandwidth: str | None, latency: str | None, bucket_mb: float,
+        engine: str, library: str | None, bandwidth: str | None, latency: str | None, bucket_mb: float | None,
         framework: str, cycle_ms: float | None, fusion: str, hierarchy: str, policy: str, slack: float | None,
         dense_steps: float, ratios: tuple[float, ...],
         weights: tuple[float, float] | None,

@@ -14,8 +14,10 @@ from arcsim.cli.common import (
     TOPOLOGY_HELP,
     Count,
     console,
+    input_size_option,
     json_option,
     library_option,
+    model_arg_options,
     note,
     tables_wanted,
     write_json,
@@ -29,6 +31,11 @@ from arcsim.topology import DEFAULT_TOPOLOGY
 from arcsim.units import format_duration, format_size
 
 RESHARD = {"auto": None, "true": True, "false": False}
+
+
+def _count(params: int) -> str:
+    """A parameter count in words: 1.24 B, 30.5 M."""
+    return f"{params / 1e9:.3g} B" if params >= 1e9 else f"{params / 1e6:.3g} M"
 
 
 def _names(value: str, option: str) -> list[str]:
@@ -59,7 +66,11 @@ def _what_one_gpu_nodes_can_do(strategies: list[str], variants: list[Quantize],
 
 
 @click.command("shard")
-@click.option("--model", required=True, help=f"A zoo model ({', '.join(MODELS)}) or path/to/file.py:build.")
+@click.option("--model", required=True,
+              help=f"One of the zoo ({', '.join(MODELS)}), or your own: path/to/file.py:build or package.module:build.")
+@model_arg_options
+@click.option("--dataset", default=None, help="The built-in dataset its forward takes (default: the model's own).")
+@input_size_option
 @click.option("--topology", "-t", default=DEFAULT_TOPOLOGY, show_default=True, type=Reads("topology"),
               help=TOPOLOGY_HELP)
 @library_option
@@ -83,11 +94,13 @@ def _what_one_gpu_nodes_can_do(strategies: list[str], variants: list[Quantize],
               help="Gradient trace (.npz) the quantised reduce-scatters' error is measured on (default: shipped).")
 @click.option("--detail", is_flag=True, help="Put every collective (size, group, start, end) into the JSON.")
 @json_option
-def shard(model: str, topology: str, library: str | None, gpu: str | None, batch: int, precision: str,
+def shard(model: str, model_args: tuple[str, ...], data: str | None, dataset: str | None, input_size: int | None,
+          topology: str, library: str | None, gpu: str | None, batch: int, precision: str,
           reduce_dtype: str, sharding: str, quantize: str, reshard_after_forward: str, activations: str, engine: str,
           trace: str | None, detail: bool, json_out: str | None) -> None:
     """Iteration time, exposed communication, bytes per GPU across nodes and memory per GPU of DDP, FSDP and
     HSDP, with ZeRO++'s quantised collectives where asked."""
+    from arcsim.models.source import model_source
     from arcsim.sharding.price import study
     from arcsim.sharding.quant import ReductionError, trace_errors
     from arcsim.sharding.schedule import quantize_variant
@@ -107,8 +120,9 @@ def shard(model: str, topology: str, library: str | None, gpu: str | None, batch
         raise ArcsimError(f"--activations {activations} is negative; give bytes per GPU, e.g. 12GB")
     topo = load_topology(topology).with_overrides(library=library)
     strategies, variants, left_out = _what_one_gpu_nodes_can_do(strategies, variants, topo.gpus_per_node)
-    result = study(model, topo, gpu, batch, precision, strategies, variants, RESHARD[reshard_after_forward], engine,
-                   act, reduce_dtype=reduce_dtype)
+    result = study(model_source(model, model_args), topo, gpu, batch, precision, strategies, variants,
+                   RESHARD[reshard_after_forward], engine, act, reduce_dtype=reduce_dtype, dataset=dataset, data=data,
+                   input_size=input_size)
     for line in left_out:
         note(line)
     grads_quantised = any(v.grads != "none" for v in variants) and any(s != "none" for s in strategies)
@@ -122,8 +136,9 @@ def shard(model: str, topology: str, library: str | None, gpu: str | None, batch
     if not tables_wanted(json_out):
         return
     mem_cap = result.results[0].memory.capacity_bytes
-    table = Table(title=f"{result.model} ({result.params / 1e9:.3g} B parameters, {result.units} units + root) on "
-                        f"{topo.name} ({topo.ranks} GPUs, {result.gpu}), batch {batch} per GPU, {precision}",
+    table = Table(title=f"{result.model} ({_count(result.params)} parameters, {result.units} units + root) on "
+                        f"{topo.name} ({topo.ranks} GPUs, {result.gpu}), batch {batch} per GPU, {precision}"
+                        + (f", {result.input.describe()}" if result.input else ""),
                   caption=f"compute {format_duration(result.compute.profile.forward_s)} forward + "
                           f"{format_duration(result.compute.profile.backward_s)} backward ({result.compute.source}); "
                           f"memory: fp32 parameters, gradients and Adam, + working copies"

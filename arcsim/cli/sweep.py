@@ -9,7 +9,7 @@ from typing import Any
 
 import click
 
-from arcsim.catalog import LIVE_DEFAULTS
+from arcsim.catalog import DDP_BUCKET_MB, LIVE_DEFAULTS
 from arcsim.cli.common import (
     Count,
     Number,
@@ -62,7 +62,7 @@ def spec_places(path: Path) -> list[Place]:
               help="Traces (.npz), e.g. traces/cnn-digits-small.npz,resnet18.npz.")
 @click.option("--compressors", "-c", default=None, help="Compressors (default dense,topk,randk,arctopk,star,powersgd).")
 @click.option("--density", "-d", default=None, help="Densities k/d, e.g. 1e-3,1e-2,0.1 (default 0.01).")
-@click.option("--bucket-mb", default=None, help="DDP bucket caps in MiB (default 25).")
+@click.option("--bucket-mb", default=None, help=f"DDP bucket caps in MiB (default {DDP_BUCKET_MB:g}).")
 @click.option("--engine", default=None, help="Engines: analytic, des, or analytic,des for both (default analytic).")
 @click.option("--gpu", default=None, help="GPUs to price on, e.g. v100,h100 (default: the topology's; cpu: "
                                           "as measured here).")

@@ -12,9 +12,9 @@ from rich.table import Table
 from arcsim.catalog import DATASETS, MODELS
 from arcsim.cli.common import (
     FORCE_TRAINING_HELP,
-    INPUT_SIZE,
     Count,
     console,
+    input_size_option,
     json_option,
     model_arg_options,
     note,
@@ -60,7 +60,7 @@ def trace() -> None:
 @click.option("--precision", type=click.Choice(["fp32", "bf16"]), default="fp32", show_default=True,
               help="Training as it is trained: bf16 runs forward and loss under autocast (gradients stay fp32). "
                    "Not how the file stores them: that is --dtype.")
-@click.option("--input-size", type=INPUT_SIZE, default=None, help="Image side or sequence length.")
+@input_size_option
 @click.option("--out", "-o", required=True, type=OutputPath(), help="Trace file to write (.npz).")
 @click.option("--force", is_flag=True, help=FORCE_TRAINING_HELP)
 def trace_capture(model: str, model_args: tuple[str, ...], data: str | None, dataset: str | None, workers: int,
@@ -94,7 +94,7 @@ def trace_capture(model: str, model_args: tuple[str, ...], data: str | None, dat
 @click.option("--repeats", default="10", show_default=True, type=Count(), help="Timed iterations (median).")
 @click.option("--warmup", default="3", show_default=True, type=Count(minimum=0), help="Untimed iterations first.")
 @click.option("--bf16", is_flag=True, help="bf16 autocast instead of fp32.")
-@click.option("--input-size", type=INPUT_SIZE, default=None, help="Image side or sequence length.")
+@input_size_option
 @click.option("--out", "-o", required=True, type=OutputPath(), help="Profile to write (.json).")
 def trace_profile(model: str, model_args: tuple[str, ...], data: str | None, dataset: str | None, batch: int,
                   device: str, repeats: int, warmup: int, bf16: bool, input_size: int | None, out: str) -> None:

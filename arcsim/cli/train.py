@@ -164,11 +164,11 @@ def train(model: str, model_args: tuple[str, ...], data: str | None, dataset: st
         if value and not topology:
             raise ArcsimError(f"{flag} prices the steps on a cluster: give --topology too")
     if topology:
-        from arcsim.devices.catalog import device
+        from arcsim.devices.catalog import device, priced_gpu
         from arcsim.topology import load_topology
 
         topo = load_topology(topology)  # a bad name fails before any training
-        priced_on = device(gpu).name if gpu else topo.gpu
+        priced_on = priced_gpu(device(gpu).name if gpu else None, topo.gpu)
         if priced_on and priced_on != "cpu" and not compute_profile:
             note(f"each step is priced on {priced_on}: compute by the device model for {source.label} at batch "
                  f"{batch}, "

@@ -75,6 +75,12 @@ def devices() -> dict[str, Device]:
     return out
 
 
+def priced_gpu(gpu: str | None, topology_gpu: str | None) -> str | None:
+    """The GPU a step's compute and compression are priced on: ``--gpu``, else the topology's GPU (None when neither
+    names one; "cpu": as measured on this machine). Every command asks here."""
+    return gpu or topology_gpu
+
+
 def device(name: str) -> Device:
     """A catalogue device by name (case-insensitive), or one error line listing them."""
     found = devices().get(name.lower())

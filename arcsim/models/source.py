@@ -274,7 +274,7 @@ class ModelSource:
         model's count."""
         if data is not None:
             if dataset is not None or input_size is not None:
-                raise ModelError("--data gives the batches: drop --dataset and --input-size")
+                raise ModelError("--data gives the batches: drop --dataset and --input-size (--seq-len)")
             if isinstance(data, str):
                 load_callable(data, "--data")
             return None

@@ -33,7 +33,7 @@ from arcsim.catalog import (
 )
 from arcsim.collectives.libraries import get_library
 from arcsim.compressors.hierarchy import HIERARCHIES, Grouping, group_workers, hierarchy_message
-from arcsim.devices.catalog import PRECISIONS, Device
+from arcsim.devices.catalog import PRECISIONS, Device, priced_gpu
 from arcsim.devices.kernels import kernel_source
 from arcsim.devices.predict import DEFAULT_GPU_BATCH, ComputePrediction
 from arcsim.devices.source import ComputeSource, compute_source
@@ -47,7 +47,7 @@ from arcsim.run import cache, decisions, doubt
 from arcsim.run.buckets import Bucket
 from arcsim.run.candidates import Candidate, Context, candidates_for, evaluate
 from arcsim.run.compute import ComputeTimes, from_profile, from_trace, mapped
-from arcsim.run.frameworks import DDP_BUCKET_MB, FRAMEWORKS, framework_message, get_framework
+from arcsim.run.frameworks import FRAMEWORKS, framework_message, get_framework
 from arcsim.run.measure import GradientStats, Measurement, measure, measure_many, measuring_threads
 from arcsim.run.sampling import MIN_SAMPLE_SAVING, BucketSample, describe, sample_threshold
 from arcsim.topology import DEFAULT_TOPOLOGY, Topology, load_topology
@@ -106,7 +106,7 @@ class RunConfig:
     density: float = 0.01
     memory: str | None = None           # None: ef14 for compressors, none for dense/fp16
     engine: str = "analytic"
-    bucket_mb: float = 25.0
+    bucket_mb: float | None = None      # DDP bucket cap / Horovod fusion threshold, MiB (None: the framework's)
     policy: str = "auto"
     ratios: tuple[float, ...] = DEFAULT_RATIOS
     weights: tuple[float, float] | None = None
@@ -153,13 +153,18 @@ class RunConfig:
         return ParamsModel(self.params, self.layers or min(DEFAULT_LAYERS, self.params))
 
     @property
+    def bucket_cap_mb(self) -> float:
+        """The DDP bucket cap or Horovod fusion threshold in MiB: --bucket-mb, else the framework's default."""
+        return get_framework(self.framework).cap_mb(self.bucket_mb)
+
+    @property
     def scope(self) -> str:
         return str(self.options.get("scope", "tensor"))
 
     def compute_source(self, topology: Topology | None = None) -> ComputeSource:
         """Where this run's compute comes from (arcsim.devices.source), on ``topology`` (default: the named one)."""
         topology_gpu = (topology or load_topology(self.topology)).gpu
-        return compute_source(self.gpu or topology_gpu, params=self.params is not None,
+        return compute_source(priced_gpu(self.gpu, topology_gpu), params=self.params is not None,
                               live_on_gpu=self.live is not None and self.live.on_gpu, profile=self.compute_profile)
 
     def check(self) -> None:
@@ -221,7 +226,7 @@ class RunConfig:
         bad = [r for r in (self.density, *self.ratios) if not 0 < r <= 1]
         if bad or not self.ratios:
             raise RunError(f"ratios and --density must lie in (0, 1]; got {bad[0] if bad else 'an empty grid'}")
-        if not bucket_mb_ok(self.bucket_mb):
+        if self.bucket_mb is not None and not bucket_mb_ok(self.bucket_mb):
             raise RunError(f"--bucket-mb must be {BUCKET_MB_RANGE}, got {self.bucket_mb:g}")
         if self.weights is not None and (len(self.weights) != 2 or min(self.weights) < 0 or sum(self.weights) <= 0):
             raise RunError("--weights takes two non-negative numbers TIME,ERROR, not both zero (e.g. 1,1)")
@@ -364,10 +369,9 @@ class Analysis:
     def _buckets(self, compute: ComputeTimes) -> list[Bucket]:
         """The trace's layers grouped as the framework sends them, with ``compute``'s ready times."""
         cfg, scale = self.cfg, 1.0 if self.params is None else self.params.scale
-        cap = float("inf") if cfg.fusion == "model" else cfg.bucket_mb * 2**20 / scale  # a sample's: scaled down
         fw = get_framework(cfg.framework, None if cfg.cycle_ms is None else cfg.cycle_ms * 1e-3)
-        if cfg.framework != "ddp" and cfg.fusion != "model":
-            cap = (cfg.bucket_mb if cfg.bucket_mb != DDP_BUCKET_MB else fw.default_bucket_mb) * 2**20 / scale
+        # a sample's cap: scaled down as the sample is
+        cap = float("inf") if cfg.fusion == "model" else fw.cap_mb(cfg.bucket_mb) * 2**20 / scale
         return fw.buckets(self.trace.layers, compute.ready_s.tolist(), cap)
 
     def context_at_batch(self, batch: int) -> Context | None:
@@ -783,11 +787,12 @@ class Analysis:
                  + ("k = max(1, ⌊ρ·n⌋) in every layer of n elements (topk, randk, gaussiank, star, var; "
                     "arctopk: rows per layer), as the reference implementations"
                     if self.cfg.scope == "tensor" else "one k over each whole bucket") + " (--scope)",
-                 (f"{len(ctx.buckets)} bucket(s) of ≤ {self.cfg.bucket_mb:g} MiB fp32"
+                 (f"{len(ctx.buckets)} bucket(s) of ≤ {self.cfg.bucket_cap_mb:g} MiB fp32"
                   if self.cfg.fusion == "bucket" and self.cfg.framework == "ddp" else
                   f"Horovod: {len(ctx.buckets)} fused all-reduce buffer(s) of tensors ready in the same "
                   f"{self._cycle_ms():g} ms "
-                  "cycle, ≤ the fusion threshold (64 MiB unless --bucket-mb); all-gathered (sparsified) tensors "
+                  f"cycle, ≤ the fusion threshold ({self.cfg.bucket_cap_mb:g} MiB, --bucket-mb); all-gathered "
+                  "(sparsified) tensors "
                   "gathered one tensor at a time, not fused"
                   if self.cfg.fusion == "bucket" else "fusion model: the whole gradient compressed and sent as one "
                   "vector after backward (latency paid once, no overlap)")

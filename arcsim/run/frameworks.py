@@ -1,17 +1,17 @@
 """How a data-parallel framework groups gradients into collectives and when it issues them (`--framework`).
 
 - **ddp** (PyTorch DistributedDataParallel): layers in backward order packed into buckets of at most
-  ``--bucket-mb`` (25 MiB) of fp32; a bucket is sent when its last gradient is ready (arcsim.run.buckets). A
-  compressor's collectives run per bucket, as a DDP comm hook's do.
+  ``--bucket-mb`` (default DDP_BUCKET_MB, 25 MiB) of fp32; a bucket is sent when its last gradient is ready
+  (arcsim.run.buckets). A compressor's collectives run per bucket, as a DDP comm hook's do.
 - **horovod**: a background thread wakes every cycle (HOROVOD_CYCLE_TIME, 1 ms; 5 ms before Horovod 0.21), takes
   the tensors that became ready since its last turn, and fuses them, in order, into fusion buffers of at most
-  HOROVOD_FUSION_THRESHOLD (64 MiB); each buffer is one all-reduce, issued at the end of the cycle in which its
-  last tensor became ready. A tensor larger than the threshold goes alone. Compressed tensors that are
-  all-gathered (the sparsifiers: Top-K, Gaussian-K, DGC) are NOT fused — Horovod's allgather takes one tensor
-  (hvd.allgather / grouped by name, one collective each), so each layer's values and indices are gathered on
-  their own; all-reduced compressed tensors (fp16, PowerSGD's factors, the sketches) fuse as dense ones do.
-  Horovod's negotiation (the coordinator's per-cycle exchange of ready tensor names) and the copies into and out
-  of the fusion buffer are not priced.
+  ``--bucket-mb`` (default HOROVOD_FUSION_THRESHOLD's, 64 MiB); each buffer is one all-reduce, issued at the end of
+  the cycle in which its last tensor became ready. A tensor larger than the threshold goes alone. Compressed
+  tensors that are all-gathered (the sparsifiers: Top-K, Gaussian-K, DGC) are NOT fused — Horovod's allgather
+  takes one tensor (hvd.allgather / grouped by name, one collective each), so each layer's values and indices are
+  gathered on their own; all-reduced compressed tensors (fp16, PowerSGD's factors, the sketches) fuse as dense
+  ones do. Horovod's negotiation (the coordinator's per-cycle exchange of ready tensor names) and the copies into
+  and out of the fusion buffer are not priced.
 
 Both keep one collective stream in order, with the overlap with backward of run/timeline.py.
 """
@@ -22,15 +22,14 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from arcsim.catalog import DDP_BUCKET_MB, HOROVOD_FUSION_MB
 from arcsim.comm.log import CommRecord, resized
 from arcsim.compressors.base import Layer
 from arcsim.errors import ArcsimError
 from arcsim.run.buckets import GRAD_BYTES, Bucket, make_buckets
 
 FRAMEWORKS = ("ddp", "horovod")
-HOROVOD_FUSION_MB = 64.0      # HOROVOD_FUSION_THRESHOLD default (64 MiB)
 HOROVOD_CYCLE_S = 1e-3        # HOROVOD_CYCLE_TIME default (1 ms from 0.21; 5 ms before)
-DDP_BUCKET_MB = 25.0
 
 
 def framework_message(name: str) -> str:
@@ -53,6 +52,11 @@ class Framework:
         if self.name == "ddp":
             return recs
         return per_tensor_allgathers(bucket, recs)
+
+    def cap_mb(self, bucket_mb: float | None) -> float:
+        """The bucket cap (DDP) or fusion threshold (Horovod) in MiB: ``bucket_mb`` as asked, None: the framework's own
+        default (DDP 25, Horovod 64)."""
+        return self.default_bucket_mb if bucket_mb is None else bucket_mb
 
 
 def get_framework(name: str, cycle_s: float | None = None) -> Framework:

@@ -42,7 +42,7 @@ def to_json(result: RunResult) -> dict[str, Any]:
         "trace": {"path": None if t.meta.get("live") else str(t.path), "live": bool(t.meta.get("live")),
                   "model": t.meta["model"], "workers": t.workers, "steps": t.steps,
                   "elements": t.elements, "synthetic_data": t.meta["synthetic_data"]},
-        "config": {"density": cfg.density, "engine": cfg.engine, "bucket_mb": cfg.bucket_mb, "policy": cfg.policy,
+        "config": {"density": cfg.density, "engine": cfg.engine, "bucket_mb": cfg.bucket_cap_mb, "policy": cfg.policy,
                    "memory": cfg.memory or "default (ef14; none for dense, fp16)", "ratios": list(cfg.ratios),
                    "compute_profile": cfg.compute_profile, "seed": cfg.seed, "hierarchy": cfg.hierarchy,
                    "exact": cfg.exact},

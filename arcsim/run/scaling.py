@@ -54,16 +54,17 @@ def compute_times(profile: ComputeProfile, scale: float = 1.0) -> ComputeTimes:
                         f"{profile.model} on {profile.device_name}", profile.after_backward_s * scale)
 
 
-def dense_step(profile: ComputeProfile, topo: Topology, bucket_mb: float = 25.0, scale: float = 1.0,
+def dense_step(profile: ComputeProfile, topo: Topology, bucket_mb: float | None = None, scale: float = 1.0,
                framework: str = "ddp", buckets: list[Bucket] | None = None) -> ScalingPoint:
-    """One dense fp32 step of ``profile``'s model on ``topo`` under ``framework`` (arcsim.run.frameworks)."""
+    """One dense fp32 step of ``profile``'s model on ``topo`` under ``framework`` (arcsim.run.frameworks), in buckets
+    of ``bucket_mb`` MiB (None: the framework's default)."""
     from arcsim.run.frameworks import get_framework
 
     layers, _ = layers_of(profile)
     compute = compute_times(profile, scale)
     fw = get_framework(framework)
     if buckets is None:
-        buckets = fw.buckets(layers, compute.ready_s.tolist(), bucket_mb * 2**20)
+        buckets = fw.buckets(layers, compute.ready_s.tolist(), fw.cap_mb(bucket_mb) * 2**20)
     ctx = Context(None, topo, compute, buckets, "analytic")
     records = [[record("allreduce", "dense", GRAD_BYTES, "float32", b.numel, topo.ranks)] for b in buckets]
     timeline, _ = step_timeline(records, [0.0] * len(buckets), "auto", ctx, Pricer(topo), "allreduce")

@@ -11,7 +11,9 @@ from __future__ import annotations
 import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
+from arcsim.catalog import DDP_BUCKET_MB
 from arcsim.devices.predict import ComputePrediction, predict_compute
 from arcsim.errors import ArcsimError
 from arcsim.pricing import Pricer
@@ -30,7 +32,10 @@ from arcsim.sharding.timeline import two_stream
 from arcsim.sharding.units import ROOT, ShardUnit, assign, group_units, zoo_shapes
 from arcsim.topology import Topology
 
-DDP_BUCKET_BYTES = 25 * 2**20      # DDP's bucket_cap_mb
+if TYPE_CHECKING:
+    from arcsim.models.source import ModelSource
+
+DDP_BUCKET_BYTES = int(DDP_BUCKET_MB * 2**20)  # DDP's bucket_cap_mb
 DDP_FIRST_BUCKET_BYTES = 2**20     # DDP's first bucket (the last gradients of backward)
 
 
@@ -114,6 +119,45 @@ def sharded_result(strategy: str, quantize: Quantize, order: Sequence[str], fwd:
 
 
 @dataclass(frozen=True)
+class Input:
+    """What one GPU's batch holds per example, as the compute was priced: a built-in dataset's (its shape; a
+    token dataset's is the sequence length) or the user's own batches (--data, their shape their own)."""
+
+    dataset: str | None
+    data: str | None
+    kind: str | None            # tokens, image, vector; None for the user's batches
+    shape: tuple[int, ...]
+
+    @property
+    def seq_len(self) -> int | None:
+        return self.shape[0] if self.kind == "tokens" and self.shape else None
+
+    def describe(self) -> str:
+        """In words, for a table: 'sequence length 64 (python-text)', 'image 3×224×224 (synthetic-images)'."""
+        if self.data is not None:
+            return f"your batches ({self.data})"
+        what = (f"sequence length {self.seq_len}" if self.seq_len is not None else
+                f"{self.kind} {'×'.join(str(n) for n in self.shape)}")
+        return f"{what} ({self.dataset})"
+
+    def to_dict(self) -> dict:
+        return {"dataset": self.dataset, "data": self.data, "kind": self.kind, "shape": list(self.shape),
+                "seq_len": self.seq_len}
+
+
+def priced_input(pred: ComputePrediction, dataset: str | None, data: str | None,
+                 input_size: int | None) -> Input:
+    """The input ``pred`` was priced on: the dataset's kind, the shape the profile records (else the dataset's)."""
+    from arcsim.models.datasets import data_spec
+
+    if dataset is None:
+        return Input(None, data, None, ())
+    spec = data_spec(dataset, input_size)
+    shape = pred.profile.extra.get("input_shape") or spec.shape
+    return Input(dataset, None, spec.kind, tuple(int(n) for n in shape))
+
+
+@dataclass(frozen=True)
 class ShardStudy:
     model: str
     topology: str
@@ -125,24 +169,28 @@ class ShardStudy:
     root_params: int
     compute: ComputePrediction
     results: list[StrategyResult]
+    input: Input | None = None
 
     def to_dict(self, detail: bool = False) -> dict:
         return {"model": self.model, "topology": self.topology, "gpu": self.gpu, "batch": self.batch,
-                "precision": self.precision, "params": self.params, "units": self.units,
+                "precision": self.precision, "input": self.input.to_dict() if self.input else None,
+                "params": self.params, "units": self.units,
                 "root_params": self.root_params, "compute_source": self.compute.source,
                 "forward_s": self.compute.profile.forward_s, "backward_s": self.compute.profile.backward_s,
                 "results": [r.to_dict(detail) for r in self.results]}
 
 
-def study(model: str, topo: Topology, gpu: str | None, batch: int, precision: str, strategies: Sequence[str],
-          variants: Sequence[Quantize], reshard_after_forward: bool | int | None = None, engine: str = "analytic",
-          activations_bytes: float = 0.0, wrap: str = "auto", reduce_dtype: str = "fp32") -> ShardStudy:
-    """Every strategy asked for (sharded ones once per quantisation variant) for ``model`` on ``topo``.
+def study(model: str | ModelSource, topo: Topology, gpu: str | None, batch: int, precision: str,
+          strategies: Sequence[str], variants: Sequence[Quantize], reshard_after_forward: bool | int | None = None,
+          engine: str = "analytic", activations_bytes: float = 0.0, wrap: str = "auto", reduce_dtype: str = "fp32",
+          dataset: str | None = None, data: str | None = None, input_size: int | None = None) -> ShardStudy:
+    """Every strategy asked for (sharded ones once per quantisation variant) for ``model`` (a zoo name or any
+    model source, fed ``dataset`` at ``input_size`` or the user's ``data``, as arcsim device predict) on ``topo``.
     Mixed precision as torchtitan runs it: parameters gathered in bf16 under ``precision`` bf16 (else fp32),
     gradients reduced in ``reduce_dtype`` (fp32 by default; DDP's too)."""
     if reduce_dtype not in ("fp32", "bf16"):
         raise ArcsimError(f"--reduce-dtype is fp32 or bf16, not {reduce_dtype!r}")
-    from arcsim.devices.catalog import device
+    from arcsim.devices.catalog import device, priced_gpu
 
     for s in strategies:
         if s not in STRATEGIES:
@@ -151,11 +199,16 @@ def study(model: str, topo: Topology, gpu: str | None, batch: int, precision: st
         raise ArcsimError(f"{topo.name} has one rank: data parallelism needs at least 2")
     for s, q in itertools.product(strategies, variants):
         check_fits(s, q, topo.gpus_per_node, topo.nodes, topo.name)
-    gpu = gpu or topo.gpu
+    gpu = priced_gpu(gpu, topo.gpu)
     if gpu is None:
         raise ArcsimError(f"{topo.name} names no GPU: give --gpu (arcsim device list)")
-    pred = predict_compute(model, gpu, batch, precision)
-    shapes = zoo_shapes(model)
+    from arcsim.models.source import as_source
+
+    source = as_source(model)
+    source.check()  # an unknown model or a factory not found: one line, before anything is counted
+    fed = source.dataset_for(dataset, data, input_size)  # one line for a missing dataset, before any counting
+    pred = predict_compute(source, gpu, batch, precision, dataset=dataset, data=data, input_size=input_size)
+    shapes = zoo_shapes(source, fed, input_size)
     units, root = group_units(shapes, wrap)
     owner = assign(shapes, wrap)
     fwd, bwd = unit_compute(pred, owner)
@@ -176,7 +229,7 @@ def study(model: str, topo: Topology, gpu: str | None, batch: int, precision: st
                                   reshard_after_forward, q)
             results.append(sharded_result(s, q, [u.name for u in units], fwd, bwd, sched, pricer, mem))
     return ShardStudy(pred.profile.model, topo.name, gpu, batch, precision, root.numel + sum(u.numel for u in units),
-                      len(units), root.numel, pred, results)
+                      len(units), root.numel, pred, results, priced_input(pred, fed, data, input_size))
 
 
-__all__ = ["ShardStudy", "ShardUnit", "StrategyResult", "study"]
+__all__ = ["Input", "ShardStudy", "ShardUnit", "StrategyResult", "study"]

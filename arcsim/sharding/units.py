@@ -9,6 +9,10 @@ import math
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from arcsim.models.source import ModelSource
 
 ROOT = "<root>"
 _NUMBERED = re.compile(r"^(.*?\.\d+)\.")  # the first numbered container child: model.layers.3.
@@ -71,8 +75,10 @@ def model_shapes(model: object) -> list[tuple[str, tuple[int, ...]]]:
     return [(n, tuple(p.shape)) for n, p in model.named_parameters() if p.requires_grad]  # type: ignore[attr-defined]
 
 
-def zoo_shapes(model: str) -> list[tuple[str, tuple[int, ...]]]:
-    """A zoo model's (or any model source's) parameter shapes, built on the meta device (nothing allocated)."""
+def zoo_shapes(model: str | ModelSource, dataset: str | None = None,
+               input_size: int | None = None) -> list[tuple[str, tuple[int, ...]]]:
+    """A zoo model's (or any model source's) parameter shapes, built on the meta device (nothing allocated) for
+    ``dataset`` at ``input_size`` (default: the model's own; None with a model of the user's fed its own batches)."""
     import torch
 
     from arcsim.models.datasets import data_spec
@@ -80,7 +86,7 @@ def zoo_shapes(model: str) -> list[tuple[str, tuple[int, ...]]]:
 
     source = as_source(model)
     source.check()
-    name = source.dataset_for(None, None, None)
+    name = dataset or source.default_dataset
     with torch.device("meta"):
-        built = source.build(None if name is None else data_spec(name, None))
+        built = source.build(None if name is None else data_spec(name, input_size))
     return model_shapes(built)

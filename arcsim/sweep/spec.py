@@ -21,6 +21,7 @@ from typing import Any
 from arcsim.catalog import (
     BUCKET_MB_RANGE,
     COMPRESSORS,
+    DDP_BUCKET_MB,
     DENSITY_FREE,
     FUSIONS,
     LIVE_DEFAULTS,
@@ -228,7 +229,7 @@ def build_spec(raw: Mapping[str, Any], source: str = "command line") -> SweepSpe
     axes: dict[str, list[Any]] = {}
     defaults: dict[str, Any] = {"topology": DEFAULT_TOPOLOGY, "bandwidth": None, "latency": None, "ranks": None,
                                 "trace": None, "compressor": ["dense", "topk", "randk", "arctopk", "star", "powersgd"],
-                                "density": 0.01, "bucket_mb": 25.0, "engine": "analytic", "gpu": None,
+                                "density": 0.01, "bucket_mb": DDP_BUCKET_MB, "engine": "analytic", "gpu": None,
                                 "library": None, "fusion": None, "params": None, "live": None, "hierarchy": None}
     for name in AXES:
         if name in raw and raw[name] is None and defaults[name] is not None:

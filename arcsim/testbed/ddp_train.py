@@ -17,6 +17,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from arcsim.catalog import DDP_BUCKET_MB
 from arcsim.compressors.metrics import records_summary
 from arcsim.hooks import CompressionState, compression_hook
 from arcsim.models import loss_fn, model_entry
@@ -39,7 +40,7 @@ class TrainResult:
 
 def train(model: str = "mlp", dataset: str | None = None, compressor: str = "dense", density: float = 0.01,
           memory: str = "ef14", steps: int = 100, batch: int = 32, lr: float | None = None, seed: int = 0,
-          bucket_mb: float = 25.0, device: str = "cpu") -> TrainResult:
+          bucket_mb: float = DDP_BUCKET_MB, device: str = "cpu") -> TrainResult:
     """Train ``steps`` iterations; ``compressor='none'`` uses DDP's own all-reduce (no hook)."""
     rank, world = dist.get_rank(), dist.get_world_size()
     entry = model_entry(model)

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from arcsim.catalog import AG_FAMILY, COMPRESSORS, DENSITY_FREE
+from arcsim.catalog import AG_FAMILY, COMPRESSORS, DDP_BUCKET_MB, DENSITY_FREE
 from arcsim.errors import ArcsimError
 from arcsim.files import write_atomic
 from arcsim.plotting import save_png
@@ -52,7 +52,7 @@ class ValidateConfig:
     steps: int = 30
     warmup: int = 5
     batch: int = 32
-    bucket_mb: float = 25.0
+    bucket_mb: float = DDP_BUCKET_MB
     seed: int = 0
     out_dir: Path = Path("reports")
     calib_sizes: tuple[int, ...] = tuple(256 * 4**i for i in range(8))  # 256 B … 4 MiB: latency and bandwidth

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from arcsim.catalog import FUSIONS, check_compression, fusion_message
+from arcsim.catalog import DDP_BUCKET_MB, FUSIONS, check_compression, fusion_message
 from arcsim.compressors.base import Layer
 from arcsim.compressors.hierarchy import Grouping, group_workers
 from arcsim.errors import ArcsimError
@@ -49,7 +49,7 @@ class TrainConfig:
     momentum: float = 0.9
     eval_every: int = 10
     seeds: tuple[int, ...] = (0,)
-    bucket_mb: float = 25.0
+    bucket_mb: float = DDP_BUCKET_MB
     compute_profile: str | None = None  # compute timings for pricing (default: measured here, on the CPU)
     scope: str = "tensor"         # top-k family: k per layer or per bucket
     fusion: str = "bucket"        # bucket: DDP buckets; model: the whole gradient as one vector
