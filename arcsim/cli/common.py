@@ -27,7 +27,18 @@ TOPOLOGY_HELP = f"Preset name (arcsim topo list), YAML path, or a name in the gr
 
 TABLE_WIDTH = 100  # columns for tables when stdout is no terminal and COLUMNS is unset
 
-console = Console(width=None if sys.stdout.isatty() or os.environ.get("COLUMNS") else TABLE_WIDTH)
+
+def table_width() -> int:
+    """Columns for tables: COLUMNS where set, else the terminal's, else TABLE_WIDTH (output to a file or a pipe)."""
+    columns = os.environ.get("COLUMNS", "")
+    if columns.isdigit():
+        return int(columns)
+    if sys.stdout.isatty():
+        return os.get_terminal_size(sys.stdout.fileno()).columns
+    return TABLE_WIDTH
+
+
+console = Console(width=table_width())  # measured again by every command (cli()): one process may run several
 
 
 class Verbosity:

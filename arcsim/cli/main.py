@@ -32,6 +32,7 @@ from arcsim.cli.common import (
     progress_bar,
     scope_option,
     step_progress,
+    table_width,
     tables_wanted,
     write_json,
 )
@@ -77,6 +78,7 @@ def cli(debug: bool, quiet: bool) -> None:
     Shell completion (bash; zsh and fish alike): eval "$(_ARCSIM_COMPLETE=bash_source arcsim)"
     """
     Verbosity.quiet = quiet
+    console.width = table_width()
     keep_freed_memory()  # gradient-sized temporaries reused, not page-faulted in afresh (arcsim.processes)
 
 
