@@ -296,7 +296,8 @@ def compute_part(s: Session) -> None:
             run: dict = {"model": model, "topology": topology, "rc": rc, "wall_s": round(wall, 1)}
             if rc == 0:
                 data = json.loads(result.read_text())
-                keep = ("compressor", "collective", "density", "compute_s", "compress_s", "comm_s", "iteration_s")
+                keep = ("compressor", "collective", "density", "compute_s", "effects_s", "compress_s", "comm_s",
+                        "iteration_s")
                 run["candidates"] = [{k: c.get(k) for k in keep} for c in [data["dense"], *data["candidates"]]]
                 run["recommendation"] = data["recommendation"]
                 run["timings_s"] = data["timings_s"]

@@ -142,3 +142,33 @@ def test_dense_step_caps_buckets_at_the_frameworks_default() -> None:
     assert dense_step(prof, topo, framework="ddp").buckets == 5        # 25 MiB: two layers each
     assert dense_step(prof, topo, framework="horovod").buckets == 2    # 64 MiB: six, then four
     assert dense_step(prof, topo, 25, framework="horovod").buckets == 5
+
+
+def test_compute_is_the_devices_on_every_cluster_and_the_effects_are_shown_apart(tmp_path) -> None:
+    """Issue 49: `run`'s compute is what `device predict` gives for the same model, batch, precision and GPU, on
+    InfiniBand and on Ethernet alike; the Ethernet cluster's stragglers and interference are `effects_s`, apart,
+    and the iteration still holds them (compute + effects + compression + exposed communication)."""
+    r = run_cli("device", "predict", "--model", "cnn", "--gpu", "a100", "--batch", "8", "--precision", "bf16",
+                "--json", "-")
+    assert r.returncode == 0, r.stderr
+    predicted = json.loads(r.stdout)
+    device = predicted["forward_s"] + predicted["backward_s"] + predicted.get("after_backward_s", 0.0)
+    results, captions = {}, {}
+    for topology in ("4x8-eth25-a100", "8x8-ib100"):
+        out = tmp_path / f"{topology}.json"
+        r = run_cli("run", "-t", topology, "--gpu", "a100", "--batch", "8", "--precision", "bf16", "-c", "dense,topk",
+                    "--ratios", "0.01", "--policy", "none", "--json", str(out))
+        assert r.returncode == 0, r.stderr
+        results[topology] = json.loads(out.read_text())
+        captions[topology] = " ".join(r.stdout.split())
+    for topology, res in results.items():
+        ethernet = "eth" in topology
+        slow = effects.compute_factor(load_topology(topology)) - 1
+        for c in [res["dense"], *res["candidates"]]:
+            assert c["compute_s"] == pytest.approx(device, rel=0.02), topology
+            assert c["effects_s"] >= (slow * device - 1e-12 if ethernet else 0.0), topology
+            assert (c["effects_s"] > 0) == ethernet and ethernet == (slow > 0), topology
+            assert c["iteration_s"] == pytest.approx(
+                c["compute_s"] + c["effects_s"] + c["compress_s"] + c["exposed_comm_s"], abs=1e-9)
+    assert "ms the cluster's effects (stragglers, interference" in captions["4x8-eth25-a100"]
+    assert "the cluster's effects" not in captions["8x8-ib100"]

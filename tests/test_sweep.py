@@ -338,6 +338,22 @@ def test_plot_reads_a_table_without_the_hierarchy_or_world_column(tmp_path):
     assert set(load_results(tmp_path / "old")["world"]) == {8}  # world as the sweep writes it: nodes × GPUs
 
 
+def test_a_table_from_before_effects_s_resumes_under_its_own_columns_and_charts_the_same(tmp_path):
+    """Issue 49: compute_s is one rank's and effects_s the cluster's; a table written when compute_s held both
+    reads with effects 0, and rows appended on resume keep its header with the effects folded back in."""
+    (tmp_path / "old").mkdir()
+    (tmp_path / "old" / "results.csv").write_text(OLD_TABLE)
+    store = ResultStore(tmp_path / "old")
+    row = {c: None for c in COLUMNS} | {"point_id": "e", "compressor": "dense", "iteration_s": 1.0, "op": "allreduce",
+                                         "collective": "ring", "compute_s": 0.4, "effects_s": 0.1, "compress_s": 0.0,
+                                         "exposed_comm_s": 0.5}
+    store.append([row])
+    header = (tmp_path / "old" / "results.csv").read_text().splitlines()[0]
+    assert header == OLD_TABLE.splitlines()[0]
+    df = store.load()
+    assert list(df["effects_s"]) == [0.0] * 5 and df.set_index("point_id").loc["e", "compute_s"] == 0.5
+
+
 def test_charts_say_which_value_of_an_axis_they_do_not_separate_they_hold(tmp_path):
     """Two libraries in the table: a chart that does not separate them holds one, says so in its title and in a
     note, and names the ones left out with the --where that draws them."""

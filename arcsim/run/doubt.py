@@ -158,8 +158,9 @@ def errors_for(topo: Topology, framework: str, compute_error: float | None, gpu:
 
 
 def open_share(c: Candidate) -> float:
-    """The share of ``c``'s iteration that is not compute: its compression and exposed communication."""
-    return 1 - c.compute_s / c.iteration_s
+    """The share of ``c``'s iteration that is not compute (with the cluster's effects on it): its compression and
+    exposed communication."""
+    return 1 - c.compute_stream_s / c.iteration_s
 
 
 def compression_error(gpu: Device) -> float:

@@ -21,28 +21,36 @@ def _is_baseline(c: Candidate, result: RunResult) -> bool:
     return c.compressor == "dense" and c.collective == result.dense.collective
 
 
-PARTS = (("compute (forward + backward)", "#4c72b0"), ("compression on the compute stream", "#dd8452"),
-         ("exposed communication", "#c44e52"))
+PARTS = (("compute (forward + backward)", "#4c72b0"), ("the cluster's effects (stragglers, interference)", "#8172b3"),
+         ("compression on the compute stream", "#dd8452"), ("exposed communication", "#c44e52"))
 
 
-def _breakdown_rows(result: RunResult) -> tuple[list[str], list[tuple[float, float, float]]]:
-    """Labels and (compute, compression, exposed communication) ms of dense, each compressor's best, the policy."""
+Row = tuple[float, float, float, float]  # ms of each of PARTS
+
+
+def _breakdown_rows(result: RunResult) -> tuple[list[str], list[Row]]:
+    """Labels and (compute, the cluster's effects, compression, exposed communication) ms of dense, each
+    compressor's best, the policy."""
     best = [c for c in best_per_compressor(result) if not _is_baseline(c, result)]
     labels = [f"dense fp32\n{result.dense.collective} (baseline)"] + [
         f"{c.compressor}\n{short_collective(c.op, c.collective, c.hierarchy)}" for c in best]
-    rows = [(c.compute_s * 1e3, c.compress_s * 1e3, c.exposed_comm_s * 1e3) for c in [result.dense, *best]]
+    rows: list[Row] = [(c.compute_s * 1e3, c.effects_s * 1e3, c.compress_s * 1e3, c.exposed_comm_s * 1e3)
+                       for c in [result.dense, *best]]
     if result.policy:
-        pol, compute = result.policy, result.dense.compute_s
+        pol, d = result.policy, result.dense
         labels.append(f"policy ({pol.name})\n{'per bucket' if pol.deploy == 'mix' else 'one choice'}")
-        rows.append((compute * 1e3, (pol.iteration_s - compute - pol.exposed_comm_s) * 1e3, pol.exposed_comm_s * 1e3))
+        compress = pol.iteration_s - d.compute_stream_s - pol.exposed_comm_s
+        rows.append((d.compute_s * 1e3, d.effects_s * 1e3, compress * 1e3, pol.exposed_comm_s * 1e3))
     return labels, rows
 
 
-def _draw_breakdown(ax, labels: list[str], rows: list[tuple[float, float, float]], xmax: float) -> None:  # type: ignore[no-untyped-def]
+def _draw_breakdown(ax, labels: list[str], rows: list[Row], xmax: float) -> None:  # type: ignore[no-untyped-def]
     y = list(range(len(rows)))
     left = [0.0] * len(rows)
     for k, (label, colour) in enumerate(PARTS):
         widths = [r[k] for r in rows]
+        if not any(widths):  # e.g. no effects on InfiniBand: no empty entry in the legend
+            continue
         ax.barh(y, widths, left=left, color=colour, label=label)
         left = [a + b for a, b in zip(left, widths, strict=True)]
     for i, total in enumerate(left):

@@ -63,8 +63,8 @@ def to_json(result: RunResult) -> dict[str, Any]:
 
 
 CSV_FIELDS = ("compressor", "collective", "hierarchy", "op", "density", "memory", "iteration_s", "compute_s",
-              "compress_s", "comm_s", "exposed_comm_s", "speedup_vs_dense", "speedup_low", "speedup_high", "verdict",
-              "speedup_vs_dense_ring", "rel_error",
+              "effects_s", "compress_s", "comm_s", "exposed_comm_s", "speedup_vs_dense", "speedup_low", "speedup_high",
+              "verdict", "speedup_vs_dense_ring", "rel_error",
               "update_error", "compression_gain", "density_achieved", "bytes_per_rank")
 
 
@@ -131,7 +131,7 @@ def _iteration_table(result: RunResult, rows: list[Candidate], every_collective:
     """The candidates' table, each speed-up's interval beside it or (``stacked``) under it."""
     t, d = result.ctx.trace_file, result.dense
     table = Table(title="Iteration time per compressor" + ("" if every_collective else " (its fastest collective)"),
-                  caption=f"ms per iteration, compute {_ms(d.compute_s)} ms in each; speed-up against dense fp32 on "
+                  caption=f"ms per iteration, {_compute_text(d)}; speed-up against dense fp32 on "
                           f"its fastest collective (dense (baseline), {d.op} {d.collective}), with its {LEVEL} "
                           "interval from the model's held-out errors (one spanning 1: too close to call); AR "
                           "all-reduce, AG all-gather; error = ‖agg − ū‖²/‖ū‖² after error feedback"
@@ -155,6 +155,14 @@ def _iteration_table(result: RunResult, rows: list[Candidate], every_collective:
                       speedup_text(c.speedup_vs_dense, c.speedup_low, c.speedup_high, stacked), _error(c),
                       f"{c.compression_gain:.3f}", format_size(c.bytes_per_rank))
     return table
+
+
+def _compute_text(dense: Candidate) -> str:
+    """One rank's compute, the same in every row, and apart from it what the cluster's effects add (dense's)."""
+    text = f"compute {_ms(dense.compute_s)} ms in each"
+    if dense.effects_s > 1e-9:
+        text += f" + {_ms(dense.effects_s)} ms the cluster's effects (stragglers, interference; dense's)"
+    return text
 
 
 def _error(c: Candidate) -> str:

@@ -22,7 +22,8 @@ from dataclasses import dataclass
 @dataclass(frozen=True)
 class Timeline:
     iteration_s: float
-    compute_s: float          # forward + backward (+ the work after the last communication)
+    compute_s: float          # forward + backward (+ the work after the last communication) as the compute stream
+    #                           runs them: with the slowest rank the caller passed and the interference
     compress_s: float         # total compression on the compute stream
     comm_s: float             # total communication time, overlapped or not
     exposed_comm_s: float     # iteration − (compute + compression)

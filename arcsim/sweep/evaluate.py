@@ -26,14 +26,15 @@ POINT_COLUMNS = ("point_id", "topology", "bandwidth_Bps", "latency", "ranks", "t
 RESULT_COLUMNS = ("topology_name", "nodes", "gpus_per_node", "world", "nic_gbps", "latency_us", "model", "params",
                   "trace_workers", "collective", "op", "iteration_s", "compute_s", "compress_s", "comm_s",
                   "exposed_comm_s", "dense_iteration_s", "speedup_vs_dense", "rel_error", "compression_gain",
-                  "density_achieved", "bytes_per_rank")
+                  "density_achieved", "bytes_per_rank", "effects_s")  # effects_s: the cluster's, apart from compute
 COLUMNS = POINT_COLUMNS + RESULT_COLUMNS
 # a point column named with its unit → the axis it holds (tables written before it had the axis's own name)
 UNIT_COLUMNS = {"bandwidth_Bps": "bandwidth"}
 # what a point prices when the axis is unset (and so what a table written before the axis existed holds)
 UNSET_AXES = {"fusion": "bucket", "hierarchy": "flat"}
+# the candidate's fields a row takes, as run.Candidate has them
 CANDIDATE_COLUMNS = ("collective", "op", "iteration_s", "compute_s", "compress_s", "comm_s", "exposed_comm_s",
-                     "rel_error", "compression_gain", "density_achieved", "bytes_per_rank")  # as run.Candidate has them
+                     "rel_error", "compression_gain", "density_achieved", "bytes_per_rank", "effects_s")
 
 _analyses: OrderedDict[tuple, Any] = OrderedDict()
 

@@ -288,7 +288,7 @@ def crossover(df: pd.DataFrame, path: Path) -> Path:
 
 
 def breakdown(df: pd.DataFrame, path: Path) -> Path:
-    """Where each compressor's iteration goes: compute, compression, exposed communication."""
+    """Where each compressor's iteration goes: compute, the cluster's effects, compression, exposed communication."""
     df, held = hold_others(df, KINDS["breakdown"].keep)
     rows = df.sort_values("iteration_s")
     dense = rows["dense_iteration_s"].iloc[0]
@@ -298,8 +298,10 @@ def breakdown(df: pd.DataFrame, path: Path) -> Path:
     fig, ax = plt.subplots(figsize=(max(6, 1.0 * len(rows) + 2), 4.5))
     x = np.arange(len(rows))
     bottom = np.zeros(len(rows))
-    for col, name, colour in (("compute_s", "compute", "C7"), ("compress_s", "compression", "C1"),
-                              ("exposed_comm_s", "exposed communication", "C0")):
+    for col, name, colour in (("compute_s", "compute", "C7"), ("effects_s", "the cluster's effects", "C4"),
+                              ("compress_s", "compression", "C1"), ("exposed_comm_s", "exposed communication", "C0")):
+        if col not in rows or not rows[col].any():  # a table without effects (or none on its cluster)
+            continue
         values = rows[col].to_numpy() * 1e3
         ax.bar(x, values, bottom=bottom, color=colour, label=name)
         bottom += values

@@ -7,6 +7,7 @@ dropped on resume (it is recomputed).
 
 from __future__ import annotations
 
+import csv
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +27,7 @@ RESULT_TYPES: dict[str, Column] = {
     **{c: _WHOLE for c in ("ranks", "seed", "nodes", "gpus_per_node", "world", "params", "trace_workers")},
     **{c: _NUMBER for c in ("bandwidth_Bps", "density", "bucket_mb", "nic_gbps", "latency_us", "compute_s",
                             "compress_s", "comm_s", "exposed_comm_s", "dense_iteration_s", "speedup_vs_dense",
-                            "rel_error", "compression_gain", "density_achieved", "bytes_per_rank")}}
+                            "rel_error", "compression_gain", "density_achieved", "bytes_per_rank", "effects_s")}}
 
 
 class ResultStore:
@@ -66,7 +67,20 @@ class ResultStore:
         return set(self.load()["point_id"].astype(str))
 
     def append(self, rows: list[dict[str, Any]]) -> None:
+        """Rows under the table's own header: a table resumed from before effects_s was a column keeps its
+        columns, compute_s with the cluster's effects folded in as its other rows have it."""
+        header = self._header()
+        if header is not None and "effects_s" not in header:
+            rows = [{**r, "compute_s": r["compute_s"] + r["effects_s"]} for r in rows]
+            self.table = AppendOnlyCSV(self.results, header, extra="ignore")
         self.table.append(rows)
+
+    def _header(self) -> list[str] | None:
+        """The columns of the results table on disk; None before its first row."""
+        if not self.results.is_file() or self.results.stat().st_size == 0:
+            return None
+        with self.results.open(newline="") as fh:
+            return next(csv.reader(fh), None)
 
     def load(self) -> pd.DataFrame:
         return load_results(self.results)
@@ -84,13 +98,16 @@ def load_results(path: Path) -> pd.DataFrame:
 
 
 def with_later_columns(df: pd.DataFrame) -> pd.DataFrame:
-    """Axes added after a table was written, as its points priced them (fusion bucket, hierarchy flat), and the
-    rank count from nodes × GPUs per node; columns whose values are unknown stay absent. A column since named with
-    its unit is read under its new name (``bandwidth`` → ``bandwidth_Bps``)."""
+    """Axes added after a table was written, as its points priced them (fusion bucket, hierarchy flat), the
+    cluster's effects 0 (its compute_s held them), and the rank count from nodes × GPUs per node; columns whose
+    values are unknown stay absent. A column since named with its unit is read under its new name (``bandwidth`` →
+    ``bandwidth_Bps``)."""
     df = df.rename(columns={old: new for new, old in UNIT_COLUMNS.items() if old in df and new not in df})
     for col, value in UNSET_AXES.items():
         if col not in df:
             df[col] = value
+    if "effects_s" not in df and "compute_s" in df:  # its compute_s held the cluster's effects: the sum stays
+        df["effects_s"] = 0.0
     if "world" not in df and {"nodes", "gpus_per_node"} <= set(df):
         df["world"] = df["nodes"] * df["gpus_per_node"]
     return df
