@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import math
 import os
 import sys
 
@@ -13,7 +12,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from arcsim.comm.inprocess import InProcessComm
 from arcsim.compressors import make_compressor
-from arcsim.compressors.base import Layer
+from arcsim.compressors.base import layout_of
 from arcsim.compressors.memory import make_memory
 from arcsim.hooks import CompressionState, compression_hook
 from arcsim.models import loss_fn, model_entry
@@ -23,14 +22,15 @@ from arcsim.testbed.ddp_train import leave_process_group, train
 COMPRESSORS = ("dense", "topk", "arctopk", "star", "randk", "powersgd", "gaussiank")
 
 
-def hook_equals_in_process(name: str, rank: int, world: int) -> float:
-    """Worst relative difference between the hook's output and the in-process result, over two steps."""
+def hook_against_in_process(name: str, rank: int, world: int, memory: str, steps: int,
+                            density: float | None = None) -> tuple[float, CompressionState, list]:
+    """Train ``steps`` DDP steps with ``name``'s comm hook and replay every bucket the ranks saw through the
+    in-process simulation: the worst relative difference, the hook's state and what it saw."""
     ds = make_dataset("digits")
     torch.manual_seed(0)
-    net = model_entry("mlp").build(ds.spec)
-    ddp = DDP(net, bucket_cap_mb=0.02)  # several buckets
-    memory = "none" if name == "dense" else "ef14"
-    state = CompressionState(name, density=0.05, memory=memory, seed=3)
+    ddp = DDP(model_entry("mlp").build(ds.spec), bucket_cap_mb=0.02)  # several buckets
+    dense = {} if density is None else {"density": density}
+    state = CompressionState(name, memory=memory, seed=3, **dense)
     seen = []
 
     def recording_hook(st, bucket):
@@ -41,7 +41,7 @@ def hook_equals_in_process(name: str, rank: int, world: int) -> float:
 
     ddp.register_comm_hook(state, recording_hook)
     gen = torch.Generator().manual_seed(1)
-    for _ in range(2):
+    for _ in range(steps):
         x, y = ds.draw(world * 16, gen)
         loss_fn("image", ddp(x.chunk(world)[rank]), y.chunk(world)[rank]).backward()
         ddp.zero_grad()
@@ -52,15 +52,17 @@ def hook_equals_in_process(name: str, rank: int, world: int) -> float:
         stacked = torch.stack([everyone[r][i][3] for r in range(world)])
         key = (index, stacked.shape[1])
         if key not in state_of:
-            state_of[key] = (make_compressor(name, 0.05, seed=3 + index), make_memory(memory))
-        layers, offset = [], 0
-        for j, shape in enumerate(shapes):
-            layers.append(Layer(f"p{j}", shape, offset))
-            offset += math.prod(shape)
+            state_of[key] = (make_compressor(name, seed=3 + index, **dense), make_memory(memory))
         comp, mem = state_of[key]
-        ref = mem.step(stacked, comp, InProcessComm(world), step, tuple(layers))
+        layers = layout_of(shapes, [f"p{j}" for j in range(len(shapes))])
+        ref = mem.step(stacked, comp, InProcessComm(world), step, layers)
         worst = max(worst, float((out - ref[0]).norm() / ref.norm().clamp_min(1e-30)))
-    return worst
+    return worst, state, seen
+
+
+def hook_equals_in_process(name: str, rank: int, world: int) -> float:
+    """Worst relative difference between the hook's output and the in-process result, over two steps."""
+    return hook_against_in_process(name, rank, world, "none" if name == "dense" else "ef14", 2, density=0.05)[0]
 
 
 def main(rank: int, world: int, port: int, out_dir: str) -> None:
