@@ -16,7 +16,8 @@ from typing import Any
 @dataclass(frozen=True)
 class CompressorInfo:
     name: str
-    family: str                   # "all-reduce", "all-gather" or "all-to-all" (then an all-gather): how values travel
+    family: str                   # "all-reduce", "all-gather", "all-to-all" or "reduce-scatter" (each of the last two
+    #                               then an all-gather): how values travel
     selection: str                # none, top-k, random, leader, sketch, low-rank, adaptive (wraps another),
     #                               quantise (every element in a few bits), sign (one bit per element)
     density_free: bool            # its result does not depend on k/d
@@ -70,6 +71,17 @@ DESCRIPTORS: tuple[CompressorInfo, ...] = (
     CompressorInfo("onebit", "all-to-all", "sign", True, "none", ("scope", "warmup_steps"),
                    "1-bit Adam's: signs × scale all-to-all to servers, server signs all-gathered; worker and "
                    "server error", own_memory=True),
+    # FSDP's and ZeRO++'s gradient path (arcsim/compressors/sharded.py): the order of SHARDED there
+    CompressorInfo("rs-bf16", "reduce-scatter", "quantise", True, "none", ("gather",),
+                   "bf16 reduce-scatter summed in fp32, then the shards all-gathered (fp32)"),
+    CompressorInfo("rs-int8", "reduce-scatter", "quantise", True, "none", ("gather",),
+                   "blockwise int8 quantised once, reduce-scattered one hop (ZeRO++'s all-to-all); shards gathered"),
+    CompressorInfo("qgz", "reduce-scatter", "quantise", True, "none", ("gather", "gpus_per_node"),
+                   "ZeRO++'s qgZ, int8: reduce-scattered in the node, re-quantised, then across; shards gathered"),
+    CompressorInfo("rs-int8-ring", "reduce-scatter", "quantise", True, "none", ("gather",),
+                   "int8 ring reduce-scatter re-quantising the running sum at each hop; shards gathered"),
+    CompressorInfo("qgz4", "reduce-scatter", "quantise", True, "none", ("gather", "gpus_per_node"),
+                   "ZeRO++'s qgZ as published, int4: in the node, then across; shards gathered"),
 )
 INFO: dict[str, CompressorInfo] = {c.name: c for c in DESCRIPTORS}
 COMPRESSORS = tuple(INFO)
@@ -82,6 +94,7 @@ SYNTHETIC_KINDS = ("normal", "laplace", "t3", "correlated")
 MODELS = ("mlp", "mlp_wide", "cnn", "resnet18", "resnet50", "vit_b_16", "gpt2_small", "llama_60m", "llama_130m",
           "llama_350m", "llama_1b")
 DATASETS = ("digits", "mnist1d", "synthetic-images", "synthetic-tokens", "python-text")
+LIBRARY_NAMES = ("nccl", "gloo", "mpi", "ideal")  # collectives.libraries.LIBRARIES (a test holds them equal)
 POLICIES = ("auto", "paper", "gate", "none")  # run/policies.py; gate: the error gate before issue 41
 FUSIONS = ("bucket", "model")  # DDP buckets, each compressed on its own; or the whole gradient as one vector
 # the ratio grid stops at 0.3: a sparsifier at density 1 sends every entry (with its index, for the top-k
@@ -141,6 +154,14 @@ def fusion_message(fusion: object) -> str:
     return f"unknown fusion {fusion!r}; choose {' or '.join(FUSIONS)}"
 
 
+def unknown_library(name: str, role: str = "") -> str:
+    """The one refusal of a library name (``role``, e.g. " for --library", says where it was given)."""
+    return f"unknown library {name!r}{role}; choose one of {', '.join(LIBRARY_NAMES)}"
+
+
 def scope_message(scope: object) -> str:
     return (f"unknown scope {scope!r}; choose tensor (k per layer, as the reference implementations) or "
             "bucket (one k over the whole bucket)")
+
+# elements per block of the blockwise quantisers, one fp32 scale each (ZeRO++'s blockwise int8 and int4)
+QUANT_BLOCK = 256

@@ -35,8 +35,10 @@ def test_aggregate_is_the_mean_of_what_workers_contributed(name):
         vote = torch.where(contrib >= 0, 1.0, -1.0).sum(0, keepdim=True).sign()
         assert torch.allclose(out.aggregate, vote * contrib.abs().mean(), rtol=1e-5)
         return
-    # fp16's and bf16's aggregates are themselves rounded on the wire (bf16: 8 bits of mantissa)
-    tol = {"fp16": 2e-3, "bf16": 1.6e-2}.get(name, 1e-5)
+    # fp16's and bf16's aggregates are themselves rounded on the wire (bf16: 8 bits of mantissa); qgZ's second level
+    # and the int8 ring's hops re-quantise partial sums no one worker contributed (each worker's contribution is its
+    # gradient quantised once): within a code step of the largest |x| (measured 0.0037, 0.066, 0.0059 at P = 4)
+    tol = {"fp16": 2e-3, "bf16": 1.6e-2, "qgz": 1 / 127, "qgz4": 1 / 7, "rs-int8-ring": 1 / 127}.get(name, 1e-5)
     assert torch.allclose(out.aggregate, contrib.mean(0, keepdim=True), atol=tol * float(x.abs().max()))
     assert out.aggregate.shape == (1, D)
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from arcsim.comm.inprocess import Codec
 from arcsim.comm.log import CommLog
 
 
@@ -35,6 +36,28 @@ class SoloComm:
     def broadcast(self, t: torch.Tensor, src: int, tag: str = "") -> torch.Tensor:
         self.log.add("broadcast", tag, t, t[0].numel())
         return t[0:1].clone()
+
+    def reduce_scatter(self, t: torch.Tensor, op: str = "mean", tag: str = "", decode: Codec | None = None,
+                       encode: Codec | None = None) -> torch.Tensor:
+        """Its own chunk as if every peer sent the same (a payload decoded; a ring's hops encoded and decoded)."""
+        mine = t[0, self.rank]
+        if encode is not None and decode is not None:
+            sent = encode(mine)
+            self.log.add("reducescatter", tag, sent.unsqueeze(0), sent.numel() * self.world_size)
+            for _ in range(self.world_size - 2):
+                sent = encode(decode(sent) + mine)
+            return (decode(sent) + mine).unsqueeze(0)
+        self.log.add("reducescatter", tag, t, t[0].numel())
+        return (mine if decode is None else decode(mine)).unsqueeze(0).clone()
+
+    def subgroups(self, gpus_per_node: int) -> tuple[SoloComm, SoloComm]:
+        """(node, inter) as this rank sees them, logging into this log."""
+        g = int(gpus_per_node)
+        node, inter = SoloComm(g, self.rank % g, self.leader), SoloComm(self.world_size // g, self.rank // g,
+                                                                         self.leader)
+        node.log, inter.log = (CommLog(c.world_size, name, self.log.records) for c, name in ((node, "node"),
+                                                                                              (inter, "inter")))
+        return node, inter
 
     def local_index(self, rank: int) -> int | None:
         return 0 if self.leader or rank == self.rank else None

@@ -14,6 +14,7 @@ from arcsim.compressors.onebit import OneBit
 from arcsim.compressors.powersgd import PowerSGD
 from arcsim.compressors.quantisers import QSGD, Natural, TernGrad
 from arcsim.compressors.randk import RandK
+from arcsim.compressors.sharded import SHARDED
 from arcsim.compressors.signs import EFSignSGD, SignSGD, Signum
 from arcsim.compressors.topk import TopK
 
@@ -22,6 +23,7 @@ REGISTRY: dict[str, type[Compressor]] = {
 }
 REGISTRY.update({cls.name: cls for cls in (QSGD, TernGrad, Natural, SignSGD, Signum, EFSignSGD)})  # quantisers, signs
 REGISTRY.update({cls.name: cls for cls in (DGC, OneBit)})  # DGC, 1-bit Adam's compressed all-reduce
+REGISTRY.update({cls.name: cls for cls in SHARDED})  # quantised reduce-scatters (FSDP, ZeRO++), then all-gathers
 NAMES = tuple(REGISTRY)
 
 

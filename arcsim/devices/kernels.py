@@ -41,9 +41,21 @@ WORK_STEPS: dict[str, tuple[tuple[str, ...], str | None]] = {
     # the worker compresses n, and decodes twice (its chunk from p peers, then p chunks): n each, whatever p; the
     # server's compression is of its chunk alone (SHARE_STEPS)
     "onebit": (("efsign scale+pack", "sign unpack", "sign unpack"), None),
+    # the quantised reduce-scatters (compressors/sharded.py): the sender encodes n, the owner decodes its P chunks of
+    # n/P and sums them (n, whatever P); blockwise int8/int4 priced by QSGD's quantise (a scale, a rounding, a cast:
+    # its random draw makes it an upper bound) and dequantise, a bf16 cast by fp16's (estimated); the ring's P−1
+    # hops each decode, add and encode n/P (n in all); qgZ's second level runs on its 1/G shard (SHARE_STEPS, priced
+    # on 1/peers of the bucket); the fp32 all-gather of the shards does no work
+    "rs-bf16": (("fp16 cast", "fp16 cast", "read (sum)"), None),
+    "rs-int8": (("qsgd", "qsgd dequantise", "read (sum)"), None),
+    "qgz": (("qsgd", "qsgd dequantise", "read (sum)"), None),
+    "rs-int8-ring": (("qsgd", "qsgd dequantise", "read (sum)"), None),
+    "qgz4": (("qsgd", "qsgd dequantise", "read (sum)"), None),
 }
 # steps a compressor runs on its 1/p share of the bucket only: 1-bit Adam's server compresses the chunk it serves
-SHARE_STEPS: dict[str, tuple[str, ...]] = {"onebit": ("efsign scale+pack",)}
+SHARE_STEPS: dict[str, tuple[str, ...]] = {"onebit": ("efsign scale+pack",),
+                                           "qgz": ("qsgd", "qsgd dequantise", "read (sum)"),
+                                           "qgz4": ("qsgd", "qsgd dequantise", "read (sum)")}
 SCOPE_FREE = ("dense", "fp16", "bf16", "powersgd", *WORK_STEPS)
 # adaptive's default inner selector does its kernel work; a bf16 cast moves the bytes an fp16 cast does; DGC's
 # sampled threshold measured under torch.topk's time (0.31-0.37 against 0.60-0.64 ms on 25.6 M, H200), its
