@@ -8,7 +8,7 @@
   user cache: $ARCSIM_CACHE_DIR, else $XDG_CACHE_HOME/arcsim, else ~/.cache/arcsim — never into the package
   or the working directory. Kept results are gzipped JSON capped at CACHE_CAP_BYTES, the least recently
   used dropped first: compressor measurements (arcsim.run.cache) and model workloads
-  (arcsim.devices.workload) name their own files, and ``arcsim cache info|clear`` sees them all.
+  (arcsim.models.workload) name their own files, and ``arcsim cache info|clear`` sees them all.
 - Writes are atomic (beside the final name, then renamed); results tables grow row by row and survive a kill.
 """
 

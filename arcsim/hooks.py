@@ -18,6 +18,10 @@ dense reduce-scatter inside the node, each rank compressing its slice with its o
 over its rail (the same local rank of every node), then an all-gather inside the node — what
 :mod:`arcsim.compressors.hierarchy` simulates, record for record.
 
+**A compressor per bucket** (what ``arcsim run`` recommends when a per-bucket mix wins):
+``ddp.register_comm_hook(MixedState.load("plan.json"), mixed_hook)`` with the plan ``arcsim run --write-plan``
+wrote (:mod:`arcsim.strategy.plan`); each bucket runs its own compressor through :func:`compress_bucket`.
+
 ``recording_hook`` with a :class:`RecordingState` records the user's own job instead: each rank keeps its
 bucket gradients on chosen steps and all-reduces as DDP would; ``arcsim trace merge`` joins the ranks.
 """
@@ -39,6 +43,7 @@ from arcsim.compressors.hierarchy import in_node_records, slice_bounds, slice_la
 from arcsim.compressors.memory import Memory, make_memory
 from arcsim.errors import ArcsimError
 from arcsim.files import atomic_path
+from arcsim.strategy.plan import BucketPlan
 from arcsim.topology import splits_into_nodes
 from arcsim.traces.format import TORCH_DTYPES
 
@@ -177,9 +182,85 @@ def compression_hook(state: CompressionState, bucket: dist.GradBucket) -> torch.
     out = compress_bucket(state, bucket.index(), bucket.buffer(), bucket_layout(bucket))
     if bucket.is_last():
         state.step += 1
+    return _completed(out)
+
+
+def _completed(out: torch.Tensor) -> torch.futures.Future[torch.Tensor]:
     fut: torch.futures.Future[torch.Tensor] = torch.futures.Future()
     fut.set_result(out)
     return fut
+
+
+@dataclass
+class MixedState:
+    """What the per-bucket hook keeps: a :class:`CompressionState` per planned bucket (its compressor, ratio,
+    memory and hierarchy; seeded ``plan.seed + bucket index``), their communicators shared (``comm.log`` holds
+    every flat bucket's records). DDP's first iteration runs provisional buckets: one that is not the plan's is
+    all-reduced dense then; after DDP rebuilds its buckets, one that is not the plan's is an error.
+    ``nodes`` (:func:`node_groups`) is needed where the plan compresses a bucket node-aware."""
+
+    plan: BucketPlan
+    process_group: dist.ProcessGroup | None = None
+    nodes: NodeGroups | None = None
+    step: int = 0                                   # iterations completed
+    states: dict[int, CompressionState] = field(default_factory=dict, init=False)  # by bucket index
+    provisional: CompressionState = field(init=False)  # DDP's first-iteration buckets that are not the plan's
+    _comms: dict[str, Communicator] = field(default_factory=dict, init=False)
+
+    def __post_init__(self) -> None:
+        node = [b.bucket for b in self.plan.buckets if b.hierarchy == "node"]
+        if node and self.nodes is None:
+            raise ArcsimError(f"the plan compresses bucket(s) {', '.join(map(str, node))} node-aware: give "
+                              "nodes=node_groups(gpus_per_node)")
+        for b in self.plan.buckets:  # no ratio (dense, fp16, bf16): 1
+            self.states[b.bucket] = CompressionState(b.compressor, 1.0 if b.density is None else b.density,
+                                                     b.memory, self.plan.seed, scope=self.plan.scope,
+                                                     process_group=self.process_group,
+                                                     nodes=self.nodes if b.hierarchy == "node" else None)
+        self.provisional = CompressionState("dense", 1.0, "none", process_group=self.process_group)
+
+    @classmethod
+    def load(cls, path: str | Path, process_group: dist.ProcessGroup | None = None,
+             nodes: NodeGroups | None = None) -> "MixedState":
+        """The state of the plan ``arcsim run --write-plan`` wrote to ``path``."""
+        return cls(BucketPlan.load(path), process_group, nodes)
+
+    @property
+    def comm(self) -> Communicator:
+        """The flat buckets' communicator (node-aware ones share their rail's)."""
+        return self._shared(self.provisional)
+
+    def _shared(self, state: CompressionState) -> Communicator:
+        way = "flat" if state.nodes is None else "node"
+        if way not in self._comms:
+            self._comms[way] = state.comm
+        state._comm = self._comms[way]
+        return state._comm
+
+    def for_bucket(self, index: int, numel: int) -> CompressionState:
+        """The state bucket ``index`` (``numel`` elements) runs with, at this iteration."""
+        planned = self.plan.buckets[index] if index < len(self.plan.buckets) else None
+        if planned is not None and planned.elements == numel:
+            state = self.states[index]
+        elif self.step == 0:  # DDP's provisional buckets, before it rebuilds them in ready order
+            state = self.provisional
+        else:
+            raise ArcsimError(f"DDP's bucket {index} holds {numel:,} elements, the plan's "
+                              + ("none" if planned is None else f"{planned.elements:,}")
+                              + ": the job's buckets are not the plan's (give DDP bucket_cap_mb = arcsim run's "
+                                "--bucket-mb, and the run the job's model)")
+        self._shared(state)
+        state.step = self.step
+        return state
+
+
+def mixed_hook(state: MixedState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+    """DDP comm hook: each bucket compressed, communicated and decompressed with its planned compressor."""
+    flat = bucket.buffer()
+    out = compress_bucket(state.for_bucket(bucket.index(), flat.numel()), bucket.index(), flat, bucket_layout(bucket))
+    if bucket.is_last():
+        state.step += 1
+    return _completed(out)
 
 
 @dataclass

@@ -25,13 +25,10 @@ from typing import Any
 
 import numpy as np
 
+from arcsim.catalog import LIBRARY_NAMES, unknown_library
 from arcsim.errors import TopologyError, UnitError
 from arcsim.files import packaged, read_yaml
 from arcsim.units import (
-    format_bits,
-    format_duration,
-    format_rate,
-    format_size,
     parse_duration,
     parse_rate,
     parse_size,
@@ -207,7 +204,7 @@ class Topology:
     gamma: float = 0.0  # s per byte reduced
     stragglers: Mapping[int, float] = field(default_factory=dict)  # rank -> compute slowdown (>= 1)
     jitter: float = 0.0  # mean extra latency per message, as a fraction of the link latency
-    effects: Effects = NO_EFFECTS  # stragglers by distribution, TCP step jitter, interference (arcsim.run.effects)
+    effects: Effects = NO_EFFECTS  # stragglers by distribution, TCP step jitter, interference (arcsim.strategy.effects)
     description: str = ""
     source: str = ""
     calibration: Mapping[str, Calibrated] = field(default_factory=dict)  # op → measured fit (arcsim calibrate)
@@ -241,7 +238,7 @@ class Topology:
     def crossing_jitter_s(self) -> float:
         """The one jitter model: the mean extra delay, exponential, of one message crossing nodes — the effects'
         ``step_jitter`` (seconds) plus the file's ``jitter`` × the network latency. The DES draws it for every
-        crossing message; the closed form adds its expectation over a collective's steps (arcsim.run.effects)."""
+        crossing message; the closed form adds its expectation over a collective's steps (arcsim.strategy.effects)."""
         return self.effects.step_jitter_s + self.jitter * self.network.latency if self.nodes > 1 else 0.0
 
     def slowdown(self, rank: int) -> float:
@@ -328,6 +325,26 @@ class Topology:
         leaves = max(1, period // max(1, self.network.nodes_per_leaf))
         return (kind, key[1] % leaves)
 
+    def rotation_period(self) -> int:
+        """Smallest shift of the GPU index inside every node at once (GPU i → i + shift mod g, NIC with it) that maps
+        this topology onto itself: 1 when the NICs divide the GPUs, else ``gpus_per_node`` (none smaller does)."""
+        if not self.is_homogeneous or self.gpus_per_node % self.network.nics_per_node:
+            return self.gpus_per_node
+        return 1
+
+    def rotated_key(self, key: ResourceKey, rotation: int) -> tuple[ResourceKey, int]:
+        """The resource ``key`` maps to when GPU indices are rotated back below ``rotation`` (a multiple of
+        :meth:`rotation_period` dividing g), and how many of the g / rotation rotations leave it in place: a GPU's
+        ports 1, a NIC (g / rotation) / (its orbit's size), the fabric's up- and downlinks all of them."""
+        g, kind = self.gpus_per_node, key[0]
+        if kind in ("gtx", "grx"):
+            return (kind, key[1] - key[1] % g + key[1] % g % rotation), 1
+        if kind in ("ntx", "nrx"):
+            nics = self.network.nics_per_node
+            orbit = math.gcd(rotation, nics)
+            return (kind, key[1], key[2] % orbit), (g // rotation) // (nics // orbit)
+        return key, g // rotation
+
     # -- rendering -----------------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
         net = self.network
@@ -370,43 +387,6 @@ class Topology:
         if net.mtu != 1500:
             out["network"]["mtu"] = net.mtu
         return out
-
-    def summary_rows(self) -> list[tuple[str, str]]:
-        net = self.network
-        rows = [
-            ("ranks", f"{self.ranks} ({self.nodes} nodes × {self.gpus_per_node} GPUs)"),
-            ("gpu", self.gpu or "none named (compute as measured with the trace)"),
-            ("library", _library_line(self.library)),
-            ("intra-node", f"{self.intra.kind}: {format_rate(self.intra.bandwidth)} per GPU per direction, "
-                           f"latency {format_duration(self.intra.latency)}"),
-            ("inter-node", f"{net.kind}: {net.physical_nics} NIC(s) per node × "
-                           f"{format_bits(net.bandwidth_per_physical_nic)}"
-                           + (f" ({net.nics_per_rail} per GPU, striped: one {format_bits(net.bandwidth_per_nic)} rail "
-                              "per GPU)" if net.nics_per_rail > 1 else "")
-                           + f" = {format_bits(self.node_bandwidth)} per node, latency {format_duration(net.latency)}"),
-            ("fabric", net.fabric if net.fabric == "switch" else
-             f"fat-tree, {net.nodes_per_leaf} nodes per leaf, {net.oversubscription:g}:1 oversubscribed "
-             f"(uplink {format_bits(self.uplink_bandwidth)} per leaf)"),
-            ("reduction γ", f"{self.gamma:g} s/byte"),
-            ("stragglers", ", ".join(f"rank {r}: {s:g}×" for r, s in sorted(self.stragglers.items())) or "none"),
-            ("jitter per network crossing", f"{format_duration(self.crossing_jitter_s)} (mean, exponential)"
-             if self.crossing_jitter_s else "none"),
-            ("step effects", "none" if self.effects.none else
-             f"compute σ/μ {self.effects.compute_cv:g} (the slowest of {self.ranks} ranks), "
-             f"{format_duration(self.effects.step_jitter_s)} mean jitter per network step, "
-             f"backward slowed {self.effects.interference:g} × the communication it overlaps"),
-        ]
-        measured = [("", op, c) for op, c in self.calibration.items()] + [
-            (f"{group} ", op, c) for group, fits in self.group_calibration.items() for op, c in fits.items()]
-        for group, op, c in measured:
-            rows.append((f"measured {group}{op}", f"{format_duration(c.latency)} + size / {format_rate(c.bandwidth)} "
-                                           f"(R² {c.r2:.4f}, {c.ranks} ranks"
-                                           + (f", run by {c.library})" if c.library else ")")
-                                           + ("" if c.small is None else
-                                              f"; up to {format_size(c.small.up_to)}: "
-                                              f"{format_duration(c.small.latency)} + size / "
-                                              f"{format_rate(c.small.bandwidth)}")))
-        return rows
 
 
 def splits_into_nodes(ranks: int, per_node: int) -> bool:
@@ -464,9 +444,7 @@ def _validate(t: Topology) -> None:
         if not (math.isfinite(slow) and slow >= 1.0):
             raise bad(f"straggler slowdown for rank {rank} must be a finite number ≥ 1, as a rank that never "
                       f"arrives stalls every collective (got {slow:g})")
-    from arcsim.collectives.libraries import LIBRARIES, unknown_library
-
-    if t.library not in LIBRARIES:
+    if t.library not in LIBRARY_NAMES:
         raise bad(unknown_library(t.library))
 
 
@@ -576,8 +554,8 @@ def from_name(name: str) -> Topology:
     Defaults by fabric: ib 5 µs, roce 7 µs, eth and tcp (the same: Ethernet without RDMA, NCCL over its socket
     transport) 30 µs end-to-end latency. Inside a node: NVLink for ib and roce, PCIe for eth and tcp, unless
     ``-nvlink`` or ``-pcie`` says otherwise; NVLink carries the named GPU's
-    generation (A100 300 GB/s per GPU per direction, H100/H200 450, B200 900), else 450 GB/s when each GPU's NICs
-    carry ≥ 400 Gb/s and 300 below; PCIe 4.0 ×16 25 GB/s; 3 µs. More NICs
+    generation (V100 150 GB/s per GPU per direction, A100 300, H100/H200 450, B200 900), else 450 GB/s when each
+    GPU's NICs carry ≥ 400 Gb/s and 300 below; PCIe 4.0 ×16 25 GB/s (a V100's 3.0: 12.5); 3 µs. More NICs
     than GPUs are striped, a whole number to each GPU (:func:`rails`).
     """
     m = _NAME_RE.match(name)
@@ -597,10 +575,11 @@ def from_name(name: str) -> Topology:
         raise TopologyError(f"topology name {name!r} names {' and '.join(links if len(links) > 1 else gpu_names)}; "
                             f"give at most one gpu and one link ({GRAMMAR})")
     link = links[0] if links else ("pcie" if fab == "eth" else "nvlink")
+    gpu_name = gpu_names[0] if gpu_names else None
     if link == "pcie":
-        intra = IntraLink("pcie", 25e9, 3e-6)
+        intra = IntraLink("pcie", PCIE3_GPUS.get(gpu_name or "", PCIE_BANDWIDTH), 3e-6)
     else:
-        intra = IntraLink("nvlink", _nvlink_bandwidth(gpu_names[0] if gpu_names else None, rail_bandwidth), 3e-6)
+        intra = IntraLink("nvlink", _nvlink_bandwidth(gpu_name, rail_bandwidth), 3e-6)
     return Topology(
         name=name,
         nodes=nodes,
@@ -608,15 +587,26 @@ def from_name(name: str) -> Topology:
         intra=intra,
         network=Network(fabric_kind, rail_count, rail_bandwidth, latency, nics_per_rail=per_rail),
         description=f"{nodes} nodes × {gpus} GPUs, {nics} × {gbps:g} Gb/s {fabric_kind} NIC(s) per node; "
-                    f"GPUs in a node on {'PCIe 4.0 ×16' if link == 'pcie' else 'NVLink'} (built from the name grammar)",
+                    f"GPUs in a node on {_link_words(link, gpu_name)} (built from the name grammar)",
         source="name grammar",
-        gpu=_gpu(gpu_names[0] if gpu_names else None, name),
+        gpu=_gpu(gpu_name, name),
         library="nccl",
         effects=ETH_EFFECTS if fab == "eth" else NO_EFFECTS,
     )
 
 
-NVLINK_BY_GPU = {"a100": 300e9, "h100": 450e9, "h200": 450e9, "b200": 900e9}  # per GPU per direction: NVLink 3, 4, 5
+# NVLink per GPU per direction: NVLink 2 (V100 SXM2: 6 links × 25 GB/s), 3, 4, 5
+NVLINK_BY_GPU = {"v100": 150e9, "a100": 300e9, "h100": 450e9, "h200": 450e9, "b200": 900e9}
+# PCIe ×16 as NCCL sees it: 4.0 (25 GB/s, ≈ 80 % of its 31.5 raw), and 3.0 for the GPUs that have only that (the same
+# share of 15.75 GB/s)
+PCIE_BANDWIDTH = 25e9
+PCIE3_GPUS = {"v100": 12.5e9}
+
+
+def _link_words(link: str, gpu: str | None) -> str:
+    if link == "nvlink":
+        return "NVLink"
+    return "PCIe 3.0 ×16" if (gpu or "") in PCIE3_GPUS else "PCIe 4.0 ×16"
 
 
 def _nvlink_bandwidth(gpu: str | None, rail_bandwidth: float) -> float:
@@ -733,12 +723,6 @@ def topology_yaml(topo: Topology, header: str) -> str:
                           "interference": effects.interference}}
     comment = "".join(f"# {line}\n" for line in header.splitlines())
     return comment + yaml.safe_dump(fields, sort_keys=False, allow_unicode=True, width=120)
-
-
-def _library_line(name: str) -> str:
-    from arcsim.collectives.libraries import get_library
-
-    return f"{name}: {get_library(name).summary}"
 
 
 def _gpu(name: str | None, where: str) -> str | None:

@@ -20,8 +20,8 @@ import math
 import numpy as np
 import pandas as pd
 
+from arcsim.run.target import Target
 from arcsim.train.estimate import badness, fit_progress
-from arcsim.train.target import Target
 
 
 def power_law_steps(steps: list[int], bad: list[float], b_target: float) -> float:

@@ -21,8 +21,7 @@ import pandas as pd
 from scipy.stats import t as student_t
 
 from arcsim.run.convergence import fit_steps_model
-from arcsim.train.outcome import first_reach
-from arcsim.train.target import Target
+from arcsim.run.target import Target, first_reach
 
 
 def measured(train_dir: Path) -> tuple[dict[str, list[float]], float, dict[str, float]]:

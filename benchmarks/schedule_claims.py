@@ -63,8 +63,8 @@ def experiment(schedule: str, model: str, seeds: str, out: Path) -> list[dict]:
 def collect(schedule: str, model: str, out: Path) -> list[dict]:
     """The claims rows of an experiment directory as it stands, without training: the seeds whose static runs
     and adaptive run are all in (for a run cut short, say how many)."""
+    from arcsim.run.target import Target
     from arcsim.train.scheduled import headline, load_bounds, load_history, seed_bound, summarise
-    from arcsim.train.target import Target
 
     config = json.loads((out / "config.json").read_text())
     target = Target(config["target"]) if config.get("target") is not None else Target(config["target_loss"], "loss")

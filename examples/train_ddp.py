@@ -1,6 +1,7 @@
 """Train a model data-parallel under torchrun with an arcsim compressor as DDP's comm hook.
 
     torchrun --nproc_per_node 2 examples/train_ddp.py --compressor arctopk --density 0.05 --steps 200
+    torchrun --nproc_per_node 2 examples/train_ddp.py --plan plan.json   # from arcsim run --write-plan
 
 Every rank trains on its own shard of a shared-seed global batch; rank 0 prints the loss curve, the
 held-out accuracy, the median iteration time and the bytes each rank sent per step.
@@ -13,6 +14,7 @@ import json
 
 import torch.distributed as dist
 
+from arcsim.catalog import DDP_BUCKET_MB
 from arcsim.testbed.ddp_train import leave_process_group, train
 
 
@@ -28,12 +30,15 @@ def main() -> None:
     ap.add_argument("--lr", type=float, default=None)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--backend", default="gloo")
+    ap.add_argument("--plan", default=None, help="a compressor per DDP bucket: the file arcsim run --write-plan wrote "
+                                                 "(instead of --compressor)")
+    ap.add_argument("--bucket-mb", type=float, default=DDP_BUCKET_MB, help="DDP's bucket_cap_mb (a plan's: its run's)")
     ap.add_argument("--json", default=None, help="rank 0 writes its result here")
     args = ap.parse_args()
     dist.init_process_group(args.backend)
     try:
         res = train(args.model, args.dataset, args.compressor, args.density, args.memory, args.steps, args.batch,
-                    args.lr, args.seed)
+                    args.lr, args.seed, args.bucket_mb, plan=args.plan)
         if dist.get_rank() == 0:
             every = max(1, args.steps // 10)
             for i in range(0, args.steps, every):

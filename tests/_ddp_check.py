@@ -14,28 +14,32 @@ from arcsim.comm.inprocess import InProcessComm
 from arcsim.compressors import make_compressor
 from arcsim.compressors.base import layout_of
 from arcsim.compressors.memory import make_memory
-from arcsim.hooks import CompressionState, compression_hook
+from arcsim.hooks import CompressionState, MixedState, compression_hook, mixed_hook
 from arcsim.models import loss_fn, model_entry
 from arcsim.models.datasets import make_dataset
+from arcsim.strategy.plan import BucketPlan
 from arcsim.testbed.ddp_train import leave_process_group, train
 
 COMPRESSORS = ("dense", "topk", "arctopk", "star", "randk", "powersgd", "gaussiank")
 
 
 def hook_against_in_process(name: str, rank: int, world: int, memory: str, steps: int,
-                            density: float | None = None) -> tuple[float, CompressionState, list]:
-    """Train ``steps`` DDP steps with ``name``'s comm hook and replay every bucket the ranks saw through the
-    in-process simulation: the worst relative difference, the hook's state and what it saw."""
+                            density: float | None = None, plan: BucketPlan | None = None,
+                            bucket_mb: float = 0.02) -> tuple[float, CompressionState | MixedState, list]:
+    """Train ``steps`` DDP steps with ``name``'s comm hook (or ``plan``'s, a compressor per bucket) and replay every
+    bucket the ranks saw through the in-process simulation: the worst relative difference, the hook's state and
+    what it saw."""
     ds = make_dataset("digits")
     torch.manual_seed(0)
-    ddp = DDP(model_entry("mlp").build(ds.spec), bucket_cap_mb=0.02)  # several buckets
+    ddp = DDP(model_entry("mlp").build(ds.spec), bucket_cap_mb=bucket_mb)  # several buckets
     dense = {} if density is None else {"density": density}
-    state = CompressionState(name, memory=memory, seed=3, **dense)
+    state = CompressionState(name, memory=memory, seed=3, **dense) if plan is None else MixedState(plan)
+    hook = compression_hook if plan is None else mixed_hook
     seen = []
 
     def recording_hook(st, bucket):
         step, inp = st.step, bucket.buffer().clone()
-        fut = compression_hook(st, bucket)
+        fut = hook(st, bucket)
         seen.append((step, bucket.index(), [tuple(p.shape) for p in bucket.parameters()], inp, fut.value().clone()))
         return fut
 
@@ -52,12 +56,23 @@ def hook_against_in_process(name: str, rank: int, world: int, memory: str, steps
         stacked = torch.stack([everyone[r][i][3] for r in range(world)])
         key = (index, stacked.shape[1])
         if key not in state_of:
-            state_of[key] = (make_compressor(name, seed=3 + index, **dense), make_memory(memory))
+            state_of[key] = (make_compressor(name, seed=3 + index, **dense), make_memory(memory)) if plan is None \
+                else planned_in_process(plan, index, stacked.shape[1])
         comp, mem = state_of[key]
         layers = layout_of(shapes, [f"p{j}" for j in range(len(shapes))])
         ref = mem.step(stacked, comp, InProcessComm(world), step, layers)
         worst = max(worst, float((out - ref[0]).norm() / ref.norm().clamp_min(1e-30)))
     return worst, state, seen
+
+
+def planned_in_process(plan: BucketPlan, index: int, numel: int) -> tuple:
+    """The in-process compressor and memory of ``plan``'s bucket ``index`` (dense where DDP's bucket is not the
+    plan's: its provisional first-iteration buckets)."""
+    b = plan.buckets[index] if index < len(plan.buckets) else None
+    if b is None or b.elements != numel:
+        return make_compressor("dense", 1.0, seed=index), make_memory("none")
+    ratio = 1.0 if b.density is None else b.density
+    return make_compressor(b.compressor, ratio, seed=plan.seed + index), make_memory(b.memory)
 
 
 def hook_equals_in_process(name: str, rank: int, world: int) -> float:

@@ -11,7 +11,7 @@ import signal
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import ModuleType
 
@@ -30,9 +30,10 @@ if "ARCSIM_CACHE_DIR" not in os.environ or os.environ.get("ARCSIM_TEST_CACHE_OF"
 
 
 @pytest.fixture
-def default_cluster_prefix() -> Iterator[None]:
-    """Held by a test whose command builds the emulated cluster of the default prefix ('arcsim'): one such test at a
-    time across pytest-xdist workers (a file lock; xdist's loadgroup does not group under pytest 9)."""
+def one_emulated_cluster() -> Iterator[None]:
+    """Held by a test that builds an emulated cluster: one at a time across pytest-xdist workers (a file lock;
+    xdist's loadgroup does not group under pytest 9) — the default prefix ('arcsim') is one cluster, and two clusters'
+    timings on this machine's cores would each measure the other's load."""
     with open(Path(tempfile.gettempdir()) / "arcsim-tests-default-cluster.lock", "a") as fh:
         fcntl.flock(fh, fcntl.LOCK_EX)
         try:
@@ -59,14 +60,18 @@ def run_cli(*args: str, cwd: str | None = None, env: dict[str, str] | None = Non
             timeout: float = 300, process: bool = False) -> subprocess.CompletedProcess:
     """Run arcsim's command line as a user does: its exit code, standard output and standard error. In this test
     process (arcsim.cli.main.main, the entry point's second half: the same errors and exit codes, without a new
-    interpreter importing torch for every call) unless ``process`` or ``env`` asks for a process of its own."""
-    if process or env is not None:
+    interpreter importing torch for every call) unless ``process`` or ``env`` asks for a process of its own; an
+    ``env`` of COLUMNS alone (which every command reads as it starts: arcsim.cli.common.table_width) is set here."""
+    if process or (env is not None and not set(env) <= IN_PROCESS_ENV):
         return subprocess.run([sys.executable, "-m", "arcsim", *args], capture_output=True, text=True, cwd=cwd,
                               env=None if env is None else {**os.environ, **env}, timeout=timeout)
-    return _run_in_process(list(args), cwd)
+    return _run_in_process(list(args), cwd, env or {})
 
 
-def _run_in_process(args: list[str], cwd: str | None) -> subprocess.CompletedProcess:
+IN_PROCESS_ENV = {"COLUMNS"}  # variables run_cli sets in this process rather than spawning one
+
+
+def _run_in_process(args: list[str], cwd: str | None, env: dict[str, str]) -> subprocess.CompletedProcess:
     import contextlib
     import io
     import traceback
@@ -75,6 +80,8 @@ def _run_in_process(args: list[str], cwd: str | None) -> subprocess.CompletedPro
 
     out, err = io.StringIO(), io.StringIO()
     here, argv = os.getcwd(), sys.argv
+    saved = {name: os.environ.get(name) for name in env}
+    os.environ.update(env)
     code: int = 0
     try:
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
@@ -95,6 +102,11 @@ def _run_in_process(args: list[str], cwd: str | None) -> subprocess.CompletedPro
     finally:
         os.chdir(here)
         sys.argv = argv
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
     return subprocess.CompletedProcess(["arcsim", *args], code, out.getvalue(), err.getvalue())
 
 
@@ -131,6 +143,38 @@ def benchmark(name: str) -> ModuleType:
     sys.modules[name] = module
     spec.loader.exec_module(module)
     return module
+
+
+def once_per_session(name: str, compute: Callable[[], object], tmp_path_factory: pytest.TempPathFactory) -> object:
+    """``compute()`` (JSON-able) once for this test session, whichever pytest-xdist workers ask: the first writes it
+    under a lock to the temp folder the session's workers share, the others read it (without xdist: computed)."""
+    import json
+
+    if not _WORKER:
+        return compute()
+    shared = tmp_path_factory.getbasetemp().parent  # pytest-N/, above every worker's popen-gwK/
+    path = shared / f"{name}.json"
+    with open(shared / f"{name}.lock", "a") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            if not path.exists():
+                path.write_text(json.dumps(compute()))
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+    return json.loads(path.read_text())
+
+
+@pytest.fixture(scope="session")
+def published_collectives(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """benchmarks/published_collectives.py run once for the session (~20 s of CPU; two test files read it):
+    ``report`` (its held-out table) and ``fit`` (the constants fitted on every source)."""
+    def compute() -> dict:
+        pub = benchmark("published_collectives")
+        return {"report": pub.report(show_rows=False), "fit": pub.fit(pub.rows())}
+
+    result = once_per_session("published_collectives", compute, tmp_path_factory)
+    assert isinstance(result, dict)
+    return result
 
 
 def netns_available() -> bool:

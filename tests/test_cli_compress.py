@@ -76,7 +76,8 @@ def test_a_trace_compressed_a_group_of_layers_at_a_time_measures_what_the_whole_
     from arcsim.catalog import options_for
     from arcsim.compressors import make_compressor
     from arcsim.compressors.memory import make_memory
-    from arcsim.compressors.session import compress_steps, compress_streamed
+    from arcsim.compressors.session import compress_steps
+    from arcsim.run.streamed import compress_streamed
     from arcsim.traces.format import open_trace
     from arcsim.traces.resolve import resolve_trace
 

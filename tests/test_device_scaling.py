@@ -23,9 +23,9 @@ from arcsim.devices.compute import (
     phase_seconds,
     profiler_hook,
 )
-from arcsim.devices.workload import count_workload
 from arcsim.models import MODELS
 from arcsim.models.source import model_source
+from arcsim.models.workload import count_workload
 
 DATA = '''
 import torch

@@ -15,9 +15,9 @@ from arcsim.devices.catalog import DEVICE_DIR, device, devices, priced_gpu
 from arcsim.devices.compute import load_fit, measured_profiles, modelled_profile, step_error
 from arcsim.devices.kernels import compress_seconds, fitted_rows, load_counts, relative_errors
 from arcsim.devices.predict import predict_compute
-from arcsim.devices.workload import count_workload
 from arcsim.errors import ArcsimError
 from arcsim.files import packaged
+from arcsim.models.workload import count_workload
 from arcsim.topology import load_topology
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -59,7 +59,7 @@ def test_counted_flops_match_the_published_figures():
 
 
 def test_a_counted_workload_is_kept_on_disk_and_read_back_the_same(tmp_path, monkeypatch):
-    from arcsim.devices import workload
+    from arcsim.models import workload
 
     monkeypatch.setenv("ARCSIM_CACHE_DIR", str(tmp_path))
     workload._workload.cache_clear()

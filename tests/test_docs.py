@@ -38,9 +38,11 @@ NOT_RUN = {
     "arcsim train": "trains for 30 s to minutes; tests/test_train.py runs the same paths on fewer steps",
     "topologies/emu4-100m.yaml": "reads the emulated cluster's calibration (root)",
     "--model llama_60m": "captures LLaMA-60M (about a minute on 2 cores); tests/test_llama_text.py checks the model",
+    "width=64 --dataset python-text --seq-len 64": "trains your GPT live (~30 s on 2 cores); tests/test_strategy.py "
+                                                   "runs it smaller",
 }
 SLOW = ("resnet50.npz", "resnet18.npz", "capture --model resnet18", "reports/sweeps/r18", "arcsim train",
-        "--model llama_60m")
+        "--model llama_60m", "width=64 --dataset python-text --seq-len 64")
 
 
 @dataclass(frozen=True)

@@ -11,11 +11,12 @@ from conftest import run_cli
 
 from arcsim.comm.log import record
 from arcsim.compressors.base import Layer
-from arcsim.run import effects
-from arcsim.run.buckets import Bucket
-from arcsim.run.frameworks import get_framework, horovod_buffers, per_tensor_allgathers
 from arcsim.run.scaling import dense_step
-from arcsim.run.timeline import iteration
+from arcsim.strategy import effects
+from arcsim.strategy.buckets import Bucket
+from arcsim.strategy.data_parallel import bucketed_step
+from arcsim.strategy.engine import StepEffects
+from arcsim.strategy.frameworks import get_framework, horovod_buffers, per_tensor_allgathers
 from arcsim.topology import NO_EFFECTS, Effects, from_dict, load_topology
 from arcsim.traces.profile import ComputeProfile, LayerTiming
 
@@ -63,8 +64,8 @@ def test_jitter_pays_ring_steps_times_the_slowest_of_the_nodes() -> None:
 
 
 def test_interference_slows_the_overlapped_backward() -> None:
-    plain = iteration(0.0, 1.0, [0.5], [0.0], [0.2])
-    slowed = iteration(0.0, 1.0, [0.5], [0.0], [0.2], interference=0.5)
+    plain = bucketed_step(0.0, 1.0, [0.5], [0.0], [0.2])
+    slowed = bucketed_step(0.0, 1.0, [0.5], [0.0], [0.2], effects=StepEffects(interference=0.5))
     assert slowed.iteration_s == pytest.approx(plain.iteration_s + 0.1)  # 0.2 s overlapped, half of it added
 
 
@@ -120,11 +121,14 @@ def test_one_jitter_model_drawn_by_the_des_and_expected_by_the_closed_form() -> 
 
 
 @pytest.mark.parametrize(("framework", "bucket_mb", "cap", "buckets"),
-                         [("horovod", "25", 25.0, 20), ("horovod", None, 64.0, 7), ("ddp", None, 25.0, 20)])
+                         [("horovod", "25", 25.0, [2] * 20), ("horovod", None, 64.0, [6] * 6 + [4]),
+                          ("ddp", None, 25.0, [1] + [3] * 13), ("ddp", "25", 25.0, [3] * 13 + [1])])
 def test_bucket_mb_is_honoured_and_defaults_to_the_frameworks_own(tmp_path, framework, bucket_mb, cap, buckets):
     """Issue 49: --bucket-mb 25 with Horovod gives 25 MiB fusion buffers (it gave 64 when 25 was also the default);
-    without it, each framework's default: DDP's 25 MiB buckets, Horovod's 64 MiB fusion threshold. 100 M parameters
-    in 40 layers of 10 MB: two layers to a 25 MiB buffer, six to a 64 MiB one."""
+    without it, each framework's default: DDP's 25 MiB buckets after torch's 1 MiB first one (its own only under the
+    default cap), Horovod's 64 MiB fusion threshold. 100 M parameters in 40 layers of 10 MB (layers per buffer
+    listed): Horovod fuses while under its threshold, two to 25 MiB, six to 64; a DDP bucket closes with the layer
+    that reaches its cap, three to 25 MiB, the first layer alone in DDP's 1 MiB first bucket."""
     out = tmp_path / "b.json"
     r = run_cli("run", "--params", "100M", "--layers", "40", "-c", "dense", "--policy", "none", "--ratios", "0.01",
                 "--framework", framework, *(["--bucket-mb", bucket_mb] if bucket_mb else []), "--json", str(out),
@@ -132,16 +136,17 @@ def test_bucket_mb_is_honoured_and_defaults_to_the_frameworks_own(tmp_path, fram
     assert r.returncode == 0, r.stderr
     res = json.loads(out.read_text())
     assert res["config"]["bucket_mb"] == cap
-    assert len(res["buckets"]) == buckets
+    assert [b["layers"] for b in res["buckets"]] == buckets
 
 
 def test_dense_step_caps_buckets_at_the_frameworks_default() -> None:
-    layers = [LayerTiming(f"l{i}", 2_621_440, 0.0) for i in range(10)]  # 10 MiB of fp32 each, all ready at once
+    layers = [LayerTiming(f"l{i}", 2_097_152, 0.0) for i in range(10)]  # 8 MiB of fp32 each, all ready at once
     prof = ComputeProfile("toy", 64, "cuda", "V100", 0.0, 0.0, layers, "profile")
     topo = load_topology("2x4-ib100")
-    assert dense_step(prof, topo, framework="ddp").buckets == 5        # 25 MiB: two layers each
-    assert dense_step(prof, topo, framework="horovod").buckets == 2    # 64 MiB: six, then four
-    assert dense_step(prof, topo, 25, framework="horovod").buckets == 5
+    assert dense_step(prof, topo, framework="ddp").buckets == 4        # torch's 1 MiB first (one layer), then 4, 4, 1
+    assert dense_step(prof, topo, 25, framework="ddp").buckets == 3    # a cap given, from the first: 4, 4, 2
+    assert dense_step(prof, topo, framework="horovod").buckets == 2    # 64 MiB: eight, then two
+    assert dense_step(prof, topo, 25, framework="horovod").buckets == 4  # three under 25 MiB: 3, 3, 3, 1
 
 
 def test_compute_is_the_devices_on_every_cluster_and_the_effects_are_shown_apart(tmp_path) -> None:

@@ -6,6 +6,7 @@ import math
 import pytest
 from conftest import benchmark, flat, multi, run_cli
 
+from arcsim.catalog import LIBRARY_NAMES
 from arcsim.collectives import build
 from arcsim.collectives.libraries import LIBRARIES, get_library
 from arcsim.collectives.libraries import nccl_tuning as tuning
@@ -16,18 +17,22 @@ from arcsim.pricing import Pricer, plan, price_collective
 from arcsim.topology import Calibrated, load_topology
 
 
+def test_the_catalogue_names_the_libraries_the_registry_holds():
+    assert tuple(LIBRARIES) == LIBRARY_NAMES
+
+
 def _published():
     return benchmark("published_collectives")
 
 
-def test_published_nccl_tables_within_the_recorded_errors_by_source_and_band():
+def test_published_nccl_tables_within_the_recorded_errors_by_source_and_band(published_collectives):
     """518 rows of published nccl-tests tables and NCCL maintainers' figures (benchmarks/published): per source and
     size band, the model's MAPE with that source held out of the fit stays where it was measured; over RDMA and EFA
     the mid band (64 KiB – 64 MiB, where compressed buckets live) is under 18.5 % fitted and 21.5 % held out, ≥ 64
     MiB under 9.5 % (before the 2 × 8 H100/B200, 2-rack GB200 and multi-rack NVL72 tables found later and never
     fitted: 13.1, 17.5 and 6.9 %); and the committed constants are what --fit finds."""
     pub = _published()
-    table = pub.report(show_rows=False)
+    table = published_collectives["report"]  # pub.report(show_rows=False), run once for the session
     mid, large = pub.BANDS[1], pub.BANDS[2]
     bound = {("nccl-tests#309", mid): 14, ("azure-jz", mid): 18, ("oci-hpc-oke", mid): 17, ("awsome-dt", mid): 25,
              ("a3mega-ztan", mid): 31, ("nccl-tests#232", mid): 14, ("together", large): 4,
@@ -40,7 +45,7 @@ def test_published_nccl_tables_within_the_recorded_errors_by_source_and_band():
     assert table["RDMA and EFA"][mid]["committed"] < 18.5 and table["RDMA and EFA"][mid]["held_out"] < 21.5
     assert table["RDMA and EFA"][large]["committed"] < 9.5
     assert table["all"][mid]["committed"] < 0.5 * table["all"][mid]["ideal"]
-    assert pub.fit(pub.rows()) == pub.NET_STEP_US
+    assert published_collectives["fit"] == pub.NET_STEP_US  # pub.fit(pub.rows())
 
 
 def test_nvls_is_chosen_where_nvidia_says_and_prices_its_bus_bandwidth():
@@ -236,7 +241,10 @@ def test_nccl_over_sockets_carries_what_tcp_through_the_host_carries():
     for size in (2**10, 2**20, 2**27):
         assert plan(load_topology("4x8-tcp25-a100-nvlink"), "allreduce", "auto", size).choice.protocol.name != "LL128"
     pub = _published()
-    errors = {(r.source, r.topology, r.bytes): pub.error(r, pub.NET_STEP_US) for r in pub.rows() if not r.note}
+    held_out = [r for r in pub.rows() if not r.note and (r.source == "nccl#450" or (
+        r.source == "nccl#209" and r.topology.endswith("x1-tcp32-v100")))]  # priced: the rows asserted on alone
+    assert {r.source for r in held_out} == {"nccl#209", "nccl#450"}
+    errors = {(r.source, r.topology, r.bytes): pub.error(r, pub.NET_STEP_US) for r in held_out}
     for (source, topology, _), err in errors.items():
         if source == "nccl#209" and topology.endswith("x1-tcp32-v100"):
             assert abs(err) < 0.05, topology

@@ -15,8 +15,8 @@ from arcsim.compressors.base import Layer, topk_indices
 from arcsim.compressors.nested import NestedTopK
 from arcsim.run import analysis as analysis_module
 from arcsim.run.analysis import MEASURED_AHEAD, Analysis, RunConfig
-from arcsim.run.buckets import Bucket
 from arcsim.run.measure import SMALL_WORK_ELEMENTS, GradientStats, intra_op_threads, measure, measuring_threads
+from arcsim.strategy.buckets import Bucket
 
 CONFIG = RunConfig(compressors=("dense", "topk", "randk", "arctopk", "gaussiank", "powersgd", "var"),
                    ratios=(0.001, 0.01, 0.1), policy="none")  # 8x8-ib100: compression modelled on its A100

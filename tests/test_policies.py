@@ -120,11 +120,11 @@ def test_paper_needs_a_topk_compressor(tmp_path):
 def _mix_case(second_bucket_s: float):
     """Two buckets; candidate a is quick on bucket 0, b on bucket 1 (``second_bucket_s`` for a there)."""
     from arcsim.compressors.base import Layer
-    from arcsim.run.buckets import Bucket
     from arcsim.run.candidates import Candidate, Context
     from arcsim.run.compute import ComputeTimes
     from arcsim.run.measure import Measurement
     from arcsim.run.policies import by_time_to_target
+    from arcsim.strategy.buckets import Bucket
 
     buckets = [Bucket(i, (Layer(f"l{i}", (10,), 10 * i),), 10 * i, 10 * (i + 1), 0.0) for i in range(2)]
     from arcsim.topology import load_topology

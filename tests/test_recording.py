@@ -172,8 +172,8 @@ def test_a_recording_without_its_input_is_refused_on_a_gpu_with_the_way_out(user
 
 def test_a_recorded_huggingface_input_is_counted_with_its_own_loss_at_any_batch(tmp_path: Path):
     pytest.importorskip("transformers")
-    from arcsim.devices.workload import count_workload
     from arcsim.models.inputs import RecordedInput
+    from arcsim.models.workload import count_workload
 
     config = {"model_type": "llama", "hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4,
               "num_hidden_layers": 1, "vocab_size": 1000, "tie_word_embeddings": False}

@@ -13,9 +13,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from arcsim.compressors.base import Layer
-from arcsim.run.buckets import make_buckets
 from arcsim.run.pareto import choose, pareto_front
-from arcsim.run.timeline import iteration
+from arcsim.strategy.buckets import make_buckets
+from arcsim.strategy.data_parallel import bucketed_step
 
 FAST = ("-c", "dense,fp16,topk,arctopk,star,randk", "--ratios", "0.003,0.01,0.1")
 
@@ -28,26 +28,27 @@ def layers_of(sizes):
     return tuple(out)
 
 
-def test_buckets_pack_in_order_under_the_cap():
+def test_buckets_pack_in_order_as_ddps_reducer():
+    """DDP's rule: a layer joins the open bucket, which closes once it holds the cap or more."""
     layers = layers_of([100, 200, 50, 1000, 10, 10])
     ready = [0.1, 0.2, 0.3, 0.4, 0.5, 0.45]
     buckets = make_buckets(layers, ready, cap_bytes=1200)  # 300 elements of fp32
-    assert [[la.name for la in b.layers] for b in buckets] == [["l0", "l1"], ["l2"], ["l3"], ["l4", "l5"]]
-    assert [(b.lo, b.hi) for b in buckets] == [(0, 300), (300, 350), (350, 1350), (1350, 1370)]
-    assert [b.ready_s for b in buckets] == [0.2, 0.3, 0.4, 0.5]  # the latest layer of each
-    assert buckets[3].layout()[1].offset == 10
+    assert [[la.name for la in b.layers] for b in buckets] == [["l0", "l1"], ["l2", "l3"], ["l4", "l5"]]
+    assert [(b.lo, b.hi) for b in buckets] == [(0, 300), (300, 1350), (1350, 1370)]
+    assert [b.ready_s for b in buckets] == [0.2, 0.4, 0.5]  # the latest layer of each
+    assert buckets[2].layout()[1].offset == 10
 
 
 def test_timeline_by_hand():
     # forward 1; buckets ready at 1 and 2 into backward (3 long); compress 0.5 each; comm 2 and 1
-    t = iteration(1.0, 3.0, [1.0, 2.0], [0.5, 0.5], [2.0, 1.0])
+    t = bucketed_step(1.0, 3.0, [1.0, 2.0], [0.5, 0.5], [2.0, 1.0])
     assert t.comm_start == (2.5, 4.5) and t.comm_end == (4.5, 5.5)
     assert t.compute_s == 4.0 and t.compress_s == 1.0
     assert t.iteration_s == 5.5 and t.exposed_comm_s == pytest.approx(0.5)  # compute stream ends at 5
-    hidden = iteration(1.0, 3.0, [1.0, 2.0], [0.0, 0.0], [0.1, 0.1])
+    hidden = bucketed_step(1.0, 3.0, [1.0, 2.0], [0.0, 0.0], [0.1, 0.1])
     assert hidden.iteration_s == 4.0 and hidden.exposed_comm_s == 0.0
     # the optimizer step waits for the last communication: it adds after it, it does not hide it
-    stepped = iteration(1.0, 3.0, [1.0, 2.0], [0.5, 0.5], [2.0, 1.0], after_s=0.75)
+    stepped = bucketed_step(1.0, 3.0, [1.0, 2.0], [0.5, 0.5], [2.0, 1.0], after_s=0.75)
     assert stepped.iteration_s == 6.25 and stepped.compute_s == 4.75 and stepped.exposed_comm_s == pytest.approx(0.5)
 
 

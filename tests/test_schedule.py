@@ -15,6 +15,7 @@ from conftest import run_cli
 
 from arcsim.network_schedule import NetworkSchedule, Phase, ScheduleError, load_schedule
 from arcsim.run.measure import BucketedCompression
+from arcsim.run.target import Target
 from arcsim.topology import load_topology
 from arcsim.train import scheduled
 from arcsim.train.estimate import Progress, time_over_schedule
@@ -28,7 +29,6 @@ from arcsim.train.scheduled import (
     load_bounds,
     summarise,
 )
-from arcsim.train.target import Target
 from arcsim.units import parse_duration, parse_rate
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"

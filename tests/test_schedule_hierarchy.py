@@ -11,9 +11,9 @@ from conftest import run_cli
 from arcsim.compressors.hierarchy import group_workers
 from arcsim.network_schedule import NetworkSchedule, Phase
 from arcsim.run.measure import BucketedCompression
+from arcsim.run.target import Target
 from arcsim.train.loop import TrainConfig, prepare
 from arcsim.train.scheduled import ScheduledConfig, ScheduledExperiment, decisions
-from arcsim.train.target import Target
 from arcsim.units import parse_duration, parse_rate
 
 # 8 nodes × 8 L40S behind shared PCIe switches (4 GB/s per GPU when all of them move data at once), 8 NICs per node

@@ -11,10 +11,10 @@ import pytest
 import torch
 
 from arcsim.network_schedule import NetworkSchedule, Phase
+from arcsim.run.target import Target
 from arcsim.train.bound import Curve, Segment, best_sequence, curve_of, segments_after
 from arcsim.train.estimate import Progress, descent_ratio, expected_time, fit_progress, time_over_schedule
 from arcsim.train.policies import KEEP_MARGIN, Controller
-from arcsim.train.target import Target
 
 
 def test_the_descent_ratio_of_a_top_k_of_the_mean_is_the_energy_it_keeps():

@@ -15,7 +15,8 @@ from conftest import run_cli
 from arcsim.compressors.base import Layer
 from arcsim.errors import ArcsimError
 from arcsim.models import MODELS, count_params, loss_fn
-from arcsim.models.datasets import DataSpec, make_dataset
+from arcsim.models.datasets import make_dataset
+from arcsim.models.dataspec import DataSpec
 from arcsim.traces.capture import CaptureConfig, capture
 from arcsim.traces.format import SCHEMA_VERSION, TraceError, TraceWriter, open_trace
 from arcsim.traces.profile import ComputeProfile, measure_profile

@@ -12,11 +12,11 @@ from conftest import run_cli
 
 from arcsim.errors import ArcsimError
 from arcsim.models import loss_fn, model_entry
+from arcsim.run.target import Target
 from arcsim.train import experiment
 from arcsim.train.experiment import load_history, run_experiment
 from arcsim.train.loop import TrainConfig, prepare, train
 from arcsim.train.outcome import claims, summarise
-from arcsim.train.target import Target
 
 SMALL = {"model": "mlp", "dataset": "digits", "workers": 4, "batch": 8, "steps": 12, "eval_every": 4}
 

@@ -12,11 +12,11 @@ import torch.nn.functional as F
 from conftest import run_cli
 
 from arcsim.models import loss_fn, model_entry
+from arcsim.run.target import Target
 from arcsim.train import scheduled
 from arcsim.train.loop import TrainConfig, evaluate, prepare, train
 from arcsim.train.outcome import summarise
 from arcsim.train.scheduled import ScheduledConfig, ScheduledExperiment
-from arcsim.train.target import Target
 
 SMALL = {"dataset": "digits", "workers": 4, "batch": 8, "steps": 12, "eval_every": 4}
 

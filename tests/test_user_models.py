@@ -11,7 +11,7 @@ import pytest
 import torch
 from conftest import run_cli
 
-from arcsim.models.datasets import DataSpec
+from arcsim.models.dataspec import DataSpec
 from arcsim.models.source import ModelError, ModelSource, UserBatches, parse_args
 from arcsim.traces.capture import CaptureConfig, capture
 from arcsim.traces.format import open_trace

@@ -21,7 +21,7 @@ REPORT = ROOT / "reports" / "validation.csv"
 
 
 @pytest.mark.skipif(not netns_available(), reason="needs root and network namespaces")
-def test_validate_writes_a_consistent_report(tmp_path, default_cluster_prefix):
+def test_validate_writes_a_consistent_report(tmp_path, one_emulated_cluster):
     args = ("validate", "--ranks", "2", "--bandwidth", "200Mbit", "--delay", "0.5ms", "-c", "dense,topk,arctopk",
             "--model", "mlp", "--steps", "6", "--repeats", "2", "--out", str(tmp_path))
     r = run_cli(*args, timeout=600)
@@ -48,7 +48,7 @@ def test_validate_writes_a_consistent_report(tmp_path, default_cluster_prefix):
 
 
 @pytest.mark.skipif(not netns_available(), reason="needs root and network namespaces")
-def test_node_aware_validation_runs_both_hierarchies_on_nodes_of_two(tmp_path, default_cluster_prefix):
+def test_node_aware_validation_runs_both_hierarchies_on_nodes_of_two(tmp_path, one_emulated_cluster):
     """2 nodes × 2 ranks: one calibration (world, node and rail groups), flat and node-aware DDP hooks measured
     and each predicted its own way on the calibrated 2 × 2 topology."""
     from arcsim.pricing import Pricer

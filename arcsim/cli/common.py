@@ -15,7 +15,7 @@ import click
 from rich.console import Console
 from tqdm import tqdm
 
-from arcsim.catalog import SCOPES
+from arcsim.catalog import MODELS, SCOPES
 from arcsim.cli.paths import JsonTarget
 from arcsim.collectives.limits import DES_EVENTS, EVENTS_PER_SECOND, STORED_MESSAGES
 from arcsim.files import write_atomic
@@ -203,6 +203,10 @@ def optimizer_options(command: Callable) -> Callable:
     return command
 
 
+MODEL_HELP = (f"One of the zoo ({', '.join(MODELS)}), or your own: path/to/file.py:build or package.module:build, "
+              "a callable returning an nn.Module.")
+
+
 def model_arg_options(command: Callable) -> Callable:
     """--model-arg and --data: the factory's arguments and the user's batches, for a model of their own."""
     command = click.option("--data", default=None, metavar="FILE.py:NAME",
@@ -223,6 +227,14 @@ INPUT_SIZE = Count(maximum=4096, why_max=" (an image side or a sequence length; 
 input_size_option = click.option(
     "--input-size", "--seq-len", "input_size", type=INPUT_SIZE, default=None,
     help="Image side or sequence length (--seq-len: the same, a GPT's tokens per example); default: the dataset's.")
+
+
+def model_options(command: Callable) -> Callable:
+    """--model (required), its --model-arg and --data, --dataset and --input-size: the model a command prices."""
+    command = input_size_option(command)
+    command = click.option("--dataset", default=None,
+                           help="The built-in dataset its forward takes (default: the model's own).")(command)
+    return click.option("--model", required=True, help=MODEL_HELP)(model_arg_options(command))
 
 
 scope_option = click.option(

@@ -5,13 +5,11 @@ from __future__ import annotations
 import click
 from rich.table import Table
 
-from arcsim.catalog import MODELS
 from arcsim.cli.common import (
     Count,
     console,
-    input_size_option,
     json_option,
-    model_arg_options,
+    model_options,
     tables_wanted,
     write_json,
 )
@@ -61,11 +59,7 @@ def device_show(name: str, json_out: str | None) -> None:
 
 
 @device_group.command("predict")
-@click.option("--model", required=True,
-              help=f"One of the zoo ({', '.join(MODELS)}), or your own: path/to/file.py:build or package.module:build.")
-@model_arg_options
-@click.option("--dataset", default=None, help="The built-in dataset its forward takes (default: the model's own).")
-@input_size_option
+@model_options
 @click.option("--gpu", required=True, help="A catalogue device (arcsim device list).")
 @click.option("--batch", "-b", default=32, show_default=True, type=Count(), help="Batch per GPU.")
 @click.option("--precision", type=click.Choice(PRECISIONS), default="fp32", show_default=True,

@@ -45,6 +45,7 @@ from arcsim.cli.sweep import sweep as sweep_command
 from arcsim.cli.trace import trace as trace_group
 from arcsim.cli.train import train as train_command
 from arcsim.cli.validate import validate as validate_command
+from arcsim.collectives.libraries import get_library
 from arcsim.collectives.limits import allow_any
 from arcsim.collectives.tree import MAX_CHUNKS
 from arcsim.errors import ArcsimError
@@ -124,6 +125,45 @@ def _instance_table(instances: dict[str, Topology]) -> Table:
     return table
 
 
+def summary_rows(t: Topology) -> list[tuple[str, str]]:
+    """What `arcsim topo show` lists of a topology, a (field, value) row each."""
+    net = t.network
+    rows = [
+        ("ranks", f"{t.ranks} ({t.nodes} nodes × {t.gpus_per_node} GPUs)"),
+        ("gpu", t.gpu or "none named (compute as measured with the trace)"),
+        ("library", f"{t.library}: {get_library(t.library).summary}"),
+        ("intra-node", f"{t.intra.kind}: {format_rate(t.intra.bandwidth)} per GPU per direction, "
+                       f"latency {format_duration(t.intra.latency)}"),
+        ("inter-node", f"{net.kind}: {net.physical_nics} NIC(s) per node × "
+                       f"{format_bits(net.bandwidth_per_physical_nic)}"
+                       + (f" ({net.nics_per_rail} per GPU, striped: one {format_bits(net.bandwidth_per_nic)} rail "
+                          "per GPU)" if net.nics_per_rail > 1 else "")
+                       + f" = {format_bits(t.node_bandwidth)} per node, latency {format_duration(net.latency)}"),
+        ("fabric", net.fabric if net.fabric == "switch" else
+         f"fat-tree, {net.nodes_per_leaf} nodes per leaf, {net.oversubscription:g}:1 oversubscribed "
+         f"(uplink {format_bits(t.uplink_bandwidth)} per leaf)"),
+        ("reduction γ", f"{t.gamma:g} s/byte"),
+        ("stragglers", ", ".join(f"rank {r}: {s:g}×" for r, s in sorted(t.stragglers.items())) or "none"),
+        ("jitter per network crossing", f"{format_duration(t.crossing_jitter_s)} (mean, exponential)"
+         if t.crossing_jitter_s else "none"),
+        ("step effects", "none" if t.effects.none else
+         f"compute σ/μ {t.effects.compute_cv:g} (the slowest of {t.ranks} ranks), "
+         f"{format_duration(t.effects.step_jitter_s)} mean jitter per network step, "
+         f"backward slowed {t.effects.interference:g} × the communication it overlaps"),
+    ]
+    measured = [("", op, c) for op, c in t.calibration.items()] + [
+        (f"{group} ", op, c) for group, fits in t.group_calibration.items() for op, c in fits.items()]
+    for group, op, c in measured:
+        rows.append((f"measured {group}{op}", f"{format_duration(c.latency)} + size / {format_rate(c.bandwidth)} "
+                                       f"(R² {c.r2:.4f}, {c.ranks} ranks"
+                                       + (f", run by {c.library})" if c.library else ")")
+                                       + ("" if c.small is None else
+                                          f"; up to {format_size(c.small.up_to)}: "
+                                          f"{format_duration(c.small.latency)} + size / "
+                                          f"{format_rate(c.small.bandwidth)}")))
+    return rows
+
+
 @topo.command("show")
 @click.argument("spec", type=Reads("topology"))
 @json_option
@@ -136,7 +176,7 @@ def topo_show(spec: str, json_out: str | None) -> None:
     table = Table(title=f"{t.name}", caption=t.description, show_header=False)
     table.add_column("field", style="bold")
     table.add_column("value")
-    for key, value in t.summary_rows():
+    for key, value in summary_rows(t):
         table.add_row(key, value)
     table.add_row("source", t.source)
     console.print(table)
@@ -247,7 +287,8 @@ def compress(compressor: str, density: float, memory: str | None, seed: int, ran
     from arcsim.catalog import memory_for, options_for
     from arcsim.compressors import Compressor, make_compressor  # torch: imported by the commands that need it
     from arcsim.compressors.memory import Memory, make_memory
-    from arcsim.compressors.session import compress_steps, compress_streamed
+    from arcsim.compressors.session import compress_steps
+    from arcsim.run.streamed import compress_streamed
     from arcsim.traces.format import open_trace
     from arcsim.traces.resolve import resolve_trace
     from arcsim.traces.synthetic import synthetic_steps

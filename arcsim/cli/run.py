@@ -28,6 +28,7 @@ from arcsim.cli.common import (
     ListOf,
     Number,
     console,
+    input_size_option,
     json_option,
     library_option,
     model_arg_options,
@@ -47,6 +48,7 @@ from arcsim.traces.estimates import NOTE_SECONDS, Load, rough_duration
 from arcsim.units import parse_duration, parse_params, parse_rate
 
 if TYPE_CHECKING:  # torch stays unimported until a command needs it
+    from arcsim.run.analysis import RunConfig
     from arcsim.traces.training import TrainingConfig
 
 
@@ -69,6 +71,7 @@ if TYPE_CHECKING:  # torch stays unimported until a command needs it
                                             "or your own: path/to/file.py:build or package.module:build.")
 @model_arg_options
 @click.option("--dataset", default=None, help="With --live: its dataset (default: the model's own).")
+@input_size_option
 @click.option("--workers", "-w", type=Count(minimum=2, maximum=1024),
               default=LIVE_DEFAULTS["workers"], show_default=True,
               help="With --live: data-parallel workers.")
@@ -103,6 +106,10 @@ if TYPE_CHECKING:  # torch stays unimported until a command needs it
               help="flat: compress across every rank; node: reduce dense inside each node and compress only between "
                    "nodes (each GPU its slice, one rail per GPU); both: price every compressor both ways and let "
                    "the policy choose.")
+@click.option("--sharding", default="none", show_default=True,
+              help="Parallel strategies to price side by side: none (DDP, with the compressors), full (FSDP / "
+                   "ZeRO-3), hybrid (HSDP), joined by commas; the sharded ones with ZeRO++'s quantised collectives, "
+                   "memory per GPU on every row (docs/sharding.md).")
 @click.option("--policy", default="auto", show_default=True,
               help=f"One of: {', '.join(POLICIES)}. auto: the soonest to the target (iteration time × the steps its "
                    "error needs); paper: Tyagi & Swany's per-bucket NSGA-II over time and compression gain; gate: "
@@ -144,26 +151,30 @@ if TYPE_CHECKING:  # torch stays unimported until a command needs it
 @click.option("--csv", "csv_out", type=OutputPath(), default=None, help="Write every point as CSV.")
 @click.option("--plot", "plot_dir", type=OutputPath(directory=True, writes=("*.png",)), default=None,
               help="Write PNG charts here.")
+@click.option("--write-plan", "plan_out", type=OutputPath(), default=None,
+              help="Write the recommendation per DDP bucket as JSON, for the hook: "
+                   "arcsim.hooks.MixedState.load(FILE) (docs/ddp-hooks.md).")
 @scope_option
 @click.option("--force", is_flag=True, help=f"{FORCE_TRAINING_HELP} With --engine des: price past its work limits.")
 def run(topology: str, trace: str | None, no_capture: bool, params: str | None, layers: int | None,
         live: bool, model: str | None, model_args: tuple[str, ...], data: str | None, dataset: str | None,
-        workers: int, steps: int, live_device: str,
+        input_size: int | None, workers: int, steps: int, live_device: str,
         compressors: str, density: float, memory: str | None,
         engine: str, library: str | None, bandwidth: str | None, latency: str | None, bucket_mb: float | None,
-        framework: str, cycle_ms: float | None, fusion: str, hierarchy: str, policy: str, slack: float | None,
-        dense_steps: float, ratios: tuple[float, ...],
+        framework: str, cycle_ms: float | None, fusion: str, hierarchy: str, sharding: str, policy: str,
+        slack: float | None, dense_steps: float, ratios: tuple[float, ...],
         weights: tuple[float, float] | None,
         gpu: str | None, batch: int | None, precision: str | None, compare_gpu: str | None, compute_profile: str | None,
         seed: int,
         grid_steps: int | None, all_collectives: bool, json_out: str | None, csv_out: str | None, plot_dir: str | None,
         scope: str, schedule: str | None = None, history_dir: str | None = None, force: bool = False,
-        exact: bool = False) -> None:
+        exact: bool = False, plan_out: str | None = None) -> None:
     """Predict the iteration time of every compressor and collective for a trace on a topology."""
     from arcsim.run import report
     from arcsim.run.analysis import Analysis, RunConfig
 
-    training = live_training(live, model, dataset, workers, steps, live_device, batch, seed, model_args, data)
+    training = live_training(live, model, dataset, workers, steps, live_device, batch, seed, model_args, data,
+                             input_size)
     cfg = RunConfig(topology=topology, trace=trace, compressors=tuple(c.strip() for c in compressors.split(",")
                                                                        if c.strip()),
                     density=density, memory=memory, engine=engine, bucket_mb=bucket_mb, policy=policy,
@@ -177,6 +188,10 @@ def run(topology: str, trace: str | None, no_capture: bool, params: str | None, 
                     params=parse_params(params) if params is not None else None, layers=layers, live=training,
                     hierarchy=hierarchy, framework=framework, cycle_ms=cycle_ms, exact=exact)
     cfg.check()
+    if plan_out and (framework != "ddp" or fusion != "bucket"):
+        raise ArcsimError("--write-plan plans DDP's buckets for its comm hook: give it with --framework ddp and "
+                          "--fusion bucket (the defaults)")
+    strategies = _strategies(sharding, cfg)
     network_schedule = None
     if schedule is not None:
         from arcsim.network_schedule import load_schedule
@@ -226,6 +241,13 @@ def run(topology: str, trace: str | None, no_capture: bool, params: str | None, 
 
         note("pricing again with the whole model fused into one vector …")
         fused = fusion_comparison(analysis, result)
+    refused: dict[str, str] = {}
+    if strategies != ("none",):
+        from arcsim.run.strategies import not_under_full_sharding, strategy_rows
+
+        note("pricing the parallel strategies …")
+        result.strategies = strategy_rows(analysis, result, strategies)
+        refused = not_under_full_sharding(cfg.compressors) if "full" in strategies else {}
     if tables_wanted(json_out):
         report.render(result, console, every_collective=all_collectives)
         if fused is not None:
@@ -233,6 +255,13 @@ def run(topology: str, trace: str | None, no_capture: bool, params: str | None, 
     payload = report.to_json(result)
     if fused is not None:
         payload["fusion"] = fused
+    if result.strategies:
+        from arcsim.run.strategies import render_strategies
+
+        payload["strategies"] = [r.to_dict() for r in result.strategies]
+        payload["not_under_full_sharding"] = refused
+        if tables_wanted(json_out):
+            render_strategies(result.strategies, result.ctx.topo.name, console, refused)
     if network_schedule is not None:
         from arcsim.run.phases import per_phase, render_phases
 
@@ -244,11 +273,11 @@ def run(topology: str, trace: str | None, no_capture: bool, params: str | None, 
         from arcsim.run.convergence import render_time_to_target, time_to_target
 
         rec = result.recommendation
-        if result.policy is not None and result.policy.name == "auto":  # the pick is auto's, by its steps model
+        if result.policy is not None and result.policy.name in ("auto", "paper"):  # the pick is the policy's
             pick = next((p for p in result.pareto.evaluated if (p.compressor, p.collective, p.hierarchy, p.density)
                          == (rec.compressor, rec.collective, rec.hierarchy, rec.density)), None)
             payload["time_to_target"] = time_to_target(result.pareto.evaluated, pick, trained,
-                                                       "auto's pick (steps from its model of error)")
+                                                       f"{result.policy.name}'s pick (steps from its model of error)")
         else:
             payload["time_to_target"] = time_to_target(result.pareto.evaluated, result.pareto.chosen, trained)
         priced = analysis.trace.meta.get("model")
@@ -258,6 +287,8 @@ def run(topology: str, trace: str | None, no_capture: bool, params: str | None, 
         if tables_wanted(json_out):
             render_time_to_target(payload["time_to_target"], console)
     write_json(payload, json_out)
+    if plan_out:
+        write_plan(result.recommendation.plan, Path(plan_out))
     if csv_out:
         report.write_csv(result, Path(csv_out))
         note(f"wrote {csv_out}")
@@ -280,16 +311,39 @@ def run(topology: str, trace: str | None, no_capture: bool, params: str | None, 
 
 
 
+def _strategies(sharding: str, cfg: RunConfig) -> tuple[str, ...]:
+    """--sharding's strategies, refused before any work where the run or its cluster cannot shard."""
+    from arcsim.run.strategies import check_sharding, parse_sharding
+    from arcsim.topology import load_topology
+
+    strategies = parse_sharding(sharding)
+    if strategies != ("none",):
+        topo = load_topology(cfg.topology)
+        check_sharding(strategies, topo.ranks, topo.gpus_per_node, topo.nodes, topo.name, cfg.params is not None)
+    return strategies
+
+
+def write_plan(plan: dict | None, path: Path) -> None:
+    """The recommendation's per-bucket plan to ``path``, for arcsim.hooks.MixedState."""
+    from arcsim.strategy.plan import BucketPlan
+
+    assert plan is not None  # DDP buckets: checked before any work
+    loaded = BucketPlan.from_dict(plan)
+    loaded.save(path)
+    note(f"wrote {path}: {loaded.summary()}; in the job: ddp.register_comm_hook(MixedState.load({str(path)!r}), "
+         "mixed_hook)")
+
+
 def live_training(live: bool, model: str | None, dataset: str | None, workers: int, steps: int, live_device: str,
                   batch: int | None, seed: int, model_args: tuple[str, ...] = (),
-                  data: str | None = None) -> TrainingConfig | None:
+                  data: str | None = None, input_size: int | None = None) -> TrainingConfig | None:
     """The live training --live asks for (None without it); --model, --dataset, --workers, --steps and --device
     go with --live only."""
     if not live:
         source = click.get_current_context().get_parameter_source
         given = [flag for flag, name in (("--model", "model"), ("--model-arg", "model_args"), ("--data", "data"),
-                                         ("--dataset", "dataset"), ("--workers", "workers"), ("--steps", "steps"),
-                                         ("--device", "live_device"))
+                                         ("--dataset", "dataset"), ("--seq-len", "input_size"),
+                                         ("--workers", "workers"), ("--steps", "steps"), ("--device", "live_device"))
                  if source(name) not in (None, click.core.ParameterSource.DEFAULT)]
         if given:
             raise ArcsimError(f"{', '.join(given)} choose{'s' if len(given) == 1 else ''} what --live trains: add "
@@ -299,4 +353,5 @@ def live_training(live: bool, model: str | None, dataset: str | None, workers: i
 
     if not model:
         raise ArcsimError("--live needs --model, e.g. --live --model resnet18 (arcsim trace capture --help lists them)")
-    return live_config(model, workers, steps, live_device, seed, dataset, batch, model_args, data)
+    return live_config(model, workers, steps, live_device, seed, dataset, batch, model_args, data,
+                       input_size=input_size)

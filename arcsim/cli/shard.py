@@ -9,15 +9,13 @@ import click
 from click.core import ParameterSource
 from rich.table import Table
 
-from arcsim.catalog import MODELS
 from arcsim.cli.common import (
     TOPOLOGY_HELP,
     Count,
     console,
-    input_size_option,
     json_option,
     library_option,
-    model_arg_options,
+    model_options,
     note,
     tables_wanted,
     write_json,
@@ -26,7 +24,7 @@ from arcsim.cli.paths import Reads
 from arcsim.devices.catalog import PRECISIONS
 from arcsim.errors import ArcsimError
 from arcsim.netsim import ENGINES
-from arcsim.sharding.schedule import STRATEGIES, VARIANT_HELP, Quantize
+from arcsim.strategy.schedule import STRATEGIES, VARIANT_HELP, Quantize
 from arcsim.topology import DEFAULT_TOPOLOGY
 from arcsim.units import format_duration, format_size
 
@@ -66,11 +64,7 @@ def _what_one_gpu_nodes_can_do(strategies: list[str], variants: list[Quantize],
 
 
 @click.command("shard")
-@click.option("--model", required=True,
-              help=f"One of the zoo ({', '.join(MODELS)}), or your own: path/to/file.py:build or package.module:build.")
-@model_arg_options
-@click.option("--dataset", default=None, help="The built-in dataset its forward takes (default: the model's own).")
-@input_size_option
+@model_options
 @click.option("--topology", "-t", default=DEFAULT_TOPOLOGY, show_default=True, type=Reads("topology"),
               help=TOPOLOGY_HELP)
 @library_option
@@ -100,10 +94,11 @@ def shard(model: str, model_args: tuple[str, ...], data: str | None, dataset: st
           trace: str | None, detail: bool, json_out: str | None) -> None:
     """Iteration time, exposed communication, bytes per GPU across nodes and memory per GPU of DDP, FSDP and
     HSDP, with ZeRO++'s quantised collectives where asked."""
+    from arcsim.compressors.sharded import ReductionError
     from arcsim.models.source import model_source
     from arcsim.sharding.price import study
-    from arcsim.sharding.quant import ReductionError, trace_errors
-    from arcsim.sharding.schedule import quantize_variant
+    from arcsim.sharding.quant import trace_errors
+    from arcsim.strategy.schedule import quantize_variant
     from arcsim.topology import load_topology
     from arcsim.units import parse_size
 

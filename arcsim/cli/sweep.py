@@ -12,7 +12,6 @@ import click
 from arcsim.catalog import DDP_BUCKET_MB, LIVE_DEFAULTS
 from arcsim.cli.common import (
     Count,
-    Number,
     Verbosity,
     json_option,
     note,
@@ -169,18 +168,19 @@ def _plots(directory: Path, plot_all) -> tuple[list[Path], list[str]]:
               help="Which chart; repeat for several.")
 @click.option("--out", "-o", default=None, type=OutputPath(directory=True, writes=("*.png",)),
               help="Where the PNGs go (default: beside the results).")
-@click.option("--slack", default=None, type=Number(minimum=0),
-              help="Heatmap: a sparsifier competes if its error is at most Top-K's × (1 + slack) (default 0.25).")
+@click.option("--policy", default=None, type=click.Choice(["auto", "none"]),
+              help="Heatmap: each cell's pick by arcsim run's rule: auto (the default), the soonest to the target; "
+                   "none, the knee of the usable time/error front.")
 @click.option("--any-error", is_flag=True, help="Heatmap: the fastest compressor whatever its error.")
 @click.option("--where", "conditions", multiple=True, metavar="NAME=VALUE",
               help="Only the points where an axis has this value, e.g. --where ranks=32 --where bandwidth=100Gbit "
                    "(instead of holding it at its first value); repeat for several.")
 @json_option
-def plot(results: str, kinds: tuple[str, ...], out: str | None, slack: float | None, any_error: bool,
+def plot(results: str, kinds: tuple[str, ...], out: str | None, policy: str | None, any_error: bool,
          conditions: tuple[str, ...], json_out: str | None) -> None:
     """Draw charts from a sweep's results (its directory or results.csv)."""
-    if slack is not None and any_error:
-        raise ArcsimError("--any-error picks the fastest whatever its error, so --slack would change nothing: give "
+    if policy is not None and any_error:
+        raise ArcsimError("--any-error picks the fastest whatever its error, so --policy would change nothing: give "
                           "one of them")
     from arcsim.sweep.plots import INCOMPLETE, KINDS, incompleteness, plot_all, select
     from arcsim.sweep.store import expected_points, finished_results
@@ -196,9 +196,7 @@ def plot(results: str, kinds: tuple[str, ...], out: str | None, slack: float | N
     if conditions:
         df = select(df, conditions)
         df.attrs[INCOMPLETE], expected = missing, None
-    from arcsim.run.decisions import GATE_SLACK  # the heatmap's rule is the gate policy's
-
-    written, skipped = plot_all(df, target, wanted, None if any_error else (GATE_SLACK if slack is None else slack),
+    written, skipped = plot_all(df, target, wanted, None if any_error else (policy or "auto"),
                                 expected, announce=note)
     for p in written:
         note(f"wrote {p}")

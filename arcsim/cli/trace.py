@@ -9,9 +9,10 @@ from typing import Any
 import click
 from rich.table import Table
 
-from arcsim.catalog import DATASETS, MODELS
+from arcsim.catalog import DATASETS
 from arcsim.cli.common import (
     FORCE_TRAINING_HELP,
+    MODEL_HELP,
     Count,
     console,
     input_size_option,
@@ -29,8 +30,6 @@ from arcsim.errors import ArcsimError
 from arcsim.files import write_atomic
 from arcsim.units import format_duration, format_size
 
-MODEL_HELP = (f"One of the zoo ({', '.join(MODELS)}), or your own: path/to/file.py:build or package.module:build, "
-              "a callable returning an nn.Module.")
 DATASET_HELP = f"One of: {', '.join(DATASETS)} (default: the model's own)."
 DTYPE_HELP = ("How the file stores the recorded gradients: fp16 halves it (a gradient past fp16's range is refused), "
               "fp32 keeps them exact; the compressors read them as fp32. Not the precision training ran in "

@@ -36,7 +36,7 @@ from arcsim.errors import ArcsimError
 from arcsim.files import write_atomic
 
 if TYPE_CHECKING:
-    from arcsim.train.target import Target
+    from arcsim.run.target import Target
 
 
 TRAIN_WRITES = ("*.csv", "*.json", "*.jsonl", "*.png", "checkpoints/*")  # what a training folder holds
@@ -118,10 +118,10 @@ def train(model: str, model_args: tuple[str, ...], data: str | None, dataset: st
           **optimizer: Any) -> None:
     """Train W workers in one process through each compressor; accuracy against steps and predicted time."""
     from arcsim.models.source import model_source
+    from arcsim.run.target import target_of
     from arcsim.train.experiment import run_experiment
     from arcsim.train.loop import TrainConfig
     from arcsim.train.outcome import claims, summarise
-    from arcsim.train.target import target_of
 
     goal = target_of(target, target_loss)
     source = model_source(model, model_args)

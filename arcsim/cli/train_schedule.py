@@ -11,8 +11,8 @@ from rich.table import Table
 from arcsim.cli.common import console, note, step_progress, tables_wanted, write_json
 from arcsim.errors import ArcsimError
 from arcsim.files import write_atomic
+from arcsim.run.target import Target
 from arcsim.train.loop import TrainConfig
-from arcsim.train.target import Target
 
 DEFAULT_SCHEDULE_TOPOLOGY = "8x1-eth10"  # one GPU per node: every collective crosses the changing network
 

@@ -57,12 +57,11 @@ class Contribution(ABC):
         return self.dense(d).norm(dim=1)
 
 
-@dataclass
-class DenseContribution(Contribution):
-    values: torch.Tensor  # [W, d]
+class ValuesContribution(Contribution):
+    """A contribution held as each worker's values (the rows of ``values``): its workers, device and norms are
+    theirs (a sparse one's indices are distinct within a worker, and padding carries 0)."""
 
-    def add_to(self, t: torch.Tensor, alpha: float = 1.0) -> None:
-        t.add_(self.values.to(t.dtype), alpha=alpha)
+    values: torch.Tensor  # [W, …]
 
     def norms(self, d: int) -> torch.Tensor:
         return self.values.float().norm(dim=1)
@@ -77,24 +76,21 @@ class DenseContribution(Contribution):
 
 
 @dataclass
-class SparseContribution(Contribution):
+class DenseContribution(ValuesContribution):
+    values: torch.Tensor  # [W, d]
+
+    def add_to(self, t: torch.Tensor, alpha: float = 1.0) -> None:
+        t.add_(self.values.to(t.dtype), alpha=alpha)
+
+
+@dataclass
+class SparseContribution(ValuesContribution):
     indices: torch.Tensor  # [W, k], or [1, k] when every worker used the same indices
     values: torch.Tensor  # [W, k]
 
     def add_to(self, t: torch.Tensor, alpha: float = 1.0) -> None:
         idx = self.indices.long().expand(self.values.shape[0], -1)
         t.scatter_add_(1, idx, self.values.to(t.dtype) * alpha)
-
-    def norms(self, d: int) -> torch.Tensor:
-        return self.values.float().norm(dim=1)  # indices are distinct within a worker (padding carries 0)
-
-    @property
-    def workers(self) -> int:
-        return self.values.shape[0]
-
-    @property
-    def device(self) -> torch.device:
-        return self.values.device
 
 
 @dataclass

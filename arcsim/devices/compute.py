@@ -1,6 +1,6 @@
 """Forward, backward and per-parameter gradient-ready times of a zoo model on a catalogue GPU, without one.
 
-Each counted operation (:mod:`arcsim.devices.workload`) costs
+Each counted operation (:mod:`arcsim.models.workload`) costs
 
     max(FLOPs / (peak of its class × e_class), bytes / (memory bandwidth × e_memory), host)
 
@@ -30,7 +30,7 @@ from pathlib import Path
 import numpy as np
 
 from arcsim.devices.catalog import DEVICE_DIR, Device
-from arcsim.devices.workload import OP_CLASSES, Workload, count_workload
+from arcsim.models.workload import OP_CLASSES, Workload, count_workload
 from arcsim.traces.profile import PROFILE_DIR, ComputeProfile, LayerTiming, load_profile
 
 FIT_FILE = DEVICE_DIR / "efficiency.json"

@@ -8,11 +8,11 @@ from dataclasses import dataclass
 
 from arcsim.devices.catalog import Device, device
 from arcsim.devices.compute import find_measured, load_fit, modelled_profile
-from arcsim.devices.workload import count_workload
 from arcsim.errors import ArcsimError
 from arcsim.files import writable_cache_dir
 from arcsim.models.inputs import RecordedInput
 from arcsim.models.source import ModelSource, as_source
+from arcsim.models.workload import count_workload
 from arcsim.traces.profile import ComputeProfile, load_profile
 
 DEFAULT_GPU_BATCH = 32  # per GPU, when a run on a GPU names none (--batch)

@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from arcsim.models.datasets import DatasetError, DataSpec
+from arcsim.models.dataspec import DatasetError, DataSpec
 from arcsim.models.gpt import GPT
 from arcsim.models.llama import LLAMA_SHAPES, llama
 from arcsim.models.resnet import resnet18, resnet50

@@ -9,41 +9,12 @@ recorded in trace metadata and shown by ``arcsim trace info``.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 import torch
 import torch.nn.functional as F
 
-from arcsim.errors import ArcsimError
-
-
-class DatasetError(ArcsimError):
-    """An unknown dataset, or one that does not fit the model."""
-
-
-@dataclass(frozen=True)
-class DataSpec:
-    """What a model must accept: kind 'image' (C, H, W), 'vector' (F,) or 'tokens' (T,); classes = vocabulary."""
-
-    kind: str
-    shape: tuple[int, ...]
-    classes: int
-
-
-class Dataset:
-    name: str = ""
-    synthetic: bool = False
-    description: str = ""
-    spec: DataSpec
-
-    def draw(self, n: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
-        """A batch of n training examples (inputs, targets)."""
-        raise NotImplementedError
-
-    def held_out(self) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """The test split, where the dataset has one."""
-        return None
+from arcsim.models.dataspec import Dataset, DatasetError, DataSpec
+from arcsim.models.text import PythonText
 
 
 class ArrayDataset(Dataset):
@@ -167,8 +138,6 @@ class SyntheticTokens(Dataset):
             seq[:, t + 1] = torch.where(jump, torch.randint(vocab, (n,), generator=gen), self.successor[seq[:, t]])
         return seq[:, :-1].contiguous(), seq[:, 1:].contiguous()  # as a loader's: .view works
 
-
-from arcsim.models.text import PythonText  # noqa: E402  (it builds on Dataset above)
 
 DATASETS: dict[str, type[Digits] | type[MNIST1D] | type[SyntheticImages] | type[SyntheticTokens] | type[PythonText]] = {
     cls.name: cls for cls in (Digits, MNIST1D, SyntheticImages, SyntheticTokens, PythonText)}

@@ -15,7 +15,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch import nn
 
 SCALARS = (bool, int, float, str, type(None))
 
@@ -102,22 +101,3 @@ class RecordedInput:
         raw = json.loads(self.tree)
         recorded, where = self.batch, torch.device(device)
         return _decode(raw["args"], recorded, batch, where), _decode(raw["kwargs"], recorded, batch, where)
-
-    def loss(self, model: nn.Module, example: tuple[list[Any], dict[str, Any]], what: str) -> torch.Tensor:
-        """The model on ``example``: the loss it returns, else the sum of its output (logits) as the loss."""
-        from arcsim.models.source import ModelError, output_logits, output_loss
-
-        args, kwargs = example
-        try:
-            out = model(*args, **kwargs)
-        except Exception as exc:
-            raise ModelError(f"{what} rejected the recorded input ({self.describe()}): {type(exc).__name__}: "
-                             f"{str(exc)[:300]}") from None
-        loss = output_loss(out)
-        if loss is not None:
-            return loss
-        logits = output_logits(out)
-        if logits is None or not logits.is_floating_point():
-            raise ModelError(f"{what} returned {type(out).__name__} on the recorded input: neither a loss nor a "
-                             "tensor of logits")
-        return logits.float().sum()

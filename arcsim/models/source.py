@@ -38,7 +38,7 @@ import yaml
 from torch import nn
 
 from arcsim.models import MODELS, ModelEntry, loss_fn
-from arcsim.models.datasets import DatasetError, DataSpec
+from arcsim.models.dataspec import DatasetError, DataSpec
 from arcsim.models.inputs import RecordedInput
 
 # a user's model trains, unless told otherwise, as most transformers do
@@ -173,6 +173,25 @@ def loss_of(result: Any, what: str) -> torch.Tensor:
     got = type(result).__name__ + (f" of shape {tuple(result.shape)}" if isinstance(result, torch.Tensor) else "")
     raise ModelError(f"{what} returned {got}, not a loss: return a scalar tensor, an object with .loss, or a "
                      "tuple holding the loss (as nanoGPT's (logits, loss))")
+
+
+def recorded_loss(data: RecordedInput, model: nn.Module, example: tuple[list[Any], dict[str, Any]],
+                  what: str) -> torch.Tensor:
+    """The model on ``example`` of ``data``: the loss it returns, else the sum of its output (logits) as the loss."""
+    args, kwargs = example
+    try:
+        out = model(*args, **kwargs)
+    except Exception as exc:
+        raise ModelError(f"{what} rejected the recorded input ({data.describe()}): {type(exc).__name__}: "
+                         f"{str(exc)[:300]}") from None
+    loss = output_loss(out)
+    if loss is not None:
+        return loss
+    logits = output_logits(out)
+    if logits is None or not logits.is_floating_point():
+        raise ModelError(f"{what} returned {type(out).__name__} on the recorded input: neither a loss nor a "
+                         "tensor of logits")
+    return logits.float().sum()
 
 
 def call_forward(model: nn.Module, batch: Any) -> Any:

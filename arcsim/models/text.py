@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from arcsim.files import atomic_path, cache_dir, writable_cache_dir
-from arcsim.models.datasets import Dataset, DatasetError, DataSpec
+from arcsim.models.dataspec import Dataset, DatasetError, DataSpec
 
 VOCAB = 32_000
 HELD_OUT_EVERY = 20   # file i is held out when i % 20 == 19

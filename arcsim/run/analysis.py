@@ -44,12 +44,12 @@ from arcsim.netsim import ENGINES
 from arcsim.pricing import Pricer
 from arcsim.processes import release_freed_memory
 from arcsim.run import cache, decisions, doubt
-from arcsim.run.buckets import Bucket
 from arcsim.run.candidates import Candidate, Context, candidates_for, evaluate
 from arcsim.run.compute import ComputeTimes, from_profile, from_trace, mapped
-from arcsim.run.frameworks import FRAMEWORKS, framework_message, get_framework
 from arcsim.run.measure import GradientStats, Measurement, measure, measure_many, measuring_threads
 from arcsim.run.sampling import MIN_SAMPLE_SAVING, BucketSample, describe, sample_threshold
+from arcsim.strategy.buckets import Bucket
+from arcsim.strategy.frameworks import FRAMEWORKS, framework_message, get_framework
 from arcsim.topology import DEFAULT_TOPOLOGY, Topology, load_topology
 from arcsim.traces.estimates import LIVE_STATE_BYTES_PER_ELEMENT, Load, measuring_seconds
 from arcsim.traces.format import GradientSource, Trace, open_trace
@@ -131,7 +131,7 @@ class RunConfig:
     layers: int | None = None           # its layer count (default DEFAULT_LAYERS)
     live: TrainingConfig | None = None  # gradients from live data-parallel training instead of a trace
     hierarchy: str = "flat"             # flat | node | both (arcsim.compressors.hierarchy)
-    framework: str = "ddp"              # ddp | horovod: how gradients are grouped and issued (arcsim.run.frameworks)
+    framework: str = "ddp"              # ddp | horovod: how gradients are grouped and sent (strategy/frameworks.py)
     cycle_ms: float | None = None       # Horovod's cycle time (None: HOROVOD_CYCLE_TIME's default, 1 ms)
     exact: bool = False                 # measure every bucket (else large measurements sample: run/sampling.py)
 
@@ -254,6 +254,7 @@ class RunResult:
     timings: dict[str, float] = field(default_factory=dict)
     compute_basis: dict[str, Any] | None = None  # a modelled compute's batch and precision, and whence each
     speedup_errors: dict[str, Any] | None = None  # the errors the speed-up intervals come from (run/doubt.py)
+    strategies: list[Any] = field(default_factory=list)  # --sharding: run.strategies.StrategyRow, side by side
 
 
 def _set_speedups(c: Candidate, dense: Candidate, ring: Candidate) -> None:
@@ -371,8 +372,11 @@ class Analysis:
         cfg, scale = self.cfg, 1.0 if self.params is None else self.params.scale
         fw = get_framework(cfg.framework, None if cfg.cycle_ms is None else cfg.cycle_ms * 1e-3)
         # a sample's cap: scaled down as the sample is
-        cap = float("inf") if cfg.fusion == "model" else fw.cap_mb(cfg.bucket_mb) * 2**20 / scale
-        return fw.buckets(self.trace.layers, compute.ready_s.tolist(), cap)
+        if cfg.fusion == "model":
+            return fw.buckets(self.trace.layers, compute.ready_s.tolist(), float("inf"))
+        first = fw.first_cap(cfg.bucket_mb)
+        return fw.buckets(self.trace.layers, compute.ready_s.tolist(), fw.cap_mb(cfg.bucket_mb) * 2**20 / scale,
+                          None if first is None else first / scale)
 
     def context_at_batch(self, batch: int) -> Context | None:
         """This run's context with compute modelled at ``batch`` per GPU; None where compute is not modelled here or
@@ -704,6 +708,7 @@ class Analysis:
         policy, recommendation = self._policy(cands, grid)
         errors = self._errors()
         rec = self._judged(recommendation or decisions.recommend(front, grid, policy), errors, dense, cands, grid)
+        rec.plan = self._plan(rec, policy)
         return RunResult(cfg, self.ctx, cands, dense, policy, front, self._crossover(cands, grid), rec,
                          self._assumptions() + density_notes(cands) + [errors.basis],
                          speedup_errors=errors.to_dict())
@@ -721,8 +726,10 @@ class Analysis:
         judge = doubt.Judge(errors, self.ctx, self.pricer, dense, grid, batch, self.context_at_batch)
         for c in [*cands, dense]:
             judge.mark(c)
-        pick = next(c for c in [*cands, *grid] if (c.compressor, c.collective, c.hierarchy, c.density)
-                    == (rec.compressor, rec.collective, rec.hierarchy, rec.density))
+        pick = next((c for c in [*cands, *grid] if (c.compressor, c.collective, c.hierarchy, c.density)
+                     == (rec.compressor, rec.collective, rec.hierarchy, rec.density)), None)
+        if pick is None:  # a per-bucket mix: no one candidate's interval is its
+            return rec
         if pick.verdict is None:  # a grid point: judged here
             judge.mark(pick)
         return rec.judged(pick)
@@ -730,20 +737,30 @@ class Analysis:
     # -- decisions (arcsim/run/decisions.py, arcsim/run/policies.py) -----------------------------------
     def _policy(self, cands: list[Candidate], grid: list[Candidate]
                 ) -> tuple[decisions.Policy | None, decisions.Recommendation | None]:
-        """The switching policy --policy names, and the recommendation when the policy makes it (auto)."""
+        """The switching policy --policy names, and the recommendation when the policy makes it (auto, paper)."""
         from arcsim.run import policies
         from arcsim.run.convergence import fit_steps_model
 
         model = fit_steps_model(self.cfg.dense_steps)
         if self.cfg.policy == "auto":
             pol, best = policies.by_time_to_target(grid, cands, self.ctx, model)
+            if pol.deploy == "mix":  # grid[0]: dense on its fastest collective
+                return pol, decisions.recommend_policy(pol, grid, grid[0])
             return pol, decisions.recommend_soonest(best, pol)
         if self.cfg.policy == "paper":
-            return policies.paper(grid, self.ctx, self.cfg.seed, model), None
+            pol = policies.paper(grid, self.ctx, self.cfg.seed, model)
+            return pol, decisions.recommend_policy(pol, grid, grid[0])
         if self.cfg.policy == "gate":
             slack = decisions.GATE_SLACK if self.cfg.slack is None else self.cfg.slack
             return decisions.policy(cands, self.ctx, slack), None
         return None, None
+
+    def _plan(self, rec: decisions.Recommendation, pol: decisions.Policy | None) -> dict[str, Any] | None:
+        """``rec`` per DDP bucket, for arcsim.hooks.MixedState (None: Horovod's or a fused model's buffers)."""
+        if self.cfg.framework != "ddp" or self.cfg.fusion != "bucket":
+            return None
+        return decisions.plan_for(rec, pol, self.ctx, self.cfg.memory, self.cfg.seed,
+                                  self.cfg.options.get("scope", "tensor")).to_dict()
 
     def _grid(self, dense: Candidate, ring: Candidate) -> list[Candidate]:
         points = [dense]

@@ -15,9 +15,9 @@ from typing import Any
 from arcsim.comm.log import CommRecord
 from arcsim.compressors.hierarchy import Grouping
 from arcsim.files import CACHE_SUFFIX, cache_key, cache_read, cache_write, file_fact, results_dir
-from arcsim.run.buckets import Bucket
 from arcsim.run.measure import Measurement
 from arcsim.run.sampling import BucketSample
+from arcsim.strategy.buckets import Bucket
 
 VERSION = 4  # bump when what a measurement holds changes (or, up to ties, how it is measured); 4: node-aware
 #             slices cut at row boundaries (their measurements from before are of other slices)

@@ -16,12 +16,13 @@ from arcsim.devices.catalog import Device
 from arcsim.devices.kernels import compress_seconds
 from arcsim.errors import ArcsimError
 from arcsim.pricing import PricedRecord, Pricer, algorithms_for
-from arcsim.run import effects
-from arcsim.run.buckets import Bucket
 from arcsim.run.compute import ComputeTimes
-from arcsim.run.frameworks import get_framework
 from arcsim.run.measure import Measurement
-from arcsim.run.timeline import Timeline, iteration
+from arcsim.strategy import effects
+from arcsim.strategy.buckets import Bucket
+from arcsim.strategy.data_parallel import bucketed_step
+from arcsim.strategy.engine import Timeline
+from arcsim.strategy.frameworks import get_framework
 from arcsim.topology import Topology
 from arcsim.traces.format import GradientSource
 
@@ -89,7 +90,7 @@ class Context:
     gpu: Device | None = None  # compression modelled on this device (arcsim.devices.kernels); None: measured here
     scope: str = "tensor"      # the top-k family's selection scope (kernel counts differ per scope)
     numel_scale: float = 1.0   # full-model elements per bucket element (--params runs on a scaled-down sample)
-    framework: str = "ddp"     # how collectives are grouped and issued (arcsim.run.frameworks)
+    framework: str = "ddp"     # how collectives are grouped and issued (arcsim.strategy.frameworks)
 
     def scale_for(self, compressor: str) -> float:
         """What ``compressor``'s measured compression time is multiplied by (a --params sample's size ratio too)."""
@@ -161,12 +162,10 @@ def step_timeline(step_records: list[list[CommRecord]], compress: list[float], c
 
 def bucket_timeline(compress: Sequence[float], comm: Sequence[float], ctx: Context) -> Timeline:
     """The iteration of each bucket's compression and communication over ``ctx``'s backward, with the topology's
-    effects (the slowest rank's compute; 1 without effects; communication slowing the backward it overlaps):
-    one home for every policy's and candidate's iteration."""
-    slow = effects.compute_factor(ctx.topo)
-    return iteration(ctx.compute.forward_s * slow, ctx.compute.backward_s * slow,
-                     [b.ready_s * slow for b in ctx.buckets], list(compress), list(comm), ctx.compute.after_s,
-                     ctx.topo.effects.interference)
+    effects, on the strategy layer's timeline engine: one home for every policy's and candidate's iteration."""
+    c = ctx.compute
+    return bucketed_step(c.forward_s, c.backward_s, [b.ready_s for b in ctx.buckets], compress, comm, c.after_s,
+                         effects.step_effects(ctx.topo))
 
 
 def step_timelines(meas: Measurement, collective: str, ctx: Context,

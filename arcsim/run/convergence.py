@@ -30,8 +30,7 @@ from scipy.special import stdtrit  # Student's t quantile, stdtrit(dof, q)
 
 from arcsim.errors import ArcsimError
 from arcsim.files import read_json
-from arcsim.train.outcome import first_reach
-from arcsim.train.target import Target
+from arcsim.run.target import Target, first_reach
 
 if TYPE_CHECKING:
     from arcsim.run.decisions import ParetoPoint

@@ -10,16 +10,17 @@ import itertools
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
-from arcsim.catalog import AG_FAMILY, AR_TOPK_FAMILY
+from arcsim.catalog import AG_FAMILY, AR_TOPK_FAMILY, INFO, memory_for
 from arcsim.errors import ArcsimError
 from arcsim.pricing import Pricer
 from arcsim.run.candidates import Candidate, Context, bucket_timeline, candidates_for
 from arcsim.run.measure import Measurement
 from arcsim.run.pareto import choose, pareto_front
+from arcsim.strategy.plan import BucketPlan, PlannedBucket
 
 BANDWIDTH_SCALES = tuple(float(s) for s in np.logspace(-2, 2, 25))
 UNUSABLE_ERROR = 0.95  # relative aggregate error from which a candidate is unusable: within 5 % of sending nothing
@@ -29,6 +30,15 @@ GATE_SLACK = 0.25  # --policy gate: the error allowed above Top-K's, relative, w
 UNUSABLE_NOTE = (f"unusable: error ≥ {UNUSABLE_ERROR:g}, within {1 - UNUSABLE_ERROR:.0%} of sending nothing "
                  "(error 1); never recommended or chosen")
 Measure = Callable[..., Measurement]  # (compressor, density, hierarchy=…) → its measurement on the trace
+MIX, PER_BUCKET = "mix", "per bucket"  # a per-bucket mix's compressor, and its collective and op
+
+
+class Scored(Protocol):
+    """What a decision reads of a setting: a candidate of `arcsim run`, or a row of a sweep's results."""
+
+    compressor: str
+    iteration_s: float
+    rel_error: float
 
 
 class Decision:
@@ -67,7 +77,7 @@ class Policy(Decision):
     unsettled: list[str]  # gate: candidates whose error interval spans the limit; auto: those whose time to
     #                       target the model cannot tell from the pick's (intervals overlap, within 25 %)
     name: str = "gate"    # auto (time to target), paper (Tyagi & Swany), gate (error within --slack of Top-K's)
-    deploy: str = "mix"   # single: one compressor for the job; mix: a per-bucket choice (needs a switching hook)
+    deploy: str = "mix"   # single: one compressor for the job; mix: a per-bucket choice (arcsim.hooks.MixedState)
     time_to_target_s: float | None = None            # auto and paper: estimated by the steps model
     time_to_target_interval_s: list[float] | None = None  # its 95 % interval
     steps_model: dict[str, Any] | None = None        # the model of steps against error, with its data
@@ -75,7 +85,7 @@ class Policy(Decision):
     why: list[str] | None = None                     # auto: why the faster-per-step candidates were not chosen
 
 
-def usable(c: Candidate | ParetoPoint) -> bool:
+def usable(c: Scored) -> bool:
     """Whether ``c``'s error leaves it usable for training (below UNUSABLE_ERROR)."""
     return c.rel_error < UNUSABLE_ERROR
 
@@ -179,14 +189,20 @@ def pareto(grid: Sequence[Candidate], ratios: Sequence[float],
            weights: tuple[float, float] | None) -> ParetoFront:
     """The exact front of (iteration time, error) over the grid, and the point chosen on the front of its usable
     points (no unusable point can dominate a usable one, so that front is part of the whole one)."""
-    objectives = np.array([[c.iteration_s, c.rel_error] for c in grid])
-    front = pareto_front(objectives)
-    fit = [i for i, c in enumerate(grid) if usable(c)]  # never empty: dense (error 0) is in every grid
+    front = pareto_front(np.array([[c.iteration_s, c.rel_error] for c in grid]))
+    pick, rule = front_pick(grid, weights)
+    return ParetoFront(["iteration_s", "rel_error"], rule, list(ratios), [ParetoPoint.of(c) for c in grid],
+                       [ParetoPoint.of(grid[i]) for i in front], ParetoPoint.of(grid[pick]))
+
+
+def front_pick(points: Sequence[Scored], weights: tuple[float, float] | None = None) -> tuple[int, str]:
+    """The index of the point chosen on the front (iteration time against error) of the usable ``points`` (dense,
+    error 0, among them), and the rule: what `arcsim run` recommends without a time-to-target policy."""
+    objectives = np.array([[c.iteration_s, c.rel_error] for c in points])
+    fit = [i for i, c in enumerate(points) if usable(c)]
     fit_front = [fit[i] for i in pareto_front(objectives[fit])]
     pick, rule = choose(objectives[fit_front], weights)
-    return ParetoFront(["iteration_s", "rel_error"], f"{rule}, among the usable points (error < {UNUSABLE_ERROR:g})",
-                       list(ratios), [ParetoPoint.of(c) for c in grid], [ParetoPoint.of(grid[i]) for i in front],
-                       ParetoPoint.of(grid[fit_front[pick]]))
+    return fit_front[pick], f"{rule}, among the usable points (error < {UNUSABLE_ERROR:g})"
 
 
 @dataclass
@@ -209,6 +225,11 @@ class Recommendation(Decision):
     speedup_high: float | None = None
     verdict: str | None = None
     tips: list[dict[str, Any]] | None = None      # too close to call: settings that make it clear
+    plan: dict[str, Any] | None = None            # per DDP bucket, what to run (arcsim.strategy.plan; None: not DDP)
+
+    @property
+    def is_mix(self) -> bool:
+        return self.compressor == MIX
 
     def judged(self, c: Candidate) -> Recommendation:
         """This recommendation with the interval, verdict and tips of ``c``, its candidate."""
@@ -233,8 +254,9 @@ def recommend(front: ParetoFront, grid: Sequence[Candidate], pol: Policy | None)
     if pol is not None and pol.iteration_s < c.iteration_s and len({(b.compressor, b.collective, b.hierarchy)
                                                                        for b in pol.choices}) > 1:
         mix = sorted({b.compressor for b in pol.choices})
-        why.append(f"the per-bucket policy's mix ({', '.join(mix)}) would take {pol.iteration_s * 1e3:.3g} ms but "
-                   "needs a hook that switches per bucket")
+        why.append(f"the per-bucket policy's mix ({', '.join(mix)}) would take {pol.iteration_s * 1e3:.3g} ms, but "
+                   f"--policy {pol.name} only gates by error; --policy auto recommends a mix when it reaches the "
+                   "target sooner")
     return Recommendation(c.compressor, c.collective, op, c.hierarchy, c.density, c.iteration_s,
                           c.speedup_vs_dense, c.rel_error, UNUSABLE_ERROR, why)
 
@@ -253,6 +275,40 @@ def recommend_soonest(best: Candidate, pol: Policy) -> Recommendation:
     return Recommendation(best.compressor, best.collective, best.op, best.hierarchy, best.density, best.iteration_s,
                           best.speedup_vs_dense, best.rel_error, UNUSABLE_ERROR, why,
                           est["time_to_target_s"], [lo, hi])
+
+
+def recommend_policy(pol: Policy, grid: Sequence[Candidate], dense: Candidate) -> Recommendation:
+    """A per-bucket policy's choice (auto's mix, paper's) as the setting to deploy: its one setting when every
+    bucket shares it, else the mix, which arcsim.hooks.MixedState runs."""
+    why = pol.why or [f"the {pol.name} policy's choice: {pol.rule}"]
+    ttt = pol.time_to_target_s, pol.time_to_target_interval_s
+    keys = {(ch.compressor, ch.collective, ch.hierarchy, ch.density) for ch in pol.choices}
+    if len(keys) == 1:
+        c = next(g for g in grid if (g.compressor, g.collective, g.hierarchy, g.density) in keys)
+        return Recommendation(c.compressor, c.collective, c.op, c.hierarchy, c.density, pol.iteration_s,
+                              dense.iteration_s / pol.iteration_s, pol.rel_error, UNUSABLE_ERROR, why, *ttt)
+    ways = {ch.hierarchy for ch in pol.choices}
+    return Recommendation(MIX, PER_BUCKET, PER_BUCKET, ways.pop() if len(ways) == 1 else PER_BUCKET, None,
+                          pol.iteration_s, dense.iteration_s / pol.iteration_s, pol.rel_error, UNUSABLE_ERROR, why,
+                          *ttt)
+
+
+def plan_for(rec: Recommendation, pol: Policy | None, ctx: Context, memory: str | None, seed: int,
+             scope: str) -> BucketPlan:
+    """What each DDP bucket runs to deploy ``rec``: the policy's choice per bucket for a mix, else ``rec``'s one
+    setting in every bucket (``memory``: --memory, None for each compressor's default)."""
+    def planned(index: int, name: str, density: float | None, op: str, collective: str, way: str) -> PlannedBucket:
+        mem = memory_for(name, None if INFO[name].density_free else memory)
+        return PlannedBucket(index, ctx.buckets[index].numel, name, density, mem, op, collective, way)
+
+    if rec.is_mix:
+        assert pol is not None
+        rows = [planned(ch.bucket, ch.compressor, ch.density, ch.op, ch.collective, ch.hierarchy)
+                for ch in pol.choices]
+    else:
+        rows = [planned(b.index, rec.compressor, rec.density, rec.op, rec.collective, rec.hierarchy)
+                for b in ctx.buckets]
+    return BucketPlan(tuple(rows), seed, scope)
 
 
 def _setting(c: Candidate | ParetoPoint) -> str:

@@ -36,8 +36,8 @@ from arcsim.compressors.hierarchy import (
 )
 from arcsim.compressors.memory import Memory, make_memory
 from arcsim.compressors.nested import NestedTopK, RawTopK
-from arcsim.run.buckets import Bucket
 from arcsim.run.sampling import BucketSample
+from arcsim.strategy.buckets import Bucket
 from arcsim.traces.timing import Clock
 
 

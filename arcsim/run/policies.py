@@ -22,18 +22,19 @@ that could be checked here; the knee is arcsim's, the one its front uses.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
 from arcsim.catalog import AG_FAMILY, AR_TOPK_FAMILY, INFO
 from arcsim.run.candidates import Candidate, Context, bucket_timeline
 from arcsim.run.convergence import COVERED_SELECTIONS, StepsModel
-from arcsim.run.decisions import UNUSABLE_ERROR, BucketChoice, Policy, usable
+from arcsim.run.decisions import UNUSABLE_ERROR, BucketChoice, Policy, Scored, usable
 from arcsim.run.measure import Measurement
 from arcsim.run.nsga2 import nsga2
 from arcsim.run.pareto import choose
 
+S = TypeVar("S", bound=Scored)
 MIX_MARGIN = 0.05  # a per-bucket mix must reach the target this much sooner than the best single choice
 
 
@@ -55,7 +56,7 @@ def setting(c: Candidate) -> str:
     return f"{c.compressor}/{c.collective}{where}" + ("" if c.density is None else f"@{c.density:g}")
 
 
-def evidence(c: Candidate, model: StepsModel) -> str | None:
+def evidence(c: Scored, model: StepsModel) -> str | None:
     """Why the steps model cannot speak for ``c`` (None: it can)."""
     if not usable(c):
         return f"unusable (error ≥ {UNUSABLE_ERROR:g})"
@@ -76,6 +77,17 @@ def estimate(c: Candidate, model: StepsModel, error: float | None = None) -> dic
             "steps": steps * f, "time_to_target_s": c.iteration_s * steps * f,
             "time_to_target_interval_s": [c.iteration_s * steps * lo, c.iteration_s * steps * hi],
             "excluded": evidence(c, model)}
+
+
+def soonest_key(c: Scored, model: StepsModel) -> tuple[float, float]:
+    """What auto ranks a single setting by: its time to the target (as :func:`estimate`), then its iteration."""
+    return c.iteration_s * model.dense_steps * model.factor(c.rel_error), c.iteration_s
+
+
+def soonest(points: Sequence[S], model: StepsModel) -> S | None:
+    """Auto's single choice among ``points``: the soonest to the target of those the steps model speaks for (None:
+    none; `arcsim plot`'s heatmap picks each cell's by it)."""
+    return min((p for p in points if evidence(p, model) is None), key=lambda p: soonest_key(p, model), default=None)
 
 
 PerBucket = dict[int, tuple[np.ndarray, np.ndarray]]  # id(measurement) → per-bucket err², ref² per step
@@ -131,7 +143,7 @@ def by_time_to_target(grid: Sequence[Candidate], cands: Sequence[Candidate], ctx
     rows = {id(c): estimate(c, model) for c in every}
     fit = [c for c in every if rows[id(c)]["excluded"] is None and c.measurement is not None
            and len(c.bucket_s) == len(ctx.buckets)]
-    ranked = sorted(fit, key=lambda c: (rows[id(c)]["time_to_target_s"], c.iteration_s))
+    ranked = sorted(fit, key=lambda c: soonest_key(c, model))
     best = ranked[0]  # dense (error 0) is always there
     best_t = rows[id(best)]["time_to_target_s"]
 
@@ -161,7 +173,7 @@ def by_time_to_target(grid: Sequence[Candidate], cands: Sequence[Candidate], ctx
     if is_mix:
         why.insert(0, f"a per-bucket mix ({', '.join(sorted({setting(c) for c in mix}))}) reaches the target "
                       f"{1 - mix_t / best_t:.1%} sooner than the best single choice {setting(best)} "
-                      f"(≥ {MIX_MARGIN:.0%}): worth a hook that switches per bucket")
+                      f"(≥ {MIX_MARGIN:.0%}): deploy it with arcsim.hooks.MixedState (--write-plan)")
     elif len({_key(c) for c in mix}) > 1:
         why.append(f"a per-bucket mix would reach the target only {1 - mix_t / best_t:.1%} sooner (< "
                    f"{MIX_MARGIN:.0%}): one compressor for the whole job")

@@ -16,6 +16,7 @@ from arcsim.run.analysis import MEASURED_AHEAD, MEASURED_AHEAD_PROCESSES, MEASUR
 from arcsim.run.candidates import Candidate
 from arcsim.run.decisions import UNUSABLE_ERROR, UNUSABLE_NOTE, Crossover, ParetoPoint, Policy, usable
 from arcsim.run.doubt import LEVEL, TOO_CLOSE, setting_text, speedup_text
+from arcsim.strategy.plan import BucketPlan
 from arcsim.units import format_size
 
 
@@ -174,18 +175,43 @@ def _error(c: Candidate) -> str:
 
 
 def _render_recommendation(result: RunResult, console: Console) -> None:
-    """The one answer, first: what to deploy, what it gives, and why the other "winners" lost."""
+    """The one answer, first: what to deploy, what it gives, and why the other "winners" lost; with --sharding, the
+    strategy that reaches the target soonest, DDP's own choice under it."""
+    sharded = next((row for row in result.strategies if row.recommended and row.strategy != "none"), None)
+    if sharded is not None:
+        console.print(f"[bold green]Recommended:[/] [bold]{sharded.headline()}[/]: {_ms(sharded.iteration_s)} ms per "
+                      f"iteration, error {sharded.rel_error:.3g}, ~{sharded.time_to_target_s:.3g} s to the target, "
+                      f"{sharded.memory.total_bytes / 1e9:.3g} GB per GPU (the strategies' table below; "
+                      "docs/sharding.md)")
+        console.print("  [dim]without sharding, DDP's choice:[/]")
     r = result.recommendation
     ratio = "no ratio (it compresses nothing away)" if r.density is None else f"density {r.density:g}"
     where = "" if r.hierarchy == "flat" else " between nodes (dense inside each node)"
-    console.print(f"[bold green]Recommended:[/] [bold]{r.compressor}[/] over {OP_NAME.get(r.op, r.op)} "
-                  f"({r.collective}){where}, {ratio}: {_ms(r.iteration_s)} ms per iteration, "
-                  f"{_verdict(r.speedup_vs_dense, r.speedup_low, r.speedup_high, r.verdict)}, error {r.rel_error:.3f}")
+    what = (f"[bold]per-bucket mix[/] — {_mix_text(result)}" if r.is_mix else
+            f"[bold]{r.compressor}[/] over {OP_NAME.get(r.op, r.op)} ({r.collective}){where}, {ratio}")
+    soon = f", ~{r.time_to_target_s:.3g} s to the target" if r.is_mix and r.time_to_target_s is not None else ""
+    console.print(f"[bold green]Recommended:[/] {what}: {_ms(r.iteration_s)} ms per iteration, "
+                  f"{_verdict(r.speedup_vs_dense, r.speedup_low, r.speedup_high, r.verdict)}, error {r.rel_error:.3f}"
+                  f"{soon}")
     if r.verdict == TOO_CLOSE:
         console.print("  [yellow]what would make it clear:[/] "
                       + ("; ".join(t["text"] for t in r.tips or []) or NOTHING_CLEARS))
     for reason in r.why:
         console.print(f"  why: {reason}")
+    if r.is_mix and r.plan is not None:
+        console.print("  deploy: --write-plan plan.json, then in the job ddp.register_comm_hook("
+                      "MixedState.load(\"plan.json\"), mixed_hook) (arcsim.hooks; docs/ddp-hooks.md)")
+
+
+def _mix_text(result: RunResult) -> str:
+    """``buckets 0–3 topk@0.01 allgather, 4–9 fp16 allreduce``: the mix, runs of buckets that share a setting."""
+    plan = result.recommendation.plan
+    if plan is not None:
+        return BucketPlan.from_dict(plan).summary()
+    pol = result.policy
+    assert pol is not None
+    return ", ".join(sorted({f"{c.compressor}{'' if c.density is None else f'@{c.density:g}'} {c.op}"
+                             for c in pol.choices}))
 
 
 NOTHING_CLEARS = "no bandwidth (1/100 to 100×), ratio of the grid or batch tried makes it clear"
@@ -380,10 +406,14 @@ def _render_ratio_flips(cx: Crossover, console: Console) -> None:
 
 def _render_pareto(result: RunResult, console: Console) -> None:
     par = result.pareto
-    chosen = par.chosen
+    chosen, rec = par.chosen, result.recommendation
+    same = (chosen.compressor, chosen.collective, chosen.hierarchy, chosen.density) == \
+        (rec.compressor, rec.collective, rec.hierarchy, rec.density)
+    whose = "the recommendation" if same or result.policy is None else \
+        f"the front's pick (the recommendation above is --policy {result.policy.name}'s)"
     table = Table(title=f"Pareto front: iteration time vs error over {len(par.evaluated)} evaluated "
                         f"(compressor, collective, ratio) points",
-                  caption=f"★ the recommendation, chosen by {par.rule}; ✗ error ≥ {UNUSABLE_ERROR:g}, unusable")
+                  caption=f"★ {whose}, chosen by {par.rule}; ✗ error ≥ {UNUSABLE_ERROR:g}, unusable")
     for col in ("", "compressor", "collective", "density", "iteration ms", "speed-up", "error", "gain"):
         table.add_column(col, justify="left" if col in ("", "compressor", "collective") else "right")
     for p in par.points:

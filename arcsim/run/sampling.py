@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from arcsim.comm.log import CommRecord, resized
-from arcsim.run.buckets import Bucket
+from arcsim.strategy.buckets import Bucket
 
 if TYPE_CHECKING:
     from arcsim.run.measure import Measurement

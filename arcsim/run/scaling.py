@@ -14,11 +14,12 @@ import numpy as np
 
 from arcsim.comm.log import record
 from arcsim.compressors.base import Layer
+from arcsim.devices.catalog import Device
 from arcsim.pricing import Pricer
-from arcsim.run.buckets import GRAD_BYTES, Bucket, make_buckets
-from arcsim.run.candidates import Context, step_timeline
+from arcsim.run.candidates import Context, compress_times, step_timeline
 from arcsim.run.compute import ComputeTimes
-from arcsim.run.timeline import Timeline
+from arcsim.strategy.buckets import GRAD_BYTES, Bucket, make_buckets
+from arcsim.strategy.engine import Timeline
 from arcsim.topology import Topology
 from arcsim.traces.profile import ComputeProfile
 
@@ -56,24 +57,37 @@ def compute_times(profile: ComputeProfile, scale: float = 1.0) -> ComputeTimes:
 
 def dense_step(profile: ComputeProfile, topo: Topology, bucket_mb: float | None = None, scale: float = 1.0,
                framework: str = "ddp", buckets: list[Bucket] | None = None) -> ScalingPoint:
-    """One dense fp32 step of ``profile``'s model on ``topo`` under ``framework`` (arcsim.run.frameworks), in buckets
-    of ``bucket_mb`` MiB (None: the framework's default)."""
-    from arcsim.run.frameworks import get_framework
+    """One dense fp32 step of ``profile``'s model on ``topo`` under ``framework`` (arcsim.strategy.frameworks), in
+    buckets of ``bucket_mb`` MiB (None: the framework's default)."""
+    compute = compute_times(profile, scale)
+    timeline, buckets = dense_timeline(profile, topo, bucket_mb, scale, framework, buckets)
+    one = compute.forward_s + compute.backward_s + compute.after_s
+    return _point(topo, one, timeline, len(buckets))
+
+
+def dense_timeline(profile: ComputeProfile, topo: Topology, bucket_mb: float | None = None, scale: float = 1.0,
+                   framework: str = "ddp", buckets: list[Bucket] | None = None, grad_bytes: int = GRAD_BYTES,
+                   engine: str = "analytic", gpu: Device | None = None) -> tuple[Timeline, list[Bucket]]:
+    """The timeline of :func:`dense_step` (gradients all-reduced in ``grad_bytes`` per element, priced by ``engine``)
+    and its buckets: the one DDP and Horovod step every command prices. With ``gpu``, each bucket's own work on it
+    (the dense hook's, as arcsim run charges its dense baseline); without, none (the published scaling series)."""
+    from arcsim.strategy.frameworks import get_framework
 
     layers, _ = layers_of(profile)
     compute = compute_times(profile, scale)
     fw = get_framework(framework)
     if buckets is None:
-        buckets = fw.buckets(layers, compute.ready_s.tolist(), fw.cap_mb(bucket_mb) * 2**20)
-    ctx = Context(None, topo, compute, buckets, "analytic")
-    records = [[record("allreduce", "dense", GRAD_BYTES, "float32", b.numel, topo.ranks)] for b in buckets]
-    timeline, _ = step_timeline(records, [0.0] * len(buckets), "auto", ctx, Pricer(topo), "allreduce")
-    one = compute.forward_s + compute.backward_s + compute.after_s
-    return _point(topo, one, timeline, len(buckets))
+        buckets = fw.buckets(layers, compute.ready_s.tolist(), fw.cap_mb(bucket_mb) * 2**20, fw.first_cap(bucket_mb))
+    ctx = Context(None, topo, compute, buckets, engine, gpu=gpu, framework=framework)
+    dtype = "float32" if grad_bytes == 4 else "bfloat16"
+    records = [[record("allreduce", "dense", grad_bytes, dtype, b.numel, topo.ranks)] for b in buckets]
+    work = compress_times("dense", [], ctx) if gpu is not None else [0.0] * len(buckets)
+    timeline, _ = step_timeline(records, work, "auto", ctx, Pricer(topo, engine), "allreduce")
+    return timeline, buckets
 
 
 def _point(topo: Topology, one: float, t: Timeline, buckets: int) -> ScalingPoint:
     return ScalingPoint(topo.name, topo.ranks, one, t.iteration_s, t.exposed_comm_s, t.comm_s, buckets)
 
 
-__all__ = ["ScalingPoint", "compute_times", "dense_step", "layers_of", "make_buckets"]
+__all__ = ["ScalingPoint", "compute_times", "dense_step", "dense_timeline", "layers_of", "make_buckets"]

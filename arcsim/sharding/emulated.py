@@ -36,6 +36,60 @@ def _model(layers: int, dim: int) -> Any:
     return nn.Sequential(*mods)
 
 
+def time_unsharded(local: Any, x: Any, steps: int, barrier: Any = None) -> tuple[list[float], list[float]]:
+    """Forward and backward of ``local`` unsharded on ``x``, ``steps`` + 2 times (``barrier()`` first each time, where
+    the ranks share this machine's cores and must time together): the step's compute, as FSDP2 cannot show it."""
+    import time as _time
+
+    fwd, bwd = [], []
+    for _ in range(steps + 2):
+        if barrier is not None:
+            barrier()
+        t0 = _time.perf_counter()
+        loss = local(x).pow(2).mean()
+        t1 = _time.perf_counter()
+        loss.backward()
+        fwd.append(t1 - t0)
+        bwd.append(_time.perf_counter() - t1)
+    return fwd, bwd
+
+
+def run_on_cluster(worker: str, cfg: dict[str, Any], ranks: int, bandwidth: str, work: Path, prefix: str,
+                   name: str, ranks_per_node: int = 1) -> Path:
+    """``python -m worker CONFIG OUT`` on each rank of an emulated cluster (needs root); the path of OUT."""
+    from arcsim.processes import free_port
+    from arcsim.testbed.calibrate import collect
+    from arcsim.testbed.cluster import EmulatedCluster, wait_for
+
+    conf, out = work / f"{name}.json", work / f"{name}-out.json"
+    conf.write_text(json.dumps(cfg))
+    with EmulatedCluster(ranks, bandwidth, prefix=prefix, ranks_per_node=ranks_per_node) as cluster:
+        port = free_port()
+        argv = [sys.executable, "-m", worker, str(conf), str(out)]
+        procs = [cluster.spawn(r, argv, port=port, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+                 for r in range(ranks)]
+        collect(procs, 900, wait_for)
+    return out
+
+
+def measured_step(cfg: dict[str, Any], measured: dict[str, Any], topology: str, strategy: str,
+                  quantize: Any = None) -> tuple[Any, list[Any], list[str], dict[str, float], dict[str, float]]:
+    """The step arcsim prices for a measured run: ``topology`` under gloo, the MLP's FSDP2 schedule for ``strategy``
+    (``quantize``: a strategy.schedule.Quantize), its units' names and the measured compute shared evenly."""
+    from arcsim.strategy.schedule import Quantize, fsdp_schedule
+    from arcsim.strategy.units import ROOT, group_units, model_shapes
+    from arcsim.topology import load_topology
+
+    topo = load_topology(topology).with_overrides(library="gloo")
+    units, root = group_units(model_shapes(_model(cfg["layers"], cfg["dim"])))
+    sched = fsdp_schedule(units, root, strategy, topo.ranks, topo.gpus_per_node, quantize=quantize or Quantize())
+    names = [u.name for u in units]
+    fwd = {u: measured["forward_s"] / len(units) for u in names}
+    bwd = {u: measured["backward_s"] / len(units) for u in names}
+    fwd[ROOT] = bwd[ROOT] = 0.0
+    return topo, sched, names, fwd, bwd
+
+
 def _worker(cfg: dict[str, Any], out: Path) -> None:
     import torch
     import torch.distributed as dist
@@ -44,15 +98,7 @@ def _worker(cfg: dict[str, Any], out: Path) -> None:
     torch.set_num_threads(1)
     layers, dim, batch, steps = cfg["layers"], cfg["dim"], cfg["batch"], cfg["steps"]
     x = torch.randn(batch, dim)
-    local = _model(layers, dim)
-    fwd, bwd = [], []
-    for _ in range(steps + 2):
-        t0 = time.perf_counter()
-        loss = local(x).pow(2).mean()
-        t1 = time.perf_counter()
-        loss.backward()
-        fwd.append(t1 - t0)
-        bwd.append(time.perf_counter() - t1)
+    fwd, bwd = time_unsharded(_model(layers, dim), x, steps)
     dist.init_process_group("gloo")
     model = _model(layers, dim)
     for m in model:
@@ -118,41 +164,21 @@ def _worker(cfg: dict[str, Any], out: Path) -> None:
 
 def measure(cfg: dict[str, Any], ranks: int, bandwidth: str, work: Path, prefix: str = "arcshard") -> dict[str, Any]:
     """Run the worker on an emulated cluster of ``ranks`` single-rank nodes at ``bandwidth`` (needs root)."""
-    from arcsim.processes import free_port
-    from arcsim.testbed.calibrate import collect
-    from arcsim.testbed.cluster import EmulatedCluster, wait_for
-
-    conf, out = work / "fsdp-emulated.json", work / "fsdp-emulated-out.json"
-    conf.write_text(json.dumps(cfg))
-    with EmulatedCluster(ranks, bandwidth, prefix=prefix) as cluster:
-        port = free_port()
-        argv = [sys.executable, "-m", WORKER, str(conf), str(out)]
-        procs = [cluster.spawn(r, argv, port=port, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-                 for r in range(ranks)]
-        collect(procs, 900, wait_for)
+    out = run_on_cluster(WORKER, cfg, ranks, bandwidth, work, prefix, "fsdp-emulated")
     return json.loads(out.read_text())  # type: ignore[no-any-return]
 
 
 def compare(cfg: dict[str, Any], measured: dict[str, Any], topology: str) -> dict[str, Any]:
     """arcsim's iteration for the measured run: collectives priced on ``topology`` (gloo) and as measured."""
     from arcsim.pricing import Pricer
-    from arcsim.sharding.schedule import fsdp_schedule
-    from arcsim.sharding.timeline import two_stream
-    from arcsim.sharding.units import ROOT, group_units, model_shapes
-    from arcsim.topology import load_topology
+    from arcsim.strategy.sharded import sharded_step
 
-    topo = load_topology(topology).with_overrides(library="gloo")
-    units, root = group_units(model_shapes(_model(cfg["layers"], cfg["dim"])))
-    sched = fsdp_schedule(units, root, "full", topo.ranks, topo.gpus_per_node)
-    names = [u.name for u in units]
-    fwd = {u: measured["forward_s"] / len(units) for u in names}
-    bwd = {u: measured["backward_s"] / len(units) for u in names}
-    fwd[ROOT] = bwd[ROOT] = 0.0
+    topo, sched, names, fwd, bwd = measured_step(cfg, measured, topology, "full")
     ops = [(c.op, c.unit, c.phase) for c in sched]
     pricer = Pricer(topo)
-    priced = two_stream(names, fwd, bwd, ops, [pricer.group(c.group).price(c.op, c.bytes_per_rank).time_s
+    priced = sharded_step(names, fwd, bwd, ops, [pricer.group(c.group).price(c.op, c.bytes_per_rank).time_s
                                                 for c in sched])
-    alone = two_stream(names, fwd, bwd, ops, [measured["allgather_s" if c.op == "allgather" else "reducescatter_s"]
+    alone = sharded_step(names, fwd, bwd, ops, [measured["allgather_s" if c.op == "allgather" else "reducescatter_s"]
                                               for c in sched])
     m = measured["iteration_s"]
     return {"measured_s": m, "predicted_s": priced.iteration_s, "error": priced.iteration_s / m - 1,

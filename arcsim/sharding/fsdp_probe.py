@@ -1,5 +1,5 @@
 """Record the collectives real PyTorch FSDP2 (``fully_shard``) issues in one training step, on CPU with gloo:
-the check that :func:`arcsim.sharding.schedule.fsdp_schedule` issues the same ones (tests/test_sharding.py).
+the check that :func:`arcsim.strategy.schedule.fsdp_schedule` issues the same ones (tests/test_sharding.py).
 
 Each rank wraps ``torch.distributed``'s collectives (FSDP2 calls ``dist.all_gather_single``,
 ``dist.reduce_scatter_single`` and, for HSDP, ``dist.all_reduce``) and rank 0 writes what the second step

@@ -1,6 +1,7 @@
-"""One training iteration per strategy on a topology: DDP (``none``: bucketed all-reduces overlapping
-backward, as arcsim run prices it), full sharding and hybrid sharding (the FSDP2 schedule on a two-stream
-timeline), each collective priced by arcsim.pricing.Pricer on its group's links.
+"""One training iteration per strategy on a topology, from a model's shapes and the device model (no gradients):
+DDP (``none``: arcsim run's own DDP step, run.scaling.dense_timeline), full sharding and hybrid sharding (the FSDP2
+schedule on the strategy layer's timeline engine), each collective priced by arcsim.pricing.Pricer on its group's
+links, with the cluster's effects.
 
 Compute comes from arcsim's device model (arcsim.devices.predict): forward and backward of one step and the
 time each parameter's gradient is ready. A unit's backward is the stretch of backward in which its
@@ -10,112 +11,47 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from arcsim.catalog import DDP_BUCKET_MB
 from arcsim.devices.predict import ComputePrediction, predict_compute
 from arcsim.errors import ArcsimError
 from arcsim.pricing import Pricer
-from arcsim.run.timeline import iteration
-from arcsim.sharding.memory import Memory, memory_per_gpu
-from arcsim.sharding.schedule import (
+from arcsim.run.scaling import dense_timeline
+from arcsim.strategy.memory import Memory, memory_per_gpu
+from arcsim.strategy.schedule import (
     DTYPE_BYTES,
     STRATEGIES,
     Quantize,
-    ShardCollective,
     check_fits,
-    cross_node_bytes,
     fsdp_schedule,
 )
-from arcsim.sharding.timeline import two_stream
-from arcsim.sharding.units import ROOT, ShardUnit, assign, group_units, zoo_shapes
+from arcsim.strategy.sharded import StrategyResult, sharded_result, unit_compute
+from arcsim.strategy.units import ShardUnit, assign, group_units, zoo_shapes
 from arcsim.topology import Topology
 
 if TYPE_CHECKING:
     from arcsim.models.source import ModelSource
 
-DDP_BUCKET_BYTES = int(DDP_BUCKET_MB * 2**20)  # DDP's bucket_cap_mb
-DDP_FIRST_BUCKET_BYTES = 2**20     # DDP's first bucket (the last gradients of backward)
 
-
-@dataclass(frozen=True)
-class StrategyResult:
-    strategy: str
-    quantize: str
-    iteration_s: float
-    compute_s: float
-    comm_s: float
-    exposed_comm_s: float
-    cross_node_bytes_per_gpu: float
-    collectives: int
-    memory: Memory
-    detail: list[dict] = field(default_factory=list)
-
-    def to_dict(self, detail: bool = False) -> dict:
-        out = {"strategy": self.strategy, "quantize": self.quantize, "iteration_s": self.iteration_s,
-               "compute_s": self.compute_s, "comm_s": self.comm_s, "exposed_comm_s": self.exposed_comm_s,
-               "cross_node_bytes_per_gpu": self.cross_node_bytes_per_gpu, "collectives": self.collectives,
-               "memory": self.memory.to_dict()}
-        if detail:
-            out["schedule"] = self.detail
-        return out
-
-
-def unit_compute(pred: ComputePrediction, units: dict[str, str]) -> tuple[dict[str, float], dict[str, float]]:
-    """Each unit's forward and backward seconds: the backward stretch up to each gradient's ready time is
-    the unit's of that gradient (what follows the last one, the last one's); forward in the same shares."""
+def _device_compute(pred: ComputePrediction) -> float:
     p = pred.profile
-    layers = sorted(p.layers, key=lambda la: la.ready_s)
-    bwd: dict[str, float] = {}
-    last, unit = 0.0, ROOT
-    for la in layers:
-        unit = units.get(la.name, ROOT)
-        bwd[unit] = bwd.get(unit, 0.0) + max(la.ready_s - last, 0.0)
-        last = max(last, la.ready_s)
-    bwd[unit] = bwd.get(unit, 0.0) + max(p.backward_s - last, 0.0)
-    total = sum(bwd.values()) or 1.0
-    fwd = {u: p.forward_s * s / total for u, s in bwd.items()}
-    return fwd, bwd
+    return p.forward_s + p.backward_s + p.after_backward_s
 
 
 def ddp_result(pred: ComputePrediction, pricer: Pricer, memory: Memory, grad_dtype: str = "fp32") -> StrategyResult:
-    """DDP: gradients in buckets (1 MiB first, 25 MiB after) in ready order, each all-reduced over every rank
-    once ready, one at a time."""
+    """DDP as arcsim run prices it (run.scaling.dense_timeline): torch's buckets (1 MiB first, 25 MiB after) in
+    ready order, each all-reduced over every rank once ready, one at a time, with the cluster's effects."""
     topo = pricer.topo
-    p = pred.profile
-    buckets: list[tuple[float, float]] = []  # (bytes, ready_s)
-    size, ready, cap = 0.0, 0.0, DDP_FIRST_BUCKET_BYTES
-    for la in sorted(p.layers, key=lambda la: la.ready_s):
-        nbytes = la.numel * DTYPE_BYTES[grad_dtype]
-        if size and size + nbytes > cap:
-            buckets.append((size, ready))
-            size, cap = 0.0, DDP_BUCKET_BYTES
-        size, ready = size + nbytes, la.ready_s
-    if size:
-        buckets.append((size, ready))
-    priced = [pricer.price("allreduce", b, tag=f"bucket {i}") for i, (b, _) in enumerate(buckets)]
-    tl = iteration(p.forward_s, p.backward_s, [r for _, r in buckets], [0.0] * len(buckets),
-                   [x.time_s for x in priced])
-    cross = sum(2.0 * b / topo.gpus_per_node * (topo.nodes - 1) / topo.nodes for b, _ in buckets)
-    detail = [{"op": "allreduce", "group": "world", "bytes": b, "ready_s": r, "algo": x.algo, "time_s": x.time_s}
-              for (b, r), x in zip(buckets, priced, strict=True)]
-    return StrategyResult("none", "none", tl.iteration_s, tl.compute_s, tl.comm_s, tl.exposed_comm_s, cross,
-                          len(buckets), memory, detail)
-
-
-def sharded_result(strategy: str, quantize: Quantize, order: Sequence[str], fwd: dict[str, float],
-                   bwd: dict[str, float], schedule: list[ShardCollective], pricer: Pricer,
-                   memory: Memory) -> StrategyResult:
-    topo = pricer.topo
-    priced = [pricer.group(c.group).price(c.op, c.bytes_per_rank, tag=f"{c.unit} {c.phase}") for c in schedule]
-    tl = two_stream(order, fwd, bwd, [(c.op, c.unit, c.phase) for c in schedule], [x.time_s for x in priced],
-                    [c.group for c in schedule])
-    cross = sum(cross_node_bytes(c, topo.gpus_per_node, topo.nodes) for c in schedule)
-    detail = [{**c.to_dict(), "algo": x.algo, "time_s": x.time_s, "start_s": s, "end_s": e}
-              for c, x, s, e in zip(schedule, priced, tl.comm_start, tl.comm_end, strict=True)]
-    return StrategyResult(strategy, quantize.label, tl.iteration_s, tl.compute_s, tl.comm_s, tl.exposed_comm_s,
-                          cross, len(schedule), memory, detail)
+    grad_bytes = int(DTYPE_BYTES[grad_dtype])
+    tl, buckets = dense_timeline(pred.profile, topo, grad_bytes=grad_bytes, engine=pricer.engine, gpu=pred.device)
+    cross = sum(2.0 * b.numel * grad_bytes / topo.gpus_per_node * (topo.nodes - 1) / topo.nodes for b in buckets)
+    detail = [{"op": "allreduce", "group": "world", "bytes": b.numel * grad_bytes, "ready_s": b.ready_s,
+               "time_s": e - s, "start_s": s, "end_s": e}
+              for b, s, e in zip(buckets, tl.comm_start, tl.comm_end, strict=True)]
+    device = _device_compute(pred)
+    return StrategyResult("none", "none", tl.iteration_s, device, tl.comm_s, tl.exposed_comm_s, cross,
+                          len(buckets), memory, detail, max(0.0, round(tl.compute_s - device, 12)))
 
 
 @dataclass(frozen=True)
@@ -211,7 +147,8 @@ def study(model: str | ModelSource, topo: Topology, gpu: str | None, batch: int,
     shapes = zoo_shapes(source, fed, input_size)
     units, root = group_units(shapes, wrap)
     owner = assign(shapes, wrap)
-    fwd, bwd = unit_compute(pred, owner)
+    fwd, bwd = unit_compute([(la.name, la.ready_s) for la in pred.profile.layers], pred.profile.forward_s,
+                            pred.profile.backward_s, owner)
     param_dtype = "bf16" if precision == "bf16" else "fp32"
     capacity = device(gpu).memory_GB * 1e9
     pricer = Pricer(topo, engine)
@@ -227,7 +164,8 @@ def study(model: str | ModelSource, topo: Topology, gpu: str | None, batch: int,
                                  activations_bytes, q.hpz and topo.nodes > 1)
             sched = fsdp_schedule(units, root, s, topo.ranks, topo.gpus_per_node, param_dtype, reduce_dtype,
                                   reshard_after_forward, q)
-            results.append(sharded_result(s, q, [u.name for u in units], fwd, bwd, sched, pricer, mem))
+            results.append(sharded_result(s, q, [u.name for u in units], fwd, bwd, sched, pricer, mem,
+                                          _device_compute(pred), pred.profile.after_backward_s, gpu=pred.device))
     return ShardStudy(pred.profile.model, topo.name, gpu, batch, precision, root.numel + sum(u.numel for u in units),
                       len(units), root.numel, pred, results, priced_input(pred, fed, data, input_size))
 

@@ -1,4 +1,4 @@
-"""Charts of a sweep's results table (torch-free).
+"""Charts of a sweep's results table (torch-free, but for the heatmap, which asks `arcsim run`'s rule).
 
 Each kind needs some axes to vary; the other varied axes are held at their first value (or where
 ``arcsim plot --where`` puts them), and the chart's subtitle and a note say which. ``plot_all`` draws every kind
@@ -8,7 +8,7 @@ the table supports and says why it skipped the rest.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -155,12 +155,14 @@ def _colour_of(names: list[str]) -> dict[str, tuple]:
     return {n: PALETTE[i % len(PALETTE)] for i, n in enumerate(sorted(names))}
 
 
-def fastest_by_cell(df: pd.DataFrame, slack: float | None = 0.25) -> tuple[list, list, np.ndarray, np.ndarray]:
-    """Bandwidths, densities, and per (bandwidth, density) cell the fastest compressor and its speed-up
-    over dense; dense and fp16 (no density) compete in every cell of their bandwidth.
+RULES = {"auto": "the soonest to the target", "none": "the knee of the usable time/error front"}
+ANY_ERROR = "the fastest, whatever its error"
 
-    With ``slack`` (as `arcsim run`'s policy), a sparsifier competes only if its relative aggregate error
-    is at most Top-K's in that cell × (1 + slack) — the lowest sparsifier error where Top-K is absent."""
+
+def fastest_by_cell(df: pd.DataFrame, policy: str | None = "auto") -> tuple[list, list, np.ndarray, np.ndarray]:
+    """Bandwidths, densities, and per (bandwidth, density) cell the compressor `arcsim run --policy <policy>`
+    recommends among the cell's settings (RULES), with its speed-up over dense; dense and fp16 (no density)
+    compete in every cell of their bandwidth. ``policy`` None: the fastest, whatever its error."""
     sparse = df[~df["compressor"].isin(DENSITY_FREE)]
     bws, dens = sorted(df["nic_gbps"].unique()), sorted(sparse["density"].unique())
     winners = np.empty((len(bws), len(dens)), dtype=object)
@@ -169,21 +171,39 @@ def fastest_by_cell(df: pd.DataFrame, slack: float | None = 0.25) -> tuple[list,
         at_bw = df[df["nic_gbps"] == bw]
         for j, d in enumerate(dens):
             cell = at_bw[(at_bw["density"] == d) | at_bw["compressor"].isin(DENSITY_FREE)]
-            if slack is not None:
-                cell = cell[_eligible(cell, slack)]
-            best = cell.loc[cell["iteration_s"].idxmin()]
+            best = cell.loc[run_pick(cell, policy) if policy is not None else cell["iteration_s"].idxmin()]
             winners[i, j], speedup[i, j] = best["compressor"], best["dense_iteration_s"] / best["iteration_s"]
     return bws, dens, winners, speedup
 
 
-def _eligible(cell: pd.DataFrame, slack: float) -> pd.Series:
-    free = cell["compressor"].isin(DENSITY_FREE)
-    sparse = cell[~free]
-    if sparse.empty:
-        return free
-    topk = sparse.loc[sparse["compressor"] == "topk", "rel_error"]
-    ref = float(topk.min()) if not topk.empty else float(sparse["rel_error"].min())
-    return free | (cell["rel_error"] <= ref * (1 + slack) + 1e-12)
+@dataclass
+class Row:
+    """A results row as `arcsim run`'s decisions read a setting."""
+
+    compressor: str
+    iteration_s: float
+    rel_error: float
+    label: Hashable
+
+
+def run_pick(rows: pd.DataFrame, policy: str) -> Hashable:
+    """The label of the row `arcsim run --policy <policy>` recommends among ``rows`` (one setting each): auto, the
+    soonest to the target (arcsim.run.policies.soonest); none, the knee of the usable front
+    (arcsim.run.decisions.front_pick)."""
+    from arcsim.run.convergence import fit_steps_model
+    from arcsim.run.decisions import front_pick, usable
+    from arcsim.run.policies import soonest
+
+    found = [Row(r.compressor, float(r.iteration_s), float(r.rel_error), r.Index) for r in rows.itertuples()]
+    if policy == "auto":
+        best = soonest(found, fit_steps_model())
+    else:
+        best = found[front_pick(found)[0]] if any(usable(r) for r in found) else None
+    if best is None:
+        raise PlotUnsupported(f"heatmap: no setting at {_fmt(rows['nic_gbps'].iloc[0])} Gb/s that arcsim run would "
+                              "recommend (every one unusable or unknown to its steps model): add dense to the "
+                              "compressors, or draw with --any-error")
+    return best.label
 
 
 def ag_over_ar(df: pd.DataFrame) -> pd.Series:
@@ -193,13 +213,13 @@ def ag_over_ar(df: pd.DataFrame) -> pd.Series:
     return ag / ar
 
 
-def heatmap(df: pd.DataFrame, path: Path, slack: float | None = 0.25) -> Path:
-    """The fastest compressor in each (bandwidth, density) cell whose error is within ``slack`` of Top-K's
-    (any error with ``slack=None``), with its speed-up over dense."""
+def heatmap(df: pd.DataFrame, path: Path, policy: str | None = "auto") -> Path:
+    """`arcsim run --policy <policy>`'s pick in each (bandwidth, density) cell (None: the fastest, whatever its
+    error), with its speed-up over dense."""
     if not (_varied(df, "nic_gbps") and df.loc[~df["compressor"].isin(DENSITY_FREE), "density"].nunique() > 1):
         raise PlotUnsupported("heatmap needs at least two bandwidths and two densities")
     df, held = hold_others(df, KINDS["heatmap"].keep)
-    bws, dens, winners, speedup = fastest_by_cell(df, slack)
+    bws, dens, winners, speedup = fastest_by_cell(df, policy)
     names = sorted(set(winners.ravel()))
     colours = _colour_of(names)
     index = np.vectorize(names.index)(winners)
@@ -214,11 +234,12 @@ def heatmap(df: pd.DataFrame, path: Path, slack: float | None = 0.25) -> Path:
     ax.set_yticks(range(len(bws)), [f"{b:g}" for b in bws])
     ax.set_xlabel("density k/d (fraction of gradient entries sent)")
     ax.set_ylabel("per-NIC bandwidth (Gb/s)")
-    rule = "any error" if slack is None else f"error ≤ Top-K's × {1 + slack:g}"
-    _title(ax, f"Fastest compressor with {rule}, by bandwidth and density\n(label: speed-up over dense on its "
+    rule = ANY_ERROR if policy is None else f"arcsim run's pick, {RULES[policy]} (--policy {policy})"
+    _title(ax, f"{rule[0].upper()}{rule[1:]}, by bandwidth and density\n(label: speed-up over dense on its "
                "fastest collective)", df, held)
     handles = [plt.Rectangle((0, 0), 1, 1, color=colours[n]) for n in names]
-    ax.legend(handles, names, title="fastest", bbox_to_anchor=(1.02, 1), loc="upper left", fontsize=8)
+    ax.legend(handles, names, title="fastest" if policy is None else "run's pick", bbox_to_anchor=(1.02, 1),
+              loc="upper left", fontsize=8)
     return _finish(fig, path)
 
 
@@ -378,7 +399,7 @@ def incompleteness(df: pd.DataFrame, expected: int | None) -> str:
 
 
 def plot_all(df: pd.DataFrame, out_dir: Path, kinds: tuple[str, ...] = tuple(KINDS),
-             slack: float | None = 0.25, expected: int | None = None,
+             policy: str | None = "auto", expected: int | None = None,
              announce: Callable[[str], None] = lambda _: None) -> tuple[list[Path], list[str]]:
     """Every requested kind the table supports; returns (written files, reasons for the skipped ones), and
     ``announce``s what each chart holds and leaves out.
@@ -397,7 +418,7 @@ def plot_all(df: pd.DataFrame, out_dir: Path, kinds: tuple[str, ...] = tuple(KIN
         try:
             _check_columns(df, kind, chart.needs)
             path = out_dir / f"{kind}.png"
-            written.append(heatmap(df, path, slack) if kind == "heatmap" else chart.draw(df, path))
+            written.append(heatmap(df, path, policy) if kind == "heatmap" else chart.draw(df, path))
         except PlotUnsupported as exc:
             skipped.append(str(exc))
             continue

@@ -19,7 +19,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from arcsim.catalog import DDP_BUCKET_MB
 from arcsim.compressors.metrics import records_summary
-from arcsim.hooks import CompressionState, compression_hook
+from arcsim.hooks import CompressionState, MixedState, compression_hook, mixed_hook
 from arcsim.models import loss_fn, model_entry
 from arcsim.models.datasets import make_dataset
 
@@ -40,16 +40,20 @@ class TrainResult:
 
 def train(model: str = "mlp", dataset: str | None = None, compressor: str = "dense", density: float = 0.01,
           memory: str = "ef14", steps: int = 100, batch: int = 32, lr: float | None = None, seed: int = 0,
-          bucket_mb: float = DDP_BUCKET_MB, device: str = "cpu") -> TrainResult:
-    """Train ``steps`` iterations; ``compressor='none'`` uses DDP's own all-reduce (no hook)."""
+          bucket_mb: float = DDP_BUCKET_MB, device: str = "cpu", plan: str | None = None) -> TrainResult:
+    """Train ``steps`` iterations; ``compressor='none'`` uses DDP's own all-reduce (no hook); ``plan``: a compressor
+    per bucket, as the file ``arcsim run --write-plan`` wrote says (``compressor`` and its settings unused)."""
     rank, world = dist.get_rank(), dist.get_world_size()
     entry = model_entry(model)
     ds = make_dataset(dataset or entry.default_dataset)
     torch.manual_seed(seed)
     net = entry.build(ds.spec).to(device)
     ddp = DDP(net, bucket_cap_mb=bucket_mb)
-    state = None
-    if compressor != "none":
+    state: CompressionState | MixedState | None = None
+    if plan is not None:
+        state = MixedState.load(plan)
+        ddp.register_comm_hook(state, mixed_hook)
+    elif compressor != "none":
         state = CompressionState(compressor, density, memory if compressor not in ("dense", "fp16", "bf16") else "none",
                                  seed=seed)
         ddp.register_comm_hook(state, compression_hook)

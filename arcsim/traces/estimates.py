@@ -98,7 +98,7 @@ def live_run(cfg: TrainingConfig, measurements: int, budget: float) -> Estimate:
 
 def _step(cfg: TrainingConfig) -> tuple[int, float, float]:
     """(parameters, one worker's forward bytes, forward + backward FLOPs) of a training step, counted on meta."""
-    from arcsim.devices.workload import count_workload
+    from arcsim.models.workload import count_workload
 
     work = count_workload(cfg.source, cfg.batch or cfg.source.default_batch, cfg.dataset, cfg.input_size, cfg.data)
     return (sum(work.numel.values()), sum(op.bytes for op in work.forward),

@@ -22,7 +22,7 @@ from functools import cache
 
 import numpy as np
 
-from arcsim.train.target import Target
+from arcsim.run.target import Target
 
 
 @dataclass(frozen=True)

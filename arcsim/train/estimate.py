@@ -40,7 +40,7 @@ import numpy as np
 import torch
 
 from arcsim.network_schedule import NetworkSchedule
-from arcsim.train.target import Target
+from arcsim.run.target import Target
 
 FIT_WINDOW = 4  # evaluations the progress fit uses (the most recent)
 NODES = 9       # Gauss–Hermite nodes of the expectation over the spread of the steps

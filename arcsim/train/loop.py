@@ -28,8 +28,8 @@ from arcsim.errors import ArcsimError
 from arcsim.files import writable_cache_dir
 from arcsim.models.datasets import DATASETS, Dataset, data_spec, make_dataset
 from arcsim.models.source import ModelSource, model_source, output_logits
-from arcsim.run.buckets import Bucket, make_buckets
 from arcsim.run.measure import BucketedCompression, Measurement
+from arcsim.strategy.buckets import Bucket, make_buckets
 from arcsim.traces.profile import ComputeProfile, load_profile, measure_profile
 from arcsim.traces.training import OPTIMIZERS, build_optimizer, check_optimizer
 from arcsim.train.estimate import descent_ratio

@@ -6,7 +6,6 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -14,13 +13,13 @@ import pandas as pd
 
 from arcsim.devices.catalog import Device
 from arcsim.pricing import Pricer
-from arcsim.run.buckets import Bucket
 from arcsim.run.candidates import Context, candidates_for, step_timelines
 from arcsim.run.compute import ComputeTimes
 from arcsim.run.report import OP_SHORT
+from arcsim.run.target import Reached, Target, first_reach
+from arcsim.strategy.buckets import Bucket
 from arcsim.topology import Topology
 from arcsim.train.loop import History, Setup
-from arcsim.train.target import Target
 
 
 def compute_times(setup: Setup) -> ComputeTimes:
@@ -75,21 +74,6 @@ def history_rows(hist: History, step_s: np.ndarray | None, collective: str | Non
                      "time_s": float(elapsed[i]) if elapsed is not None and i < len(elapsed) else math.nan,
                      "collective": collective or "", "diverged": hist.diverged_at is not None})
     return rows
-
-
-@dataclass
-class Reached:
-    step: float     # NaN when not reached
-    time_s: float   # NaN when not reached or not priced
-
-
-def first_reach(run: pd.DataFrame, target: Target) -> Reached:
-    """The first evaluation that meets ``target`` in one run's history."""
-    hit = run[target.met(run[target.column])]
-    if hit.empty:
-        return Reached(math.nan, math.nan)
-    row = hit.iloc[0]
-    return Reached(float(row["step"]), float(row["time_s"]))
 
 
 def seed_outcomes(runs: pd.DataFrame, target: Target | None,

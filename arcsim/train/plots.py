@@ -10,7 +10,7 @@ import numpy as np
 import pandas as pd
 
 from arcsim.plotting import PALETTE, save_png
-from arcsim.train.target import Target
+from arcsim.run.target import Target
 
 
 def _curves(history: pd.DataFrame, x: str,

@@ -36,11 +36,11 @@ from arcsim.network_schedule import NetworkSchedule
 from arcsim.pricing import Pricer, algorithms_for
 from arcsim.run.candidates import Context, compress_times, main_op_of, step_timeline
 from arcsim.run.measure import BucketedCompression
+from arcsim.run.target import Target
 from arcsim.topology import Topology
 from arcsim.train.estimate import descent_ratio, expected_time, fit_progress
 from arcsim.train.loop import Setup, TrainConfig, TrainingRun
 from arcsim.train.outcome import priced_on
-from arcsim.train.target import Target
 
 PAPER_RATIOS = (0.1, 0.033, 0.011, 0.004, 0.001)
 ASF_WEIGHTS = (0.6, 0.4)  # step time, compression gain

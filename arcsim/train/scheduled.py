@@ -29,6 +29,7 @@ from arcsim.compressors.hierarchy import HIERARCHIES, Grouping, group_workers, h
 from arcsim.errors import ArcsimError
 from arcsim.files import AppendOnlyCSV, atomic_path, write_atomic
 from arcsim.network_schedule import NetworkSchedule
+from arcsim.run.target import Target
 from arcsim.topology import load_topology
 from arcsim.train.bound import best_sequence, curve_of, segments_after
 from arcsim.train.experiment import RUN_KEYS, claim_dir
@@ -50,7 +51,6 @@ from arcsim.train.policies import (
     price_static,
     time_to,
 )
-from arcsim.train.target import Target
 
 POLICIES = ("static", "adaptive", "bound")
 HISTORY_COLUMNS = ("policy", "choice", "seed", "step", "loss", "accuracy", "val_loss", "time_s", "compressor",

@@ -1,8 +1,9 @@
 """How a data-parallel framework groups gradients into collectives and when it issues them (`--framework`).
 
 - **ddp** (PyTorch DistributedDataParallel): layers in backward order packed into buckets of at most
-  ``--bucket-mb`` (default DDP_BUCKET_MB, 25 MiB) of fp32; a bucket is sent when its last gradient is ready
-  (arcsim.run.buckets). A compressor's collectives run per bucket, as a DDP comm hook's do.
+  ``--bucket-mb`` (default DDP_BUCKET_MB, 25 MiB, after torch's 1 MiB first bucket) of fp32; a bucket is sent when
+  its last gradient is ready (arcsim.strategy.buckets). A compressor's collectives run per bucket, as a DDP comm
+  hook's do.
 - **horovod**: a background thread wakes every cycle (HOROVOD_CYCLE_TIME, 1 ms; 5 ms before Horovod 0.21), takes
   the tensors that became ready since its last turn, and fuses them, in order, into fusion buffers of at most
   ``--bucket-mb`` (default HOROVOD_FUSION_THRESHOLD's, 64 MiB); each buffer is one all-reduce, issued at the end of
@@ -13,7 +14,7 @@
   ones do. Horovod's negotiation (the coordinator's per-cycle exchange of ready tensor names) and the copies into
   and out of the fusion buffer are not priced.
 
-Both keep one collective stream in order, with the overlap with backward of run/timeline.py.
+Both keep one collective stream in order, with the overlap with backward of :mod:`arcsim.strategy.data_parallel`.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from arcsim.catalog import DDP_BUCKET_MB, HOROVOD_FUSION_MB
 from arcsim.comm.log import CommRecord, resized
 from arcsim.compressors.base import Layer
 from arcsim.errors import ArcsimError
-from arcsim.run.buckets import GRAD_BYTES, Bucket, make_buckets
+from arcsim.strategy.buckets import DDP_FIRST_BUCKET_BYTES, GRAD_BYTES, Bucket, make_buckets
 
 FRAMEWORKS = ("ddp", "horovod")
 HOROVOD_CYCLE_S = 1e-3        # HOROVOD_CYCLE_TIME default (1 ms from 0.21; 5 ms before)
@@ -42,9 +43,12 @@ class Framework:
     default_bucket_mb: float
     cycle_s: float = 0.0
 
-    def buckets(self, layers: Sequence[Layer], ready_s: Sequence[float], cap_bytes: float) -> list[Bucket]:
+    def buckets(self, layers: Sequence[Layer], ready_s: Sequence[float], cap_bytes: float,
+                first_cap_bytes: float | None = None) -> list[Bucket]:
+        """The gradient groups the framework sends; ``first_cap_bytes``: DDP's first bucket's cap (the default
+        cap's 1 MiB: :meth:`first_cap`)."""
         if self.name == "ddp":
-            return make_buckets(layers, ready_s, cap_bytes)
+            return make_buckets(layers, ready_s, cap_bytes, first_cap_bytes)
         return horovod_buffers(layers, ready_s, cap_bytes, self.cycle_s)
 
     def records(self, bucket: Bucket, recs: list[CommRecord]) -> list[CommRecord]:
@@ -57,6 +61,11 @@ class Framework:
         """The bucket cap (DDP) or fusion threshold (Horovod) in MiB: ``bucket_mb`` as asked, None: the framework's own
         default (DDP 25, Horovod 64)."""
         return self.default_bucket_mb if bucket_mb is None else bucket_mb
+
+    def first_cap(self, bucket_mb: float | None) -> float | None:
+        """DDP's first bucket's cap in bytes where the cap is DDP's default (torch's 1 MiB), else None (the same as
+        the others; Horovod has none)."""
+        return DDP_FIRST_BUCKET_BYTES if self.name == "ddp" and bucket_mb is None else None
 
 
 def get_framework(name: str, cycle_s: float | None = None) -> Framework:

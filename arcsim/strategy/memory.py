@@ -12,8 +12,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
-from arcsim.sharding.schedule import DTYPE_BYTES
-from arcsim.sharding.units import ShardUnit
+from arcsim.strategy.schedule import DTYPE_BYTES
+from arcsim.strategy.units import ShardUnit
 
 STATE_BYTES = 4 + 4 + 8  # fp32 parameter, fp32 gradient, Adam's exp_avg and exp_avg_sq
 

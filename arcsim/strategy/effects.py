@@ -11,6 +11,7 @@ from functools import lru_cache
 from statistics import NormalDist
 
 from arcsim.comm.log import CommRecord
+from arcsim.strategy.engine import StepEffects
 from arcsim.topology import Topology
 
 
@@ -47,12 +48,22 @@ def _steps(op: str, ranks: int) -> int:
 def jitter_s(record: CommRecord, topo: Topology) -> float:
     """The expected jitter one collective pays: its steps × E[the slowest of its N network crossings per step]
     (H_N × the mean); nothing inside a node or on one node."""
+    return collective_jitter_s(record.op, record.group, topo)
+
+
+def collective_jitter_s(op: str, group: str, topo: Topology) -> float:
+    """:func:`jitter_s` of a collective ``op`` over ``group`` (world, node, inter)."""
     mean = topo.crossing_jitter_s
-    if mean == 0 or record.group == "node" or topo.nodes < 2:
+    if mean == 0 or group == "node" or topo.nodes < 2:
         return 0.0
-    ranks = topo.nodes if record.group == "inter" else topo.ranks
-    return _steps(record.op, ranks) * harmonic(topo.nodes) * mean
+    ranks = topo.nodes if group == "inter" else topo.ranks
+    return _steps(op, ranks) * harmonic(topo.nodes) * mean
 
 
 def records_jitter_s(records: list[CommRecord], topo: Topology) -> float:
     return math.fsum(jitter_s(r, topo) for r in records)
+
+
+def step_effects(topo: Topology) -> StepEffects:
+    """The timeline engine's factors for ``topo``: the slowest of its ranks' compute, and interference."""
+    return StepEffects(compute_factor(topo), topo.effects.interference)

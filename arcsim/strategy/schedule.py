@@ -18,13 +18,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
+from arcsim.catalog import QUANT_BLOCK
 from arcsim.errors import ArcsimError
-from arcsim.sharding.units import ShardUnit
+from arcsim.strategy.units import ShardUnit
 
 STRATEGIES = ("none", "full", "hybrid")  # DDP; FSDP / ZeRO-3 (full sharding); HSDP (shard in node, replicate)
 WEIGHT_DTYPES = ("none", "fp16", "bf16", "int8")
 GRAD_DTYPES = ("none", "int8", "int4")
-QUANT_BLOCK = 256  # elements per int8 block, one fp32 scale each (ZeRO++'s blockwise quantisation)
 DTYPE_BYTES = {"fp32": 4.0, "fp16": 2.0, "bf16": 2.0, "int8": 1.0 + 4.0 / QUANT_BLOCK,
                "int4": 0.5 + 4.0 / QUANT_BLOCK}
 

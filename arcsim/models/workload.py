@@ -24,7 +24,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 from torch.utils.flop_counter import flop_registry
 
-from arcsim.models.datasets import DataSpec
+from arcsim.models.dataspec import DataSpec
 from arcsim.models.inputs import RecordedInput
 
 if TYPE_CHECKING:
@@ -217,7 +217,7 @@ def _workload_from(raw: dict[str, Any]) -> Workload:
 
 
 def _count(source: ModelSource, batch: int, spec: DataSpec | None, data: str | RecordedInput | None) -> Workload:
-    from arcsim.models.source import UserBatches, to_device
+    from arcsim.models.source import UserBatches, recorded_loss, to_device
 
     torch.manual_seed(0)
     with torch.device("meta"):
@@ -245,7 +245,7 @@ def _count(source: ModelSource, batch: int, spec: DataSpec | None, data: str | R
     handles = [p.register_post_accumulate_grad_hook(lambda _p, n=n: ready(n)) for n, p in params.items()]
     try:
         with recorder, _fused_attention(recorder), torch.device("meta"):  # tensors made in forward: meta too
-            loss = (data.loss(model, example, f"--model {source.ref}") if isinstance(data, RecordedInput) else
+            loss = (recorded_loss(data, model, example, f"--model {source.ref}") if isinstance(data, RecordedInput) else
                     source.loss(model, example, spec))
             work.forward = list(recorder.ops)
             recorder.ops.clear()

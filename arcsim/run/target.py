@@ -62,3 +62,18 @@ def target_of(accuracy: float | None, loss: float | None) -> Target | None:
             raise ArcsimError(f"--target-loss is a held-out loss (cross-entropy, nats) above 0, got {loss}")
         return Target(loss, "loss")
     return None
+
+
+@dataclass
+class Reached:
+    step: float     # NaN when not reached
+    time_s: float   # NaN when not reached or not priced
+
+
+def first_reach(run: pd.DataFrame, target: Target) -> Reached:
+    """The first evaluation that meets ``target`` in one run's history."""
+    hit = run[target.met(run[target.column])]
+    if hit.empty:
+        return Reached(math.nan, math.nan)
+    row = hit.iloc[0]
+    return Reached(float(row["step"]), float(row["time_s"]))

@@ -1,0 +1,300 @@
+"""`arcsim run --sharding none,full,hybrid`: the parallel strategies side by side on the run's own compute,
+gradients and cluster — DDP with the compressors run measured (its dense baseline and its recommendation), and
+full sharding (FSDP2 / ZeRO-3) and hybrid sharding (HSDP) with their quantised variants (ZeRO++'s qwZ, qgZ, hpZ),
+each on the strategy layer's timeline engine with the cluster's effects, with its memory per GPU and the error
+its reduction makes on the trace's gradients (arcsim.compressors.sharded). A row that does not fit its GPU is marked and
+never the recommendation."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from arcsim.catalog import INFO, memory_for
+from arcsim.comm.log import resized
+from arcsim.compressors.hierarchy import group_workers
+from arcsim.devices.catalog import device
+from arcsim.devices.kernels import compress_seconds
+from arcsim.errors import ArcsimError
+from arcsim.pricing import Pricer
+from arcsim.run.convergence import StepsModel, fit_steps_model
+from arcsim.strategy import effects
+from arcsim.strategy.memory import Memory, memory_per_gpu
+from arcsim.strategy.schedule import STRATEGIES, Quantize, ShardCollective, check_fits, fsdp_schedule, quantize_variant
+from arcsim.strategy.sharded import sharded_result, unit_compute
+from arcsim.strategy.units import ShardUnit, assign, group_units
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from arcsim.run.analysis import Analysis, RunResult
+    from arcsim.run.measure import Measurement
+
+DEFAULT_VARIANTS = ("none", "qgz", "zeropp")
+EF_BYTES = 4  # an error-feedback residual: one fp32 per parameter
+
+
+@dataclass(frozen=True)
+class StrategyRow:
+    strategy: str          # none (DDP), full (FSDP2 / ZeRO-3), hybrid (HSDP)
+    setting: str           # DDP: the compressor on its collective; sharded: the quantisation variant
+    iteration_s: float
+    compute_s: float       # one rank's forward + backward (+ after): the same on every row
+    effects_s: float
+    exposed_comm_s: float
+    rel_error: float       # the aggregate's error on the trace's gradients
+    memory: Memory
+    recommended: bool = False
+    time_to_target_s: float | None = None  # None: an error the steps model has no evidence for
+
+    @property
+    def label(self) -> str:
+        return {"none": "DDP", "full": "FSDP", "hybrid": "HSDP"}[self.strategy]
+
+    def headline(self) -> str:
+        """``HSDP (hybrid sharding) with qgZ int8``: the row as a recommendation."""
+        what = {"none": "DDP", "full": "FSDP (full sharding)", "hybrid": "HSDP (hybrid sharding)"}[self.strategy]
+        return what if self.setting == "none" else f"{what} with {self.setting}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"strategy": self.strategy, "label": self.label, "setting": self.setting,
+                "iteration_s": self.iteration_s, "compute_s": self.compute_s, "effects_s": self.effects_s,
+                "exposed_comm_s": self.exposed_comm_s, "rel_error": self.rel_error, "memory": self.memory.to_dict(),
+                "fits": self.memory.fits, "time_to_target_s": self.time_to_target_s,
+                "recommended": self.recommended}
+
+
+def parse_sharding(value: str) -> tuple[str, ...]:
+    """``none,full,hybrid`` → its strategies, each known and given once."""
+    names = tuple(s.strip().lower() for s in value.split(",") if s.strip())
+    unknown = [s for s in names if s not in STRATEGIES]
+    if not names or unknown:
+        raise ArcsimError(f"--sharding {value!r}: choose among {', '.join(STRATEGIES)}, joined by commas "
+                          "(none: DDP; full: FSDP / ZeRO-3; hybrid: HSDP)")
+    return tuple(dict.fromkeys(names))
+
+
+def check_sharding(strategies: Sequence[str], ranks: int, gpus_per_node: int, nodes: int, where: str,
+                   sampled: bool) -> None:
+    """Refuse, before any work, what cannot be sharded: a --params sample (its layers are not a model's) and what
+    the cluster's nodes cannot do."""
+    sharded = [s for s in strategies if s != "none"]
+    if not sharded:
+        return
+    if sampled:
+        raise ArcsimError("--sharding full or hybrid needs a model's parameters: give a trace (or --live), not "
+                          "--params")
+    if ranks < 2:
+        raise ArcsimError(f"{where} has one rank: sharding needs at least 2")
+    for s in sharded:
+        check_fits(s, Quantize(), gpus_per_node, nodes, where)
+
+
+def _capacity(analysis: Analysis) -> float:
+    gpu = analysis.ctx.gpu
+    if gpu is None and analysis.ctx.topo.gpu is not None:
+        gpu = device(analysis.ctx.topo.gpu)
+    return gpu.memory_GB * 1e9 if gpu is not None else math.inf
+
+
+def _variants(strategy: str, topo_nodes: int, gpus_per_node: int) -> list[Quantize]:
+    out = []
+    for name in DEFAULT_VARIANTS:
+        q = quantize_variant(name)
+        try:
+            check_fits(strategy, q, gpus_per_node, topo_nodes, "")
+        except ArcsimError:
+            continue
+        if q.grads != "none" and strategy == "hybrid":
+            q = Quantize(q.weights, q.grads, False)  # HSDP keeps backward's gathers in the node already
+        out.append(q)
+    return list(dict.fromkeys(out))
+
+
+def reduction_way(q: Quantize, strategy: str, nodes: int, reduce_dtype: str = "fp32") -> str | None:
+    """The way :mod:`arcsim.compressors.sharded` measures ``q``'s gradient reduction in ``reduce_dtype`` (None: exact,
+    fp32)."""
+    if q.grads == "none":
+        return "bf16" if reduce_dtype == "bf16" else None
+    if q.grads == "int4":
+        return "int4-hier"
+    return "int8-hier" if strategy == "full" and nodes > 1 else "int8"
+
+
+def _errors(analysis: Analysis, ways: set[str]) -> dict[str, float]:
+    """Each way's mean aggregate error on the trace's steps (workers as the trace has them, two nodes of half)."""
+    if not ways:
+        return {}
+    from arcsim.compressors.sharded import reduction_errors
+
+    workers = analysis.trace.workers
+    per_node = analysis.ctx.topo.gpus_per_node
+    g = per_node if workers % per_node == 0 and workers > per_node else max(workers // 2, 1)
+    steps = (grads for _, grads in analysis.steps())
+    return {e.how: e.rel_error_mean for e in reduction_errors(steps, g, tuple(sorted(ways)))}
+
+
+def _ddp_rows(result: RunResult, memory: Memory, params: int) -> list[StrategyRow]:
+    rec = result.recommendation
+    chosen = [c for c in result.candidates if (c.compressor, c.collective, c.hierarchy, c.density, c.op) ==
+              (rec.compressor, rec.collective, rec.hierarchy, rec.density, rec.op)]
+    seen = [result.dense, *chosen[:1]]
+    seen = [c for i, c in enumerate(seen) if c not in seen[:i]]
+    rows = []
+    for c in seen:
+        ef = EF_BYTES * params if memory_for(c.compressor, c.memory) != "none" else 0.0
+        mem = Memory("none", memory.states_bytes + ef, 0.0, 0.0, memory.capacity_bytes)
+        density = f"@{c.density:g}" if c.density is not None else ""
+        rows.append(StrategyRow("none", f"{c.compressor}{density} {c.op} {c.collective}", c.iteration_s, c.compute_s,
+                                c.effects_s, c.exposed_comm_s, c.rel_error, mem))
+    return rows
+
+
+def strategy_rows(analysis: Analysis, result: RunResult, strategies: Sequence[str]) -> list[StrategyRow]:
+    """Every strategy asked for on ``analysis``'s trace, compute and topology (see the module's docstring), the
+    soonest to the target that fits marked recommended (:func:`_mark_recommended`)."""
+    ctx, topo = analysis.ctx, analysis.ctx.topo
+    layers = list(reversed(analysis.trace.layers))  # the trace keeps backward order; units follow forward order
+    shapes = [(la.name, tuple(la.shape)) for la in layers]
+    units, root = group_units(shapes)
+    owner = assign(shapes)
+    c = ctx.compute
+    fwd, bwd = unit_compute([(la.name, float(r)) for la, r in zip(analysis.trace.layers, c.ready_s, strict=True)],
+                            c.forward_s, c.backward_s, owner)
+    precision = (result.compute_basis or {}).get("precision", "fp32")
+    param_dtype = "bf16" if precision == "bf16" else "fp32"
+    capacity = _capacity(analysis)
+    params = root.numel + sum(u.numel for u in units)
+    dense_memory = memory_per_gpu("none", units, root, topo.ranks, topo.gpus_per_node, capacity)
+    rows = _ddp_rows(result, dense_memory, params) if "none" in strategies else []
+    plans = [(s, q, dtype) for s in strategies if s != "none" for q in _variants(s, topo.nodes, topo.gpus_per_node)
+             for dtype in (("fp32", "bf16") if not q.active else ("fp32",))]
+    errors = _errors(analysis, {w for s, q, d in plans if (w := reduction_way(q, s, topo.nodes, d)) is not None})
+    pricer = Pricer(topo, ctx.engine)
+    device_compute = c.forward_s + c.backward_s + c.after_s
+    order = [u.name for u in units]
+    for s, q, dtype in plans:
+        mem = memory_per_gpu(s, units, root, topo.ranks, topo.gpus_per_node, capacity, param_dtype, dtype, 0.0,
+                             q.hpz and topo.nodes > 1)
+        sched = fsdp_schedule(units, root, s, topo.ranks, topo.gpus_per_node, param_dtype, dtype, None, q)
+        r = sharded_result(s, q, order, fwd, bwd, sched, pricer, mem, device_compute, c.after_s, gpu=ctx.gpu)
+        way = reduction_way(q, s, topo.nodes, dtype)
+        setting = "bf16 reduction" if dtype == "bf16" else q.label
+        rows.append(StrategyRow(s, setting, r.iteration_s, device_compute, r.effects_s, r.exposed_comm_s,
+                                0.0 if way is None else errors[way], mem))
+        if s == "hybrid" and not q.active and dtype == "fp32" and topo.nodes > 1:
+            rows.extend(_hsdp_compressed(analysis, sched, order, fwd, bwd, pricer, mem, device_compute, units, root))
+    return _mark_recommended(rows, fit_steps_model(analysis.cfg.dense_steps))
+
+
+def _hsdp_compressed(analysis: Analysis, sched: list[ShardCollective], order: list[str], fwd: dict[str, float],
+                     bwd: dict[str, float], pricer: Pricer, mem: Memory, device_compute: float,
+                     units: Sequence[ShardUnit], root: ShardUnit) -> list[StrategyRow]:
+    """HSDP with each compressor the run measured on the cross-node all-reduce of every unit's shard: its
+    node-aware measurement (dense reduce-scatter inside the node, the node's sum compressed over the rails) is
+    that very computation, so its error is the row's and its collectives between nodes, resized to each shard,
+    replace the all-reduce; its compression runs on the compute stream after the unit's backward."""
+    cfg, ctx = analysis.cfg, analysis.ctx
+    sizes = {u.name: u.numel for u in [*units, root]}
+    whole = sum(sizes.values())
+    rows: list[StrategyRow] = []
+    try:
+        group_workers(analysis.trace.workers, ctx.topo.gpus_per_node)
+    except ArcsimError as exc:  # the trace's workers cannot stand for this cluster's nodes
+        analysis.announce(f"HSDP with a compressor between nodes not priced: {exc}")
+        return rows
+    for name in [n for n in cfg.compressors if n != "dense"]:
+        meas = analysis.measurement(name, cfg.density, hierarchy="node")
+        between = [r for bucket in meas.records[0] for r in bucket if r.group != "node"]
+        slice_elements = max(1, sum(b.numel for b in ctx.buckets) // ctx.topo.gpus_per_node)
+        comm: list[float | None] = []
+        compress: list[float] = []
+        for col in sched:
+            if col.op != "allreduce" or col.group != "inter":
+                comm.append(None)
+                compress.append(0.0)
+                continue
+            share = col.numel / slice_elements
+            resized_records = [resized(r, max(1, round(r.elements * share))) for r in between]
+            comm.append(sum(p.time_s for p in pricer.records(resized_records))
+                        + (effects.records_jitter_s(resized_records, ctx.topo) if ctx.engine == "analytic" else 0.0))
+            compress.append(_compress_s(analysis, meas, col.numel, sizes[col.unit] / whole))
+        density = f"@{meas.density:g}" if not INFO[name].density_free else ""
+        r = sharded_result("hybrid", Quantize(), order, fwd, bwd, sched, pricer, mem, device_compute,
+                           ctx.compute.after_s, comm, compress)
+        rows.append(StrategyRow("hybrid", f"{name}{density} between nodes", r.iteration_s, device_compute,
+                                r.effects_s, r.exposed_comm_s, meas.rel_error(), mem))
+    return rows
+
+
+def _compress_s(analysis: Analysis, meas: Measurement, shard_elements: int, share: float) -> float:
+    """One shard's compression: modelled on the run's GPU, else the measurement's (one step's, all buckets) × the
+    unit's share of the model."""
+    ctx = analysis.ctx
+    if ctx.gpu is not None:
+        return compress_seconds(meas.compressor, ctx.scope, shard_elements, 1, ctx.gpu, meas.density,
+                                ctx.topo.nodes)
+    return float(sum(meas.compress_s[0])) * share * ctx.scale_for(meas.compressor)
+
+
+def not_under_full_sharding(compressors: Sequence[str]) -> dict[str, str]:
+    """Each of ``compressors`` that full sharding does not take, and why (HSDP takes them between nodes)."""
+    out = {}
+    for name in compressors:
+        info = INFO[name]
+        if name in ("dense", "fp16", "bf16") or info.family == "reduce-scatter":
+            continue  # a reduce-scatter's own dtype (the bf16 reduction row) or quantised format
+        if info.selection == "low-rank":
+            out[name] = "needs each gradient matrix whole on every rank, which FSDP never assembles"
+        elif info.family == "all-reduce":
+            out[name] = ("agrees on indices for one all-reduce of the whole bucket; agreeing per shard of FSDP's "
+                         "reduce-scatters is not built")
+        else:
+            out[name] = ("each rank's values sit at its own indices or scale, so a reduce-scatter cannot sum them; "
+                         "an all-to-all to each shard's owner sends what all-gather DDP sends")
+    return out
+
+
+def _mark_recommended(rows: list[StrategyRow], model: StepsModel) -> list[StrategyRow]:
+    """Each row's time to the target by run's own rule (iteration × the steps its error needs, auto's steps model),
+    and the soonest row that fits and whose error the model covers marked recommended."""
+    timed = [dataclasses.replace(r, time_to_target_s=r.iteration_s * model.dense_steps * model.factor(r.rel_error)
+                                 if model.covers(r.rel_error) else None) for r in rows]
+    fitting = [r for r in timed if r.memory.fits and r.time_to_target_s is not None]
+    best = min(fitting, key=lambda r: (r.time_to_target_s, r.iteration_s), default=None)
+    return [dataclasses.replace(r, recommended=r is best) for r in timed]
+
+
+def _gb(nbytes: float) -> str:
+    return f"{nbytes / 1e9:.3g}"
+
+
+def render_strategies(rows: Sequence[StrategyRow], topology: str, console: Console,
+                      refused: dict[str, str] | None = None) -> None:
+    """The strategies side by side: one table, memory per GPU on every row; ``refused``: compressors full sharding
+    does not take, with why."""
+    from rich.table import Table
+
+    capacity = rows[0].memory.capacity_bytes if rows else math.inf
+    fits_note = f"of {_gb(capacity)} GB" if math.isfinite(capacity) else "(no GPU named: nothing checked)"
+    table = Table(title=f"Parallel strategies on {topology}: one step each, memory per GPU {fits_note}",
+                  caption="DDP: its dense baseline and the recommendation above; FSDP: full sharding (ZeRO-3), "
+                          "HSDP: hybrid (sharded in the node, replicated across), each FSDP2's schedule, "
+                          "quantised as ZeRO++ (qwZ weights, qgZ gradients, hpZ); error: the reduction's on the "
+                          "trace's gradients; memory: parameters, gradients, Adam's states and working copies "
+                          "(activations apart); to target: the iteration × the steps its error needs (run's auto "
+                          "rule; –: no evidence it gets there); ★ the soonest to the target that fits")
+    for col in ("strategy", "setting", "ms", "exposed ms", "error", "to target s", "GB/GPU", "fits"):
+        table.add_column(col, justify="left" if col in ("strategy", "setting") else "right")
+    for r in rows:
+        table.add_row(("★ " if r.recommended else "") + r.label, r.setting, f"{r.iteration_s * 1e3:.1f}",
+                      f"{r.exposed_comm_s * 1e3:.1f}",
+                      f"{r.rel_error:.3g}", "–" if r.time_to_target_s is None else f"{r.time_to_target_s:.1f}",
+                      _gb(r.memory.total_bytes),
+                      "yes" if r.memory.fits else "[red]does not fit[/red]")
+    console.print(table)
+    for name, why in (refused or {}).items():
+        console.print(f"  not under FSDP: {name} — {why} (HSDP takes it between nodes)")

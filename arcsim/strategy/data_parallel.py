@@ -1,0 +1,35 @@
+"""Data parallelism with whole replicas (DDP, Horovod): each gradient group (a DDP bucket, a Horovod fusion buffer)
+is compressed on the compute stream once its last gradient is ready, then sent on the one collective stream, in
+order (NCCL's single stream; a DDP comm hook's collectives). How the groups are formed is the framework's
+(:mod:`arcsim.strategy.frameworks`); this turns them into the engine's items."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from arcsim.strategy.engine import NO_STEP_EFFECTS, Item, StepEffects, Timeline, run
+
+WORLD = ("node", "inter")
+
+
+def bucketed_items(forward_s: float, backward_s: float, ready_s: Sequence[float], compress_s: Sequence[float],
+                   comm_s: Sequence[float]) -> list[Item]:
+    """Forward; backward cut at each group's ready time (``ready_s`` from the start of backward), each cut followed
+    by the group's compression and, once that ends, its collectives (``comm_s``: their seconds, jitter included);
+    the rest of backward."""
+    items = [Item("compute", forward_s)]
+    done = 0.0
+    for ready, comp, comm in zip(ready_s, compress_s, comm_s, strict=True):
+        items.append(Item("compute", ready - done))
+        done = ready
+        items.append(Item("compress", comp))
+        items.append(Item("comm", comm, WORLD, ((len(items) - 1, "end"),)))
+    items.append(Item("compute", backward_s - done))
+    return items
+
+
+def bucketed_step(forward_s: float, backward_s: float, ready_s: Sequence[float], compress_s: Sequence[float],
+                  comm_s: Sequence[float], after_s: float = 0.0, effects: StepEffects = NO_STEP_EFFECTS) -> Timeline:
+    """One step of bucketed data parallelism on the timeline engine (``after_s``: the optimizer step and the copies
+    back, after both streams)."""
+    return run(bucketed_items(forward_s, backward_s, ready_s, compress_s, comm_s), effects, after_s)
