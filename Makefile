@@ -14,14 +14,19 @@ $(BIN)/arcsim: pyproject.toml requirements-ci.txt
 demo: $(BIN)/arcsim
 	$(BIN)/arcsim run
 
+# mypy and the wheel check run beside the suite (its workers often wait on child processes); each one's output
+# is printed whole when it ends, and any failure fails the target
 test: $(BIN)/arcsim
 	$(BIN)/ruff check .
-	$(BIN)/mypy
-	$(BIN)/pytest -q -n auto --maxprocesses 4 --durations=15
-	$(BIN)/python tests/install_check.py --venv $(VENV)-wheel
+	@$(BIN)/mypy > $(VENV)-mypy.log 2>&1 & mypy=$$!; \
+	$(BIN)/python tests/install_check.py --venv $(VENV)-wheel > $(VENV)-wheel.log 2>&1 & wheel=$$!; \
+	$(BIN)/pytest -q -n auto --maxprocesses 4 --durations=15; status=$$?; \
+	wait $$mypy || status=1; echo "--- mypy"; cat $(VENV)-mypy.log; \
+	wait $$wheel || status=1; echo "--- the wheel from another folder (tests/install_check.py)"; cat $(VENV)-wheel.log; \
+	exit $$status
 
 bench: $(BIN)/arcsim
 	$(BIN)/python benchmarks/des_scaling.py
 
 clean:
-	rm -rf $(VENV) $(VENV)-wheel build dist *.egg-info
+	rm -rf $(VENV) $(VENV)-wheel $(VENV)-mypy.log $(VENV)-wheel.log build dist *.egg-info

@@ -213,7 +213,12 @@ def test_published_tables_fitted_on_every_other_size_price_the_sizes_between():
                 "dstack 2xa3-mega all_gather_perf": {mid: 3.6, large: 2.4},
                 "dstack 2xa3-high all_gather_perf": {mid: 21.0, large: 7.5},
                 "dstack 2xa4 all_reduce_perf": {mid: 10.4, large: 2.1}}
-    results = {r.table.label: r for r in benchmark("calibrate_nccl_tests").report(show_rows=False)}
+    script = benchmark("calibrate_nccl_tests")
+    every = script.tables
+    # the report of the tables asserted on only: the 11 others (1,440 GB200 ranks among them) cost ~50 s of CPU
+    script.tables = lambda: [t for t in every() if t.label in measured]
+    results = {r.table.label: r for r in script.report(show_rows=False)}
+    assert set(results) == set(measured)
     for label, bands in measured.items():
         result = results[label]
         assert result.fit_us is not None, label

@@ -139,8 +139,43 @@ def test_symmetry_gives_the_same_answer_as_simulating_every_rank(topo, op, algo)
 
 def test_symmetry_is_refused_when_the_schedule_is_not_shift_invariant():
     t = multi(4, 4, 1)
-    assert des.simulate(build("allreduce", "rhd", 1e6, t), t).simulated_ranks == t.ranks
+    # recursive halving is not unchanged by shifting nodes, only by rotating GPU indices by 2 (i → i XOR 2)
+    rhd = build("allreduce", "rhd", 1e6, t)
+    folded = des.simulate(rhd, t)
+    assert folded.simulated_ranks == t.nodes * 2
+    assert folded.time_s == pytest.approx(des.simulate(rhd, t, use_symmetry=False).time_s, rel=1e-9)
     assert des.simulate(build("broadcast", "binomial", 1e6, t), t).simulated_ranks == t.ranks
+
+
+@pytest.mark.parametrize("topo", [multi(4, 8, 8), multi(5, 4, 4), multi(3, 8, 4), multi(4, 6, 3, gamma=1e-11),
+                                  multi(8, 4, 4, fabric="fat-tree", nodes_per_leaf=2, oversubscription=2.0),
+                                  multi(4, 8, 4, fabric="fat-tree", nodes_per_leaf=2, oversubscription=3.0),
+                                  multi(6, 8, 8, fabric="fat-tree", nodes_per_leaf=3, oversubscription=1.5)],
+                         ids=lambda t: t.name + t.network.fabric)
+@pytest.mark.parametrize(("op", "algo"), [("allreduce", "tree"), ("allreduce", "ring"), ("allreduce", "hierarchical"),
+                                          ("allreduce", "rhd"), ("allgather", "ring"), ("alltoall", "direct")])
+def test_rotating_gpu_indices_gives_the_same_answer_as_simulating_every_rank(topo, op, algo):
+    """Rotating every node's GPU indices (and NICs with them) is a symmetry of a homogeneous cluster whose NICs divide
+    its GPUs; NCCL's tree (a channel per NIC) and the rings have it though no shift of nodes leaves the tree alone.
+    A NIC two GPUs share and a fat-tree's up- and downlinks carry the images of their simulated flows too."""
+    s = build(op, algo, 3e7, topo)
+    folded = des.simulate(s, topo)
+    every = des.simulate(s, topo, use_symmetry=False)
+    assert folded.time_s == pytest.approx(every.time_s, rel=1e-9)
+    one_gpu_a_node = every.simulated_ranks // topo.gpus_per_node
+    if algo == "hierarchical" or (algo in ("ring", "tree") and topo.network.nics_per_node == topo.gpus_per_node):
+        assert folded.simulated_ranks <= one_gpu_a_node  # a ring or tree channel per NIC: rotated onto each other
+
+
+def test_rotation_is_not_used_with_stragglers_jitter_or_uneven_arrivals():
+    s = build("allreduce", "tree", 1e7, multi(4, 4, 4))
+    for t in (multi(4, 4, 4, stragglers={5: 1.5}), multi(4, 4, 4, jitter=0.3)):
+        assert des.simulate(s, t, seed=1).simulated_ranks == t.ranks
+    t = multi(4, 4, 4)
+    late = np.zeros(t.ranks)
+    late[6] = 1e-4
+    assert des.simulate(s, t, start_times=late).simulated_ranks == t.ranks
+    assert des.simulate(s, t).simulated_ranks == t.nodes
 
 
 def test_thousand_rank_collectives_simulate():
@@ -148,6 +183,6 @@ def test_thousand_rank_collectives_simulate():
     for algo in ("hierarchical", "ring"):
         s = build("allreduce", algo, 1e8, t)
         r = des.simulate(s, t)
-        assert r.simulated_ranks == 8
+        assert r.simulated_ranks == 1  # one node stands for all (shift), one GPU for its node (rotation)
         assert r.time_s == pytest.approx(estimate(s, t, "analytic").time_s, rel=0.01)
         assert np.isfinite(r.finish_s).all()

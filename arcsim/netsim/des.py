@@ -11,6 +11,13 @@ unchanged by shifting all ranks by whole translation periods of the topology (on
 switch, one leaf on a fat-tree), every rank behaves like its image in the first period. Only those
 ranks are simulated; the links they use stand for their images' links, so a link still carries exactly
 as many flows as its physical twin. The result is identical to simulating every rank.
+
+The same holds for rotating the GPU indices inside every node at once (GPU i → i + 1 mod g, its NIC with it,
+when the NICs divide the GPUs): NCCL's tree and the rings run one channel per NIC, channel j headed by GPU j, and
+the rotation maps channel j onto channel j + 1, so one GPU of each node stands for its node though no shift of
+nodes leaves a tree alone. A resource the rotations leave in place (a NIC two GPUs share, a fat-tree's up- and
+downlinks) carries each simulated flow's images too, so its simulated flows share 1 / (how many rotations leave it
+in place) of its bandwidth (:meth:`Topology.rotated_key`).
 """
 
 from __future__ import annotations
@@ -65,7 +72,7 @@ class DesResult:
 
 @dataclass(slots=True)
 class _Send:
-    dst: int
+    pair: int  # src · p + dst
     receiver: int  # the simulated rank that stands for dst
     nbytes: float
     links: Any  # the path's resources, resolved by the fluid network once
@@ -79,7 +86,7 @@ class _Visit:
 
     step: int
     sends: list[_Send]
-    recvs: list[tuple[int, int]]  # canonical (src, dst) of each message it receives
+    recvs: list[int]  # src · p + dst of each message it receives, as the simulated rank that sends it sees it
     reduce_bytes: float
 
 
@@ -97,14 +104,15 @@ def simulate(schedule: Schedule, topo: Topology, start_times: np.ndarray | None 
         raise ValueError(f"schedule is for {schedule.ranks} ranks, topology has {p}")
     starts = np.zeros(p) if start_times is None else np.asarray(start_times, dtype=float)
     t0 = float(starts.min())
-    period = _symmetry_period(schedule, topo, starts) if use_symmetry else topo.nodes
-    reps = period * topo.gpus_per_node  # ranks simulated: those of the first `period` nodes
+    fold = _fold(schedule, topo, starts, use_symmetry)
+    reps = fold.reps  # ranks simulated
     events = expected_events(schedule, reps)
     limits.check_des(f"{schedule.algo} {schedule.op} on {p:,} ranks", events)
     env = simpy.Environment()
-    net = FluidNetwork(env, topo.capacity)
+    net = FluidNetwork(env, _capacity(topo, fold))
     rng = np.random.default_rng(seed)
-    plans = _plans(schedule, topo, period, reps, net)
+    plans = _plans(schedule, topo, fold, net)
+    pp = p * p
     repeats = [s.repeat for s in schedule.steps]
     offsets = [0, *itertools.accumulate(repeats)]  # a list: indexed per visit on the hot path
 
@@ -133,8 +141,8 @@ def simulate(schedule: Schedule, topo: Topology, start_times: np.ndarray | None 
             latency += jitter * rng.exponential()
         env.timeout(latency).callbacks.append(partial(arrive, send, done))
 
-    def launch(k: int, src: int, send: _Send) -> simpy.Event:
-        done = message_done((k * p + src) * p + send.dst)
+    def launch(k: int, send: _Send) -> simpy.Event:
+        done = message_done(k * pp + send.pair)
         receiver = send.receiver
         if position[receiver] >= k:
             start(send, done)
@@ -143,9 +151,9 @@ def simulate(schedule: Schedule, topo: Topology, start_times: np.ndarray | None 
         return done
 
     def rank(r: int) -> Generator[simpy.Event, Any, None]:
-        if starts[r] > t0:
-            yield env.timeout(starts[r] - t0)
-        slowdown = topo.slowdown(r)
+        if starts[fold.rank(r)] > t0:
+            yield env.timeout(starts[fold.rank(r)] - t0)
+        slowdown = topo.slowdown(fold.rank(r))
         waiting = waiters[r]
         for visit in plans[r]:
             base = offsets[visit.step]
@@ -155,8 +163,8 @@ def simulate(schedule: Schedule, topo: Topology, start_times: np.ndarray | None 
                 if waiting:
                     for wake in waiting.pop(k, ()):
                         wake()
-                events = [launch(k, r, s) for s in visit.sends]
-                events += [message_done((k * p + s) * p + d) for s, d in visit.recvs]
+                events = [launch(k, s) for s in visit.sends]
+                events += [message_done(k * pp + pair) for pair in visit.recvs]
                 yield from events
                 if reduce_s:
                     yield env.timeout(reduce_s)
@@ -184,28 +192,97 @@ def expected_events(schedule: Schedule, simulated_ranks: int) -> float:
     return limits.des_events(schedule.message_count * share)
 
 
-def _symmetry_period(schedule: Schedule, topo: Topology, starts: np.ndarray) -> int:
+@dataclass(frozen=True)
+class _Fold:
+    """The symmetry a run uses: the ranks simulated are those of the first ``period`` nodes whose GPU index is below
+    ``rotation``; every other rank is the image of one of them under a shift by whole periods of nodes and a
+    rotation of GPU indices (inside every node at once) by a multiple of ``rotation``. With neither, every rank."""
+
+    nodes: int
+    gpus: int  # per node
+    period: int  # nodes
+    rotation: int  # GPU indices
+
+    @property
+    def reps(self) -> int:
+        return self.period * self.rotation
+
+    def index(self, r: Any) -> Any:
+        """The simulated rank (its index among those simulated) that stands for rank ``r``."""
+        node, gpu = r // self.gpus, r % self.gpus
+        return node % self.period * self.rotation + gpu % self.rotation
+
+    def rank(self, i: int) -> int:
+        """The rank that simulated rank ``i`` is."""
+        return i // self.rotation * self.gpus + i % self.rotation
+
+    def back(self, by: Any, r: Any) -> Any:
+        """Rank ``r`` under the symmetry that takes rank ``by`` to the rank simulated for it."""
+        g, node, gpu = self.gpus, by // self.gpus, by % self.gpus
+        return ((r // g - (node - node % self.period)) % self.nodes * g
+                + (r % g - (gpu - gpu % self.rotation)) % g)
+
+
+def _fold(schedule: Schedule, topo: Topology, starts: np.ndarray, use_symmetry: bool) -> _Fold:
+    g = topo.gpus_per_node
+    none = _Fold(topo.nodes, g, topo.nodes, g)
+    if not use_symmetry or not np.all(starts == starts[0]):
+        return none
     period = topo.translation_period()
-    if period >= topo.nodes or not np.all(starts == starts[0]):
-        return topo.nodes
-    if schedule.is_translation_invariant(period * topo.gpus_per_node):
-        return period
-    return topo.nodes
+    if period >= topo.nodes or not schedule.is_translation_invariant(period * g):
+        period = topo.nodes
+    base = topo.rotation_period()
+    for rotation in range(base, g, base):  # the smallest rotation (a divisor of g) leaving the schedule unchanged
+        if g % rotation == 0 and _rotation_invariant(schedule, g, rotation):
+            return _Fold(topo.nodes, g, period, rotation)
+    return _Fold(topo.nodes, g, period, g)
 
 
-def _plans(schedule: Schedule, topo: Topology, period: int, reps: int, net: FluidNetwork) -> list[list[_Visit]]:
+def _rotation_invariant(schedule: Schedule, gpus: int, rotation: int) -> bool:
+    """True when renumbering GPU i of every node as GPU (i + rotation) mod g leaves each step's messages unchanged."""
+    def rotated(r: np.ndarray) -> np.ndarray:
+        return r - r % gpus + (r % gpus + rotation) % gpus
+
+    p = schedule.ranks
+    for s in schedule.steps:
+        here = np.lexsort((s.reduce, s.nbytes, s.src * p + s.dst))
+        there = np.lexsort((s.reduce, s.nbytes, rotated(s.src) * p + rotated(s.dst)))
+        if not (np.array_equal((s.src * p + s.dst)[here], (rotated(s.src) * p + rotated(s.dst))[there])
+                and np.array_equal(s.nbytes[here], s.nbytes[there])
+                and np.array_equal(s.reduce[here], s.reduce[there])):
+            return False
+    return True
+
+
+def _capacity(topo: Topology, fold: _Fold) -> Callable[[Any], float]:
+    """Each simulated resource's bandwidth: a resource that rotations of GPU indices leave in place (a NIC several
+    GPUs share, the fabric's links) carries the images of its simulated flows too, as many of each as there are
+    such rotations, so its simulated flows get that share of its bandwidth."""
+    if fold.rotation == fold.gpus:
+        return topo.capacity
+    return lambda key: topo.capacity(key) / topo.rotated_key(key, fold.rotation)[1]
+
+
+def _plans(schedule: Schedule, topo: Topology, fold: _Fold, net: FluidNetwork) -> list[list[_Visit]]:
     """For each simulated rank, the steps it takes part in and what it does in each (paths resolved to
     ``net``'s resources)."""
-    p = topo.ranks
+    p, g, reps = topo.ranks, topo.gpus_per_node, fold.reps
     plans: list[list[_Visit]] = [[] for _ in range(reps)]
     path_cache: dict[tuple[int, int], tuple[Any, float]] = {}
+
+    def canonical(key: Any) -> Any:
+        key = topo.canonical_key(key, fold.period)
+        return key if fold.rotation == g else topo.rotated_key(key, fold.rotation)[0]
 
     def path(src: int, dst: int) -> tuple[Any, float]:
         key = (src, dst)
         if key not in path_cache:
             keys, latency = topo.path(src, dst)
-            path_cache[key] = (net.links(tuple(topo.canonical_key(k, period) for k in keys)), latency)
+            path_cache[key] = (net.links(tuple(canonical(k) for k in keys)), latency)
         return path_cache[key]
+
+    def simulated(r: np.ndarray) -> np.ndarray:
+        return (r // g < fold.period) & (r % g < fold.rotation)
 
     for i, step in enumerate(schedule.steps):
         visits: dict[int, _Visit] = {}
@@ -215,17 +292,20 @@ def _plans(schedule: Schedule, topo: Topology, period: int, reps: int, net: Flui
                 visits[r] = _Visit(i, [], [], 0.0)
             return visits[r]
 
-        for j in np.flatnonzero(step.src < reps):
-            s, d = int(step.src[j]), int(step.dst[j])
+        sending = np.flatnonzero(simulated(step.src))
+        src, dst = step.src[sending], step.dst[sending]
+        for s, d, who, receiver, nbytes in zip(src.tolist(), dst.tolist(), fold.index(src).tolist(),
+                                               fold.index(dst).tolist(), step.nbytes[sending].tolist(), strict=True):
             keys, latency = path(s, d)
-            visit(s).sends.append(_Send(d, d % reps, float(step.nbytes[j]), keys, latency,
-                                        s // topo.gpus_per_node != d // topo.gpus_per_node))
-        for j in np.flatnonzero(step.dst < reps):
-            s, d = int(step.src[j]), int(step.dst[j])
-            shift = (s // reps) * reps
-            v = visit(d)
-            v.recvs.append((s - shift, (d - shift) % p))
-            v.reduce_bytes += float(step.reduce[j])
+            visit(who).sends.append(_Send(s * p + d, receiver, nbytes, keys, latency, s // g != d // g))
+        receiving = np.flatnonzero(simulated(step.dst))
+        src, dst = step.src[receiving], step.dst[receiving]
+        pairs = fold.back(src, src) * p + fold.back(src, dst)  # as the simulated image of its sender sends it
+        for who, pair, reduce in zip(fold.index(dst).tolist(), pairs.tolist(), step.reduce[receiving].tolist(),
+                                     strict=True):
+            v = visit(who)
+            v.recvs.append(pair)
+            v.reduce_bytes += reduce
         for r in sorted(visits):
             plans[r].append(visits[r])
     return plans
