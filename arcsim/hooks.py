@@ -248,7 +248,7 @@ class MixedState:
             raise ArcsimError(f"DDP's bucket {index} holds {numel:,} elements, the plan's "
                               + ("none" if planned is None else f"{planned.elements:,}")
                               + ": the job's buckets are not the plan's (give DDP bucket_cap_mb = arcsim run's "
-                                "--bucket-mb, and the run the job's model)")
+                                "--bucket-mb, or leave both unset, and the run the job's model)")
         self._shared(state)
         state.step = self.step
         return state

@@ -182,3 +182,15 @@ def test_zeropps_quantisation_kernels_are_priced_on_the_gpu_and_only_for_quantis
     assert all(e > 0 for e, c in zip(encode, quantised, strict=True) if c.what == "grads") and len(grads) == 8
     assert set(decode) == {(p, u.name) for p in ("forward", "backward") for u in [*units, root]} - {("backward", ROOT)}
     assert quantisation_work(quantised, None) == ([0.0] * len(quantised), {})
+
+
+def test_hsdp_with_a_compressor_prices_one_set_of_collectives_per_shard_whatever_ddps_buckets(tmp_path) -> None:
+    """HSDP has no DDP buckets: the compressor's collectives between nodes (measured per bucket) are one set per
+    unit's shard, so the row does not move with --bucket-mb (it was priced once per bucket: 0.32 -> 0.59 ms)."""
+    rows = []
+    for cap in ([], ["--bucket-mb", "0.02"]):
+        out = tmp_path / f"h{len(cap)}.json"
+        assert run_cli("run", "-t", "2x4-eth25-a100", "-c", "dense,fp16", "--policy", "none", "--ratios", "0.01",
+                       "--sharding", "hybrid", *cap, "--json", str(out)).returncode == 0
+        rows.append(next(r for r in json.loads(out.read_text())["strategies"] if r["setting"].startswith("fp16")))
+    assert rows[0]["iteration_s"] == pytest.approx(rows[1]["iteration_s"], rel=1e-4)  # rounding of elements

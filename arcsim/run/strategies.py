@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from arcsim.catalog import INFO, memory_for
-from arcsim.comm.log import resized
+from arcsim.comm.log import CommRecord, resized
 from arcsim.compressors.hierarchy import group_workers
 from arcsim.devices.catalog import device
 from arcsim.devices.kernels import compress_seconds
@@ -49,14 +49,16 @@ class StrategyRow:
     memory: Memory
     recommended: bool = False
     time_to_target_s: float | None = None  # None: an error the steps model has no evidence for
+    framework: str = "ddp"  # a replicated row's: ddp or horovod
 
     @property
     def label(self) -> str:
-        return {"none": "DDP", "full": "FSDP", "hybrid": "HSDP"}[self.strategy]
+        return {"none": self.framework.upper().replace("HOROVOD", "Horovod"), "full": "FSDP",
+                "hybrid": "HSDP"}[self.strategy]
 
     def headline(self) -> str:
         """``HSDP (hybrid sharding) with qgZ int8``: the row as a recommendation."""
-        what = {"none": "DDP", "full": "FSDP (full sharding)", "hybrid": "HSDP (hybrid sharding)"}[self.strategy]
+        what = {"none": self.label, "full": "FSDP (full sharding)", "hybrid": "HSDP (hybrid sharding)"}[self.strategy]
         return what if self.setting == "none" else f"{what} with {self.setting}"
 
     def to_dict(self) -> dict[str, Any]:
@@ -119,9 +121,11 @@ def reduction_way(q: Quantize, strategy: str, nodes: int, reduce_dtype: str = "f
     fp32)."""
     if q.grads == "none":
         return "bf16" if reduce_dtype == "bf16" else None
-    if q.grads == "int4":
-        return "int4-hier"
-    return "int8-hier" if strategy == "full" and nodes > 1 else "int8"
+    if nodes < 2:
+        return "int8" if q.grads == "int8" else "int4-hier"
+    # across nodes both quantise twice: FSDP's qgZ in the node then across, HSDP's in-node reduce-scatter then the
+    # shard's all-reduce between nodes in the same format
+    return "int8-hier" if q.grads == "int8" else "int4-hier"
 
 
 def _errors(analysis: Analysis, ways: set[str]) -> dict[str, float]:
@@ -138,10 +142,12 @@ def _errors(analysis: Analysis, ways: set[str]) -> dict[str, float]:
 
 
 def _ddp_rows(result: RunResult, memory: Memory, params: int) -> list[StrategyRow]:
-    rec = result.recommendation
+    """The dense baseline and the recommendation (a per-bucket mix as the policy priced it), each with its error
+    feedback's residual where it keeps one."""
+    rec, dense, framework = result.recommendation, result.dense, result.config.framework
     chosen = [c for c in result.candidates if (c.compressor, c.collective, c.hierarchy, c.density, c.op) ==
               (rec.compressor, rec.collective, rec.hierarchy, rec.density, rec.op)]
-    seen = [result.dense, *chosen[:1]]
+    seen = [dense, *chosen[:1]]
     seen = [c for i, c in enumerate(seen) if c not in seen[:i]]
     rows = []
     for c in seen:
@@ -149,7 +155,14 @@ def _ddp_rows(result: RunResult, memory: Memory, params: int) -> list[StrategyRo
         mem = Memory("none", memory.states_bytes + ef, 0.0, 0.0, memory.capacity_bytes)
         density = f"@{c.density:g}" if c.density is not None else ""
         rows.append(StrategyRow("none", f"{c.compressor}{density} {c.op} {c.collective}", c.iteration_s, c.compute_s,
-                                c.effects_s, c.exposed_comm_s, c.rel_error, mem))
+                                c.effects_s, c.exposed_comm_s, c.rel_error, mem, framework=framework))
+    pol = result.policy
+    if rec.is_mix and pol is not None:
+        feedback = any(memory_for(b.compressor, result.config.memory) != "none" for b in pol.choices)
+        mem = Memory("none", memory.states_bytes + (EF_BYTES * params if feedback else 0.0), 0.0, 0.0,
+                     memory.capacity_bytes)
+        rows.append(StrategyRow("none", "per-bucket mix (the recommendation)", pol.iteration_s, dense.compute_s,
+                                dense.effects_s, pol.exposed_comm_s, pol.rel_error, mem, framework=framework))
     return rows
 
 
@@ -199,6 +212,7 @@ def _hsdp_compressed(analysis: Analysis, sched: list[ShardCollective], order: li
     replace the all-reduce; its compression runs on the compute stream after the unit's backward."""
     cfg, ctx = analysis.cfg, analysis.ctx
     sizes = {u.name: u.numel for u in [*units, root]}
+    layers = {u.name: max(1, len(u.shapes)) for u in [*units, root]}
     whole = sum(sizes.values())
     rows: list[StrategyRow] = []
     try:
@@ -208,7 +222,7 @@ def _hsdp_compressed(analysis: Analysis, sched: list[ShardCollective], order: li
         return rows
     for name in [n for n in cfg.compressors if n != "dense"]:
         meas = analysis.measurement(name, cfg.density, hierarchy="node")
-        between = [r for bucket in meas.records[0] for r in bucket if r.group != "node"]
+        between = one_collective_set([r for bucket in meas.records[0] for r in bucket if r.group != "node"])
         slice_elements = max(1, sum(b.numel for b in ctx.buckets) // ctx.topo.gpus_per_node)
         comm: list[float | None] = []
         compress: list[float] = []
@@ -221,21 +235,33 @@ def _hsdp_compressed(analysis: Analysis, sched: list[ShardCollective], order: li
             resized_records = [resized(r, max(1, round(r.elements * share))) for r in between]
             comm.append(sum(p.time_s for p in pricer.records(resized_records))
                         + (effects.records_jitter_s(resized_records, ctx.topo) if ctx.engine == "analytic" else 0.0))
-            compress.append(_compress_s(analysis, meas, col.numel, sizes[col.unit] / whole))
+            compress.append(_compress_s(analysis, meas, col.numel, sizes[col.unit] / whole, layers[col.unit]))
         density = f"@{meas.density:g}" if not INFO[name].density_free else ""
         r = sharded_result("hybrid", Quantize(), order, fwd, bwd, sched, pricer, mem, device_compute,
                            ctx.compute.after_s, comm, compress)
+        ef = EF_BYTES * whole / ctx.topo.gpus_per_node if memory_for(name, meas.memory) != "none" else 0.0
         rows.append(StrategyRow("hybrid", f"{name}{density} between nodes", r.iteration_s, device_compute,
-                                r.effects_s, r.exposed_comm_s, meas.rel_error(), mem))
+                                r.effects_s, r.exposed_comm_s, meas.rel_error(),
+                                dataclasses.replace(mem, states_bytes=mem.states_bytes + ef)))
     return rows
 
 
-def _compress_s(analysis: Analysis, meas: Measurement, shard_elements: int, share: float) -> float:
-    """One shard's compression: modelled on the run's GPU, else the measurement's (one step's, all buckets) × the
-    unit's share of the model."""
+def one_collective_set(records: list[CommRecord]) -> list[CommRecord]:
+    """A compressor's collectives over every bucket as one set over the whole gradient: records of the same op, group,
+    tag and dtype merged (their elements summed), so a unit's shard is one set of collectives, not one per bucket."""
+    merged: dict[tuple[str, str, str, str], CommRecord] = {}
+    for r in records:
+        key = (r.op, r.group, r.tag, r.dtype)
+        merged[key] = resized(merged[key], merged[key].elements + r.elements) if key in merged else r
+    return list(merged.values())
+
+
+def _compress_s(analysis: Analysis, meas: Measurement, shard_elements: int, share: float, layers: int) -> float:
+    """One shard's compression (``layers`` tensors): modelled on the run's GPU, else the measurement's (one step's,
+    all buckets) × the unit's share of the model."""
     ctx = analysis.ctx
     if ctx.gpu is not None:
-        return compress_seconds(meas.compressor, ctx.scope, shard_elements, 1, ctx.gpu, meas.density,
+        return compress_seconds(meas.compressor, ctx.scope, shard_elements, layers, ctx.gpu, meas.density,
                                 ctx.topo.nodes)
     return float(sum(meas.compress_s[0])) * share * ctx.scale_for(meas.compressor)
 

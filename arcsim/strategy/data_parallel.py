@@ -7,9 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from arcsim.strategy.engine import NO_STEP_EFFECTS, Item, StepEffects, Timeline, run
-
-WORLD = ("node", "inter")
+from arcsim.strategy.engine import LINKS, NO_STEP_EFFECTS, Item, StepEffects, Timeline, run
 
 
 def bucketed_items(forward_s: float, backward_s: float, ready_s: Sequence[float], compress_s: Sequence[float],
@@ -23,7 +21,7 @@ def bucketed_items(forward_s: float, backward_s: float, ready_s: Sequence[float]
         items.append(Item("compute", ready - done))
         done = ready
         items.append(Item("compress", comp))
-        items.append(Item("comm", comm, WORLD, ((len(items) - 1, "end"),)))
+        items.append(Item("comm", comm, LINKS, ((len(items) - 1, "end"),)))
     items.append(Item("compute", backward_s - done))
     return items
 

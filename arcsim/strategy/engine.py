@@ -23,7 +23,6 @@ from dataclasses import dataclass
 
 COMPUTE = "compute"
 LINKS = ("node", "inter")  # a collective of the world group (or of some ranks across nodes) holds both
-KINDS = ("compute", "compress", "comm")
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,8 @@
 (``--write-plan``, and the JSON's ``recommendation.plan``); :class:`arcsim.hooks.MixedState` runs it. Torch-free.
 
 Bucket ``i`` is DDP's bucket ``i`` once DDP has rebuilt its buckets in the order gradients become ready (after the
-first iteration), with the job's ``bucket_cap_mb`` the run's ``--bucket-mb``; ``elements`` lets the hook check it.
+first iteration), with the job's ``bucket_cap_mb`` the run's ``--bucket-mb`` (left unset where the run left it unset:
+torch's 1 MiB first bucket comes only with the default); ``elements`` lets the hook check it.
 """
 
 from __future__ import annotations
