@@ -60,3 +60,16 @@ def write_users_job(where) -> None:  # type: ignore[no-untyped-def]
     """The model and the training script, as files in ``where``."""
     (where / "my_gpt.py").write_text(USER_GPT)
     (where / "train.py").write_text(USER_JOB)
+
+
+def token_batches(vocab: int, tokens: int) -> str:
+    """A user's data.py: ``batches(batch_size, seed)`` of random token ids in [0, ``vocab``), ``tokens`` per example,
+    as the dicts the user's GPT takes (its own targets)."""
+    return f'''
+import torch
+def batches(batch_size, seed):
+    g = torch.Generator().manual_seed(seed)
+    while True:
+        idx = torch.randint({vocab}, (batch_size, {tokens}), generator=g)
+        yield {{"idx": idx, "targets": idx}}
+'''

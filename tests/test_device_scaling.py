@@ -8,7 +8,7 @@ import statistics
 from dataclasses import dataclass
 
 import pytest
-from _users_job import USER_GPT
+from _users_job import USER_GPT, token_batches
 
 from arcsim.devices.catalog import device
 from arcsim.devices.compute import (
@@ -27,14 +27,7 @@ from arcsim.models import MODELS
 from arcsim.models.source import model_source
 from arcsim.models.workload import count_workload
 
-DATA = '''
-import torch
-def batches(batch_size, seed):
-    g = torch.Generator().manual_seed(seed)
-    while True:
-        idx = torch.randint(16000, (batch_size, 64), generator=g)
-        yield {"idx": idx, "targets": idx}
-'''
+DATA = token_batches(16000, 64)
 GPT_ARGS = (("vocab", 16000), ("width", 256), ("depth", 4), ("block", 64))  # 11.4 M parameters, 64 tokens
 
 

@@ -7,18 +7,11 @@ from __future__ import annotations
 import json
 
 import pytest
-from _users_job import write_users_job
+from _users_job import token_batches, write_users_job
 from conftest import run_cli
 
 TOPOLOGY = ["-t", "2x4-ib100-a100", "--precision", "bf16", "--sharding", "none,full", "--quantize", "none"]
-DATA = '''
-import torch
-def batches(batch_size, seed):
-    g = torch.Generator().manual_seed(seed)
-    while True:
-        idx = torch.randint(512, (batch_size, 32), generator=g)
-        yield {"idx": idx, "targets": idx}
-'''
+DATA = token_batches(512, 32)
 
 
 @pytest.fixture(scope="module")

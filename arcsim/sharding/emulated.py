@@ -54,6 +54,16 @@ def time_unsharded(local: Any, x: Any, steps: int, barrier: Any = None) -> tuple
     return fwd, bwd
 
 
+def alone_s(call: Any) -> float:
+    """Seconds ``call()`` takes on this rank once every rank is at the barrier: a collective timed alone."""
+    import torch.distributed as dist
+
+    dist.barrier()
+    t0 = time.perf_counter()
+    call()
+    return time.perf_counter() - t0
+
+
 def run_on_cluster(worker: str, cfg: dict[str, Any], ranks: int, bandwidth: str, work: Path, prefix: str,
                    name: str, ranks_per_node: int = 1) -> Path:
     """``python -m worker CONFIG OUT`` on each rank of an emulated cluster (needs root); the path of OUT."""
@@ -138,18 +148,9 @@ def _worker(cfg: dict[str, Any], out: Path) -> None:
     rs_in, rs_out = torch.empty(unit), torch.empty(unit // world)
     ag, rs, ar = [], [], []
     for _ in range(steps):
-        dist.barrier()
-        t0 = time.perf_counter()
-        dist.all_reduce(rs_in)
-        ar.append(time.perf_counter() - t0)
-        dist.barrier()
-        t0 = time.perf_counter()
-        dist.all_gather_single(ag_out, ag_in)
-        ag.append(time.perf_counter() - t0)
-        dist.barrier()
-        t0 = time.perf_counter()
-        dist.reduce_scatter_single(rs_out, rs_in)
-        rs.append(time.perf_counter() - t0)
+        ar.append(alone_s(lambda: dist.all_reduce(rs_in)))
+        ag.append(alone_s(lambda: dist.all_gather_single(ag_out, ag_in)))
+        rs.append(alone_s(lambda: dist.reduce_scatter_single(rs_out, rs_in)))
     if dist.get_rank() == 0:
         out.write_text(json.dumps({"iteration_s": statistics.median(times), "iterations_s": times,
                                    "forward_s": statistics.median(fwd[2:]), "backward_s": statistics.median(bwd[2:]),

@@ -32,7 +32,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from arcsim.sharding.emulated import _model, measured_step, run_on_cluster, time_unsharded
+from arcsim.sharding.emulated import _model, alone_s, measured_step, run_on_cluster, time_unsharded
 
 WORKER = "arcsim.sharding.emulated_compressed"
 
@@ -143,18 +143,9 @@ def _worker(cfg: dict[str, Any], out: Path) -> None:
     a2a_out = torch.empty_like(payload[0])
     ag, qrs, a2a, codec = [], [], [], []
     for _ in range(cfg.get("alone", 8)):  # each alone: gloo's all-to-all here is bimodal (one time or twice it)
-        dist.barrier()
-        t0 = time.perf_counter()
-        dist.all_gather_single(ag_out, ag_in)
-        ag.append(time.perf_counter() - t0)
-        dist.barrier()
-        t0 = time.perf_counter()
-        rs(rs_out, rs_in, dist.group.WORLD, dist.ReduceOp.AVG)
-        qrs.append(time.perf_counter() - t0)
-        dist.barrier()
-        t0 = time.perf_counter()
-        dist.all_to_all_single(a2a_out, payload[0].contiguous())
-        a2a.append(time.perf_counter() - t0)
+        ag.append(alone_s(lambda: dist.all_gather_single(ag_out, ag_in)))
+        qrs.append(alone_s(lambda: rs(rs_out, rs_in, dist.group.WORLD, dist.ReduceOp.AVG)))
+        a2a.append(alone_s(lambda: dist.all_to_all_single(a2a_out, payload[0].contiguous())))
         t0 = time.perf_counter()  # the codec's work alone: encode every chunk, decode the P received and sum
         enc = rs.codec.encode(torch.nn.functional.pad(rs_in.view(1, world, -1), (0, (-(unit // world)) % 256)))
         rs.codec.decode(enc[0]).sum(0)
@@ -369,22 +360,11 @@ def _hsdp_worker(cfg: dict[str, Any], out: Path) -> None:
     comp, mem = make_compressor(cfg["compressor"], cfg.get("density", 0.01)), make_memory("none")
     ag, rs, hk, ar, codec = [], [], [], [], []
     for _ in range(steps):
-        dist.barrier()
-        t0 = time.perf_counter()
-        dist.all_gather_single(ag_out, ag_in, group=node)
-        ag.append(time.perf_counter() - t0)
-        dist.barrier()
-        t0 = time.perf_counter()
-        dist.reduce_scatter_single(rs_out, rs_in, group=node)
-        rs.append(time.perf_counter() - t0)
-        dist.barrier()
-        t0 = time.perf_counter()  # the compressed all-reduce of one shard, every rail at once (as in the step)
-        mem.step(shard.view(1, -1), comp, rail, 0, layout)
-        hk.append(time.perf_counter() - t0)
-        dist.barrier()
-        t0 = time.perf_counter()
-        dist.all_reduce(shard.clone(), group=rail.group)
-        ar.append(time.perf_counter() - t0)
+        ag.append(alone_s(lambda: dist.all_gather_single(ag_out, ag_in, group=node)))
+        rs.append(alone_s(lambda: dist.reduce_scatter_single(rs_out, rs_in, group=node)))
+        # the compressed all-reduce of one shard, every rail at once (as in the step)
+        hk.append(alone_s(lambda: mem.step(shard.view(1, -1), comp, rail, 0, layout)))
+        ar.append(alone_s(lambda: dist.all_reduce(shard.clone(), group=rail.group)))
         nodes = world // g  # the compressor's arithmetic alone: the rail's workers stacked in one process, per worker
         stacked = shard.view(1, -1).expand(nodes, -1).contiguous()
         t0 = time.perf_counter()
