@@ -20,15 +20,16 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 COMPUTE = "compute"
 LINKS = ("node", "inter")  # a collective of the world group (or of some ranks across nodes) holds both
 
 
-@dataclass(frozen=True)
-class Item:
+class Item(NamedTuple):
     """One stretch of work: ``kind`` compute or compress (on the compute lane) or comm (a collective on
-    ``lanes``); ``after``: (index of an earlier item, "start" or "end") it waits for.
+    ``lanes``); ``after``: (index of an earlier item, "start" or "end") it waits for. A tuple: policies build and
+    run steps by the thousand.
 
     A compute stretch may be negative: a strategy that places a collective at a gradient's ready time cuts backward
     at those times, and ready times measured per layer need not be monotone."""
@@ -78,6 +79,19 @@ def _merged(spans: list[tuple[float, float]]) -> list[tuple[float, float]]:
     return out
 
 
+def _overlap(intervals: Sequence[tuple[float, float]], spans: list[tuple[float, float]]) -> float:
+    """Σ over ``intervals`` of their overlap with the disjoint, ordered ``spans``: one sweep of both in start order."""
+    total, first = 0.0, 0
+    for s, e in sorted(intervals):
+        while first < len(spans) and spans[first][1] <= s:  # spans wholly before this interval (and every later one)
+            first += 1
+        k = first
+        while k < len(spans) and spans[k][0] < e:
+            total += max(0.0, min(e, spans[k][1]) - max(s, spans[k][0]))
+            k += 1
+    return total
+
+
 def run(items: Sequence[Item], effects: StepEffects = NO_STEP_EFFECTS, after_s: float = 0.0) -> Timeline:
     """Place ``items`` in order (see the module's docstring) and sum the step up."""
     free: dict[str, float] = {}
@@ -86,28 +100,27 @@ def run(items: Sequence[Item], effects: StepEffects = NO_STEP_EFFECTS, after_s: 
     busy = compress = comm = 0.0
     comm_start: list[float] = []
     comm_end: list[float] = []
-    for i, item in enumerate(items):
-        seconds = item.seconds * effects.slowdown if item.kind == "compute" else item.seconds
-        begin = max((free.get(lane, 0.0) for lane in item.lanes), default=0.0)
-        for j, edge in item.after:
+    for i, (kind, seconds, lanes, after) in enumerate(items):
+        if kind == "compute":
+            seconds *= effects.slowdown
+        begin = free.get(lanes[0], 0.0) if len(lanes) == 1 else max(free.get(lane, 0.0) for lane in lanes)
+        for j, edge in after:
             begin = max(begin, start[j] if edge == "start" else end[j])
         start[i], end[i] = begin, begin + seconds
-        for lane in item.lanes:
+        for lane in lanes:
             free[lane] = end[i]
-        if item.kind == "comm":
+        if kind == "comm":
             comm += seconds
             comm_start.append(begin)
             comm_end.append(end[i])
         else:
             busy += seconds
-            compress += seconds if item.kind == "compress" else 0.0
+            compress += seconds if kind == "compress" else 0.0
     compute_end = free.get(COMPUTE, 0.0)
     if effects.interference:
         busy_spans = _merged([(start[i], min(end[i], compute_end)) for i, item in enumerate(items)
                               if item.kind != "comm"])
-        overlap = sum(max(0.0, min(e, b) - max(s, a)) for s, e in zip(comm_start, comm_end, strict=True)
-                      for a, b in busy_spans)
-        slowed = effects.interference * overlap
+        slowed = effects.interference * _overlap(list(zip(comm_start, comm_end, strict=True)), busy_spans)
         compute_end += slowed
         busy += slowed
     last = max(compute_end, *comm_end) if comm_end else compute_end
