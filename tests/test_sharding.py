@@ -10,7 +10,7 @@ import pytest
 from conftest import run_cli
 
 from arcsim.errors import ArcsimError
-from arcsim.strategy.memory import STATE_BYTES, memory_per_gpu
+from arcsim.strategy.memory import DDP_BUCKET_BYTES, STATE_BYTES, memory_per_gpu
 from arcsim.strategy.schedule import (
     Quantize,
     ShardCollective,
@@ -162,14 +162,14 @@ def test_memory_per_gpu() -> None:
     root = ShardUnit(ROOT, ((500, 1000),))
     p = 4.5e6
     ddp = memory_per_gpu("none", units, root, 16, 8, 80e9)
-    assert ddp.total_bytes == STATE_BYTES * p and ddp.fits
+    assert ddp.total_bytes == (STATE_BYTES + DDP_BUCKET_BYTES) * p and ddp.fits  # + the reducer's bucket copy
     full = memory_per_gpu("full", units, root, 16, 8, 80e9, "bf16", "fp32")
     assert full.states_bytes == STATE_BYTES * p / 16
     assert full.buffers_bytes == 2 * (0.5e6 + 2e6) + 4 * 1e6
     hybrid = memory_per_gpu("hybrid", units, root, 16, 8, 80e9, "bf16", "fp32")
     assert hybrid.states_bytes == STATE_BYTES * p / 8
     tight = memory_per_gpu("none", units, root, 16, 8, 50e6, activations_bytes=1e6)
-    assert not tight.fits and tight.total_bytes == STATE_BYTES * p + 1e6
+    assert not tight.fits and tight.total_bytes == (STATE_BYTES + DDP_BUCKET_BYTES) * p + 1e6
 
 
 # -- pricing a zoo model ---------------------------------------------------------------------------------

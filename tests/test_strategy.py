@@ -18,7 +18,7 @@ from arcsim.run.strategies import StrategyRow, _mark_recommended, parse_sharding
 from arcsim.strategy.buckets import DDP_FIRST_BUCKET_BYTES, make_buckets
 from arcsim.strategy.data_parallel import bucketed_step
 from arcsim.strategy.engine import Item, StepEffects, run
-from arcsim.strategy.memory import Memory
+from arcsim.strategy.memory import DDP_BUCKET_BYTES, STATE_BYTES, Memory, memory_per_gpu, replica_buffers
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -109,9 +109,24 @@ def test_runs_ddp_is_sharding_studys_ddp_to_the_microsecond(tmp_path) -> None:
 def test_run_prices_the_strategies_side_by_side_with_memory(tmp_path) -> None:
     out = tmp_path / "s.json"
     r = run_cli("run", "-t", "2x4-eth25-a100", "-c", "dense,fp16,topk", "--sharding", "none,full,hybrid",
-                "--json", str(out))
+                "--json", str(out), env={"COLUMNS": "400"})
     assert r.returncode == 0, r.stderr
-    rows = json.loads(out.read_text())["strategies"]
+    res = json.loads(out.read_text())
+    rows = res["strategies"]
+    # one answer: the JSON's strategy_recommendation is the ★ row and the report's headline; DDP's own choice stays
+    # under "recommendation" and is marked in its row
+    star = next(r for r in rows if r["recommended"])
+    answer = res["strategy_recommendation"]
+    assert {k: answer[k] for k in star} == star and answer["picked_by"].startswith("auto's")
+    headline = next(line for line in r.stdout.splitlines() if line.startswith("Recommended:"))
+    said = answer["headline"] if not answer["ddp_recommendation"] else res["recommendation"]["compressor"]
+    assert said in headline
+    assert f"picked by {answer['picked_by']}" in r.stdout
+    ddp_choice = [r for r in rows if r["ddp_recommendation"]]
+    assert len(ddp_choice) == 1 and ddp_choice[0]["setting"].startswith(res["recommendation"]["compressor"])
+    # DDP keeps every gradient again in its reducer's buckets (gradient_as_bucket_view=False, torch's default)
+    for ddp_row in (r for r in rows if r["strategy"] == "none"):
+        assert ddp_row["memory"]["buffers_bytes"] == DDP_BUCKET_BYTES * res["trace"]["elements"]
     assert {r["strategy"] for r in rows} == {"none", "full", "hybrid"}
     assert sum(r["recommended"] for r in rows) == 1
     assert all(r["memory"]["total_bytes"] > 0 and r["fits"] for r in rows)
@@ -192,5 +207,133 @@ def test_hsdp_with_a_compressor_prices_one_set_of_collectives_per_shard_whatever
         out = tmp_path / f"h{len(cap)}.json"
         assert run_cli("run", "-t", "2x4-eth25-a100", "-c", "dense,fp16", "--policy", "none", "--ratios", "0.01",
                        "--sharding", "hybrid", *cap, "--json", str(out)).returncode == 0
-        rows.append(next(r for r in json.loads(out.read_text())["strategies"] if r["setting"].startswith("fp16")))
+        res = json.loads(out.read_text())
+        assert res["strategy_recommendation"]["picked_by"].startswith("--policy none's")
+        rows.append(next(r for r in res["strategies"] if r["setting"].startswith("fp16")))
     assert rows[0]["iteration_s"] == pytest.approx(rows[1]["iteration_s"], rel=1e-4)  # rounding of elements
+
+
+def test_the_strategies_row_follows_the_runs_policy_where_it_ranks_rows() -> None:
+    """auto: the soonest to the target; gate: the fastest within the gate's error; none: the front's pick (the knee,
+    or ASF by --weights), as DDP's recommendation is picked without a policy; paper ranks no row: auto's rule, said."""
+    model = fit_steps_model()
+    rows = [_row("none", 10, 0.0, True), _row("full", 8, 0.01, True), _row("hybrid", 6, 0.5, True),
+            _row("hybrid", 2, 0.0, False)]  # the fastest does not fit: never picked
+
+    def pick(policy: str, gate: float | None = None, weights: tuple[float, float] | None = None) -> tuple[int, str]:
+        marked = _mark_recommended(rows, model, policy, gate, weights)
+        (i,) = [k for k, r in enumerate(marked) if r.recommended]
+        assert all(r.picked_by is None for k, r in enumerate(marked) if k != i)
+        return i, str(marked[i].picked_by)
+
+    # 6 ms × 1.29 (error 0.5) = 7.8 s to the target, against 8 ms × 1.004 = 8.0 s
+    assert pick("auto") == (2, pick("auto")[1]) and pick("auto")[1].startswith("auto's")
+    assert pick("paper")[0] == 2 and "--policy paper" in pick("paper")[1]
+    assert pick("gate", 0.3)[0] == 1 and pick("gate", 0.6)[0] == 2 and "0.3" in pick("gate", 0.3)[1]
+    assert pick("none")[0] == 1 and "knee" in pick("none")[1]  # 8 ms at error 0.01: well below the chord
+    assert pick("none", weights=(1.0, 0.0))[0] == 2 and "ASF" in pick("none", weights=(1.0, 0.0))[1]
+
+
+def test_ddp_memory_counts_the_reducers_bucket_copy() -> None:
+    """torch DDP (gradient_as_bucket_view=False, the default) copies every gradient into its buckets: 4 B more per
+    fp32 parameter; Horovod holds one fusion buffer of its threshold instead."""
+    from arcsim.strategy.units import ROOT, ShardUnit
+
+    units, root = [ShardUnit("b.0", ((100, 10),))], ShardUnit(ROOT, ((50,),))
+    mem = memory_per_gpu("none", units, root, 8, 4, 80e9)
+    assert mem.states_bytes == STATE_BYTES * 1050 and mem.buffers_bytes == DDP_BUCKET_BYTES * 1050 == 4 * 1050
+    assert replica_buffers("horovod", 1050, 64 * 2**20) == 64 * 2**20
+
+
+_DDP_BUCKETS = """
+import sys, torch, torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+dist.init_process_group("gloo", init_method="file://" + sys.argv[1], rank=0, world_size=1)
+model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 32))
+ddp = DDP(model)  # gradient_as_bucket_view=False: torch's default
+seen = {}
+def hook(state, bucket):
+    seen[bucket.index()] = (bucket.buffer().untyped_storage().data_ptr(), bucket.buffer().untyped_storage().nbytes())
+    fut = torch.futures.Future()
+    fut.set_result(bucket.buffer())
+    return fut
+ddp.register_comm_hook(None, hook)
+for _ in range(2):
+    ddp(torch.randn(4, 64)).sum().backward()
+ptrs = {p for p, _ in seen.values()}
+grads = [p.grad.untyped_storage() for p in model.parameters()]
+apart = sum(g.nbytes() for g in grads if g.data_ptr() not in ptrs)
+print(sum(p.numel() for p in model.parameters()), sum(n for _, n in seen.values()), apart)
+dist.destroy_process_group()
+"""
+
+
+def test_ddps_bucket_copy_is_what_a_real_ddp_rank_holds(tmp_path) -> None:
+    """A gloo rank of torch DDP: its buckets hold DDP_BUCKET_BYTES per fp32 parameter beside param.grad's own."""
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, "-c", _DDP_BUCKETS, str(tmp_path / "store")], capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0, r.stderr
+    params, buckets, grads = (int(n) for n in r.stdout.split())
+    assert buckets == DDP_BUCKET_BYTES * params and grads == 4 * params
+
+
+@pytest.mark.parametrize("after", [((1, "end"),), ((2, "start"),), ((-1, "end"),), ((0, "begin"),)])
+def test_the_engine_refuses_a_wait_for_no_earlier_item(after) -> None:
+    assert run([Item("compute", 1.0), Item("comm", 1.0, ("node",), ((0, "end"),))]).iteration_s == 2.0
+    with pytest.raises(ArcsimError, match="waits only for the start or end of an item issued before it"):
+        run([Item("compute", 1.0), Item("comm", 1.0, ("node",), after)])
+    with pytest.raises(ArcsimError, match="the first item waits for none"):
+        run([Item("compute", 1.0, after=((0, "end"),))])
+
+
+# (topology, strategy, variant, reduction dtype) → iteration ms, exposed ms, memory bytes, collectives: captured from
+# arcsim shard's and run --sharding's own loops before they became one (strategy.sharded.price_plans)
+_BEFORE = {
+    ("2x4-eth25-a100", "full", "none", "fp32"): (4.119524388, 0.255519975, 2368832, 14),
+    ("2x4-eth25-a100", "full", "none", "bf16"): (4.119524388, 0.255519975, 2112832, 14),
+    ("2x4-eth25-a100", "full", "int8+qgz", "fp32"): (3.975043217, 0.188581294, 2368832, 19),
+    ("2x4-eth25-a100", "full", "zeropp", "fp32"): (3.867010402, 0.124364631, 2426304, 19),
+    ("2x4-eth25-a100", "hybrid", "none", "fp32"): (3.947705412, 0.171373223, 2854720, 19),
+    ("2x4-eth25-a100", "hybrid", "none", "bf16"): (3.93266976, 0.188910834, 2598720, 19),
+    ("2x4-eth25-a100", "hybrid", "int8+qgz", "fp32"): (3.831951485, 0.10345715, 2854720, 19),
+    ("2x4-eth25-a100", "hybrid", "zeropp", "fp32"): (3.784605629, 0.065304274, 2854720, 19),
+    ("8x8-ib100", "full", "none", "fp32"): (4.158540857, 0.658540857, 1943680, 14),
+    ("8x8-ib100", "full", "none", "bf16"): (4.118290857, 0.618290857, 1687680, 14),
+    ("8x8-ib100", "full", "int8+qgz", "fp32"): (3.923800402, 0.423800402, 1943680, 19),
+    ("8x8-ib100", "full", "zeropp", "fp32"): (3.784267169, 0.284267169, 1972416, 19),
+    ("8x8-ib100", "hybrid", "none", "fp32"): (3.922513376, 0.422513376, 2368832, 19),
+    ("8x8-ib100", "hybrid", "none", "bf16"): (3.820768835, 0.320768835, 2112832, 19),
+    ("8x8-ib100", "hybrid", "int8+qgz", "fp32"): (3.778849361, 0.278849361, 2368832, 19),
+    ("8x8-ib100", "hybrid", "zeropp", "fp32"): (3.715949603, 0.215949603, 2368832, 19),
+}
+
+
+@pytest.mark.parametrize("topology", ["2x4-eth25-a100", "8x8-ib100"])
+def test_the_one_loop_over_plans_prices_what_both_commands_priced_before(topology) -> None:
+    """arcsim shard's study and arcsim run --sharding's rows share price_plans: each (strategy, variant, reduction
+    dtype) of a small transformer gives the figures the two loops gave before (bf16 parameters, activations 1 MB)."""
+    from arcsim.pricing import Pricer
+    from arcsim.strategy.schedule import Quantize, quantize_variant
+    from arcsim.strategy.sharded import price_plans, sharded_model
+    from arcsim.topology import load_topology
+
+    shapes = [("embed.weight", (1000, 64)),
+              *((f"layers.{i}.{p}", shape) for i in range(4)
+                for p, shape in (("attn.weight", (64, 192)), ("mlp.weight", (256, 64)), ("norm.weight", (64,)))),
+              ("head.weight", (1000, 64))]
+    ready = [(n, 0.002 * (len(shapes) - i) / len(shapes)) for i, (n, _) in enumerate(shapes)]
+    plans = []
+    for (_, strategy, variant, dtype) in (k for k in _BEFORE if k[0] == topology):
+        q = quantize_variant(variant)
+        plans.append((strategy, Quantize(q.weights, q.grads, False) if strategy == "hybrid" else q, dtype))
+    priced = price_plans(sharded_model(shapes, ready, 0.001, 0.002), plans, Pricer(load_topology(topology), "analytic"),
+                         80e9, "bf16", 0.0035, 0.0005, None, 1e6)
+    for key, p in zip((k for k in _BEFORE if k[0] == topology), priced, strict=True):
+        r = p.result
+        ms, exposed_ms, memory, collectives = _BEFORE[key]
+        assert (r.iteration_s * 1e3, r.exposed_comm_s * 1e3) == (pytest.approx(ms, abs=1e-9),
+                                                                  pytest.approx(exposed_ms, abs=1e-9)), key
+        assert (r.memory.total_bytes, r.collectives) == (memory, collectives), key

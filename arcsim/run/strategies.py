@@ -3,7 +3,8 @@ gradients and cluster — DDP with the compressors run measured (its dense basel
 full sharding (FSDP2 / ZeRO-3) and hybrid sharding (HSDP) with their quantised variants (ZeRO++'s qwZ, qgZ, hpZ),
 each on the strategy layer's timeline engine with the cluster's effects, with its memory per GPU and the error
 its reduction makes on the trace's gradients (arcsim.compressors.sharded). A row that does not fit its GPU is marked and
-never the recommendation."""
+never the recommendation; the recommendation is picked by the run's --policy where it ranks strategy rows, and says
+by which rule (the JSON's strategy_recommendation, the answer the report leads with)."""
 
 from __future__ import annotations
 
@@ -21,11 +22,11 @@ from arcsim.devices.kernels import compress_seconds
 from arcsim.errors import ArcsimError
 from arcsim.pricing import Pricer
 from arcsim.run.convergence import StepsModel, fit_steps_model
+from arcsim.run.decisions import UNUSABLE_ERROR, front_pick
 from arcsim.strategy import effects
-from arcsim.strategy.memory import Memory, memory_per_gpu
-from arcsim.strategy.schedule import STRATEGIES, Quantize, ShardCollective, check_fits, fsdp_schedule, quantize_variant
-from arcsim.strategy.sharded import sharded_result, unit_compute
-from arcsim.strategy.units import ShardUnit, assign, group_units
+from arcsim.strategy.memory import Memory, memory_per_gpu, replica_buffers
+from arcsim.strategy.schedule import STRATEGIES, Quantize, ShardCollective, check_fits, quantize_variant
+from arcsim.strategy.sharded import ShardedModel, price_plans, sharded_model, sharded_result
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -50,6 +51,8 @@ class StrategyRow:
     recommended: bool = False
     time_to_target_s: float | None = None  # None: an error the steps model has no evidence for
     framework: str = "ddp"  # a replicated row's: ddp or horovod
+    ddp_choice: bool = False  # DDP's own recommendation (the run's --policy over its compressors)
+    picked_by: str | None = None  # the recommended row's: the rule that picked it (:func:`_mark_recommended`)
 
     @property
     def label(self) -> str:
@@ -66,7 +69,14 @@ class StrategyRow:
                 "iteration_s": self.iteration_s, "compute_s": self.compute_s, "effects_s": self.effects_s,
                 "exposed_comm_s": self.exposed_comm_s, "rel_error": self.rel_error, "memory": self.memory.to_dict(),
                 "fits": self.memory.fits, "time_to_target_s": self.time_to_target_s,
-                "recommended": self.recommended}
+                "recommended": self.recommended, "ddp_recommendation": self.ddp_choice, "picked_by": self.picked_by}
+
+
+def strategy_recommendation(rows: Sequence[StrategyRow]) -> dict[str, Any] | None:
+    """The answer `arcsim run --sharding` leads with, for the JSON: the recommended row, its headline and the rule
+    that picked it (None: no row fits)."""
+    best = next((r for r in rows if r.recommended), None)
+    return None if best is None else {**best.to_dict(), "headline": best.headline()}
 
 
 def parse_sharding(value: str) -> tuple[str, ...]:
@@ -142,77 +152,82 @@ def _errors(analysis: Analysis, ways: set[str]) -> dict[str, float]:
 
 
 def _ddp_rows(result: RunResult, memory: Memory, params: int) -> list[StrategyRow]:
-    """The dense baseline and the recommendation (a per-bucket mix as the policy priced it), each with its error
-    feedback's residual where it keeps one."""
+    """The dense baseline and DDP's recommendation (a per-bucket mix, or a ratio of the grid, as the policy priced
+    it), each with its framework's buffers (:func:`arcsim.strategy.memory.replica_buffers`) and its error feedback's
+    residual where it keeps one; the recommendation's row marked ``ddp_choice``."""
     rec, dense, framework = result.recommendation, result.dense, result.config.framework
-    chosen = [c for c in result.candidates if (c.compressor, c.collective, c.hierarchy, c.density, c.op) ==
-              (rec.compressor, rec.collective, rec.hierarchy, rec.density, rec.op)]
+    buffers = replica_buffers(framework, params, result.config.bucket_cap_mb * 2**20)
+    key = (rec.compressor, rec.collective, rec.hierarchy, rec.density, rec.op)
+    chosen = [c for c in result.candidates if (c.compressor, c.collective, c.hierarchy, c.density, c.op) == key]
     seen = [dense, *chosen[:1]]
     seen = [c for i, c in enumerate(seen) if c not in seen[:i]]
-    rows = []
+    rows, choice = [], None
     for c in seen:
         ef = EF_BYTES * params if memory_for(c.compressor, c.memory) != "none" else 0.0
-        mem = Memory("none", memory.states_bytes + ef, 0.0, 0.0, memory.capacity_bytes)
+        mem = Memory("none", memory.states_bytes + ef, buffers, 0.0, memory.capacity_bytes)
         density = f"@{c.density:g}" if c.density is not None else ""
         rows.append(StrategyRow("none", f"{c.compressor}{density} {c.op} {c.collective}", c.iteration_s, c.compute_s,
                                 c.effects_s, c.exposed_comm_s, c.rel_error, mem, framework=framework))
+        if (c.compressor, c.collective, c.hierarchy, c.density, c.op) == key:
+            choice = len(rows) - 1
     pol = result.policy
-    if rec.is_mix and pol is not None:
+    if choice is None and pol is not None and (rec.is_mix or pol.name in ("auto", "paper")):
+        # the policy priced its pick: a mix, or one setting at a ratio of the grid that --density's candidates lack
         feedback = any(memory_for(b.compressor, result.config.memory) != "none" for b in pol.choices)
-        mem = Memory("none", memory.states_bytes + (EF_BYTES * params if feedback else 0.0), 0.0, 0.0,
+        mem = Memory("none", memory.states_bytes + (EF_BYTES * params if feedback else 0.0), buffers, 0.0,
                      memory.capacity_bytes)
-        rows.append(StrategyRow("none", "per-bucket mix (the recommendation)", pol.iteration_s, dense.compute_s,
-                                dense.effects_s, pol.exposed_comm_s, pol.rel_error, mem, framework=framework))
+        density = f"@{rec.density:g}" if rec.density is not None else ""
+        setting = ("per-bucket mix (the recommendation)" if rec.is_mix else
+                   f"{rec.compressor}{density} {rec.op} {rec.collective}")
+        rows.append(StrategyRow("none", setting, pol.iteration_s, dense.compute_s, dense.effects_s,
+                                pol.exposed_comm_s, pol.rel_error, mem, framework=framework))
+        choice = len(rows) - 1
+    if choice is not None:
+        rows[choice] = dataclasses.replace(rows[choice], ddp_choice=True)
     return rows
 
 
 def strategy_rows(analysis: Analysis, result: RunResult, strategies: Sequence[str]) -> list[StrategyRow]:
-    """Every strategy asked for on ``analysis``'s trace, compute and topology (see the module's docstring), the
-    soonest to the target that fits marked recommended (:func:`_mark_recommended`)."""
+    """Every strategy asked for on ``analysis``'s trace, compute and topology (see the module's docstring), one row
+    that fits marked recommended by the run's --policy (:func:`_mark_recommended`)."""
     ctx, topo = analysis.ctx, analysis.ctx.topo
     layers = list(reversed(analysis.trace.layers))  # the trace keeps backward order; units follow forward order
-    shapes = [(la.name, tuple(la.shape)) for la in layers]
-    units, root = group_units(shapes)
-    owner = assign(shapes)
     c = ctx.compute
-    fwd, bwd = unit_compute([(la.name, float(r)) for la, r in zip(analysis.trace.layers, c.ready_s, strict=True)],
-                            c.forward_s, c.backward_s, owner)
-    precision = (result.compute_basis or {}).get("precision", "fp32")
-    param_dtype = "bf16" if precision == "bf16" else "fp32"
+    sharded = sharded_model([(la.name, tuple(la.shape)) for la in layers],
+                            [(la.name, float(r)) for la, r in zip(analysis.trace.layers, c.ready_s, strict=True)],
+                            c.forward_s, c.backward_s)
+    units, root = list(sharded.units), sharded.root
+    param_dtype = "bf16" if (result.compute_basis or {}).get("precision", "fp32") == "bf16" else "fp32"
     capacity = _capacity(analysis)
-    params = root.numel + sum(u.numel for u in units)
     dense_memory = memory_per_gpu("none", units, root, topo.ranks, topo.gpus_per_node, capacity)
-    rows = _ddp_rows(result, dense_memory, params) if "none" in strategies else []
+    rows = _ddp_rows(result, dense_memory, sharded.params) if "none" in strategies else []
     plans = [(s, q, dtype) for s in strategies if s != "none" for q in _variants(s, topo.nodes, topo.gpus_per_node)
              for dtype in (("fp32", "bf16") if not q.active else ("fp32",))]
     errors = _errors(analysis, {w for s, q, d in plans if (w := reduction_way(q, s, topo.nodes, d)) is not None})
     pricer = Pricer(topo, ctx.engine)
     device_compute = c.forward_s + c.backward_s + c.after_s
-    order = [u.name for u in units]
-    for s, q, dtype in plans:
-        mem = memory_per_gpu(s, units, root, topo.ranks, topo.gpus_per_node, capacity, param_dtype, dtype, 0.0,
-                             q.hpz and topo.nodes > 1)
-        sched = fsdp_schedule(units, root, s, topo.ranks, topo.gpus_per_node, param_dtype, dtype, None, q)
-        r = sharded_result(s, q, order, fwd, bwd, sched, pricer, mem, device_compute, c.after_s, gpu=ctx.gpu)
+    for s, q, dtype, sched, r in price_plans(sharded, plans, pricer, capacity, param_dtype, device_compute, c.after_s,
+                                             ctx.gpu):
         way = reduction_way(q, s, topo.nodes, dtype)
         setting = "bf16 reduction" if dtype == "bf16" else q.label
         rows.append(StrategyRow(s, setting, r.iteration_s, device_compute, r.effects_s, r.exposed_comm_s,
-                                0.0 if way is None else errors[way], mem))
+                                0.0 if way is None else errors[way], r.memory))
         if s == "hybrid" and not q.active and dtype == "fp32" and topo.nodes > 1:
-            rows.extend(_hsdp_compressed(analysis, sched, order, fwd, bwd, pricer, mem, device_compute, units, root))
-    return _mark_recommended(rows, fit_steps_model(analysis.cfg.dense_steps))
+            rows.extend(_hsdp_compressed(analysis, sched, sharded, pricer, r.memory, device_compute))
+    gate = result.policy.error_limit if result.policy is not None and result.policy.name == "gate" else None
+    return _mark_recommended(rows, fit_steps_model(analysis.cfg.dense_steps), result.config.policy, gate,
+                             result.config.weights)
 
 
-def _hsdp_compressed(analysis: Analysis, sched: list[ShardCollective], order: list[str], fwd: dict[str, float],
-                     bwd: dict[str, float], pricer: Pricer, mem: Memory, device_compute: float,
-                     units: Sequence[ShardUnit], root: ShardUnit) -> list[StrategyRow]:
+def _hsdp_compressed(analysis: Analysis, sched: list[ShardCollective], sharded: ShardedModel, pricer: Pricer,
+                     mem: Memory, device_compute: float) -> list[StrategyRow]:
     """HSDP with each compressor the run measured on the cross-node all-reduce of every unit's shard: its
     node-aware measurement (dense reduce-scatter inside the node, the node's sum compressed over the rails) is
     that very computation, so its error is the row's and its collectives between nodes, resized to each shard,
     replace the all-reduce; its compression runs on the compute stream after the unit's backward."""
     cfg, ctx = analysis.cfg, analysis.ctx
-    sizes = {u.name: u.numel for u in [*units, root]}
-    layers = {u.name: max(1, len(u.shapes)) for u in [*units, root]}
+    sizes = {u.name: u.numel for u in [*sharded.units, sharded.root]}
+    layers = {u.name: max(1, len(u.shapes)) for u in [*sharded.units, sharded.root]}
     whole = sum(sizes.values())
     rows: list[StrategyRow] = []
     try:
@@ -237,8 +252,8 @@ def _hsdp_compressed(analysis: Analysis, sched: list[ShardCollective], order: li
                         + (effects.records_jitter_s(resized_records, ctx.topo) if ctx.engine == "analytic" else 0.0))
             compress.append(_compress_s(analysis, meas, col.numel, sizes[col.unit] / whole, layers[col.unit]))
         density = f"@{meas.density:g}" if not INFO[name].density_free else ""
-        r = sharded_result("hybrid", Quantize(), order, fwd, bwd, sched, pricer, mem, device_compute,
-                           ctx.compute.after_s, comm, compress)
+        r = sharded_result("hybrid", Quantize(), sharded.order, sharded.forward_s, sharded.backward_s, sched, pricer,
+                           mem, device_compute, ctx.compute.after_s, comm, compress)
         ef = EF_BYTES * whole / ctx.topo.gpus_per_node if memory_for(name, meas.memory) != "none" else 0.0
         rows.append(StrategyRow("hybrid", f"{name}{density} between nodes", r.iteration_s, device_compute,
                                 r.effects_s, r.exposed_comm_s, meas.rel_error(),
@@ -284,14 +299,47 @@ def not_under_full_sharding(compressors: Sequence[str]) -> dict[str, str]:
     return out
 
 
-def _mark_recommended(rows: list[StrategyRow], model: StepsModel) -> list[StrategyRow]:
-    """Each row's time to the target by run's own rule (iteration × the steps its error needs, auto's steps model),
-    and the soonest row that fits and whose error the model covers marked recommended."""
+@dataclass
+class _Point:
+    """A row as the front's pick reads it (arcsim.run.decisions.Scored)."""
+
+    compressor: str
+    iteration_s: float
+    rel_error: float
+
+
+def _mark_recommended(rows: list[StrategyRow], model: StepsModel, policy: str = "auto",
+                      gate_limit: float | None = None, weights: tuple[float, float] | None = None) -> list[StrategyRow]:
+    """Each row's time to the target (iteration × the steps its error needs, auto's steps model), and one row that
+    fits and is usable marked recommended by the run's ``policy`` where it ranks strategy rows: auto the soonest to
+    the target (of the rows the steps model covers); gate the fastest whose error is within ``gate_limit`` (Top-K's
+    × (1 + --slack)); none the front's pick of iteration against error (the knee, or ASF by ``weights``), as DDP's
+    recommendation is picked without a policy. Paper ranks each bucket's compressors by compression gain, which no
+    strategy row has: auto's rule, said so. The recommended row carries the rule that picked it (``picked_by``)."""
     timed = [dataclasses.replace(r, time_to_target_s=r.iteration_s * model.dense_steps * model.factor(r.rel_error)
                                  if model.covers(r.rel_error) else None) for r in rows]
-    fitting = [r for r in timed if r.memory.fits and r.time_to_target_s is not None]
-    best = min(fitting, key=lambda r: (r.time_to_target_s, r.iteration_s), default=None)
-    return [dataclasses.replace(r, recommended=r is best) for r in timed]
+    fitting = [r for r in timed if r.memory.fits and r.rel_error < UNUSABLE_ERROR]
+    best: StrategyRow | None
+    if policy == "gate":
+        eligible = [r for r in fitting if gate_limit is None or r.rel_error <= gate_limit]
+        best = min(eligible, key=lambda r: (r.iteration_s, r.rel_error), default=None)
+        limit = "every usable error: no sparsifier measured" if gate_limit is None else f"≤ {gate_limit:.3g}"
+        rule = f"--policy gate's: the fastest that fits with its error within the gate ({limit}; Top-K's × (1 + slack))"
+    elif policy == "none":
+        best, how = None, "the knee"
+        if fitting:
+            pick, how = front_pick([_Point(r.label, r.iteration_s, r.rel_error) for r in fitting], weights)
+            best = fitting[pick]
+        rule = (f"--policy none's, as DDP's recommendation without a policy: on the front of iteration against error "
+                f"of the rows that fit, {how}")
+    else:
+        covered = [r for r in fitting if r.time_to_target_s is not None]
+        best = min(covered, key=lambda r: (r.time_to_target_s, r.iteration_s), default=None)
+        rule = "auto's: the soonest to the target (iteration × the steps its error needs) that fits"
+        if policy == "paper":
+            rule += (" (--policy paper ranks each bucket's compressors by compression gain, which no strategy row has: "
+                     "auto's rule picks the row)")
+    return [dataclasses.replace(r, recommended=r is best, picked_by=rule if r is best else None) for r in timed]
 
 
 def _gb(nbytes: float) -> str:
@@ -305,14 +353,17 @@ def render_strategies(rows: Sequence[StrategyRow], topology: str, console: Conso
     from rich.table import Table
 
     capacity = rows[0].memory.capacity_bytes if rows else math.inf
+    best = next((r for r in rows if r.recommended), None)
+    picked = "none: no row fits" if best is None else f"the row picked by {best.picked_by}"
     fits_note = f"of {_gb(capacity)} GB" if math.isfinite(capacity) else "(no GPU named: nothing checked)"
     table = Table(title=f"Parallel strategies on {topology}: one step each, memory per GPU {fits_note}",
-                  caption="DDP: its dense baseline and the recommendation above; FSDP: full sharding (ZeRO-3), "
+                  caption="DDP: its dense baseline and its own recommendation; FSDP: full sharding (ZeRO-3), "
                           "HSDP: hybrid (sharded in the node, replicated across), each FSDP2's schedule, "
                           "quantised as ZeRO++ (qwZ weights, qgZ gradients, hpZ); error: the reduction's on the "
                           "trace's gradients; memory: parameters, gradients, Adam's states and working copies "
-                          "(activations apart); to target: the iteration × the steps its error needs (run's auto "
-                          "rule; –: no evidence it gets there); ★ the soonest to the target that fits")
+                          "(DDP: its buckets' copy of the gradients; activations apart); to target: the iteration × "
+                          "the steps its error needs (run's auto "
+                          f"rule; –: no evidence it gets there); ★ {picked}")
     for col in ("strategy", "setting", "ms", "exposed ms", "error", "to target s", "GB/GPU", "fits"):
         table.add_column(col, justify="left" if col in ("strategy", "setting") else "right")
     for r in rows:

@@ -19,15 +19,9 @@ from arcsim.errors import ArcsimError
 from arcsim.pricing import Pricer
 from arcsim.run.scaling import dense_timeline
 from arcsim.strategy.memory import Memory, memory_per_gpu
-from arcsim.strategy.schedule import (
-    DTYPE_BYTES,
-    STRATEGIES,
-    Quantize,
-    check_fits,
-    fsdp_schedule,
-)
-from arcsim.strategy.sharded import StrategyResult, sharded_result, unit_compute
-from arcsim.strategy.units import ShardUnit, assign, group_units, zoo_shapes
+from arcsim.strategy.schedule import DTYPE_BYTES, STRATEGIES, Quantize, check_fits
+from arcsim.strategy.sharded import StrategyResult, price_plans, sharded_model
+from arcsim.strategy.units import ShardUnit, zoo_shapes
 from arcsim.topology import Topology
 
 if TYPE_CHECKING:
@@ -144,11 +138,10 @@ def study(model: str | ModelSource, topo: Topology, gpu: str | None, batch: int,
     source.check()  # an unknown model or a factory not found: one line, before anything is counted
     fed = source.dataset_for(dataset, data, input_size)  # one line for a missing dataset, before any counting
     pred = predict_compute(source, gpu, batch, precision, dataset=dataset, data=data, input_size=input_size)
-    shapes = zoo_shapes(source, fed, input_size)
-    units, root = group_units(shapes, wrap)
-    owner = assign(shapes, wrap)
-    fwd, bwd = unit_compute([(la.name, la.ready_s) for la in pred.profile.layers], pred.profile.forward_s,
-                            pred.profile.backward_s, owner)
+    profile = pred.profile
+    sharded = sharded_model(zoo_shapes(source, fed, input_size), [(la.name, la.ready_s) for la in profile.layers],
+                            profile.forward_s, profile.backward_s, wrap)
+    units, root = list(sharded.units), sharded.root
     param_dtype = "bf16" if precision == "bf16" else "fp32"
     capacity = device(gpu).memory_GB * 1e9
     pricer = Pricer(topo, engine)
@@ -159,14 +152,10 @@ def study(model: str | ModelSource, topo: Topology, gpu: str | None, batch: int,
                                  activations_bytes)
             results.append(ddp_result(pred, pricer, mem, reduce_dtype))
             continue
-        for q in variants:
-            mem = memory_per_gpu(s, units, root, topo.ranks, topo.gpus_per_node, capacity, param_dtype, reduce_dtype,
-                                 activations_bytes, q.hpz and topo.nodes > 1)
-            sched = fsdp_schedule(units, root, s, topo.ranks, topo.gpus_per_node, param_dtype, reduce_dtype,
-                                  reshard_after_forward, q)
-            results.append(sharded_result(s, q, [u.name for u in units], fwd, bwd, sched, pricer, mem,
-                                          _device_compute(pred), pred.profile.after_backward_s, gpu=pred.device))
-    return ShardStudy(pred.profile.model, topo.name, gpu, batch, precision, root.numel + sum(u.numel for u in units),
+        results += [p.result for p in price_plans(sharded, [(s, q, reduce_dtype) for q in variants], pricer, capacity,
+                                                  param_dtype, _device_compute(pred), pred.profile.after_backward_s,
+                                                  pred.device, activations_bytes, reshard_after_forward)]
+    return ShardStudy(pred.profile.model, topo.name, gpu, batch, precision, sharded.params,
                       len(units), root.numel, pred, results, priced_input(pred, fed, data, input_size))
 
 

@@ -20,9 +20,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from numbers import Integral
 from typing import NamedTuple
 
+from arcsim.errors import ArcsimError
+
 COMPUTE = "compute"
+EDGES = ("start", "end")  # what an item may wait for of an earlier one
 LINKS = ("node", "inter")  # a collective of the world group (or of some ranks across nodes) holds both
 
 
@@ -93,7 +97,8 @@ def _overlap(intervals: Sequence[tuple[float, float]], spans: list[tuple[float, 
 
 
 def run(items: Sequence[Item], effects: StepEffects = NO_STEP_EFFECTS, after_s: float = 0.0) -> Timeline:
-    """Place ``items`` in order (see the module's docstring) and sum the step up."""
+    """Place ``items`` in order (see the module's docstring) and sum the step up; an ``after`` that names no earlier
+    item, or an edge other than ``start`` or ``end``, is refused (ArcsimError)."""
     free: dict[str, float] = {}
     start = [0.0] * len(items)
     end = [0.0] * len(items)
@@ -105,6 +110,11 @@ def run(items: Sequence[Item], effects: StepEffects = NO_STEP_EFFECTS, after_s: 
             seconds *= effects.slowdown
         begin = free.get(lanes[0], 0.0) if len(lanes) == 1 else max(free.get(lane, 0.0) for lane in lanes)
         for j, edge in after:
+            if not (isinstance(j, Integral) and 0 <= j < i) or edge not in EDGES:
+                earlier = "the first item waits for none" if i == 0 else f"an earlier item's index is 0 to {i - 1}"
+                raise ArcsimError(f"timeline item {i} ({kind}) waits for ({j!r}, {edge!r}): an item waits only for "
+                                  f"the start or end of an item issued before it ({earlier}; the edge \"start\" "
+                                  "or \"end\")")
             begin = max(begin, start[j] if edge == "start" else end[j])
         start[i], end[i] = begin, begin + seconds
         for lane in lanes:

@@ -5,7 +5,8 @@ Mixed precision as FSDP2 and DDP run it: fp32 parameters, fp32 gradients and Ada
 hybrid sharding over a node's G GPUs. A sharded step also holds unsharded working copies: the root's
 parameters (never freed between forward and backward), two units' parameters at a time (the one computing
 and the one prefetched) and one unit's (or the root's) unsharded gradients before its reduce-scatter, each
-in the dtype it is gathered or reduced in."""
+in the dtype it is gathered or reduced in. DDP's reducer keeps every gradient a second time, in its buckets
+(:func:`replica_buffers`); Horovod one fusion buffer."""
 
 from __future__ import annotations
 
@@ -16,6 +17,12 @@ from arcsim.strategy.schedule import DTYPE_BYTES
 from arcsim.strategy.units import ShardUnit
 
 STATE_BYTES = 4 + 4 + 8  # fp32 parameter, fp32 gradient, Adam's exp_avg and exp_avg_sq
+# DDP's reducer allocates each bucket's flat gradients tensor in its parameters' dtype (torch/csrc/distributed/c10d/
+# reducer.cpp, initialize_buckets: bucket.gradients = at::empty({offset}, options)) and, with
+# gradient_as_bucket_view=False (torch's default), copies each param.grad into it: "the saved memory size will be equal
+# to the total gradients size" with True (torch/nn/parallel/distributed.py's docstring). Measured with torch 2.13 on a
+# gloo rank: 787,712 fp32 parameters, buckets of 3,150,848 B beside param.grad's own 3,150,848 B (none of them views).
+DDP_BUCKET_BYTES = 4
 
 
 @dataclass(frozen=True)
@@ -45,7 +52,7 @@ def memory_per_gpu(strategy: str, units: Sequence[ShardUnit], root: ShardUnit, w
     (1/G of them in the gathered dtype)."""
     params = root.numel + sum(u.numel for u in units)
     if strategy == "none":
-        return Memory(strategy, STATE_BYTES * params, 0.0, activations_bytes, capacity_bytes)
+        return Memory(strategy, STATE_BYTES * params, replica_buffers("ddp", params), activations_bytes, capacity_bytes)
     shards = world if strategy == "full" else gpus_per_node
     largest = max((u.numel for u in units), default=0)
     buffers = (DTYPE_BYTES[param_dtype] * (root.numel + 2 * largest)
@@ -53,3 +60,15 @@ def memory_per_gpu(strategy: str, units: Sequence[ShardUnit], root: ShardUnit, w
     if hpz and strategy == "full":
         buffers += DTYPE_BYTES[param_dtype] * (params - root.numel) / gpus_per_node
     return Memory(strategy, STATE_BYTES * params / shards, buffers, activations_bytes, capacity_bytes)
+
+
+def replica_buffers(framework: str, params: int, fusion_bytes: float = 0.0) -> float:
+    """What a replicated (``none``) step holds beside the states: DDP (torch's default
+    ``gradient_as_bucket_view=False``) every fp32 gradient again in its reducer's buckets; Horovod one persistent
+    fusion buffer of its threshold, ``fusion_bytes`` (horovod/common/fusion_buffer_manager.cc: AllocatePersistent of
+    the threshold per device); DeepSpeed's flattened buckets are transient and not counted."""
+    if framework == "ddp":
+        return float(DDP_BUCKET_BYTES * params)
+    if framework == "horovod":
+        return float(fusion_bytes)
+    return 0.0

@@ -11,21 +11,25 @@ links and never overlap).
   ones at once), a backward all-gather when the previous unit in backward starts (the first one, and the
   root's, when forward ends);
 - a reduce-scatter may start when its unit's backward ends; what follows it for the same unit (HSDP's
-  all-reduce, qgZ's second step) follows it."""
+  all-reduce, qgZ's second step) follows it.
+
+:func:`price_plans` is the one loop over (strategy, quantisation, reduction dtype) that `arcsim shard` and
+`arcsim run --sharding` both run: each plan's memory per GPU, FSDP2's schedule and its step."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from arcsim.devices.catalog import Device
 from arcsim.devices.kernels import compress_seconds
 from arcsim.pricing import Pricer
 from arcsim.strategy import effects
 from arcsim.strategy.engine import NO_STEP_EFFECTS, Item, StepEffects, Timeline, link_lanes, run
-from arcsim.strategy.memory import Memory
-from arcsim.strategy.schedule import Quantize, ShardCollective, cross_node_bytes
-from arcsim.strategy.units import ROOT
+from arcsim.strategy.memory import Memory, memory_per_gpu
+from arcsim.strategy.schedule import Quantize, ShardCollective, cross_node_bytes, fsdp_schedule
+from arcsim.strategy.units import ROOT, ShardUnit, assign, group_units
 
 
 def sharded_items(order: Sequence[str], forward_s: dict[str, float], backward_s: dict[str, float],
@@ -196,3 +200,60 @@ def sharded_result(strategy: str, quantize: Quantize, order: Sequence[str], fwd:
     return StrategyResult(strategy, setting or quantize.label, tl.iteration_s, device_compute_s, tl.comm_s,
                           tl.exposed_comm_s, cross, len(schedule), memory, detail,
                           max(0.0, round(tl.compute_s - device_compute_s, 12)), tl.compress_s)
+
+
+@dataclass(frozen=True)
+class ShardedModel:
+    """A model as the sharded strategies see it: FSDP2's units in forward order, the root, and each unit's forward
+    and backward seconds (:func:`unit_compute`; the root's under ROOT)."""
+
+    units: tuple[ShardUnit, ...]
+    root: ShardUnit
+    forward_s: dict[str, float]
+    backward_s: dict[str, float]
+
+    @property
+    def order(self) -> list[str]:
+        return [u.name for u in self.units]
+
+    @property
+    def params(self) -> int:
+        return self.root.numel + sum(u.numel for u in self.units)
+
+
+def sharded_model(shapes: Sequence[tuple[str, tuple[int, ...]]], ready_s: Sequence[tuple[str, float]],
+                  forward_s: float, backward_s: float, wrap: str = "auto") -> ShardedModel:
+    """``shapes`` (each parameter's name and shape, in forward order) wrapped as ``wrap`` says
+    (:func:`arcsim.strategy.units.assign`), with the compute of one step: each gradient's (name, ready time)."""
+    units, root = group_units(shapes, wrap)
+    fwd, bwd = unit_compute(ready_s, forward_s, backward_s, assign(shapes, wrap))
+    return ShardedModel(tuple(units), root, fwd, bwd)
+
+
+class PricedPlan(NamedTuple):
+    strategy: str              # full or hybrid
+    quantize: Quantize
+    reduce_dtype: str
+    schedule: list[ShardCollective]
+    result: StrategyResult
+
+
+def price_plans(model: ShardedModel, plans: Iterable[tuple[str, Quantize, str]], pricer: Pricer,
+                capacity_bytes: float, param_dtype: str, device_compute_s: float, after_s: float = 0.0,
+                gpu: Device | None = None, activations_bytes: float = 0.0,
+                reshard_after_forward: bool | int | None = None) -> list[PricedPlan]:
+    """Each (strategy, quantisation, reduction dtype) of ``plans`` on ``pricer``'s topology: its memory per GPU (hpZ's
+    copy only across nodes), FSDP2's schedule (parameters gathered in ``param_dtype``) and its step
+    (:func:`sharded_result`), in the order given."""
+    topo = pricer.topo
+    units = list(model.units)
+    out = []
+    for strategy, q, dtype in plans:
+        mem = memory_per_gpu(strategy, units, model.root, topo.ranks, topo.gpus_per_node, capacity_bytes, param_dtype,
+                             dtype, activations_bytes, q.hpz and topo.nodes > 1)
+        sched = fsdp_schedule(units, model.root, strategy, topo.ranks, topo.gpus_per_node, param_dtype, dtype,
+                              reshard_after_forward, q)
+        result = sharded_result(strategy, q, model.order, model.forward_s, model.backward_s, sched, pricer, mem,
+                                device_compute_s, after_s, gpu=gpu)
+        out.append(PricedPlan(strategy, q, dtype, sched, result))
+    return out
