@@ -103,6 +103,10 @@ DEFAULT_RATIOS = (1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 0.1, 0.3)
 LIVE_DEFAULTS = {"workers": 4, "steps": 3, "device": "cpu"}  # run --live, and a sweep's live settings
 DDP_BUCKET_MB = 25.0      # DDP's bucket_cap_mb default (--bucket-mb with --framework ddp)
 HOROVOD_FUSION_MB = 64.0  # HOROVOD_FUSION_THRESHOLD's default (--bucket-mb with --framework horovod)
+# DeepSpeed's engine (no ZeRO): gradients all-reduced after backward in buffers of MEMORY_OPT_ALLREDUCE_SIZE elements
+# (deepspeed/runtime/engine.py, v0.3.0); as --bucket-mb's MiB of fp32 with --framework deepspeed
+DEEPSPEED_BUFFER_ELEMENTS = 500_000_000
+DEEPSPEED_BUFFER_MB = DEEPSPEED_BUFFER_ELEMENTS * 4 / 2**20
 MAX_BUCKET_MB = 1e6  # a DDP bucket cap above this (about 1 TB of fp32) is a typo, not a bucket
 BUCKET_MB_RANGE = f"a number of MiB in (0, {MAX_BUCKET_MB:g}], e.g. 25"
 

@@ -14,12 +14,14 @@ rows ran on BytePS (parameter servers; the systems compress between machines): a
 is priced as DDP with node-aware compression (dense inside a node, compressed between nodes: --hierarchy node), flat
 where the row is one machine, and between machines on BytePS's own TCP, not NCCL's socket transport
 (byteps_topology). That is an approximation of BytePS's placement, not BytePS. DeepSpeed's 1-bit Adam rows compress
-across every rank (flat) and are priced on NCCL as the topology names it. A row may add ``arcsim_options``,
-space-separated ``key=value`` (OPTIONS): ``baseline`` the compressor it is measured against (DeepSpeed's FP16 runs
-all-reduce fp16, not fp32), ``fusion`` and ``scope`` as ``arcsim run``'s (``fusion=model``: one gradient vector sent
-after the backward pass, measured whole: some 50 GB of memory for a 350 M-parameter model, so DeepSpeed's rows keep
-DDP's buckets). A density-free compressor (the signs, onebit) leaves ``arcsim_density`` empty. The rows arcsim
-cannot express stay in the CSV with a ``skip`` reason, printed at the end.
+across every rank (flat), under arcsim's ``deepspeed`` framework (every collective after the backward pass), and are
+priced on NCCL as the topology names it. A row may add ``arcsim_options``, space-separated ``key=value`` (OPTIONS):
+``baseline`` the compressor it is measured against (DeepSpeed's FP16 runs all-reduce fp16, not fp32), ``fusion`` and
+``scope`` as ``arcsim run``'s, ``precision`` the compute's (``arcsim run --precision``: DeepSpeed's rows trained in
+fp16) and ``bucket_mb`` the framework's cap in MiB (``--bucket-mb``: DeepSpeed's rows are measured in 25 MiB buffers,
+where DeepSpeed sends one of up to 500 M elements: one 368 M-element vector measured whole takes some 50 GB of
+memory, as ``fusion=model`` would). A density-free compressor (the signs, onebit) leaves ``arcsim_density`` empty.
+The rows arcsim cannot express stay in the CSV with a ``skip`` reason, printed at the end.
 """
 
 from __future__ import annotations
@@ -45,7 +47,8 @@ TRACES: dict[str, tuple[str, int | None]] = {"gpt2_small": ("gpt2_small", None),
                                              "gpt2_small_s80": ("gpt2_small", 80), "llama_350m": ("llama_350m", 128)}
 WORKERS, STEPS, WARMUP = 4, 1, 1  # 4 workers: node-aware compression groups them as 2 nodes × 2
 # arcsim_options' keys and the values each takes (empty: dense, DDP buckets, k per tensor, as arcsim run's defaults)
-OPTIONS = {"baseline": ("dense", "fp16", "bf16"), "fusion": ("bucket", "model"), "scope": ("tensor", "bucket")}
+OPTIONS = {"baseline": ("dense", "fp16", "bf16"), "fusion": ("bucket", "model"), "scope": ("tensor", "bucket"),
+           "precision": ("fp32", "bf16", "fp16"), "bucket_mb": ()}  # bucket_mb: a number of MiB (--bucket-mb)
 
 
 def rows(source: str | None = None) -> list[dict[str, str]]:
@@ -78,11 +81,21 @@ def options_of(row: dict[str, str]) -> dict[str, str]:
     out = {}
     for item in row.get("arcsim_options", "").split():
         key, _, value = item.partition("=")
+        if key == "bucket_mb" and _positive(value):
+            out[key] = value
+            continue
         if value not in OPTIONS.get(key, ()):
             raise ValueError(f"arcsim_options {item!r}: give one of " + "; ".join(
-                f"{k}={'|'.join(v)}" for k, v in OPTIONS.items()))
+                f"{k}={'|'.join(v) or 'MiB'}" for k, v in OPTIONS.items()))
         out[key] = value
     return out
+
+
+def _positive(value: str) -> bool:
+    try:
+        return 0 < float(value) < math.inf
+    except ValueError:
+        return False
 
 
 def density_of(row: dict[str, str], layers) -> float:
@@ -135,14 +148,15 @@ def byteps_topology(name: str, folder: Path) -> str:
 
 
 def analysis(row: dict[str, str], traces: Path):
-    """One arcsim Analysis per (trace, topology, GPU, batch, framework, hierarchy, fusion, scope), the trace and
-    measurements shared; a new stand-in lets the last one's go (its measurements stay in arcsim's cache on disk)."""
+    """One arcsim Analysis per (trace, topology, GPU, batch, framework, hierarchy, fusion, scope, precision, bucket
+    cap), the trace and measurements shared; a new stand-in lets the last one's go (its measurements stay in
+    arcsim's cache on disk)."""
     from arcsim.run.analysis import Analysis, RunConfig
 
     options = options_of(row)
     key = (row["arcsim_trace"], row["arcsim_topology"], row["arcsim_gpu"], row["arcsim_batch"],
            row["arcsim_framework"], row["arcsim_hierarchy"], options.get("fusion", "bucket"),
-           options.get("scope", "tensor"))
+           options.get("scope", "tensor"), options.get("precision"), options.get("bucket_mb"))
     if key in _analyses:
         return _analyses[key]
     if not any(k[0] == key[0] for k in _analyses):  # another stand-in: its gradients take GB, the last one's go
@@ -155,11 +169,17 @@ def analysis(row: dict[str, str], traces: Path):
                  compressors=(row["arcsim_compressor"],), policy="none", ratios=(1.0,), allow_capture=False,
                  gpu=row["arcsim_gpu"], batch=int(row["arcsim_batch"]), framework=row["arcsim_framework"],
                  hierarchy=row["arcsim_hierarchy"], fusion=key[6], options={"scope": key[7]})
+    if key[8] is not None:
+        given["precision"] = key[8]
+    if key[9] is not None:
+        given["bucket_mb"] = float(key[9])
     if given["framework"] == "ddp" and "framework" not in {f.name for f in dataclasses.fields(RunConfig)}:
         del given["framework"]  # an arcsim from before --framework (to compare against it) priced DDP only
     cfg = RunConfig(**given)  # type: ignore[arg-type]
-    # measurements are shared only where the buckets and the options are the same (the trace, fusion and scope)
-    earlier = next((a for k, a in _analyses.items() if (k[0], k[6], k[7]) == (key[0], key[6], key[7])), None)
+    # measurements are shared only where the buckets and the options are the same (the trace, the framework and its
+    # cap, fusion and scope: DeepSpeed groups otherwise than DDP)
+    same = (0, 4, 6, 7, 9)
+    earlier = next((a for k, a in _analyses.items() if all(k[i] == key[i] for i in same)), None)
     a = Analysis(cfg, announce=lambda _: None, source=None if earlier is None else earlier.trace)  # type: ignore
     if earlier is not None:
         a.share_measurements(earlier)  # type: ignore[arg-type]
@@ -254,8 +274,8 @@ def main(argv: list[str] | None = None) -> int:
     traces = args.traces or generated_traces_dir() / "published_e2e"
     table = rows(args.source)
     todo = [r for r in table if not r["skip"]][:args.rows]
-    print("Predicted (arcsim: DDP, node-aware compression; BytePS placement approximated) against measured "
-          "speed-up of compression over dense")
+    print("Predicted (arcsim: each row's framework, DDP or DeepSpeed; node-aware compression; BytePS placement "
+          "approximated) against measured speed-up of compression over dense")
     print(f"{'source':<10}{'where':<15}{'system / compressor':<28}{'nodes':>5}  {'arcsim':<34}"
           f"{'measured':>9}{'predicted':>10}{'|err|':>7}  agree")
     results: list[Result] = []

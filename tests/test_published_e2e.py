@@ -31,8 +31,9 @@ def test_every_row_is_priced_or_says_why_not():
 def test_a_row_refuses_options_and_densities_it_cannot_have():
     pub = _script()
     row = next(r for r in pub.rows("DeepSpeed") if not r["skip"])
-    assert pub.options_of(row) == {"baseline": "fp16", "scope": "bucket"}
-    for bad in ("baseline=fp8", "fusoin=model", "scope"):
+    assert pub.options_of(row) == {"baseline": "fp16", "scope": "bucket", "precision": "fp16", "bucket_mb": "25"}
+    assert row["arcsim_framework"] == "deepspeed"
+    for bad in ("baseline=fp8", "fusoin=model", "scope", "precision=fp8", "bucket_mb=0", "bucket_mb=x"):
         with pytest.raises(ValueError, match="arcsim_options"):
             pub.options_of({**row, "arcsim_options": bad})
     with pytest.raises(ValueError, match="does not depend on the density"):

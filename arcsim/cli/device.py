@@ -31,10 +31,10 @@ def device_list(json_out: str | None) -> None:
     if not tables_wanted(json_out):
         return
     table = Table(title="Devices (dense peaks, without sparsity)", caption="arcsim device show NAME: sources")
-    for col in ("name", "device", "fp32", "tf32", "bf16", "memory", "launch"):
+    for col in ("name", "device", "fp32", "tf32", "bf16", "fp16", "memory", "launch"):
         table.add_column(col, justify="left" if col in ("name", "device") else "right", no_wrap=col == "name")
     for d in devices().values():
-        peaks = [f"{d.peak_tflops[k]:g} TF" if k in d.peak_tflops else "–" for k in ("fp32", "tf32", "bf16")]
+        peaks = [f"{d.peak_tflops[k]:g} TF" if k in d.peak_tflops else "–" for k in ("fp32", "tf32", "bf16", "fp16")]
         table.add_row(d.name, d.full_name, *peaks,
                       f"{d.memory_bandwidth_GBps / 1e3:g} TB/s" if d.modelled else "–",
                       f"{d.launch_us:g} µs" if d.modelled else "–")
@@ -63,7 +63,7 @@ def device_show(name: str, json_out: str | None) -> None:
 @click.option("--gpu", required=True, help="A catalogue device (arcsim device list).")
 @click.option("--batch", "-b", default=32, show_default=True, type=Count(), help="Batch per GPU.")
 @click.option("--precision", type=click.Choice(PRECISIONS), default="fp32", show_default=True,
-              help="fp32 (TF32 convolutions, as PyTorch's defaults) or bf16 autocast.")
+              help="fp32 (TF32 convolutions, as PyTorch's defaults), or bf16 or fp16 autocast (V100: fp16 only).")
 @click.option("--modelled", is_flag=True, help="Use the model even where a measured profile matches.")
 @json_option
 def device_predict(model: str, model_args: tuple[str, ...], data: str | None, dataset: str | None,

@@ -12,8 +12,9 @@ from arcsim.errors import ArcsimError
 from arcsim.files import packaged
 
 DEVICE_DIR = packaged("devices")
-PRECISIONS = ("fp32", "bf16")
+PRECISIONS = ("fp32", "bf16", "fp16")  # fp16: mixed precision on the fp16 tensor cores (V100 has no bf16)
 CPU = "cpu"
+HALF = ("bf16", "fp16")  # 16-bit precisions: tensor cores at that peak, half the bytes
 
 
 @dataclass(frozen=True)
@@ -39,17 +40,17 @@ class Device:
 
     def check_precision(self, precision: str) -> None:
         if precision not in PRECISIONS:
-            raise ArcsimError(f"unknown precision {precision!r}; choose {' or '.join(PRECISIONS)}")
+            raise ArcsimError(f"unknown precision {precision!r}; choose {', '.join(PRECISIONS)}")
         if precision not in self.peak_tflops:
             raise ArcsimError(f"{self.name} ({self.full_name}) has no {precision} units; use --precision fp32")
 
     def units(self, op_class: str, precision: str) -> str:
-        """The number format an operation of ``op_class`` runs in, as PyTorch runs it by default: bf16 on the
-        bf16 tensor cores; fp32 convolutions on TF32 (cuDNN's default) where the device has it, fp32 matrix
+        """The number format an operation of ``op_class`` runs in, as PyTorch runs it by default: bf16 or fp16 on
+        those tensor cores; fp32 convolutions on TF32 (cuDNN's default) where the device has it, fp32 matrix
         products at the fp32 rate (torch's default matmul precision, "highest")."""
         self.check_precision(precision)
-        if precision == "bf16":
-            return "bf16"
+        if precision in HALF:
+            return precision
         return "tf32" if op_class == "conv" and "tf32" in self.peak_tflops else "fp32"
 
     def peak(self, op_class: str, precision: str) -> float:
@@ -87,3 +88,10 @@ def device(name: str) -> Device:
     if found is None:
         raise ArcsimError(f"unknown GPU {name!r}; choose one of: {', '.join(devices())} (arcsim device list)")
     return found
+
+
+def matching(torch_name: str) -> Device | None:
+    """The catalogue GPU a torch device name is (e.g. "NVIDIA H100 80GB HBM3" → h100), or None."""
+    squeezed = torch_name.lower().replace(" ", "").replace("-", "")
+    found = [d for name, d in devices().items() if name != "cpu" and name in squeezed]
+    return max(found, key=lambda d: len(d.name)) if found else None

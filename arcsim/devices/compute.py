@@ -7,14 +7,14 @@ Each counted operation (:mod:`arcsim.models.workload`) costs
 — a roofline per operation class with efficiencies ``e`` fitted to measured profiles, and ``host`` the
 per-operation floor of eager PyTorch (the work that issues a kernel, which the GPU cannot beat when its
 kernels are small): in forward, Python and the dispatcher issue each operation; in backward, autograd's
-engine (C++, no Python) does; a convolution costs the host more (cuDNN's per-call work). bf16 (autocast)
-runs the tensor-core classes at the bf16 peak and moves half the bytes; each tensor-core operation also
-costs the host a cast (its fp32 operands to bf16 in forward, its gradients back to fp32 in backward), priced
-at what a cast costs, not at the price of another operation. A parameter's gradient is ready when the
-backward operations before its accumulation are done; each ready gradient then costs the host its hook:
-DDP's (C++, a few µs) in a prediction, and in a shipped profile the profiler's (a Python hook that records
-a CUDA event per parameter), measured from the profiles' own per-parameter timelines so that the fit cannot
-move it into the per-operation cost a DDP job would keep.
+engine (C++, no Python) does; a convolution costs the host more (cuDNN's per-call work). bf16 or fp16
+(autocast) runs the tensor-core classes at that format's peak and moves half the bytes (fp16 at bf16's fitted
+efficiencies: no profile is fp16); each tensor-core operation also costs the host a cast (its fp32 operands
+to 16 bits in forward, its gradients back to fp32 in backward), priced at what a cast costs, not at the price of
+another operation. A parameter's gradient is ready when the backward operations before its accumulation are
+done; each ready gradient then costs the host its hook: DDP's (C++, a few µs) in a prediction, and in a shipped
+profile the profiler's (a Python hook that records a CUDA event per parameter), measured from the profiles' own
+per-parameter timelines so that the fit cannot move it into the per-operation cost a DDP job would keep.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
-from arcsim.devices.catalog import DEVICE_DIR, Device
+from arcsim.devices.catalog import DEVICE_DIR, HALF, Device
 from arcsim.models.workload import OP_CLASSES, Workload, count_workload
 from arcsim.traces.profile import PROFILE_DIR, ComputeProfile, LayerTiming, load_profile
 
@@ -57,8 +57,10 @@ class Efficiency:
 
     def of(self, cls: str, units: str) -> float:
         """Efficiency of ``cls`` on ``units``; a pair no profile showed (a convolution on fp32 units, where a
-        GPU lacks TF32) takes the fp32 matrix products' (CUDA cores either way)."""
-        return self.tensor.get(f"{cls}/{units}", self.tensor["matmul/fp32"])
+        GPU lacks TF32) takes the fp32 matrix products' (CUDA cores either way). fp16 takes bf16's: no profile is
+        fp16, and both are 16-bit tensor-core formats that autocast runs through the same kernels (cuBLAS, cuDNN)
+        at the same datasheet peak on every GPU that has both (A100 312 / 312, H100 989 / 989 TFLOP/s)."""
+        return self.tensor.get(f"{cls}/{'bf16' if units == 'fp16' else units}", self.tensor["matmul/fp32"])
 
     def vector(self) -> np.ndarray:
         """The fitted values, log-scaled (the hook is measured, not fitted)."""
@@ -95,7 +97,7 @@ def device_seconds(flops: np.ndarray, nbytes: np.ndarray, classes: np.ndarray, d
     index OP_CLASSES)."""
     rate = np.array([device.peak(c, precision) * eff.of(c, device.units(c, precision)) if c in TENSOR_CLASSES
                      else np.inf for c in OP_CLASSES])
-    scale = 0.5 if precision == "bf16" else 1.0
+    scale = 0.5 if precision in HALF else 1.0
     return np.maximum(flops / rate[classes], nbytes * scale / (device.bandwidth * eff.memory))
 
 
@@ -106,7 +108,7 @@ def issue_seconds(work: Workload, phase: str, device: Device, precision: str, ef
     backward = phase == "backward"
     per_op = (eff.autograd if backward else eff.host) * np.where(classes == _CONV, eff.conv_host, 1.0)
     tensor = classes != _MEMORY
-    casts = np.where(tensor, eff.cast_backward if backward else eff.cast, 0.0) if precision == "bf16" else 0.0
+    casts = np.where(tensor, eff.cast_backward if backward else eff.cast, 0.0) if precision in HALF else 0.0
     return (per_op + casts) * device.launch_us * 1e-6
 
 
@@ -183,7 +185,7 @@ def measured_profiles(device_name: str) -> tuple[Measured, ...]:
     out = []
     for path in sorted(PROFILE_DIR.glob(f"*-{device_name}-b*-*.json")):
         prof = load_profile(path)
-        precision = "bf16" if str(prof.extra.get("precision", "")).startswith("bf16") else "fp32"
+        precision = next((h for h in HALF if str(prof.extra.get("precision", "")).startswith(h)), "fp32")
         shape = prof.extra.get("input_shape") or []
         size = int(shape[-1]) if len(shape) == 3 else (int(shape[0]) if prof.extra.get("dataset") == "synthetic-tokens"
                                                         else None)

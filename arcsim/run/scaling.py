@@ -77,7 +77,8 @@ def dense_timeline(profile: ComputeProfile, topo: Topology, bucket_mb: float | N
     compute = compute_times(profile, scale)
     fw = get_framework(framework)
     if buckets is None:
-        buckets = fw.buckets(layers, compute.ready_s.tolist(), fw.cap_mb(bucket_mb) * 2**20, fw.first_cap(bucket_mb))
+        buckets = fw.buckets(layers, compute.ready_s.tolist(), fw.cap_mb(bucket_mb) * 2**20, fw.first_cap(bucket_mb),
+                             compute.backward_s)
     ctx = Context(None, topo, compute, buckets, engine, gpu=gpu, framework=framework)
     dtype = "float32" if grad_bytes == 4 else "bfloat16"
     records = [[record("allreduce", "dense", grad_bytes, dtype, b.numel, topo.ranks)] for b in buckets]
