@@ -196,7 +196,7 @@ class Pricer:
 
     def __init__(self, topo: Topology, engine: str = "analytic") -> None:
         self.topo, self.engine = topo, engine
-        self._cache: dict[tuple[str, str, float], PricedRecord] = {}
+        self._cache: dict[tuple[str, str, float, str], PricedRecord] = {}  # (op, algo, bytes, tag); tag '': as priced
         self._groups: dict[str, Pricer] = {}
 
     def group(self, name: str) -> Pricer:
@@ -209,11 +209,15 @@ class Pricer:
 
     def price(self, op: str, bytes_per_rank: float, algo: str = "auto", tag: str = "") -> PricedRecord:
         """The collective's size is per rank; an all-gather's total output is that × the topology's ranks."""
-        key = (op, algo, bytes_per_rank)
-        if key not in self._cache:
-            self._cache[key] = self._price(op, algo, bytes_per_rank)
-        hit = self._cache[key]
-        return dataclasses.replace(hit, tag=tag)
+        key = (op, algo, bytes_per_rank, tag)
+        hit = self._cache.get(key)
+        if hit is None:
+            as_priced = (op, algo, bytes_per_rank, "")
+            untagged = self._cache.get(as_priced)
+            if untagged is None:
+                untagged = self._cache[as_priced] = self._price(op, algo, bytes_per_rank)
+            hit = self._cache[key] = dataclasses.replace(untagged, tag=tag)  # frozen: shared by every caller
+        return hit
 
     def _price(self, op: str, algo: str, bytes_per_rank: float) -> PricedRecord:
         nbytes = bytes_per_rank * (self.topo.ranks if op == "allgather" else 1)

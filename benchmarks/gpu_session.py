@@ -12,8 +12,12 @@ Parts (``--parts``, comma-separated; each stops starting new work once its share
   (``arcsim device predict --modelled``) for LLaMA-60M, GPT-2 small and ResNet-50, fp32 and bf16, two batches;
   and ``arcsim run --live --device cuda`` end to end on LLaMA-60M and ResNet-50 → compute.json.
 - ``hook``: a user's torchrun job recording with arcsim's hook under NCCL, merged and priced → hook.json.
+- ``measure``: every compressor of the catalogue over a ResNet-18 trace captured on the GPU, measured there
+  (``arcsim run --measure-device cuda``: its kernel check, CUDA events beside the kernel model) and on the host's
+  CPU (the same bytes and errors as the CUDA paths?), each run's wall; then LLaMA-60M live on the GPU (4 workers ×
+  2 steps, every compressor) → measure.json; first, tests/test_cuda.py under pytest → cuda_tests.log.
 
-Usage: python benchmarks/gpu_session.py --out DIR [--parts work,dense,compute,hook] [--budget-s 420]
+Usage: python benchmarks/gpu_session.py --out DIR [--parts work,dense,compute,hook,measure] [--budget-s 420]
 On a CPU (``--device cpu --quick``) it runs the same code at small sizes: a check of the script, not a measure.
 """
 
@@ -22,7 +26,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -31,6 +34,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+from packed_speed import median_ms
 
 RESNET50_NUMEL = 25_557_032
 DENSITIES = (0.001, 0.01, 0.1, 0.25, 0.5)
@@ -62,21 +68,7 @@ class Session:
 
     def median_ms(self, fn: Callable[[], object], repeats: int = 7) -> float:
         """Median milliseconds of ``fn`` after one warm-up: CUDA events on a GPU, the host clock on a CPU."""
-        fn()
-        times = []
-        for _ in range(repeats if not self.quick else 2):
-            if self.device.type == "cuda":
-                a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                a.record()
-                fn()
-                b.record()
-                torch.cuda.synchronize()
-                times.append(a.elapsed_time(b))
-            else:
-                t0 = time.perf_counter()
-                fn()
-                times.append((time.perf_counter() - t0) * 1e3)
-        return statistics.median(times)
+        return median_ms(fn, self.device, repeats if not self.quick else 2)
 
 
 # -- work: selection, decompression, quantisers and signs ------------------------------------------------
@@ -362,7 +354,59 @@ def hook_part(s: Session) -> None:
     s.write("hook.json", {"jobs": results})
 
 
-PARTS = {"work": work_part, "dense": dense_part, "hook": hook_part, "compute": compute_part}
+# -- measure: the catalogue's compressors on the GPU, beside the kernel model and the CPU ---------------------------
+def run_json(path: Path, *args: str, timeout: float) -> dict:
+    """``arcsim run ... --json path``: its exit code, wall seconds, and what it wrote (or its log's tail)."""
+    rc, log, wall = arcsim("run", *args, "--json", str(path), timeout=timeout)
+    out: dict = {"rc": rc, "wall_s": round(wall, 1)}
+    if rc != 0:
+        out["log"] = log
+        return out
+    data = json.loads(path.read_text())
+    keep = ("compressor", "collective", "density", "memory", "compress_s", "rel_error", "bytes_per_rank")
+    out.update(candidates=[{k: c.get(k) for k in keep} for c in data["candidates"]],
+               kernel_check=data.get("kernel_check"), timings_s=data["timings_s"])
+    return out
+
+
+def measure_part(s: Session) -> None:
+    from arcsim.catalog import COMPRESSORS
+
+    every = ",".join(c for c in COMPRESSORS if c != "dense")
+    quick = ["--ratios", "0.01", "--policy", "none", "-c", every, "--exact"]
+    result: dict = {"compressors": every}
+    if s.left() > 120:  # first: each compressor on its own, before one run of them all
+        tests = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rA",
+                                "tests/test_cuda.py", "tests/test_kernel_check.py"], capture_output=True, text=True,
+                               timeout=min(180.0, s.left() - 60), cwd=Path(__file__).parents[1])
+        s.out.mkdir(parents=True, exist_ok=True)
+        (s.out / "cuda_tests.log").write_text(tests.stdout + tests.stderr)
+        print(f"tests/test_cuda.py: exit {tests.returncode}\n{tests.stdout[-1500:]}", flush=True)
+
+    with tempfile.TemporaryDirectory() as tmp:
+        trace = Path(tmp) / "resnet18.npz"
+        model, workers = ("cnn", 2) if s.quick else ("resnet18", 4)
+        rc, log, wall = arcsim("trace", "capture", "--model", model, "-w", str(workers), "-s", "2",
+                               "--device", s.device.type, "-o", str(trace), timeout=min(240, s.left() - 60))
+        result["capture"] = {"model": model, "workers": workers, "rc": rc, "wall_s": round(wall, 1),
+                             **({"log": log} if rc else {})}
+        print("measure capture", json.dumps(result["capture"])[:300], flush=True)
+        topology = f"4x8-eth25-{gpu_name()}"
+        runs = [(s.device.type, ["--trace", str(trace), "--measure-device", s.device.type])] if rc == 0 else []
+        if s.device.type == "cuda":  # LLaMA-60M live on the GPU, then the trace's CUDA paths beside the CPU's
+            runs.append(("live_llama_60m", ["--live", "--model", "llama_60m", "-w", "4", "--steps", "2",
+                                            "--device", "cuda"]))
+            runs += [("cpu", ["--trace", str(trace), "--measure-device", "cpu"])] if rc == 0 else []
+        for name, args in runs:
+            if s.left() < 60:
+                break
+            result[name] = got = run_json(Path(tmp) / f"run-{name}.json", "-t", topology, *args, *quick,
+                                          timeout=min(300, s.left() - 30))
+            print(f"measure {name}", json.dumps({k: v for k, v in got.items() if k in ("rc", "wall_s", "log")}),
+                  flush=True)
+            s.write("measure.json", result)
+
+PARTS = {"work": work_part, "dense": dense_part, "hook": hook_part, "compute": compute_part, "measure": measure_part}
 ARGS: argparse.Namespace
 
 

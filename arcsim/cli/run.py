@@ -12,6 +12,7 @@ import click
 from arcsim.catalog import (
     COMPRESSORS,
     DDP_BUCKET_MB,
+    DEEPSPEED_BUFFER_MB,
     DEFAULT_RATIOS,
     FUSIONS,
     HOROVOD_FUSION_MB,
@@ -41,6 +42,7 @@ from arcsim.cli.common import (
 )
 from arcsim.cli.paths import InputPath, OutputPath, Reads
 from arcsim.collectives.limits import allow_any
+from arcsim.devices.catalog import PRECISIONS
 from arcsim.errors import ArcsimError
 from arcsim.netsim import ENGINES
 from arcsim.topology import DEFAULT_TOPOLOGY
@@ -92,10 +94,12 @@ if TYPE_CHECKING:  # torch stays unimported until a command needs it
               help="One-way network latency per message instead of the topology's, e.g. 2us.")
 @click.option("--bucket-mb", default=None, type=Number(above=0, maximum=MAX_BUCKET_MB),
               help=f"DDP bucket cap (MiB of fp32; default {DDP_BUCKET_MB:g}); with --framework horovod the fusion "
-                   f"threshold (default {HOROVOD_FUSION_MB:g}).")
-@click.option("--framework", type=click.Choice(["ddp", "horovod"]), default="ddp", show_default=True,
+                   f"threshold (default {HOROVOD_FUSION_MB:g}); with deepspeed its buffer (default "
+                   f"{DEEPSPEED_BUFFER_MB:g}: 5e8 elements).")
+@click.option("--framework", type=click.Choice(["ddp", "horovod", "deepspeed"]), default="ddp", show_default=True,
               help="ddp: DDP buckets sent as each is ready; horovod: tensors ready in one cycle fused into buffers "
-                   "of the fusion threshold, sparsified tensors all-gathered one by one (docs/run.md).")
+                   "of the fusion threshold, sparsified tensors all-gathered one by one; deepspeed: buffers sent "
+                   "after backward (docs/run.md).")
 @click.option("--cycle-ms", default=None, type=Number(minimum=0),
               help="Horovod's cycle time (HOROVOD_CYCLE_TIME; default 1 ms, 5 in versions before 0.21).")
 @click.option("--fusion", type=click.Choice([*FUSIONS, "both"]), default="bucket", show_default=True,
@@ -127,9 +131,9 @@ if TYPE_CHECKING:  # torch stays unimported until a command needs it
                                           "default: the topology's, cpu for what this machine measures.")
 @click.option("--batch", "-b", type=Count(), default=None,
               help="Batch per GPU for the GPU's compute (default: the trace's, else 32).")
-@click.option("--precision", type=click.Choice(["fp32", "bf16"]), default=None,
-              help="The GPU's compute: fp32 (TF32 convolutions, PyTorch's defaults) or bf16 autocast (default: "
-                   "the trace's, else fp32).")
+@click.option("--precision", type=click.Choice(list(PRECISIONS)), default=None,
+              help="The GPU's compute: fp32 (TF32 convolutions, PyTorch's defaults), bf16 or fp16 autocast (fp16: "
+                   "a V100's tensor cores; default: the trace's, else fp32).")
 @click.option("--compare-gpu", default=None,
               help="With --plot: also run on this GPU and draw both breakdowns side by side (breakdown-gpus.png).")
 @click.option("--compute-profile", type=InputPath(directory=True), default=None,
@@ -137,6 +141,9 @@ if TYPE_CHECKING:  # torch stays unimported until a command needs it
 @click.option("--seed", default=0, show_default=True, type=Count(minimum=0))
 @click.option("--grid-steps", type=Count(), default=None,
               help="Trace steps for the ratio grid (default: all; the first only for large traces).")
+@click.option("--measure-device", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True,
+              help="Run the trace's compressors here on this device: cuda also times them with CUDA events beside the "
+                   "kernel model's price (docs/devices.md).")
 @click.option("--exact", is_flag=True,
               help="Measure every bucket (default: a large trace's measurements compress a stratified sample of "
                    "its buckets, the error's ± including the sampling; docs/run.md).")
@@ -168,7 +175,7 @@ def run(topology: str, trace: str | None, no_capture: bool, params: str | None, 
         seed: int,
         grid_steps: int | None, all_collectives: bool, json_out: str | None, csv_out: str | None, plot_dir: str | None,
         scope: str, schedule: str | None = None, history_dir: str | None = None, force: bool = False,
-        exact: bool = False, plan_out: str | None = None) -> None:
+        exact: bool = False, plan_out: str | None = None, measure_device: str = "cpu") -> None:
     """Predict the iteration time of every compressor and collective for a trace on a topology."""
     from arcsim.run import report
     from arcsim.run.analysis import Analysis, RunConfig
@@ -186,7 +193,8 @@ def run(topology: str, trace: str | None, no_capture: bool, params: str | None, 
                     latency=parse_duration(latency) if latency else None,
                     fusion="bucket" if fusion == "both" else fusion,
                     params=parse_params(params) if params is not None else None, layers=layers, live=training,
-                    hierarchy=hierarchy, framework=framework, cycle_ms=cycle_ms, exact=exact)
+                    hierarchy=hierarchy, framework=framework, cycle_ms=cycle_ms, exact=exact,
+                    measure_device=measure_device)
     cfg.check()
     if plan_out and (framework != "ddp" or fusion != "bucket"):
         raise ArcsimError("--write-plan plans DDP's buckets for its comm hook: give it with --framework ddp and "

@@ -54,7 +54,7 @@ def pack(codes: torch.Tensor, bits: int) -> torch.Tensor:
     padded = torch.zeros(packed_bytes(n, bits) * per, dtype=torch.uint8, device=codes.device)
     padded[:n] = codes
     shifts = torch.arange(0, 8, bits, dtype=torch.uint8, device=codes.device)
-    return torch.bitwise_left_shift(padded.view(-1, per), shifts).sum(dim=1).to(torch.uint8)
+    return torch.bitwise_left_shift(padded.view(-1, per), shifts).sum(dim=1, dtype=torch.uint8)  # bits apart: no carry
 
 
 def unpack(packed: torch.Tensor, bits: int, n: int) -> torch.Tensor:
@@ -76,8 +76,22 @@ def byte_table(bits: int, values: tuple[float, ...], device: str) -> torch.Tenso
 
 
 def expand(body: torch.Tensor, bits: int, values: tuple[float, ...], d: int) -> torch.Tensor:
-    """The ``d`` packed codes of ``body`` as the floats ``values`` gives them: one lookup per byte."""
-    return byte_table(bits, values, str(body.device))[body.int()].view(-1)[:d]
+    """The ``d`` packed codes of ``body`` as the floats ``values`` gives them. On a CPU one lookup per byte of a
+    [256, 8 // bits] table; on a GPU that gather reads 32-byte rows at random (1.9 ms for 25.6 M signs on an
+    H200, a tenth of its bandwidth), so the codes are unpacked by shifts and looked up one float each."""
+    if body.device.type == "cuda":
+        return lookup(value_table(values, str(body.device)), unpack(body, bits, d))
+    return lookup(byte_table(bits, values, str(body.device)), body).view(-1)[:d]
+
+
+@functools.lru_cache(maxsize=64)
+def value_table(values: tuple[float, ...], device: str) -> torch.Tensor:
+    return torch.tensor(values, dtype=torch.float32, device=device)
+
+
+def lookup(table: torch.Tensor, body: torch.Tensor) -> torch.Tensor:
+    """``table``'s row for each byte of ``body`` (index_select: 3-4× a fancy index's speed on a CPU)."""
+    return torch.index_select(table, 0, body.int())
 
 
 def local_ranks(comm: Communicator, workers: int) -> list[int]:
@@ -212,11 +226,11 @@ class TernGrad(PackedCompressor):
         g = self.clipped(row)
         mag = g.abs()
         scale = mag.max()
-        codes = torch.zeros(row.numel(), dtype=torch.uint8, device=row.device)
         if float(scale) > 0:
-            kept = self.uniforms(step, rank, row.numel(), row.device) < mag / scale  # with probability |g|/s
-            codes[kept & (g > 0)] = 1
-            codes[kept & (g < 0)] = 2
+            kept = self.uniforms(step, rank, row.numel(), row.device) < mag / scale  # with probability |g|/s (0: never)
+            codes = kept.to(torch.uint8) << (g < 0).to(torch.uint8)  # 1: +s, 2: −s
+        else:
+            codes = torch.zeros(row.numel(), dtype=torch.uint8, device=row.device)
         return scale.reshape(1), pack(codes, TERNARY_BITS)
 
     def decode(self, header: torch.Tensor, body: torch.Tensor, d: int) -> torch.Tensor:
@@ -258,4 +272,4 @@ class Natural(PackedCompressor):
         table = torch.ldexp(torch.ones(256, device=body.device), header[0] - offset)
         table = torch.where(offset == NATURAL_ZERO, 0.0, table)
         table = torch.where((code & SIGN_BIT) != 0, -table, table)
-        return table[body.int()]
+        return lookup(table, body)

@@ -46,10 +46,11 @@ from arcsim.processes import release_freed_memory
 from arcsim.run import cache, decisions, doubt
 from arcsim.run.candidates import Candidate, Context, candidates_for, evaluate
 from arcsim.run.compute import ComputeTimes, from_profile, from_trace, mapped
+from arcsim.run.kernel_check import KernelCheck, kernel_check
 from arcsim.run.measure import GradientStats, Measurement, measure, measure_many, measuring_threads
 from arcsim.run.sampling import MIN_SAMPLE_SAVING, BucketSample, describe, sample_threshold
 from arcsim.strategy.buckets import Bucket
-from arcsim.strategy.frameworks import FRAMEWORKS, framework_message, get_framework
+from arcsim.strategy.frameworks import FRAMEWORKS, Framework, framework_message, get_framework
 from arcsim.topology import DEFAULT_TOPOLOGY, Topology, load_topology
 from arcsim.traces.estimates import LIVE_STATE_BYTES_PER_ELEMENT, Load, measuring_seconds
 from arcsim.traces.format import GradientSource, Trace, open_trace
@@ -66,6 +67,7 @@ CACHE_BYTES = 4 * 2**30  # traces up to this size (as stored) are read once and 
 PARALLEL_PROCESSES = 2  # measure_ahead: processes at most (the machines this was measured on have 2 cores)
 PARALLEL_MIN_MEASUREMENTS = 4  # … and only from this many measurements to run (a fork costs ~0.1 s)
 MEASURING_WALL = "measuring, wall"  # timings: the wall time of all measuring (below the sum where side by side)
+MEASURE_DEVICES = ("cpu", "cuda")  # where --measure-device runs a trace's compressors
 MEASURED_AHEAD = "measured side by side (runs)"  # timings: how many measure_ahead ran, and on how many processes
 MEASURED_AHEAD_PROCESSES = "measured side by side (processes)"
 LIVE_MEMORY_BYTES = 4 * 2**30  # live training: the compressors measured in one pass hold about this much state
@@ -134,6 +136,7 @@ class RunConfig:
     framework: str = "ddp"              # ddp | horovod: how gradients are grouped and sent (strategy/frameworks.py)
     cycle_ms: float | None = None       # Horovod's cycle time (None: HOROVOD_CYCLE_TIME's default, 1 ms)
     exact: bool = False                 # measure every bucket (else large measurements sample: run/sampling.py)
+    measure_device: str = "cpu"         # where a trace's compressors run: cpu, or cuda (timed: run/kernel_check.py)
 
     @property
     def hierarchies(self) -> tuple[str, ...]:
@@ -194,6 +197,14 @@ class RunConfig:
             if self.live.on_gpu and self.gpu is not None:
                 raise RunError("--live --device cuda measures compute and compression on this GPU; --gpu would "
                                "price them on a catalogue GPU instead: give one of the two")
+        if self.measure_device not in MEASURE_DEVICES:
+            raise RunError(f"unknown --measure-device {self.measure_device!r}; choose {' or '.join(MEASURE_DEVICES)}")
+        if self.measure_device == "cuda":
+            if self.live is not None:
+                raise RunError("--live trains and measures on its own --device: give --measure-device with --trace")
+            if not torch.cuda.is_available():
+                raise RunError("--measure-device cuda asked for, but this torch sees no CUDA device; drop it to "
+                               "measure on this CPU")
         if self.params is not None:
             if self.trace is not None or self.compute_profile:
                 raise RunError("--params prices a synthetic model: give it without --trace or --compute-profile")
@@ -255,6 +266,7 @@ class RunResult:
     compute_basis: dict[str, Any] | None = None  # a modelled compute's batch and precision, and whence each
     speedup_errors: dict[str, Any] | None = None  # the errors the speed-up intervals come from (run/doubt.py)
     strategies: list[Any] = field(default_factory=list)  # --sharding: run.strategies.StrategyRow, side by side
+    kernel_check: KernelCheck | None = None  # compression timed on a GPU beside the kernel model (run/kernel_check.py)
 
 
 def _set_speedups(c: Candidate, dense: Candidate, ring: Candidate) -> None:
@@ -370,13 +382,13 @@ class Analysis:
     def _buckets(self, compute: ComputeTimes) -> list[Bucket]:
         """The trace's layers grouped as the framework sends them, with ``compute``'s ready times."""
         cfg, scale = self.cfg, 1.0 if self.params is None else self.params.scale
-        fw = get_framework(cfg.framework, None if cfg.cycle_ms is None else cfg.cycle_ms * 1e-3)
+        fw = self._framework()
         # a sample's cap: scaled down as the sample is
         if cfg.fusion == "model":
-            return fw.buckets(self.trace.layers, compute.ready_s.tolist(), float("inf"))
+            return fw.buckets(self.trace.layers, compute.ready_s.tolist(), float("inf"), backward_s=compute.backward_s)
         first = fw.first_cap(cfg.bucket_mb)
         return fw.buckets(self.trace.layers, compute.ready_s.tolist(), fw.cap_mb(cfg.bucket_mb) * 2**20 / scale,
-                          None if first is None else first / scale)
+                          None if first is None else first / scale, compute.backward_s)
 
     def context_at_batch(self, batch: int) -> Context | None:
         """This run's context with compute modelled at ``batch`` per GPU; None where compute is not modelled here or
@@ -397,7 +409,7 @@ class Analysis:
         if not same or (other.cfg.memory, other.cfg.seed, other.cfg.options, other.cfg.exact) != \
                 (self.cfg.memory, self.cfg.seed, self.cfg.options, self.cfg.exact):
             raise RunError("measurements are shared only between runs of the same trace and compressor settings")
-        if self.ctx.gpu is None and other.ctx.gpu is not None:
+        if self.timed and not other.timed:
             return  # the other run modelled compression and timed nothing here: measure again, timed
         self._measured = other._measured
 
@@ -436,11 +448,12 @@ class Analysis:
         if not isinstance(t, Trace):
             yield from t.steps_iter()
             return
+        where = self.cfg.measure_device
         if self._streamed():
-            yield from t.steps_iter(stored_dtype=True)
+            yield from t.steps_iter(stored_dtype=True, device=where)
             return
         if self._cached is None:
-            self._cached = list(t.steps_iter(stored_dtype=True))
+            self._cached = list(t.steps_iter(stored_dtype=True, device=where))
         yield from self._cached
 
     def _streamed(self) -> bool:
@@ -508,7 +521,7 @@ class Analysis:
         steps = self.steps() if count == self.trace.steps else itertools.islice(self.steps(), count)
         steps = self._told(steps, f"{compressor} @ {density:g}", count)
         return measure(steps, self.ctx.buckets, compressor, density, self._memory(compressor), self.cfg.seed,
-                       self.cfg.options, timed=self.ctx.gpu is None, count=count, stats=self.gradient_stats,
+                       self.cfg.options, timed=self.timed, count=count, stats=self.gradient_stats,
                        grouping=grouping, sample=self.sample_for(key))
 
     def _measure_streamed(self, wanted: MeasurementKey) -> None:
@@ -523,7 +536,7 @@ class Analysis:
         steps = self._told(steps, f"{len(group)} runs in one read", wanted[2])
         which = [(c, d, self._memory(c)) for c, d, _, _ in group]
         measured = measure_many(steps, self.ctx.buckets, which, self.cfg.seed, self.cfg.options,
-                                timed=self.ctx.gpu is None, count=wanted[2], stats=self.gradient_stats,
+                                timed=self.timed, count=wanted[2], stats=self.gradient_stats,
                                 grouping=wanted[3], sample=self.sample_for(wanted), bucket_major=True)
         release_freed_memory()  # the step's blocks: the next read would add to a fragmented heap (processes.py)
         share = (time.perf_counter() - started) / len(group)
@@ -563,6 +576,12 @@ class Analysis:
         self.timings[f"measure {compressor} @ {density:g}{'' if grouping is None else ' node-aware'} "
                      f"({count} steps)"] = seconds
 
+    @property
+    def timed(self) -> bool:
+        """Whether a trace's measurements time one rank's compression: where nothing models it, and on a GPU
+        (--measure-device cuda: beside the kernel model's price, arcsim.run.kernel_check)."""
+        return self.ctx.gpu is None or self.cfg.measure_device != "cpu"
+
     def measure_ahead(self, processes: int | None = None) -> int:
         """Run the planned measurements that are neither in memory nor in the cache now, spread over
         ``processes`` forked processes (default: measure_processes(), at most this machine's cores), each on one
@@ -601,7 +620,7 @@ class Analysis:
 
     def _parallel_todo(self, processes: int | None) -> list[MeasurementKey]:
         """The measurements measure_ahead would spread over processes (none where it would not)."""
-        if (processes or measure_processes()) < 2 or len(os.sched_getaffinity(0)) < 2 or self.ctx.gpu is None \
+        if (processes or measure_processes()) < 2 or len(os.sched_getaffinity(0)) < 2 or self.timed \
                 or not isinstance(self.trace, Trace) or "fork" not in multiprocessing.get_all_start_methods() \
                 or multiprocessing.current_process().daemon or self._streamed() \
                 or measuring_threads(self.ctx.buckets, self.trace.workers) != 1:
@@ -612,8 +631,8 @@ class Analysis:
     def _cache_name(self, key: MeasurementKey) -> str:
         compressor, density, steps, grouping = key
         return cache.key(self._trace_hash(), self.ctx.buckets, compressor, density, self._memory(compressor),
-                         self.cfg.seed, self.cfg.options, steps, self.ctx.gpu is None, grouping,
-                         self.sample_for(key))
+                         self.cfg.seed, self.cfg.options, steps, self.timed, grouping,
+                         self.sample_for(key), self.cfg.measure_device)
 
     def measuring_work(self, load: Load | None = None) -> tuple[int, float]:
         """The planned measurements neither in memory nor in the cache, and the seconds they should take here with
@@ -624,7 +643,7 @@ class Analysis:
         todo = [k for k in self.planned_keys() if k not in self._measured
                 and not cache.held(self._cache_name(k))]
         read = sum(self.trace.workers * k[2] * self._measured_elements(k) for k in todo)
-        return len(todo), measuring_seconds(read, timed=self.ctx.gpu is None, load=load or Load.now())
+        return len(todo), measuring_seconds(read, timed=self.timed, load=load or Load.now())
 
     def _measured_elements(self, key: MeasurementKey) -> int:
         """The elements ``key`` compresses per worker and step: the trace's, or its sample's."""
@@ -711,7 +730,14 @@ class Analysis:
         rec.plan = self._plan(rec, policy)
         return RunResult(cfg, self.ctx, cands, dense, policy, front, self._crossover(cands, grid), rec,
                          self._assumptions() + density_notes(cands) + [errors.basis],
-                         speedup_errors=errors.to_dict())
+                         speedup_errors=errors.to_dict(), kernel_check=self._kernel_check(cands))
+
+    def _kernel_check(self, cands: list[Candidate]) -> KernelCheck | None:
+        """Where compression was timed on a GPU (--measure-device cuda, --live --device cuda): beside the model."""
+        on_gpu = self.cfg.measure_device == "cuda" or (self.cfg.live is not None and self.cfg.live.on_gpu)
+        if not on_gpu:
+            return None
+        return kernel_check(cands, self.ctx, torch.cuda.get_device_name(), self.trace.workers)
 
     # -- how sure the speed-ups are (arcsim/run/doubt.py) ---------------------------------------------------
     def _errors(self) -> doubt.Errors:
@@ -785,13 +811,16 @@ class Analysis:
     def _dense_algo(self) -> str:
         return "measured" if "allreduce" in self.topo.calibration else "ring"
 
-    def _cycle_ms(self) -> float:
-        return get_framework("horovod", None if self.cfg.cycle_ms is None else self.cfg.cycle_ms * 1e-3).cycle_s * 1e3
+    def _framework(self) -> Framework:
+        """The framework --framework names, with --cycle-ms for Horovod."""
+        return get_framework(self.cfg.framework, None if self.cfg.cycle_ms is None else self.cfg.cycle_ms * 1e-3)
 
     def _timed_on(self) -> str:
-        """Where compression is timed when it is measured: the GPU of a live CUDA run, else this CPU."""
-        on_gpu = self.cfg.live is not None and self.cfg.live.on_gpu
-        return f"{self.trace.meta['device_name']} (CUDA events)" if on_gpu else "this CPU"
+        """Where compression is timed when it is measured: the GPU of a live CUDA run or --measure-device cuda,
+        else this CPU."""
+        if self.cfg.live is not None and self.cfg.live.on_gpu:
+            return f"{self.trace.meta['device_name']} (CUDA events)"
+        return f"{torch.cuda.get_device_name()} (CUDA events)" if self.cfg.measure_device == "cuda" else "this CPU"
 
     def _assumptions(self) -> list[str]:
         t, topo, ctx = self.trace, self.topo, self.ctx
@@ -804,13 +833,7 @@ class Analysis:
                  + ("k = max(1, ⌊ρ·n⌋) in every layer of n elements (topk, randk, gaussiank, star, var; "
                     "arctopk: rows per layer), as the reference implementations"
                     if self.cfg.scope == "tensor" else "one k over each whole bucket") + " (--scope)",
-                 (f"{len(ctx.buckets)} bucket(s) of ≤ {self.cfg.bucket_cap_mb:g} MiB fp32"
-                  if self.cfg.fusion == "bucket" and self.cfg.framework == "ddp" else
-                  f"Horovod: {len(ctx.buckets)} fused all-reduce buffer(s) of tensors ready in the same "
-                  f"{self._cycle_ms():g} ms "
-                  f"cycle, ≤ the fusion threshold ({self.cfg.bucket_cap_mb:g} MiB, --bucket-mb); all-gathered "
-                  "(sparsified) tensors "
-                  "gathered one tensor at a time, not fused"
+                 (self._framework().describe(len(ctx.buckets), self.cfg.bucket_cap_mb)
                   if self.cfg.fusion == "bucket" else "fusion model: the whole gradient compressed and sent as one "
                   "vector after backward (latency paid once, no overlap)")
                  + f"; collectives as {topo.library} runs them ({get_library(topo.library).summary}), priced by the "

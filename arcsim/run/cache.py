@@ -1,7 +1,7 @@
 """Compressor measurements on disk (arcsim.files), so a trace re-priced on another topology, library,
 GPU or engine only prices: one file per (trace content, bucket layout, compressor, density, memory, seed,
-options, steps, timing). A trace's content hash is computed once per (path, size, modification time) and
-remembered.
+options, steps, timing, the device measured on). A trace's content hash is computed once per (path, size,
+modification time) and remembered.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ def trace_hash(path: Path) -> str:
 
 def key(trace: str, buckets: list[Bucket], compressor: str, density: float, memory: str | None, seed: int,
         options: Mapping[str, Any], steps: int, timed: bool, grouping: Grouping | None = None,
-        sample: BucketSample | None = None) -> str:
+        sample: BucketSample | None = None, device: str = "cpu") -> str:
     fields = {"v": VERSION, "trace": trace, "buckets": [(b.lo, b.hi) for b in buckets], "compressor": compressor,
               "density": density, "memory": memory, "seed": seed, "options": dict(sorted(options.items())),
               "steps": steps, "timed": timed}
@@ -45,6 +45,8 @@ def key(trace: str, buckets: list[Bucket], compressor: str, density: float, memo
         fields["grouping"] = dataclasses.astuple(grouping)
     if sample is not None:  # a sample of the buckets (exact keys stay as they were)
         fields["sample"] = list(sample.measured)
+    if device != "cpu":  # timed on a GPU (CPU keys stay as they were)
+        fields["device"] = device
     return cache_key(fields)
 
 

@@ -176,10 +176,14 @@ def step_timelines(meas: Measurement, collective: str, ctx: Context,
     modelled = (compress_times(meas.compressor, [], ctx, meas.hierarchy, meas.density) if ctx.gpu is not None
                 else None)  # the same each step
     op = main_op(meas)  # the op the collective was chosen for, on every step (a step may weigh its ops otherwise)
+    alike: dict[tuple, tuple[Timeline, list[float]]] = {}  # steps that send and compress the same: one timeline
     for s, step_records in enumerate(meas.records):
         comp = modelled if modelled is not None else compress_times(meas.compressor, meas.compress_s[s], ctx,
                                                                     meas.hierarchy)
-        timeline, comm = step_timeline(step_records, comp, collective, ctx, pricer, op)
+        key = (tuple(comp), tuple(tuple(recs) for recs in step_records))
+        if key not in alike:
+            alike[key] = step_timeline(step_records, comp, collective, ctx, pricer, op)
+        timeline, comm = alike[key]
         timelines.append(timeline)
         comp_sum += np.asarray(comp)
         comm_sum += np.asarray(comm)

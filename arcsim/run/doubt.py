@@ -301,6 +301,8 @@ class Judge:
         self.dense_meas = dense.measurement
         self._settings: dict[Setting, tuple[Context, Pricer, Candidate, np.ndarray] | None] = {
             BASE: (ctx, pricer, dense, shifts(dense, ctx, pricer, errors))}
+        self._elsewhere: dict[tuple[int, Setting], Doubt | None] = {}  # (measurement, setting): the same for
+        #                                                                 each of a compressor's collectives
 
     @property
     def ctx(self) -> Context:
@@ -329,6 +331,15 @@ class Judge:
     def doubt(self, c: Candidate, where: Setting = BASE) -> Doubt | None:
         """``c``'s speed-up over dense, its interval and verdict: at the run's setting on ``c``'s collective,
         elsewhere on the fastest collective of ``c``'s compressor there, as dense's (None: not priced there)."""
+        assert c.measurement is not None
+        if where != BASE:
+            key = (id(c.measurement), where)
+            if key not in self._elsewhere:
+                self._elsewhere[key] = self._doubt(c, where)
+            return self._elsewhere[key]
+        return self._doubt(c, where)
+
+    def _doubt(self, c: Candidate, where: Setting) -> Doubt | None:
         setting = self._setting(where)
         if setting is None:
             return None

@@ -60,7 +60,16 @@ def to_json(result: RunResult) -> dict[str, Any]:
         "crossover": result.crossover.to_dict(),
         "speedup_errors": result.speedup_errors,
         "timings_s": result.timings,
+        "kernel_check": result.kernel_check.to_dict() if result.kernel_check else None,
+        # --sharding: the answer the report leads with (the strategies' ★ row); "recommendation" stays DDP's own
+        "strategy_recommendation": _strategy_recommendation(result),
     }
+
+
+def _strategy_recommendation(result: RunResult) -> dict[str, Any] | None:
+    from arcsim.run.strategies import strategy_recommendation
+
+    return strategy_recommendation(result.strategies) if result.strategies else None
 
 
 CSV_FIELDS = ("compressor", "collective", "hierarchy", "op", "density", "memory", "iteration_s", "compute_s",
@@ -124,7 +133,23 @@ def render(result: RunResult, console: Console, every_collective: bool = False) 
     _render_crossover(result, console)
     _render_hierarchy(result, console)
     _render_pareto(result, console)
+    _render_kernel_check(result, console)
     _render_timings(result, console)
+
+
+def _render_kernel_check(result: RunResult, console: Console) -> None:
+    """Compression timed on a GPU beside the kernel model's price (arcsim.run.kernel_check)."""
+    check = result.kernel_check
+    if check is None:
+        return
+    table = Table(title=f"Compression timed on {check.device} beside the kernel model ({check.model})",
+                  title_justify="left")
+    for column in ("compressor", "density", "memory", "measured ms", "model ms", "model ÷ measured"):
+        table.add_column(column, justify="left" if column in ("compressor", "memory") else "right")
+    for r in check.rows:
+        table.add_row(r.compressor, "-" if r.density is None else f"{r.density:g}", r.memory,
+                      _ms(r.measured_s), _ms(r.modelled_s), f"{r.ratio:.2f}")
+    console.print(table)
 
 
 def _iteration_table(result: RunResult, rows: list[Candidate], every_collective: bool, stacked: bool = False
@@ -176,14 +201,21 @@ def _error(c: Candidate) -> str:
 
 def _render_recommendation(result: RunResult, console: Console) -> None:
     """The one answer, first: what to deploy, what it gives, and why the other "winners" lost; with --sharding, the
-    strategy that reaches the target soonest, DDP's own choice under it."""
-    sharded = next((row for row in result.strategies if row.recommended and row.strategy != "none"), None)
-    if sharded is not None:
-        console.print(f"[bold green]Recommended:[/] [bold]{sharded.headline()}[/]: {_ms(sharded.iteration_s)} ms per "
-                      f"iteration, error {sharded.rel_error:.3g}, ~{sharded.time_to_target_s:.3g} s to the target, "
-                      f"{sharded.memory.total_bytes / 1e9:.3g} GB per GPU (the strategies' table below; "
-                      "docs/sharding.md)")
-        console.print("  [dim]without sharding, DDP's choice:[/]")
+    strategies' recommended row (picked by --policy's rule where it ranks strategies) and the rule, DDP's own choice
+    under it."""
+    best = next((row for row in result.strategies if row.recommended), None)
+    if best is not None and not best.ddp_choice:  # the strategies' answer (the JSON's strategy_recommendation)
+        soon = "" if best.time_to_target_s is None else f", ~{best.time_to_target_s:.3g} s to the target"
+        console.print(f"[bold green]Recommended:[/] [bold]{best.headline()}[/]: {_ms(best.iteration_s)} ms per "
+                      f"iteration, error {best.rel_error:.3g}{soon}, {best.memory.total_bytes / 1e9:.3g} GB per GPU "
+                      "(the strategies' table below; docs/sharding.md)")
+        console.print(f"  picked by {best.picked_by}")
+        console.print("  [dim]without sharding, DDP's choice:[/]" if best.strategy != "none" else
+                      f"  [dim]DDP's choice of compressor by --policy {result.config.policy}, which the strategies' "
+                      "rule ranks lower:[/]")
+    elif best is None and result.strategies:
+        console.print("[bold yellow]No row of the strategies' table fits the GPU's memory[/] (below); DDP's choice "
+                      "as if memory were no limit:")
     r = result.recommendation
     ratio = "no ratio (it compresses nothing away)" if r.density is None else f"density {r.density:g}"
     where = "" if r.hierarchy == "flat" else " between nodes (dense inside each node)"
