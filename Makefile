@@ -20,7 +20,7 @@ test: $(BIN)/arcsim
 	$(BIN)/ruff check .
 	@$(BIN)/mypy > $(VENV)-mypy.log 2>&1 & mypy=$$!; \
 	$(BIN)/python tests/install_check.py --venv $(VENV)-wheel > $(VENV)-wheel.log 2>&1 & wheel=$$!; \
-	$(BIN)/pytest -q -n auto --maxprocesses 4 --durations=15; status=$$?; \
+	$(BIN)/pytest -q -n auto --maxprocesses 4 --dist loadgroup --durations=15; status=$$?; \
 	wait $$mypy || status=1; echo "--- mypy"; cat $(VENV)-mypy.log; \
 	wait $$wheel || status=1; echo "--- the wheel from another folder (tests/install_check.py)"; cat $(VENV)-wheel.log; \
 	exit $$status

@@ -17,8 +17,13 @@ from types import ModuleType
 
 import pytest
 
-from arcsim.processes import free_port
+from arcsim.processes import free_port, wait_passively
 from arcsim.topology import IntraLink, Network, Topology
+
+# torch's OpenMP threads sleep while they wait, as the `arcsim` entry point has them (arcsim.cli:main, before torch
+# loads; run_cli calls its second half in this process): spinning threads on the cores the other xdist workers and
+# their ranks share ran tests 4-35 times slower (tests/test_schedule.py's 2 s fixture took 85 s)
+wait_passively()
 
 # the measurement cache of this test session only (arcsim.run.cache), one per xdist worker so that no test
 # sees another's entries: subprocesses inherit it
@@ -27,6 +32,14 @@ if "ARCSIM_CACHE_DIR" not in os.environ or os.environ.get("ARCSIM_TEST_CACHE_OF"
     os.environ["ARCSIM_CACHE_DIR"] = tempfile.mkdtemp(prefix=f"arcsim-test-cache-{_WORKER or 'main'}-")
     os.environ["ARCSIM_TEST_CACHE_OF"] = _WORKER
     atexit.register(shutil.rmtree, os.environ["ARCSIM_CACHE_DIR"], True)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The emulated cluster's tests (those holding one_emulated_cluster) in one xdist group: `make test` runs
+    ``--dist loadgroup``, which sends a group to one worker, so no other worker sits waiting on the lock."""
+    for item in items:
+        if "one_emulated_cluster" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.xdist_group("emulated_cluster"))
 
 
 @pytest.fixture
