@@ -101,6 +101,8 @@ FUSIONS = ("bucket", "model")  # DDP buckets, each compressed on its own; or the
 # family) and has dense's zero error, so it is never on the front; dense itself is the grid's end point
 DEFAULT_RATIOS = (1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 0.1, 0.3)
 LIVE_DEFAULTS = {"workers": 4, "steps": 3, "device": "cpu"}  # run --live, and a sweep's live settings
+FRAMEWORKS = ("ddp", "horovod", "deepspeed")  # --framework (arcsim.strategy.frameworks)
+MEASURE_DEVICES = ("cpu", "cuda")  # where arcsim run --measure-device runs a trace's compressors
 DDP_BUCKET_MB = 25.0      # DDP's bucket_cap_mb default (--bucket-mb with --framework ddp)
 HOROVOD_FUSION_MB = 64.0  # HOROVOD_FUSION_THRESHOLD's default (--bucket-mb with --framework horovod)
 # DeepSpeed's engine (no ZeRO): gradients all-reduced after backward in buffers of MEMORY_OPT_ALLREDUCE_SIZE elements

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from arcsim.catalog import COMPRESSORS, INFO
+from arcsim.catalog import COMPRESSORS
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
@@ -35,9 +35,10 @@ def test_the_gpu_path_sends_what_the_cpu_path_sends_with_the_same_error(analyses
     print(f"{compressor}: bytes {sent(gpu)} / {sent(cpu)}, error {gpu.rel_error():.6g} / {cpu.rel_error():.6g}, "
           f"one rank's compression {sum(gpu.compress_s[0]) * 1e3:.3f} ms on the GPU")
     random = compressor in DEVICE_RANDOM
-    selects = INFO[compressor].family == "all-gather" and not INFO[compressor].density_free  # ties, thresholds
-    assert sent(gpu) == pytest.approx(sent(cpu), rel=0.15 if random else 0.02 if selects else 1e-9)
-    assert gpu.rel_error() == pytest.approx(cpu.rel_error(), rel=0.1 if random else 0.02, abs=1e-6)
+    # seen on an H200: the same bytes (Adaptive-K 4 bytes in 2.3 M on ResNet-18: a tie in float rounding), errors
+    # within 1.5e-4 (int4 qgZ 1e-3 on ResNet-18), the device-random ones within 0.5 % (natural 4.7 % on this trace)
+    assert sent(gpu) == pytest.approx(sent(cpu), rel=1e-4 if compressor in ("adaptive", "dgc") or random else 0)
+    assert gpu.rel_error() == pytest.approx(cpu.rel_error(), rel=0.1 if random else 2e-3, abs=1e-7)
     assert all(t > 0 for t in gpu.compress_s[0])  # timed with CUDA events
 
 

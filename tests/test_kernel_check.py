@@ -50,7 +50,20 @@ def test_nothing_timed_gives_no_check():
     assert not analysis.timed
     result = analysis.run()
     assert result.kernel_check is None
-    assert kernel_check(result.candidates, result.ctx, "NVIDIA H100", analysis.trace.workers) is None
+    check = kernel_check(result.candidates, result.ctx, "NVIDIA H100", analysis.trace.workers)
+    assert check.rows == () and "no compressor was timed" in check.why  # said, not silently absent
+    unknown = kernel_check(result.candidates, result.ctx, "Some Accelerator X", analysis.trace.workers)
+    assert unknown.rows == () and "no Some Accelerator X" in unknown.why
+
+
+def test_a_measurement_timed_on_a_gpu_is_cached_apart_from_one_timed_on_the_cpu():
+    from arcsim.run import cache
+
+    args = ("trace-sha", [], "topk", 0.01, "ef14", 0, {}, 2, True)
+    keys = {cache.key(*args), cache.key(*args, device="NVIDIA H100 (torch 2.11)"),
+            cache.key(*args, device="NVIDIA H200 (torch 2.11)")}
+    assert len(keys) == 3
+    assert cache.key(*args) == cache.key(*args, device="cpu")  # CPU keys as before: earlier caches still found
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")

@@ -14,12 +14,15 @@ from arcsim.catalog import (
     DDP_BUCKET_MB,
     DEEPSPEED_BUFFER_MB,
     DEFAULT_RATIOS,
+    FRAMEWORKS,
     FUSIONS,
     HOROVOD_FUSION_MB,
     LIVE_DEFAULTS,
     MAX_BUCKET_MB,
+    MEASURE_DEVICES,
     MEMORIES,
     POLICIES,
+    check_compression,
 )
 from arcsim.cli.common import (
     DENSITY,
@@ -96,7 +99,7 @@ if TYPE_CHECKING:  # torch stays unimported until a command needs it
               help=f"DDP bucket cap (MiB of fp32; default {DDP_BUCKET_MB:g}); with --framework horovod the fusion "
                    f"threshold (default {HOROVOD_FUSION_MB:g}); with deepspeed its buffer (default "
                    f"{DEEPSPEED_BUFFER_MB:g}: 5e8 elements).")
-@click.option("--framework", type=click.Choice(["ddp", "horovod", "deepspeed"]), default="ddp", show_default=True,
+@click.option("--framework", type=click.Choice(list(FRAMEWORKS)), default="ddp", show_default=True, metavar="NAME",
               help="ddp: DDP buckets sent as each is ready; horovod: tensors ready in one cycle fused into buffers "
                    "of the fusion threshold, sparsified tensors all-gathered one by one; deepspeed: buffers sent "
                    "after backward (docs/run.md).")
@@ -141,7 +144,7 @@ if TYPE_CHECKING:  # torch stays unimported until a command needs it
 @click.option("--seed", default=0, show_default=True, type=Count(minimum=0))
 @click.option("--grid-steps", type=Count(), default=None,
               help="Trace steps for the ratio grid (default: all; the first only for large traces).")
-@click.option("--measure-device", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True,
+@click.option("--measure-device", type=click.Choice(list(MEASURE_DEVICES)), default="cpu", show_default=True,
               help="Run the trace's compressors here on this device: cuda also times them with CUDA events beside the "
                    "kernel model's price (docs/devices.md).")
 @click.option("--exact", is_flag=True,
@@ -177,13 +180,14 @@ def run(topology: str, trace: str | None, no_capture: bool, params: str | None, 
         scope: str, schedule: str | None = None, history_dir: str | None = None, force: bool = False,
         exact: bool = False, plan_out: str | None = None, measure_device: str = "cpu") -> None:
     """Predict the iteration time of every compressor and collective for a trace on a topology."""
+    chosen = tuple(c.strip() for c in compressors.split(",") if c.strip())
+    check_compression(chosen, memory, ArcsimError)  # before torch is imported: a typo answered at once
     from arcsim.run import report
     from arcsim.run.analysis import Analysis, RunConfig
 
     training = live_training(live, model, dataset, workers, steps, live_device, batch, seed, model_args, data,
                              input_size)
-    cfg = RunConfig(topology=topology, trace=trace, compressors=tuple(c.strip() for c in compressors.split(",")
-                                                                       if c.strip()),
+    cfg = RunConfig(topology=topology, trace=trace, compressors=chosen,
                     density=density, memory=memory, engine=engine, bucket_mb=bucket_mb, policy=policy,
                     ratios=tuple(sorted(ratios)), weights=weights,
                     compute_profile=compute_profile, slack=slack, dense_steps=dense_steps, seed=seed,

@@ -21,6 +21,7 @@ from arcsim.cli.common import (
     write_json,
 )
 from arcsim.cli.paths import Reads
+from arcsim.devices.catalog import PRECISIONS
 from arcsim.errors import ArcsimError
 from arcsim.netsim import ENGINES
 from arcsim.strategy.schedule import STRATEGIES, VARIANT_HELP, Quantize
@@ -28,8 +29,6 @@ from arcsim.topology import DEFAULT_TOPOLOGY
 from arcsim.units import format_duration, format_size
 
 RESHARD = {"auto": None, "true": True, "false": False}
-
-SHARD_PRECISIONS = ("fp32", "bf16")  # the precisions arcsim.sharding.price gathers parameters in
 
 
 def _count(params: int) -> str:
@@ -71,8 +70,8 @@ def _what_one_gpu_nodes_can_do(strategies: list[str], variants: list[Quantize],
 @library_option
 @click.option("--gpu", default=None, help="A catalogue device (arcsim device list); default: the topology's.")
 @click.option("--batch", "-b", default=8, show_default=True, type=Count(), help="Batch per GPU.")
-@click.option("--precision", type=click.Choice(SHARD_PRECISIONS), default="fp32", show_default=True,
-              help="fp32, or bf16 autocast (parameters gathered in bf16, as FSDP2's MixedPrecisionPolicy).")
+@click.option("--precision", type=click.Choice(list(PRECISIONS)), default="fp32", show_default=True,
+              help="fp32, or bf16 or fp16 autocast (parameters gathered in 16 bits, as FSDP2's MixedPrecisionPolicy).")
 @click.option("--reduce-dtype", type=click.Choice(["fp32", "bf16"]), default="fp32", show_default=True,
               help="The dtype gradients are reduced in (DDP's all-reduce too).")
 @click.option("--sharding", default="none,full,hybrid", show_default=True,

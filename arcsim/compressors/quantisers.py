@@ -86,11 +86,12 @@ def expand(body: torch.Tensor, bits: int, values: tuple[float, ...], d: int) -> 
 
 @functools.lru_cache(maxsize=64)
 def value_table(values: tuple[float, ...], device: str) -> torch.Tensor:
+    """``values`` as a float32 tensor on ``device``: what each code stands for."""
     return torch.tensor(values, dtype=torch.float32, device=device)
 
 
 def lookup(table: torch.Tensor, body: torch.Tensor) -> torch.Tensor:
-    """``table``'s row for each byte of ``body`` (index_select: 3-4× a fancy index's speed on a CPU)."""
+    """``table``'s row for each byte of the 1-D ``body`` (index_select: 3-4× a fancy index's speed on a CPU)."""
     return torch.index_select(table, 0, body.int())
 
 

@@ -25,6 +25,7 @@ from arcsim.catalog import (
     DEFAULT_RATIOS,
     FUSIONS,
     INFO,
+    MEASURE_DEVICES,
     POLICIES,
     bucket_mb_ok,
     check_compression,
@@ -33,7 +34,7 @@ from arcsim.catalog import (
 )
 from arcsim.collectives.libraries import get_library
 from arcsim.compressors.hierarchy import HIERARCHIES, Grouping, group_workers, hierarchy_message
-from arcsim.devices.catalog import PRECISIONS, Device, priced_gpu
+from arcsim.devices.catalog import HALF, PRECISIONS, Device, priced_gpu
 from arcsim.devices.kernels import kernel_source
 from arcsim.devices.predict import DEFAULT_GPU_BATCH, ComputePrediction
 from arcsim.devices.source import ComputeSource, compute_source
@@ -67,7 +68,6 @@ CACHE_BYTES = 4 * 2**30  # traces up to this size (as stored) are read once and 
 PARALLEL_PROCESSES = 2  # measure_ahead: processes at most (the machines this was measured on have 2 cores)
 PARALLEL_MIN_MEASUREMENTS = 4  # … and only from this many measurements to run (a fork costs ~0.1 s)
 MEASURING_WALL = "measuring, wall"  # timings: the wall time of all measuring (below the sum where side by side)
-MEASURE_DEVICES = ("cpu", "cuda")  # where --measure-device runs a trace's compressors
 MEASURED_AHEAD = "measured side by side (runs)"  # timings: how many measure_ahead ran, and on how many processes
 MEASURED_AHEAD_PROCESSES = "measured side by side (processes)"
 LIVE_MEMORY_BYTES = 4 * 2**30  # live training: the compressors measured in one pass hold about this much state
@@ -124,7 +124,7 @@ class RunConfig:
     options: dict[str, Any] = field(default_factory=lambda: {"scope": "tensor"})  # each compressor takes its own
     gpu: str | None = None              # catalogue device; None: the topology's, else compute as the trace measured
     batch: int | None = None            # per GPU, for a GPU's compute (None: the trace's, else DEFAULT_GPU_BATCH)
-    precision: str | None = None        # fp32 or bf16 autocast, for a GPU's compute (None: the trace's, else fp32)
+    precision: str | None = None        # fp32, bf16 or fp16 autocast, a GPU's compute (None: the trace's, else fp32)
     library: str | None = None          # the communication library; None: the topology's
     bandwidth: float | None = None      # per-NIC bandwidth override, bytes/s
     latency: float | None = None        # one-way network latency override, s
@@ -133,7 +133,7 @@ class RunConfig:
     layers: int | None = None           # its layer count (default DEFAULT_LAYERS)
     live: TrainingConfig | None = None  # gradients from live data-parallel training instead of a trace
     hierarchy: str = "flat"             # flat | node | both (arcsim.compressors.hierarchy)
-    framework: str = "ddp"              # ddp | horovod: how gradients are grouped and sent (strategy/frameworks.py)
+    framework: str = "ddp"              # ddp | horovod | deepspeed: how gradients are grouped and sent (frameworks.py)
     cycle_ms: float | None = None       # Horovod's cycle time (None: HOROVOD_CYCLE_TIME's default, 1 ms)
     exact: bool = False                 # measure every bucket (else large measurements sample: run/sampling.py)
     measure_device: str = "cpu"         # where a trace's compressors run: cpu, or cuda (timed: run/kernel_check.py)
@@ -157,7 +157,8 @@ class RunConfig:
 
     @property
     def bucket_cap_mb(self) -> float:
-        """The DDP bucket cap or Horovod fusion threshold in MiB: --bucket-mb, else the framework's default."""
+        """The DDP bucket cap, Horovod fusion threshold or DeepSpeed buffer in MiB: --bucket-mb, else the framework's
+        default."""
         return get_framework(self.framework).cap_mb(self.bucket_mb)
 
     @property
@@ -175,7 +176,7 @@ class RunConfig:
         check_compression(self.compressors, self.memory, RunError)
         check_options(self.compressors, self.options, RunError)
         if self.precision is not None and self.precision not in PRECISIONS:
-            raise RunError(f"unknown precision {self.precision!r}; choose {' or '.join(PRECISIONS)}")
+            raise RunError(f"unknown precision {self.precision!r}; choose {', '.join(PRECISIONS)}")
         if self.gpu is not None:
             from arcsim.devices.catalog import device
 
@@ -185,7 +186,7 @@ class RunConfig:
         if self.batch is not None and self.batch < 1:
             raise RunError(f"--batch is per GPU and at least 1, got {self.batch}")
         flags = [f for f, given in (("--batch", self.batch is not None and self.live is None),
-                                    ("--precision bf16", self.precision == "bf16")) if given]
+                                    (f"--precision {self.precision}", self.precision in HALF)) if given]
         why = self.compute_source().why_not_modelled if flags else None
         if flags and why:
             raise RunError(f"{' and '.join(flags)} shape the compute modelled on a catalogue GPU, but {why}; "
@@ -409,7 +410,7 @@ class Analysis:
         if not same or (other.cfg.memory, other.cfg.seed, other.cfg.options, other.cfg.exact) != \
                 (self.cfg.memory, self.cfg.seed, self.cfg.options, self.cfg.exact):
             raise RunError("measurements are shared only between runs of the same trace and compressor settings")
-        if self.timed and not other.timed:
+        if self.timed and (not other.timed or other.cfg.measure_device != self.cfg.measure_device):
             return  # the other run modelled compression and timed nothing here: measure again, timed
         self._measured = other._measured
 
@@ -576,6 +577,12 @@ class Analysis:
         self.timings[f"measure {compressor} @ {density:g}{'' if grouping is None else ' node-aware'} "
                      f"({count} steps)"] = seconds
 
+    def _timing_device(self) -> str:
+        """What a timed measurement's times depend on beyond the CPU: the GPU and the torch it ran under."""
+        if self.cfg.measure_device == "cpu":
+            return "cpu"
+        return f"{torch.cuda.get_device_name()} (torch {torch.__version__})"
+
     @property
     def timed(self) -> bool:
         """Whether a trace's measurements time one rank's compression: where nothing models it, and on a GPU
@@ -632,7 +639,7 @@ class Analysis:
         compressor, density, steps, grouping = key
         return cache.key(self._trace_hash(), self.ctx.buckets, compressor, density, self._memory(compressor),
                          self.cfg.seed, self.cfg.options, steps, self.timed, grouping,
-                         self.sample_for(key), self.cfg.measure_device)
+                         self.sample_for(key), self._timing_device())
 
     def measuring_work(self, load: Load | None = None) -> tuple[int, float]:
         """The planned measurements neither in memory nor in the cache, and the seconds they should take here with

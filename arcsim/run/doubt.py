@@ -301,8 +301,9 @@ class Judge:
         self.dense_meas = dense.measurement
         self._settings: dict[Setting, tuple[Context, Pricer, Candidate, np.ndarray] | None] = {
             BASE: (ctx, pricer, dense, shifts(dense, ctx, pricer, errors))}
-        self._elsewhere: dict[tuple[int, Setting], Doubt | None] = {}  # (measurement, setting): the same for
-        #                                                                 each of a compressor's collectives
+        # (measurement, setting) → the doubt there, the same for each of a compressor's collectives (the
+        # measurement kept beside it: its id stays its own)
+        self._elsewhere: dict[tuple[int, Setting], tuple[Measurement, Doubt | None]] = {}
 
     @property
     def ctx(self) -> Context:
@@ -335,8 +336,8 @@ class Judge:
         if where != BASE:
             key = (id(c.measurement), where)
             if key not in self._elsewhere:
-                self._elsewhere[key] = self._doubt(c, where)
-            return self._elsewhere[key]
+                self._elsewhere[key] = (c.measurement, self._doubt(c, where))
+            return self._elsewhere[key][1]
         return self._doubt(c, where)
 
     def _doubt(self, c: Candidate, where: Setting) -> Doubt | None:

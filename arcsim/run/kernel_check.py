@@ -33,22 +33,24 @@ class KernelRow:
 
 @dataclass(frozen=True)
 class KernelCheck:
-    device: str          # the GPU measured on, as torch names it
-    model: str           # the catalogue GPU priced, and whence its counts
-    rows: list[KernelRow]
+    device: str                 # the GPU measured on, as torch names it
+    model: str                  # the catalogue GPU priced, and whence its counts ("" where none)
+    rows: tuple[KernelRow, ...]
+    why: str = ""               # no rows: why not
 
     def to_dict(self) -> dict[str, Any]:
         return {"device": self.device, "model": self.model,
-                "rows": [{**asdict(r), "ratio": r.ratio} for r in self.rows]}
+                "rows": [{**asdict(r), "ratio": r.ratio} for r in self.rows], "why": self.why or None}
 
 
-def kernel_check(cands: list[Candidate], ctx: Context, device_name: str, workers: int) -> KernelCheck | None:
-    """Each flat candidate's measured compression beside the model's, on the catalogue GPU ``device_name`` is
-    (None where the catalogue has no such GPU or nothing was timed). Buckets a sample left out (their times are
-    estimates) are left out of both sides."""
+def kernel_check(cands: list[Candidate], ctx: Context, device_name: str, workers: int) -> KernelCheck:
+    """Each flat candidate's measured compression beside the model's, on the catalogue GPU ``device_name`` is (no
+    rows, and why, where the catalogue has no such GPU or nothing flat was timed). Buckets a sample left out (their
+    times are estimates) are left out of both sides."""
     gpu = matching(device_name)
     if gpu is None:
-        return None
+        return KernelCheck(device_name, "", (), f"the GPU catalogue has no {device_name} to model it on "
+                                                "(arcsim device list)")
     rows, seen = [], set()
     for c in cands:
         meas = c.measurement
@@ -57,11 +59,12 @@ def kernel_check(cands: list[Candidate], ctx: Context, device_name: str, workers
         seen.add((c.compressor, c.density))
         buckets = range(len(ctx.buckets)) if meas.sample is None else meas.sample["measured"]
         measured = [meas.compress_s[0][b] for b in buckets]
-        if any(t != t for t in measured):  # NaN: not timed
-            return None
+        if any(t != t for t in measured):  # NaN: this one was not timed (measured by an earlier, modelled run)
+            continue
         rows.append(KernelRow(c.compressor, c.density, meas.memory, sum(measured),
                               sum(_modelled(c, ctx, b, gpu, workers) for b in buckets)))
-    return KernelCheck(device_name, f"{gpu.name}, {kernel_source(gpu)}", rows) if rows else None
+    why = "" if rows else "no compressor was timed across every rank (flat); node-aware runs are not checked"
+    return KernelCheck(device_name, f"{gpu.name}, {kernel_source(gpu)}", tuple(rows), why)
 
 
 def _modelled(c: Candidate, ctx: Context, bucket: int, gpu: Device, workers: int) -> float:

@@ -142,6 +142,9 @@ def _render_kernel_check(result: RunResult, console: Console) -> None:
     check = result.kernel_check
     if check is None:
         return
+    if not check.rows:
+        console.print(f"[yellow]No kernel check[/] for compression timed on {check.device}: {check.why}")
+        return
     table = Table(title=f"Compression timed on {check.device} beside the kernel model ({check.model})",
                   title_justify="left")
     for column in ("compressor", "density", "memory", "measured ms", "model ms", "model ÷ measured"):

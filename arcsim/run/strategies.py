@@ -25,7 +25,14 @@ from arcsim.run.convergence import StepsModel, fit_steps_model
 from arcsim.run.decisions import UNUSABLE_ERROR, front_pick
 from arcsim.strategy import effects
 from arcsim.strategy.memory import Memory, memory_per_gpu, replica_buffers
-from arcsim.strategy.schedule import STRATEGIES, Quantize, ShardCollective, check_fits, quantize_variant
+from arcsim.strategy.schedule import (
+    STRATEGIES,
+    Quantize,
+    ShardCollective,
+    check_fits,
+    gathered_dtype,
+    quantize_variant,
+)
 from arcsim.strategy.sharded import ShardedModel, price_plans, sharded_model, sharded_result
 
 if TYPE_CHECKING:
@@ -36,6 +43,7 @@ if TYPE_CHECKING:
 
 DEFAULT_VARIANTS = ("none", "qgz", "zeropp")
 EF_BYTES = 4  # an error-feedback residual: one fp32 per parameter
+FRAMEWORK_LABELS = {"ddp": "DDP", "horovod": "Horovod", "deepspeed": "DeepSpeed"}  # a replicated row's, as people say
 
 
 @dataclass(frozen=True)
@@ -50,14 +58,13 @@ class StrategyRow:
     memory: Memory
     recommended: bool = False
     time_to_target_s: float | None = None  # None: an error the steps model has no evidence for
-    framework: str = "ddp"  # a replicated row's: ddp or horovod
+    framework: str = "ddp"  # a replicated row's: ddp, horovod or deepspeed
     ddp_choice: bool = False  # DDP's own recommendation (the run's --policy over its compressors)
     picked_by: str | None = None  # the recommended row's: the rule that picked it (:func:`_mark_recommended`)
 
     @property
     def label(self) -> str:
-        return {"none": self.framework.upper().replace("HOROVOD", "Horovod"), "full": "FSDP",
-                "hybrid": "HSDP"}[self.strategy]
+        return {"none": FRAMEWORK_LABELS[self.framework], "full": "FSDP", "hybrid": "HSDP"}[self.strategy]
 
     def headline(self) -> str:
         """``HSDP (hybrid sharding) with qgZ int8``: the row as a recommendation."""
@@ -171,16 +178,23 @@ def _ddp_rows(result: RunResult, memory: Memory, params: int) -> list[StrategyRo
         if (c.compressor, c.collective, c.hierarchy, c.density, c.op) == key:
             choice = len(rows) - 1
     pol = result.policy
-    if choice is None and pol is not None and (rec.is_mix or pol.name in ("auto", "paper")):
-        # the policy priced its pick: a mix, or one setting at a ratio of the grid that --density's candidates lack
-        feedback = any(memory_for(b.compressor, result.config.memory) != "none" for b in pol.choices)
+    if choice is None:  # a mix, or one setting at a ratio of the grid that --density's candidates lack
+        priced_by_policy = pol is not None and (rec.is_mix or pol.name in ("auto", "paper"))
+        if priced_by_policy:
+            assert pol is not None
+            feedback = any(memory_for(b.compressor, result.config.memory) != "none" for b in pol.choices)
+            iteration_s, exposed_s, error = pol.iteration_s, pol.exposed_comm_s, pol.rel_error
+        else:  # the front's pick (--policy none, gate): its grid point's time; all beyond compute counted exposed
+            feedback = memory_for(rec.compressor, result.config.memory) != "none"
+            iteration_s, error = rec.iteration_s, rec.rel_error
+            exposed_s = max(0.0, rec.iteration_s - dense.compute_s - dense.effects_s)
         mem = Memory("none", memory.states_bytes + (EF_BYTES * params if feedback else 0.0), buffers, 0.0,
                      memory.capacity_bytes)
         density = f"@{rec.density:g}" if rec.density is not None else ""
         setting = ("per-bucket mix (the recommendation)" if rec.is_mix else
                    f"{rec.compressor}{density} {rec.op} {rec.collective}")
-        rows.append(StrategyRow("none", setting, pol.iteration_s, dense.compute_s, dense.effects_s,
-                                pol.exposed_comm_s, pol.rel_error, mem, framework=framework))
+        rows.append(StrategyRow("none", setting, iteration_s, dense.compute_s, dense.effects_s, exposed_s, error, mem,
+                                framework=framework))
         choice = len(rows) - 1
     if choice is not None:
         rows[choice] = dataclasses.replace(rows[choice], ddp_choice=True)
@@ -197,7 +211,7 @@ def strategy_rows(analysis: Analysis, result: RunResult, strategies: Sequence[st
                             [(la.name, float(r)) for la, r in zip(analysis.trace.layers, c.ready_s, strict=True)],
                             c.forward_s, c.backward_s)
     units, root = list(sharded.units), sharded.root
-    param_dtype = "bf16" if (result.compute_basis or {}).get("precision", "fp32") == "bf16" else "fp32"
+    param_dtype = gathered_dtype((result.compute_basis or {}).get("precision", "fp32"))
     capacity = _capacity(analysis)
     dense_memory = memory_per_gpu("none", units, root, topo.ranks, topo.gpus_per_node, capacity)
     rows = _ddp_rows(result, dense_memory, sharded.params) if "none" in strategies else []

@@ -19,7 +19,7 @@ from arcsim.errors import ArcsimError
 from arcsim.pricing import Pricer
 from arcsim.run.scaling import dense_timeline
 from arcsim.strategy.memory import Memory, memory_per_gpu
-from arcsim.strategy.schedule import DTYPE_BYTES, STRATEGIES, Quantize, check_fits
+from arcsim.strategy.schedule import DTYPE_BYTES, STRATEGIES, Quantize, check_fits, gathered_dtype
 from arcsim.strategy.sharded import StrategyResult, price_plans, sharded_model
 from arcsim.strategy.units import ShardUnit, zoo_shapes
 from arcsim.topology import Topology
@@ -116,7 +116,7 @@ def study(model: str | ModelSource, topo: Topology, gpu: str | None, batch: int,
           dataset: str | None = None, data: str | None = None, input_size: int | None = None) -> ShardStudy:
     """Every strategy asked for (sharded ones once per quantisation variant) for ``model`` (a zoo name or any
     model source, fed ``dataset`` at ``input_size`` or the user's ``data``, as arcsim device predict) on ``topo``.
-    Mixed precision as torchtitan runs it: parameters gathered in bf16 under ``precision`` bf16 (else fp32),
+    Mixed precision as torchtitan runs it: parameters gathered in 16 bits under ``precision`` bf16 or fp16 (else fp32),
     gradients reduced in ``reduce_dtype`` (fp32 by default; DDP's too)."""
     if reduce_dtype not in ("fp32", "bf16"):
         raise ArcsimError(f"--reduce-dtype is fp32 or bf16, not {reduce_dtype!r}")
@@ -142,7 +142,7 @@ def study(model: str | ModelSource, topo: Topology, gpu: str | None, batch: int,
     sharded = sharded_model(zoo_shapes(source, fed, input_size), [(la.name, la.ready_s) for la in profile.layers],
                             profile.forward_s, profile.backward_s, wrap)
     units, root = list(sharded.units), sharded.root
-    param_dtype = "bf16" if precision == "bf16" else "fp32"
+    param_dtype = gathered_dtype(precision)
     capacity = device(gpu).memory_GB * 1e9
     pricer = Pricer(topo, engine)
     results = []

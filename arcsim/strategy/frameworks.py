@@ -41,13 +41,12 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from arcsim.catalog import DDP_BUCKET_MB, DEEPSPEED_BUFFER_MB, HOROVOD_FUSION_MB
+from arcsim.catalog import DDP_BUCKET_MB, DEEPSPEED_BUFFER_MB, FRAMEWORKS, HOROVOD_FUSION_MB
 from arcsim.comm.log import CommRecord, resized
 from arcsim.compressors.base import Layer
 from arcsim.errors import ArcsimError
 from arcsim.strategy.buckets import DDP_FIRST_BUCKET_BYTES, GRAD_BYTES, Bucket, make_buckets
 
-FRAMEWORKS = ("ddp", "horovod", "deepspeed")
 HOROVOD_CYCLE_S = 1e-3        # HOROVOD_CYCLE_TIME default (1 ms from 0.21; 5 ms before)
 
 

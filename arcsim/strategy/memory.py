@@ -66,9 +66,10 @@ def replica_buffers(framework: str, params: int, fusion_bytes: float = 0.0) -> f
     """What a replicated (``none``) step holds beside the states: DDP (torch's default
     ``gradient_as_bucket_view=False``) every fp32 gradient again in its reducer's buckets; Horovod one persistent
     fusion buffer of its threshold, ``fusion_bytes`` (horovod/common/fusion_buffer_manager.cc: AllocatePersistent of
-    the threshold per device); DeepSpeed's flattened buckets are transient and not counted."""
+    the threshold per device); DeepSpeed the flattened copy of one buffer it all-reduces after backward
+    (engine.py's allreduce_bucket: flatten), at most its cap ``fusion_bytes``, at the step's peak."""
     if framework == "ddp":
         return float(DDP_BUCKET_BYTES * params)
     if framework == "horovod":
         return float(fusion_bytes)
-    return 0.0
+    return float(min(fusion_bytes, DDP_BUCKET_BYTES * params))

@@ -29,6 +29,12 @@ DTYPE_BYTES = {"fp32": 4.0, "fp16": 2.0, "bf16": 2.0, "int8": 1.0 + 4.0 / QUANT_
                "int4": 0.5 + 4.0 / QUANT_BLOCK}
 
 
+def gathered_dtype(precision: str) -> str:
+    """The dtype FSDP2 gathers parameters in under ``precision`` (MixedPrecisionPolicy's param_dtype): bf16 or fp16 as
+    the step computes in, else fp32."""
+    return precision if precision in ("bf16", "fp16") else "fp32"
+
+
 @dataclass(frozen=True)
 class Quantize:
     """ZeRO++'s three changes: weights all-gathered compressed (qwZ: fp16, bf16 or blockwise int8), gradients
