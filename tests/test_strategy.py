@@ -354,3 +354,4 @@ def test_ddps_own_pick_at_a_grid_ratio_is_a_row_of_the_strategies_table(tmp_path
     mine = [r for r in data["strategies"] if r["ddp_recommendation"]]
     assert len(mine) == 1 and mine[0]["setting"].startswith(f"topk@{rec['density']:g}")
     assert mine[0]["iteration_s"] == pytest.approx(rec["iteration_s"])
+    assert f"picked by --policy {policy}'s" in " ".join(done.stdout.split())  # the rule, whichever row it chose

@@ -233,6 +233,8 @@ def _render_recommendation(result: RunResult, console: Console) -> None:
                       + ("; ".join(t["text"] for t in r.tips or []) or NOTHING_CLEARS))
     for reason in r.why:
         console.print(f"  why: {reason}")
+    if best is not None and best.ddp_choice:  # DDP's choice is also the strategies' ★: by which rule
+        console.print(f"  and the strategies' table's choice too, picked by {best.picked_by}")
     if r.is_mix and r.plan is not None:
         console.print("  deploy: --write-plan plan.json, then in the job ddp.register_comm_hook("
                       "MixedState.load(\"plan.json\"), mixed_hook) (arcsim.hooks; docs/ddp-hooks.md)")
