@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import json
-import os
 import sys
 
 import torch
 import torch.distributed as dist
+from _rank_report import report_and_leave  # a sibling script: its folder is on the path
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from arcsim.comm.inprocess import InProcessComm
@@ -18,7 +17,7 @@ from arcsim.hooks import CompressionState, MixedState, compression_hook, mixed_h
 from arcsim.models import loss_fn, model_entry
 from arcsim.models.datasets import make_dataset
 from arcsim.strategy.plan import BucketPlan
-from arcsim.testbed.ddp_train import leave_process_group, train
+from arcsim.testbed.ddp_train import train
 
 COMPRESSORS = ("dense", "topk", "arctopk", "star", "randk", "powersgd", "gaussiank")
 
@@ -87,9 +86,7 @@ def main(rank: int, world: int, port: int, out_dir: str) -> None:
         res = train("mlp", "digits", name, density=0.05, steps=120, batch=32, lr=0.1, seed=0)
         report[f"train/{name}"] = {"first": sum(res.losses[:10]) / 10, "last": sum(res.losses[-10:]) / 10,
                                    "accuracy": res.accuracy, "bytes": res.bytes_per_rank_per_step}
-    with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as fh:
-        json.dump(report, fh)
-    leave_process_group()
+    report_and_leave(out_dir, rank, report)
 
 
 if __name__ == "__main__":

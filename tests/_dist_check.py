@@ -2,17 +2,15 @@
 
 from __future__ import annotations
 
-import json
-import os
 import sys
 
 import torch.distributed as dist
+from _rank_report import report_and_leave  # a sibling script: its folder is on the path
 
 from arcsim.comm.distributed import DistributedComm
 from arcsim.comm.inprocess import InProcessComm
 from arcsim.compressors import NAMES, make_compressor
 from arcsim.compressors.memory import MEMORIES, make_memory
-from arcsim.testbed.ddp_train import leave_process_group
 from arcsim.traces.synthetic import synthetic_steps
 
 D, STEPS, DENSITY = 3000, 3, 0.05
@@ -34,9 +32,7 @@ def compare(rank: int, world: int, port: int, out_dir: str) -> None:
             same_log = [(r.op, r.tag, r.elements, r.dtype) for r in comm_d.log.records] == \
                        [(r.op, r.tag, r.elements, r.dtype) for r in comm_r.log.records]
             report[f"{name}/{memory}"] = {"rel_diff": worst, "same_log": same_log}
-    with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as fh:
-        json.dump(report, fh)
-    leave_process_group()
+    report_and_leave(out_dir, rank, report)
 
 
 if __name__ == "__main__":

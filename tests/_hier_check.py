@@ -3,12 +3,11 @@ simulation (arcsim.compressors.hierarchy) on the same gradients, for every compr
 
 from __future__ import annotations
 
-import json
-import os
 import sys
 
 import torch
 import torch.distributed as dist
+from _rank_report import report_and_leave  # a sibling script: its folder is on the path
 
 from arcsim.compressors import NAMES, make_compressor
 from arcsim.compressors.base import Layer
@@ -16,7 +15,6 @@ from arcsim.compressors.hierarchy import Grouping, NodeAware, slice_seed
 from arcsim.compressors.memory import make_memory
 from arcsim.hooks import CompressionState, compress_bucket, node_groups
 from arcsim.run.measure import default_memory
-from arcsim.testbed.ddp_train import leave_process_group
 from arcsim.traces.synthetic import synthetic_steps
 
 GPUS, D, STEPS, DENSITY, BUCKET = 2, 1001, 3, 0.05, 3
@@ -45,9 +43,7 @@ def compare(rank: int, world: int, port: int, out_dir: str) -> None:
             same_log &= [(r.op, r.group, r.tag, r.elements, r.dtype) for r in logged] == \
                         [(r.op, r.group, r.tag, r.elements, r.dtype) for r in records]
         report[name] = {"rel_diff": worst, "same_log": same_log}
-    with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as fh:
-        json.dump(report, fh)
-    leave_process_group()
+    report_and_leave(out_dir, rank, report)
 
 
 if __name__ == "__main__":

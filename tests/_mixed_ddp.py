@@ -3,13 +3,13 @@ simulation of each bucket's own compressor, DDP's real buckets against arcsim's,
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 
 import torch
 import torch.distributed as dist
 from _ddp_check import hook_against_in_process  # a sibling script: its folder is on the path
+from _rank_report import report_and_leave  # a sibling script: its folder is on the path
 
 from arcsim.compressors.base import layout_of
 from arcsim.hooks import MixedState
@@ -17,7 +17,7 @@ from arcsim.models import model_entry
 from arcsim.models.datasets import make_dataset
 from arcsim.strategy.buckets import make_buckets
 from arcsim.strategy.plan import BucketPlan, PlannedBucket
-from arcsim.testbed.ddp_train import leave_process_group, train
+from arcsim.testbed.ddp_train import train
 
 BUCKET_MB = 1e-5  # a bucket per parameter, in DDP and in arcsim alike
 # (compressor, density, memory, op) by bucket, in turn: both top-k families, fp16 and dense in one job
@@ -76,9 +76,7 @@ def main(rank: int, world: int, port: int, out_dir: str) -> None:
               "train": {"first": sum(res.losses[:10]) / 10, "last": sum(res.losses[-10:]) / 10,
                         "accuracy": res.accuracy},
               "at_0.02_MiB": bucket_sizes_at(0.02)}
-    with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as fh:
-        json.dump(report, fh)
-    leave_process_group()
+    report_and_leave(out_dir, rank, report)
 
 
 if __name__ == "__main__":

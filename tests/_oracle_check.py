@@ -12,14 +12,13 @@ same gradients (each rank writes what both produced; the test compares).
 
 from __future__ import annotations
 
-import json
-import os
 import sys
 from collections import defaultdict
 
 import numpy as np
 import torch
 import torch.distributed as dist
+from _rank_report import report_and_leave  # a sibling script: its folder is on the path
 from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as psgd
@@ -29,7 +28,6 @@ from arcsim.comm.inprocess import InProcessComm
 from arcsim.compressors import make_compressor
 from arcsim.compressors.base import layout_of
 from arcsim.hooks import CompressionState, compression_hook
-from arcsim.testbed.ddp_train import leave_process_group
 
 RANK_R = 4
 PSGD_SEED = 7
@@ -151,9 +149,7 @@ def powersgd_case(rank: int, world: int) -> dict:
 def main(rank: int, world: int, port: int, out_dir: str) -> None:
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
     report = {"fp16": fp16_case(rank), "bf16": bf16_case(rank), "powersgd": powersgd_case(rank, world)}
-    with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as fh:
-        json.dump(report, fh)
-    leave_process_group()
+    report_and_leave(out_dir, rank, report)
 
 
 if __name__ == "__main__":

@@ -3,16 +3,14 @@ simulation of the same buckets, and the bytes the real run's CommLog holds."""
 
 from __future__ import annotations
 
-import json
-import os
 import sys
 
 import torch
 import torch.distributed as dist
 from _ddp_check import hook_against_in_process  # a sibling script: its folder is on the path
+from _rank_report import report_and_leave  # a sibling script: its folder is on the path
 
 from arcsim.catalog import INFO
-from arcsim.testbed.ddp_train import leave_process_group
 
 NAMES = ("qsgd", "terngrad", "natural", "signsgd", "signum", "efsignsgd")
 STEPS = 3  # signum's momentum and efsignsgd's error feedback carry over steps
@@ -28,9 +26,7 @@ def check(name: str, rank: int, world: int) -> dict:
 def main(rank: int, world: int, port: int, out_dir: str) -> None:
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
     report = {name: check(name, rank, world) for name in NAMES}
-    with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as fh:
-        json.dump(report, fh)
-    leave_process_group()
+    report_and_leave(out_dir, rank, report)
 
 
 if __name__ == "__main__":

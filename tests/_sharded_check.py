@@ -3,18 +3,16 @@ and the quantised reduce-scatter compressors through DistributedComm against InP
 
 from __future__ import annotations
 
-import json
-import os
 import sys
 
 import torch
 import torch.distributed as dist
+from _rank_report import report_and_leave  # a sibling script: its folder is on the path
 
 from arcsim.comm.distributed import DistributedComm
 from arcsim.comm.inprocess import InProcessComm
 from arcsim.compressors import make_compressor
 from arcsim.compressors.sharded import SHARDED, Codec
-from arcsim.testbed.ddp_train import leave_process_group
 
 D = 2000
 
@@ -60,9 +58,7 @@ def compare(rank: int, world: int, port: int, out_dir: str) -> None:
             mine = make_compressor(cls.name, gather=gather).compress(flat[rank:rank + 1], dc, 0).aggregate
             ref = make_compressor(cls.name, gather=gather).compress(flat, ic, 0).aggregate
             check(f"{cls.name}/{gather}", mine, ref, dc, ic)
-    with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as fh:
-        json.dump(report, fh)
-    leave_process_group()
+    report_and_leave(out_dir, rank, report)
 
 
 if __name__ == "__main__":

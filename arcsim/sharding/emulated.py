@@ -54,6 +54,13 @@ def time_unsharded(local: Any, x: Any, steps: int, barrier: Any = None) -> tuple
     return fwd, bwd
 
 
+def step_times(times: list[float], fwd: list[float], bwd: list[float]) -> dict[str, Any]:
+    """A worker's report of its timed steps: their median and each, and the median forward and backward of
+    :func:`time_unsharded` (its two warm-up passes dropped)."""
+    return {"iteration_s": statistics.median(times), "iterations_s": times,
+            "forward_s": statistics.median(fwd[2:]), "backward_s": statistics.median(bwd[2:])}
+
+
 def alone_s(call: Any) -> float:
     """Seconds ``call()`` takes on this rank once every rank is at the barrier: a collective timed alone."""
     import torch.distributed as dist
@@ -152,8 +159,7 @@ def _worker(cfg: dict[str, Any], out: Path) -> None:
         ag.append(alone_s(lambda: dist.all_gather_single(ag_out, ag_in)))
         rs.append(alone_s(lambda: dist.reduce_scatter_single(rs_out, rs_in)))
     if dist.get_rank() == 0:
-        out.write_text(json.dumps({"iteration_s": statistics.median(times), "iterations_s": times,
-                                   "forward_s": statistics.median(fwd[2:]), "backward_s": statistics.median(bwd[2:]),
+        out.write_text(json.dumps({**step_times(times, fwd, bwd),
                                    "allgather_s": statistics.median(ag), "reducescatter_s": statistics.median(rs),
                                    "allreduce_s": statistics.median(ar),
                                    "allgather_in_step_s": statistics.median(inside["allgather"]),

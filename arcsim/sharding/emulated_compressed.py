@@ -32,7 +32,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from arcsim.sharding.emulated import _model, alone_s, measured_step, run_on_cluster, time_unsharded
+from arcsim.sharding.emulated import _model, alone_s, measured_step, run_on_cluster, step_times, time_unsharded
 
 WORKER = "arcsim.sharding.emulated_compressed"
 
@@ -153,8 +153,7 @@ def _worker(cfg: dict[str, Any], out: Path) -> None:
     torch.save([(i, o, how) for i, o, how in rs.calls], out.with_name(f"{out.stem}-grads-{rank}.pt"))
     if rank == 0:
         out.write_text(json.dumps({
-            "iteration_s": statistics.median(times), "iterations_s": times,
-            "forward_s": statistics.median(fwd[2:]), "backward_s": statistics.median(bwd[2:]),
+            **step_times(times, fwd, bwd),
             "allgather_s": statistics.median(ag), "reducescatter_int8_s": statistics.median(qrs),
             "alltoall_payload_s": statistics.median(a2a), "codec_s": statistics.median(codec),
             "alone_samples_s": {"allgather": ag, "reducescatter_int8": qrs, "alltoall_payload": a2a},
@@ -374,8 +373,7 @@ def _hsdp_worker(cfg: dict[str, Any], out: Path) -> None:
                out.with_name(f"{out.stem}-grads-{rank}.pt"))
     if rank == 0:
         out.write_text(json.dumps({
-            "iteration_s": statistics.median(times), "iterations_s": times,
-            "forward_s": statistics.median(fwd[2:]), "backward_s": statistics.median(bwd[2:]),
+            **step_times(times, fwd, bwd),
             "node_allgather_s": statistics.median(ag), "node_reducescatter_s": statistics.median(rs),
             "rail_compressed_s": statistics.median(hk), "rail_allreduce_fp32_s": statistics.median(ar),
             "codec_s": statistics.median(codec),
