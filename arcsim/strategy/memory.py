@@ -72,4 +72,4 @@ def replica_buffers(framework: str, params: int, fusion_bytes: float = 0.0) -> f
         return float(DDP_BUCKET_BYTES * params)
     if framework == "horovod":
         return float(fusion_bytes)
-    return float(min(fusion_bytes, DDP_BUCKET_BYTES * params))
+    return float(min(fusion_bytes, DTYPE_BYTES["fp32"] * params))  # at most every fp32 gradient
