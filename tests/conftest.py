@@ -17,6 +17,11 @@ from types import ModuleType
 
 import pytest
 
+try:  # pytest 9 keeps a node's id in ``_id`` (see pytest_collection_modifyitems)
+    from _pytest.nodeid import coerce_node_id
+except ImportError:  # pytest < 9 reads the suffix xdist writes itself
+    coerce_node_id = None
+
 from arcsim.processes import free_port, wait_passively
 from arcsim.topology import IntraLink, Network, Topology
 
@@ -34,12 +39,16 @@ if "ARCSIM_CACHE_DIR" not in os.environ or os.environ.get("ARCSIM_TEST_CACHE_OF"
     atexit.register(shutil.rmtree, os.environ["ARCSIM_CACHE_DIR"], True)
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """The emulated cluster's tests (those holding one_emulated_cluster) in one xdist group: `make test` runs
     ``--dist loadgroup``, which sends a group to one worker, so no other worker sits waiting on the lock."""
     for item in items:
         if "one_emulated_cluster" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.xdist_group("emulated_cluster"))
+            if coerce_node_id and getattr(config.option, "loadgroup", False) and "@" not in item.nodeid:
+                # xdist 3.8 suffixes the group to ``item._nodeid``, which pytest 9 no longer reads (its node ids
+                # live in ``_id``): without the suffix the scheduler spread the group and workers sat on the lock
+                item._id = coerce_node_id(f"{item.nodeid}@emulated_cluster")
 
 
 @pytest.fixture
