@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import json
 import math
+import statistics
 
 import pytest
 from conftest import run_cli
 
+from arcsim.collectives.libraries.gloo import SERIAL_AT_TWO
 from arcsim.errors import ArcsimError
 from arcsim.strategy.memory import DDP_BUCKET_BYTES, STATE_BYTES, memory_per_gpu
 from arcsim.strategy.schedule import (
@@ -251,14 +253,17 @@ def test_fsdp2_on_the_emulated_cluster(tmp_path, one_emulated_cluster) -> None:
     print(c)
     assert c["collectives"] == 12
     assert m["collectives_in_step_s"] > 0.9 * m["iteration_s"]
-    # priced against measured: a sanity bound only (measured on this shared machine they run 0-55 % slow under
-    # the suite's own load; docs/sharding.md has the quiet machine's figures)
-    assert 0.5 < c["priced_allgather_s"] / m["allgather_s"] < 1.5
+    # priced against measured: back to back in the step, gloo's 2-rank all-gather runs one direction after the
+    # other (SERIAL_AT_TWO: 1.5×; measured 0.27 s in the step against 0.264 priced, quiet); a sanity bound only (this
+    # shared machine runs them 0-55 % slow under the suite's own load; docs/sharding.md has the quiet figures)
+    assert 0.6 < c["priced_allgather_s"] / m["allgather_in_step_s"] < 1.5
     assert abs(m["reducescatter_s"] / m["allreduce_s"] - 1) < 0.25
     assert m["reducescatter_s"] > 1.25 * m["allgather_s"]  # ~2× quiet; a true reduce-scatter would be ~1× (and
     #                                                         under load the all-gather's own time inflates: 1.49×)
-    assert c["priced_reducescatter_s"] == pytest.approx(2 * c["priced_allgather_s"], rel=0.05)  # gloo's model: an
-    #                                                                           all-reduce, twice a ring's steps
+    # gloo's model: an all-reduce, twice a ring's steps, and not in turn (the all-gather's 1.5× taken out)
+    assert c["priced_reducescatter_s"] == pytest.approx(2 * c["priced_allgather_s"] / SERIAL_AT_TWO["allgather"],
+                                                        rel=0.05)
+    assert -0.3 < c["error"] < 0.15                                                      # measured: -0.084
 
 
 def test_quantised_reduce_scatter_is_priced_at_the_bytes_its_codec_sends() -> None:
@@ -289,9 +294,9 @@ def test_fsdp2_with_an_int8_reduce_scatter_on_the_emulated_cluster(tmp_path, one
     """FSDP2 with rs-int8 as its reduce-scatter (set_custom_reduce_scatter: blockwise int8, one all-to-all, summed
     in fp32 by the chunk's owner), 2 single-rank nodes at 100 Mbit/s, each rank its own batch. The ranks' reduced
     gradients are the in-process rs-int8's on their own gradients, bit for bit; arcsim prices the int8 all-to-all
-    as measured alone; the iteration misses the issue's 15 % (arcsim 0.60 of measured here, 2026-11-27): FSDP2's
-    back-to-back all-gathers run ~50 % over what arcsim prices on this loaded 2-core machine, as without the
-    quantisation (see docs/sharding.md). The bounds catch a regression, not the goal."""
+    and the all-gathers as gloo runs them back to back at 2 ranks (one direction after the other), and the iteration
+    within the issue's 15 % (0.92 of measured on a quiet machine, 2026-11-28; 0.58-0.60 before the serial exchange was
+    priced): see docs/sharding.md. Under the suite's load the measured step runs slower: the bounds allow it."""
     from arcsim.sharding.emulated_compressed import compare, measure
 
     cfg = {"layers": 4, "dim": 1024, "batch": 32, "steps": 3}
@@ -303,15 +308,16 @@ def test_fsdp2_with_an_int8_reduce_scatter_on_the_emulated_cluster(tmp_path, one
     assert 1e-3 < grads["rel_error_vs_exact"] < 2e-2                                   # measured: 0.0069 (int8)
     assert c["collectives"] == 12 and c["grad_dtypes"] == ["int8"]
     assert c["scheduled_payload_bytes"] == m["payload_bytes"]
-    # gloo's all-to-all of the payload alone is bimodal here (0.045 or 0.088 s, no drops or retransmits on the
-    # shaped links): arcsim prices the fast mode; the median is either
-    fastest = min(m["alone_samples_s"]["alltoall_payload"])
-    assert 0.85 < c["priced_reducescatter_int8_s"] / fastest < 1.15                   # measured: 0.99-1.00
-    assert 0.4 < c["priced_reducescatter_int8_s"] / m["alltoall_payload_s"] < 1.4     # measured: 0.51-0.99
+    # gloo's all-to-all of the payload alone (after a barrier) runs in either mode, the two directions at once
+    # (0.045 s) or in turn (0.088 s: gloo's ready notice behind the late rank's data, SERIAL_AT_TWO); arcsim prices
+    # the serial one, back to back in a step: the samples in that mode, or twice the fast mode if none was
+    a2a, priced = m["alone_samples_s"]["alltoall_payload"], c["priced_reducescatter_int8_s"]
+    serial = [t for t in a2a if t > 0.75 * priced] or [SERIAL_AT_TWO["alltoall"] * min(a2a)]
+    assert 0.8 < priced / statistics.median(serial) < 1.2                               # measured: 1.01
     # the quantised reduce-scatter call alone costs less than gloo's fp32 one (an all-reduce, arcsim: 0.351 s)
-    assert m["reducescatter_int8_s"] < 0.5 * 2 * c["priced_allgather_s"]
-    assert 0.45 < c["ratio"] < 1.15                                                      # measured: 0.58-0.60
-    assert 0.55 < c["ratio_timeline"] < 1.15                                            # measured: 0.69-0.94
+    assert m["reducescatter_int8_s"] < 0.351
+    assert 0.65 < c["ratio"] < 1.15                                                      # measured: 0.92
+    assert 0.55 < c["ratio_timeline"] < 1.15                                            # measured: 0.71
 
 
 @pytest.mark.slow

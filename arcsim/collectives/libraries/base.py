@@ -33,10 +33,11 @@ class Protocol:
     chunk_bytes: float = 0.0   # pipelined algorithms: bytes per piece (0: the count the closed form prefers)
     ceiling_Bps: float = math.inf  # the most bytes/s of the collective's size its kernels reach (NCCL's channels)
     per_message_s: float = 0.0  # paid once per collective: the transport's per-message work (NCCL's proxy)
+    serial_scale: float = 1.0  # × the schedule's time: an exchange whose two directions run in turn (gloo at 2 ranks)
 
     def time_s(self, schedule_s: float, nbytes: float) -> float:
         """The collective's time from its schedule's: the fixed costs, and never faster than the ceiling."""
-        return self.base_s + self.per_message_s + max(schedule_s, nbytes / self.ceiling_Bps)
+        return self.base_s + self.per_message_s + max(schedule_s * self.serial_scale, nbytes / self.ceiling_Bps)
 
     def links(self, topo: Topology) -> Topology:
         """The topology as this protocol's steps see it: latencies and bandwidths replaced, nothing else."""

@@ -4,7 +4,8 @@ All-reduce: ring by default (gloo's reduce-scatter + all-gather ring); halving-d
 Reduce-scatter: PyTorch's ProcessGroupGloo all-reduces the whole input and keeps its rank's chunk, so it costs an
 all-reduce of the input (measured on the emulated cluster: 0.38–0.39 s for 4 MiB over 100 Mbit/s, an all-reduce of
 it 0.37 s, a ring reduce-scatter's price 0.19 s; docs/sharding.md).
-All-gather: ring. All-to-all: priced as the pairwise exchange (an estimate, not measured here). Broadcast: a
+All-gather: ring. All-to-all: the pairwise exchange. At 2 ranks both run one direction after the other (SERIAL_AT_TWO,
+below). Broadcast: a
 binomial tree in which every rank posts all its sends at once (gloo's sends are asynchronous), so a rank's
 children share its uplink: 3·S/B at p = 4 (measured ≈ 3·S/B on the emulated cluster), 6·S/B at 8, against
 log2 p · S/B for a binomial tree sent one child at a time.
@@ -16,6 +17,8 @@ every 1514 bytes on the wire to the payload.
 
 from __future__ import annotations
 
+import dataclasses
+
 from arcsim.collectives.libraries.base import Choice, Library, Protocol
 from arcsim.topology import Topology
 
@@ -26,6 +29,19 @@ EFFICIENCY = 1448 / 1514  # a full frame's TCP payload: 1448 of the 1514 bytes a
 #   on the emulated cluster from 64 KiB (benchmarks/results/small_band, 2 ranks at 1 Gbit/s, 100 Mbit/s, 100 Mbit/s +
 #   1 ms): MAPE 10.1 % with the earlier 0.9, 8.5 % with this; 4 ranks at 100 Mbit/s 13.9 → 13.0 %
 TCP = Protocol("tcp", latency_scale=2.0, step_overhead_s=STEP_OVERHEAD_S, efficiency=EFFICIENCY)
+
+# gloo's unbound-buffer sends wait for the receiver's ready notice (gloo/transport/tcp/pair.cc: Pair::send sends at once
+# only when the peer's recv is already posted, else announces itself and waits). At 2 ranks both directions of an
+# all-gather or all-to-all share one TCP connection: a rank arriving after the other's notice sends its data at once and
+# its own notice queues behind that data, so the early rank's data follows it. The early rank then finishes first (its
+# recv is done when the late rank's data lands; a send is done once handed to the kernel) and is early again at the next
+# collective: back to back, as in a training step, every exchange runs in turn; alone after a barrier, about half do.
+# Measured on the emulated cluster (2 ranks, 100 Mbit/s): an all-to-all of 533 kB each way 45 or 89 ms, FSDP2's
+# all-gathers 0.18–0.20 s alone in the fast mode and a median 0.27 s back to back in its step (docs/sharding.md).
+# All-to-all: the two directions in turn (2×); the ring all-gather's two half chunks: the late rank's first, then the
+# whole of the early rank's (1.5×). A ring of 3 or more sends and receives on different connections; the all-reduce
+# (and the reduce-scatter that runs as one) showed no such mode here (0.37 s alone against 0.35 priced, 12 samples).
+SERIAL_AT_TWO = {"alltoall": 2.0, "allgather": 1.5}
 
 OFFERED = {"allreduce": ("ring", "rhd"), "allgather": ("ring",), "reducescatter": ("ring",),
            "broadcast": ("eager",), "alltoall": ("pairwise",)}
@@ -40,4 +56,6 @@ class Gloo(Library):
     def choices(self, op: str, algo: str | None, nbytes: float, topo: Topology) -> list[Choice]:
         if op == "reducescatter":  # PyTorch's ProcessGroupGloo all-reduces the whole input and keeps its chunk
             return [Choice(algo or "ring", TCP, runs_as="allreduce")]
-        return [Choice(algo or self.offered[op][0], TCP)]
+        serial = SERIAL_AT_TWO.get(op, 1.0) if topo.ranks == 2 else 1.0
+        protocol = dataclasses.replace(TCP, serial_scale=serial) if serial > 1 else TCP
+        return [Choice(algo or self.offered[op][0], protocol)]
