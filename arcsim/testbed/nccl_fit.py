@@ -75,6 +75,7 @@ class Terms:
         self.base, self.rows = base, list(rows)
         self.measured = np.array([r.measured_us for r in self.rows])
         self._memo: dict[tuple[int, int], list[tuple[float, float]]] = {}
+        self._error_memo: dict[tuple[int, int], np.ndarray] = {}
 
     def topology(self, k: int, crossing_us: float) -> Topology:
         network = dataclasses.replace(self.base.network, efficiency=efficiency_at(k), crossing_us=crossing_us)
@@ -101,11 +102,18 @@ class Terms:
         base, crossings = self.arrays(k, which)
         return (base + crossings * crossing_us).min(axis=1)
 
+    def _errors(self, k: int, i: int) -> np.ndarray:
+        """|log(predicted / measured)| of row ``i`` at every crossing cost of the grid, memoised by (k, row): the
+        held-out fits search the same k over nearly the same rows."""
+        if (k, i) not in self._error_memo:
+            ways = np.array(self._ways(k, i))
+            predicted = (ways[None, :, 0] + ways[None, :, 1] * CROSSING_US[:, None]).min(axis=1)
+            self._error_memo[(k, i)] = np.abs(np.log(predicted / self.measured[i]))
+        return self._error_memo[(k, i)]
+
     def loss(self, k: int, which: np.ndarray) -> np.ndarray:
         """Mean |log(predicted / measured)| over rows ``which`` at every crossing cost of the grid."""
-        base, crossings = self.arrays(k, which)
-        predicted = (base[None] + crossings[None] * CROSSING_US[:, None, None]).min(axis=2)
-        return np.abs(np.log(predicted / self.measured[which][None])).mean(axis=1)
+        return np.stack([self._errors(k, int(i)) for i in which], axis=1).mean(axis=1)
 
 
 @dataclass(frozen=True)
