@@ -38,6 +38,11 @@ class Device:
         """Memory bandwidth in bytes/s."""
         return self.memory_bandwidth_GBps * 1e9
 
+    @property
+    def capacity_bytes(self) -> float:
+        """Memory in bytes (the datasheet's GB, 10^9 B): what a strategy's memory per GPU must fit in."""
+        return self.memory_GB * 1e9
+
     def check_precision(self, precision: str) -> None:
         if precision not in PRECISIONS:
             raise ArcsimError(f"unknown precision {precision!r}; choose {', '.join(PRECISIONS)}")

@@ -116,7 +116,7 @@ def _capacity(analysis: Analysis) -> float:
     gpu = analysis.ctx.gpu
     if gpu is None and analysis.ctx.topo.gpu is not None:
         gpu = device(analysis.ctx.topo.gpu)
-    return gpu.memory_GB * 1e9 if gpu is not None else math.inf
+    return gpu.capacity_bytes if gpu is not None else math.inf
 
 
 def _variants(strategy: str, topo_nodes: int, gpus_per_node: int) -> list[Quantize]:

@@ -143,7 +143,7 @@ def study(model: str | ModelSource, topo: Topology, gpu: str | None, batch: int,
                             profile.forward_s, profile.backward_s, wrap)
     units, root = list(sharded.units), sharded.root
     param_dtype = gathered_dtype(precision)
-    capacity = device(gpu).memory_GB * 1e9
+    capacity = device(gpu).capacity_bytes
     pricer = Pricer(topo, engine)
     results = []
     for s in strategies:
