@@ -146,7 +146,9 @@ def price_collective(topo: Topology, op: str, algo: str, nbytes: float, engines:
             else:
                 follow = None if progress is None else (lambda done, events, a=chosen.algo: progress(a, done, events))
                 est = estimate(schedule, protocol.links(topo), engine, start_times=arrivals, seed=seed, progress=follow)
-                time_s, events, simulated = protocol.time_s(est.time_s, nbytes), est.events, est.simulated_ranks
+                waited = 0.0 if arrivals is None else float(arrivals.max() - arrivals.min())  # from the first arrival
+                time_s, events = protocol.time_s(est.time_s, nbytes, waited), est.events
+                simulated = est.simulated_ranks
             results.append(result(chosen.algo, engine, time_s, steps=schedule.step_count,
                                   messages=schedule.message_count, detail=schedule.detail, events=events,
                                   simulated_ranks=simulated, protocol=protocol.name))

@@ -53,9 +53,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 @pytest.fixture
 def one_emulated_cluster() -> Iterator[None]:
-    """Held by a test that builds an emulated cluster: one at a time across pytest-xdist workers (a file lock;
-    xdist's loadgroup does not group under pytest 9) — the default prefix ('arcsim') is one cluster, and two clusters'
-    timings on this machine's cores would each measure the other's load."""
+    """Held by a test that builds an emulated cluster: one at a time across pytest-xdist workers (a file lock, for
+    runs without ``--dist loadgroup``, which groups them on one worker) — the default prefix ('arcsim') is one
+    cluster, and two clusters' timings on this machine's cores would each measure the other's load."""
     with open(Path(tempfile.gettempdir()) / "arcsim-tests-default-cluster.lock", "a") as fh:
         fcntl.flock(fh, fcntl.LOCK_EX)
         try:

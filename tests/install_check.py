@@ -56,12 +56,13 @@ def install(venv: Path, wheel: Path) -> Path:
     if not python.exists():
         print(f"install check: creating {venv}, its dependencies this environment's", flush=True)
         sh(sys.executable, "-m", "venv", "--without-pip", venv)  # no pip or setuptools of its own to shadow them
-        site = Path(sh(python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])").strip())
-        # a plain path line: the dependencies' .pth hooks (this checkout's editable arcsim among them) stay unread
-        (site / "arcsim-check-dependencies.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
-    pip = (sys.executable, "-m", "pip", "--python", python)  # this environment's pip, working on the venv
-    sh(*pip, "install", "-q", "--no-deps", "--force-reinstall", wheel)
-    sh(*pip, "check")
+    site = Path(sh(python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])").strip())
+    shared = site / "arcsim-check-dependencies.pth"
+    if not shared.exists():  # a plain path line: the dependencies' .pth hooks (this checkout's editable arcsim
+        shared.write_text(sysconfig.get_paths()["purelib"] + "\n")  # among them) stay unread
+    # pip and the rest through that line: this environment's, installing into the venv's own prefix
+    sh(python, "-m", "pip", "install", "-q", "--no-deps", "--force-reinstall", wheel)
+    sh(python, "-m", "pip", "check")
     return venv / "bin" / "arcsim"
 
 

@@ -10,7 +10,7 @@ from arcsim.catalog import LIBRARY_NAMES
 from arcsim.collectives import build
 from arcsim.collectives.libraries import LIBRARIES, get_library
 from arcsim.collectives.libraries import nccl_tuning as tuning
-from arcsim.collectives.libraries.gloo import STEP_OVERHEAD_S, TCP
+from arcsim.collectives.libraries.gloo import SERIAL_AT_TWO, STEP_OVERHEAD_S, TCP
 from arcsim.errors import CollectiveError
 from arcsim.netsim import analytic, estimate
 from arcsim.pricing import Pricer, plan, price_collective
@@ -269,3 +269,22 @@ def test_nccl_runs_pat_on_single_gpu_nodes_and_pays_log_hops_over_a_long_link():
         assert small.algo == "pat" and 3e-3 < small.time_s < 3.5e-3
         assert price_collective(far, op, "ring", 1e4, ("analytic",))[0].time_s > 7e-3
     assert plan(load_topology("8x1-ib100"), "allgather", "auto", 2**28).algo == "ring"  # PAT's bandwidth × 0.75
+
+
+def test_gloo_runs_a_two_rank_exchange_in_turn_and_a_late_ranks_wait_once():
+    """gloo at 2 ranks (SERIAL_AT_TWO): all-to-all 2× and all-gather 1.5× what the same schedule costs with both
+    directions at once, on either engine; 3 ranks, the all-reduce and the reduce-scatter (run as an all-reduce) as
+    they were; a straggler's wait before the exchange counted once, not in turn."""
+    nbytes, two = 533e3, flat(2, 0.1, library="gloo")
+    for op, scale in SERIAL_AT_TWO.items():
+        chosen = plan(two, op, "auto", nbytes)
+        assert chosen.choice.protocol.serial_scale == scale
+        at_once = TCP.time_s(estimate(chosen.schedule, TCP.links(two), "analytic").time_s, nbytes)
+        analytic, des = price_collective(two, op, "auto", nbytes, ("analytic", "des"))
+        assert analytic.time_s == pytest.approx(scale * at_once) and des.time_s == pytest.approx(analytic.time_s)
+        assert plan(flat(3, 0.1, library="gloo"), op, "auto", nbytes).choice.protocol.serial_scale == 1.0
+        late = dataclasses.replace(two, stragglers={1: 2.0})
+        (waited,) = price_collective(late, op, "auto", nbytes, ("des",), compute_s=0.1)
+        assert waited.time_s == pytest.approx(0.1 + analytic.time_s, rel=0.01)  # 2 × (0.1 + t) before the mend
+    for op in ("allreduce", "reducescatter"):
+        assert plan(two, op, "auto", nbytes).choice.protocol.serial_scale == 1.0

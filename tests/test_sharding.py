@@ -256,14 +256,14 @@ def test_fsdp2_on_the_emulated_cluster(tmp_path, one_emulated_cluster) -> None:
     # priced against measured: back to back in the step, gloo's 2-rank all-gather runs one direction after the
     # other (SERIAL_AT_TWO: 1.5×; measured 0.27 s in the step against 0.264 priced, quiet); a sanity bound only (this
     # shared machine runs them 0-55 % slow under the suite's own load; docs/sharding.md has the quiet figures)
-    assert 0.6 < c["priced_allgather_s"] / m["allgather_in_step_s"] < 1.5
+    assert 0.75 < c["priced_allgather_s"] / m["allgather_in_step_s"] < 1.5
     assert abs(m["reducescatter_s"] / m["allreduce_s"] - 1) < 0.25
     assert m["reducescatter_s"] > 1.25 * m["allgather_s"]  # ~2× quiet; a true reduce-scatter would be ~1× (and
     #                                                         under load the all-gather's own time inflates: 1.49×)
     # gloo's model: an all-reduce, twice a ring's steps, and not in turn (the all-gather's 1.5× taken out)
     assert c["priced_reducescatter_s"] == pytest.approx(2 * c["priced_allgather_s"] / SERIAL_AT_TWO["allgather"],
                                                         rel=0.05)
-    assert -0.3 < c["error"] < 0.15                                                      # measured: -0.084
+    assert -0.3 < c["error"] < 0.15                      # measured: -0.084, -0.10 quiet; the bound leaves room for load
 
 
 def test_quantised_reduce_scatter_is_priced_at_the_bytes_its_codec_sends() -> None:
@@ -309,11 +309,13 @@ def test_fsdp2_with_an_int8_reduce_scatter_on_the_emulated_cluster(tmp_path, one
     assert c["collectives"] == 12 and c["grad_dtypes"] == ["int8"]
     assert c["scheduled_payload_bytes"] == m["payload_bytes"]
     # gloo's all-to-all of the payload alone (after a barrier) runs in either mode, the two directions at once
-    # (0.045 s) or in turn (0.088 s: gloo's ready notice behind the late rank's data, SERIAL_AT_TWO); arcsim prices
-    # the serial one, back to back in a step: the samples in that mode, or twice the fast mode if none was
+    # (0.045 s: each rank's half of the payload at the line's 100 Mbit/s of TCP payload) or in turn (0.088 s:
+    # gloo's ready notice behind the late rank's data, SERIAL_AT_TWO); arcsim prices the serial one, back to back
+    # in a step: the samples in that mode, or twice the fast mode if none was
     a2a, priced = m["alone_samples_s"]["alltoall_payload"], c["priced_reducescatter_int8_s"]
-    serial = [t for t in a2a if t > 0.75 * priced] or [SERIAL_AT_TWO["alltoall"] * min(a2a)]
-    assert 0.8 < priced / statistics.median(serial) < 1.2                               # measured: 1.01
+    one_way = m["payload_bytes"] / 2 / (100e6 / 8 * 1448 / 1514)
+    serial = [t for t in a2a if t > 1.5 * one_way] or [2 * min(a2a)]
+    assert 0.8 < priced / statistics.median(serial) < 1.3                               # measured: 1.01
     # the quantised reduce-scatter call alone costs less than gloo's fp32 one (an all-reduce, arcsim: 0.351 s)
     assert m["reducescatter_int8_s"] < 0.351
     assert 0.65 < c["ratio"] < 1.15                                                      # measured: 0.92

@@ -35,9 +35,11 @@ class Protocol:
     per_message_s: float = 0.0  # paid once per collective: the transport's per-message work (NCCL's proxy)
     serial_scale: float = 1.0  # × the schedule's time: an exchange whose two directions run in turn (gloo at 2 ranks)
 
-    def time_s(self, schedule_s: float, nbytes: float) -> float:
-        """The collective's time from its schedule's: the fixed costs, and never faster than the ceiling."""
-        return self.base_s + self.per_message_s + max(schedule_s * self.serial_scale, nbytes / self.ceiling_Bps)
+    def time_s(self, schedule_s: float, nbytes: float, waited_s: float = 0.0) -> float:
+        """The collective's time from its schedule's: the fixed costs, and never faster than the ceiling.
+        ``waited_s``: the part of ``schedule_s`` spent waiting for the last rank to arrive (run once, not in turn)."""
+        in_turn = (schedule_s - waited_s) * (self.serial_scale - 1)
+        return self.base_s + self.per_message_s + max(schedule_s + in_turn, nbytes / self.ceiling_Bps)
 
     def links(self, topo: Topology) -> Topology:
         """The topology as this protocol's steps see it: latencies and bandwidths replaced, nothing else."""

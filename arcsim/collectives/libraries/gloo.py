@@ -36,11 +36,12 @@ TCP = Protocol("tcp", latency_scale=2.0, step_overhead_s=STEP_OVERHEAD_S, effici
 # its own notice queues behind that data, so the early rank's data follows it. The early rank then finishes first (its
 # recv is done when the late rank's data lands; a send is done once handed to the kernel) and is early again at the next
 # collective: back to back, as in a training step, every exchange runs in turn; alone after a barrier, about half do.
-# Measured on the emulated cluster (2 ranks, 100 Mbit/s): an all-to-all of 533 kB each way 45 or 89 ms, FSDP2's
-# all-gathers 0.18–0.20 s alone in the fast mode and a median 0.27 s back to back in its step (docs/sharding.md).
-# All-to-all: the two directions in turn (2×); the ring all-gather's two half chunks: the late rank's first, then the
-# whole of the early rank's (1.5×). A ring of 3 or more sends and receives on different connections; the all-reduce
-# (and the reduce-scatter that runs as one) showed no such mode here (0.37 s alone against 0.35 priced, 12 samples).
+# Measured on the emulated cluster (2 ranks, 100 Mbit/s): an all-to-all of 533 kB each way 45 or 88–89 ms, FSDP2's
+# all-gathers 0.18–0.21 s alone in the fast mode and a median 0.26–0.28 s back to back in its step (docs/sharding.md).
+# All-to-all: the two directions in turn (2×); the ring all-gather 1.5× (as read, its two half chunks: the late rank's
+# first, then the whole of the early rank's). A ring of 3 or more sends and receives on different connections. The
+# all-reduce (and the reduce-scatter that runs as one) is not priced in turn: alone 0.36–0.47 s against 0.35 priced,
+# in FSDP2's step 0.39–0.40 s (its modes not examined). A late rank's wait is not run in turn (Protocol.time_s).
 SERIAL_AT_TWO = {"alltoall": 2.0, "allgather": 1.5}
 
 OFFERED = {"allreduce": ("ring", "rhd"), "allgather": ("ring",), "reducescatter": ("ring",),
