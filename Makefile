@@ -7,11 +7,8 @@ BIN    := $(VENV)/bin
 
 $(BIN)/arcsim: pyproject.toml requirements-ci.txt
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install -q --no-compile -r requirements-ci.txt
-	$(BIN)/pip install -q --no-compile -e '.[dev]'
-	@# the byte-code pip would write one file at a time, on every core (some packages ship files that are not
-	@# Python 3: their errors are not ours)
-	$(BIN)/python -m compileall -q -j 0 $(VENV)/lib > /dev/null || true
+	$(BIN)/pip install -q -r requirements-ci.txt
+	$(BIN)/pip install -q -e '.[dev]'
 	touch $@
 
 demo: $(BIN)/arcsim
