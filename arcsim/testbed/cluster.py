@@ -75,12 +75,28 @@ def namespaces(prefix: str = PREFIX) -> list[str]:
     return sorted(n for n in names if n == f"{prefix}-br" or n.startswith(f"{prefix}-r"))
 
 
+def _entering(ns: str) -> list[int]:
+    """Processes still in ``ip netns exec <ns>``, not yet inside: `ip netns pids` misses them, and once in
+    they would outlive the namespace's name (a rank started just before an exception, say)."""
+    found = []
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError):
+                with open(f"/proc/{entry.name}/cmdline", "rb") as f:
+                    if f.read().split(b"\0")[:4] == [b"ip", b"netns", b"exec", ns.encode()]:
+                        found.append(int(entry.name))
+    return found
+
+
 def teardown(prefix: str = PREFIX) -> list[str]:
-    """Kill every process in the prefix's namespaces and delete them; returns what was removed."""
+    """Kill every process in (or entering) the prefix's namespaces and delete them; returns what was removed."""
     removed = namespaces(prefix)
     for ns in removed:
-        pids = subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True).stdout.split()
-        for pid in pids:
+        for pid in _entering(ns):  # first, so that none is inside unseen when the namespace is listed
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        inside = subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True).stdout.split()
+        for pid in inside:
             with contextlib.suppress(ProcessLookupError, ValueError):
                 os.kill(int(pid), signal.SIGKILL)
     for ns in removed:
