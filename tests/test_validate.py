@@ -23,7 +23,8 @@ REPORT = ROOT / "reports" / "validation.csv"
 @pytest.mark.skipif(not netns_available(), reason="needs root and network namespaces")
 def test_validate_writes_a_consistent_report(tmp_path, one_emulated_cluster):
     args = ("validate", "--ranks", "2", "--bandwidth", "200Mbit", "--delay", "0.5ms", "-c", "dense,topk,arctopk",
-            "--model", "mlp", "--steps", "6", "--repeats", "2", "--out", str(tmp_path))
+            "--model", "mlp", "--steps", "6", "--repeats", "2", "--out", str(tmp_path),
+            "--calibration-sizes", "1KB,64KB,1MB", "--calibration-repeats", "3")
     r = run_cli(*args, timeout=600)
     assert r.returncode == 0, r.stderr[-2000:]
     said = " ".join(r.stdout.split())  # the table wraps at 100 columns
@@ -56,7 +57,7 @@ def test_node_aware_validation_runs_both_hierarchies_on_nodes_of_two(tmp_path, o
 
     r = run_cli("validate", "--ranks", "4", "--ranks-per-node", "2", "--hierarchy", "both", "--bandwidth", "200Mbit",
                 "-c", "dense,topk", "--model", "mlp", "--steps", "4", "--repeats", "1", "--out", str(tmp_path),
-                timeout=900)
+                "--calibration-sizes", "1KB,64KB,1MB", "--calibration-repeats", "3", timeout=900)
     assert r.returncode == 0, r.stderr[-2000:]
     assert "by hierarchy: flat" in " ".join(r.stdout.split())
     rows = pd.read_csv(tmp_path / "validation.csv")
@@ -80,6 +81,8 @@ def test_node_aware_validation_runs_both_hierarchies_on_nodes_of_two(tmp_path, o
     (("-c", "zipk"), "unknown compressor zipk"),
     (("--model", "alexnet"), "unknown model 'alexnet'"),
     (("--density", "0"), "'--density': must lie in (0, 1]"),
+    (("--calibration-sizes", "4KB"), "at least two different sizes"),
+    (("--calibration-sizes", "4KB,lots"), "cannot read size 'lots'"),
     (("--report", str(ROOT / "README.md")), "README.md is not the validation.csv that arcsim validate wrote"),
     (("--report", "no-such.csv"), "no-such.csv does not exist"),
     (("--report", str(REPORT), "--measured", "reports"), "takes neither --measured"),

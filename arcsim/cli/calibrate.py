@@ -13,7 +13,9 @@ from rich.table import Table
 
 from arcsim.cli.common import (
     TOPOLOGY_HELP,
+    ByteSize,
     Count,
+    ListOf,
     console,
     json_option,
     note,
@@ -50,7 +52,7 @@ MEASURING = ("cluster", "loopback", "ranks", "bandwidth", "delay", "burst", "siz
 @click.option("--delay", default="0s", show_default=True, help="Emulated cluster one-way delay, e.g. 0.5ms.")
 @click.option("--burst", default=None, help="Emulated cluster tbf burst, e.g. 16kB (default: 2 packets or 1 ms of "
                                            "tokens, the larger).")
-@click.option("--sizes", default=None,
+@click.option("--sizes", default=None, type=ListOf(ByteSize(), unique=True, example="4KB,64KB,1MB"),
               help="Per-rank sizes, e.g. 4KB,64KB,1MB (default 1 KiB … 4 MiB, ×4); fits are against the size as "
                    "nccl-tests counts it (all-gather: the total output, size × ranks).")
 @click.option("--ranks-per-node", type=Count(), default="1", show_default=True,
@@ -61,7 +63,7 @@ MEASURING = ("cluster", "loopback", "ranks", "bandwidth", "delay", "burst", "siz
               help="Topology YAML to write (and its samples beside it, as .samples.csv).")
 @json_option
 def calibrate(logs: tuple[str, ...], nccl_tests: bool, topology: str | None, cluster: str | None, loopback: bool,
-              ranks: int | None, bandwidth: str | None, delay: str, burst: str | None, sizes: str | None,
+              ranks: int | None, bandwidth: str | None, delay: str, burst: str | None, sizes: tuple[int, ...] | None,
               ranks_per_node: int, repeats: int, out: str, json_out: str | None) -> None:
     """Measure all_reduce, all_gather and broadcast over sizes; fit α and bandwidth per collective.
 
@@ -89,8 +91,8 @@ def calibrate(logs: tuple[str, ...], nccl_tests: bool, topology: str | None, clu
         _check_nccl_tests_request(logs, nccl_tests, topology)
         from_nccl_tests(logs, topology or "", path, json_out)
         return
-    size_list = DEFAULT_SIZES if sizes is None else tuple(int(parse_size(s)) for s in sizes.split(","))
-    if len(set(size_list)) < 2:
+    size_list = sizes or DEFAULT_SIZES
+    if len(size_list) < 2:
         raise ArcsimError("--sizes needs at least two different sizes")
     if cluster or loopback:
         refuse_stray_rank("arcsim calibrate --loopback / --cluster")

@@ -20,6 +20,7 @@ from arcsim.cli.paths import JsonTarget
 from arcsim.collectives.limits import DES_EVENTS, EVENTS_PER_SECOND, STORED_MESSAGES
 from arcsim.files import write_atomic
 from arcsim.topology import GRAMMAR
+from arcsim.units import UnitError, parse_size
 
 FORCE_TRAINING_HELP = ("Train even where the estimate (printed first: memory from the model's parameters × workers, "
                        "time from its FLOPs) exceeds the memory this machine has available.")
@@ -157,6 +158,23 @@ class Number(click.ParamType):
         if self.minimum is not None:
             return f"must be at least {self.minimum:g}"
         return f"must be at most {self.maximum:g}" if self.maximum is not None else "must be a number"
+
+
+class ByteSize(click.ParamType):
+    """A size with its unit, e.g. 4KB or 1MiB, as whole bytes (at least one)."""
+
+    name = "size"
+
+    def convert(self, value, param, ctx):  # type: ignore[no-untyped-def]
+        if isinstance(value, int):
+            return value
+        try:
+            size = parse_size(value)
+        except UnitError as exc:
+            self.fail(str(exc), param, ctx)
+        if size < 1:
+            self.fail(f"{value!r} holds nothing; give at least 1B", param, ctx)
+        return int(size)
 
 
 class ListOf(click.ParamType):

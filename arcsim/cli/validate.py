@@ -10,6 +10,7 @@ from rich.table import Table
 from arcsim.catalog import COMPRESSORS
 from arcsim.cli.common import (
     DENSITY,
+    ByteSize,
     Count,
     ListOf,
     console,
@@ -50,6 +51,11 @@ VALIDATE_WRITES = ("validation.csv", "validation.png", "validation/*")  # what -
 @click.option("--batch", default="32", show_default=True, type=Count(), help="Batch per rank.")
 @click.option("--repeats", default="3", show_default=True, type=Count(),
               help="DDP trainings per case, each in fresh processes: the median and min–max of their medians.")
+@click.option("--calibration-sizes", type=ListOf(ByteSize(), unique=True, example="4KB,256KB,1MB"), default=None,
+              help="Per-rank sizes of the calibration before the trainings (default 256 B … 4 MiB, ×4; fewer or "
+                   "smaller sizes calibrate sooner, as arcsim calibrate --sizes).")
+@click.option("--calibration-repeats", default="9", show_default=True, type=Count(),
+              help="Timed repeats per calibration size (median).")
 @click.option("--out", default=None, type=OutputPath(directory=True, writes=VALIDATE_WRITES),
               help="Where the measured cases go (default: reports; --report writes nothing there).")
 @click.option("--write-config", type=OutputPath(directory=True, writes=("config.json",)), default=None,
@@ -64,7 +70,8 @@ VALIDATE_WRITES = ("validation.csv", "validation.png", "validation/*")  # what -
 @json_option
 def validate(rank_list: tuple[int, ...], bandwidth: str, delay: str, ranks_per_node: int, hierarchy: str,
              compressors: str, model: str, dataset: str, density: float, steps: int, batch: int, repeats: int,
-             out: str | None, write_config: str | None, measured: str | None, topology: str | None, report: str | None,
+             calibration_sizes: tuple[int, ...] | None, calibration_repeats: int, out: str | None,
+             write_config: str | None, measured: str | None, topology: str | None, report: str | None,
              json_out: str | None) -> None:
     """Measure DDP iterations on the emulated cluster (or a real one) and compare with arcsim run's predictions."""
     import json
@@ -103,13 +110,18 @@ def validate(rank_list: tuple[int, ...], bandwidth: str, delay: str, ranks_per_n
         raise ArcsimError(f"--density must lie in (0, 1], got {density}")
     if repeats < 1:
         raise ArcsimError(f"--repeats must be at least 1 (3 or more to see the noise), got {repeats}")
+    if calibration_sizes is not None and len(calibration_sizes) < 2:
+        raise ArcsimError("--calibration-sizes needs at least two different sizes (a fit needs two points), e.g. "
+                          "4KB,256KB,1MB")
     hierarchies = _hierarchies(hierarchy, ranks_per_node, rank_list)
     if measured and hierarchies != ("flat",):
         raise ArcsimError("--measured compares flat runs only; drop --hierarchy (node-aware runs on a real cluster "
                           "are not written yet)")
     cfg = ValidateConfig(ranks=rank_list, bandwidths=_list(bandwidth), delay=delay, compressors=comps, model=model,
                          dataset=dataset, density=density, steps=steps, batch=batch, out_dir=Path(out or "reports"),
-                         repeats=repeats, ranks_per_node=ranks_per_node, hierarchies=hierarchies)
+                         repeats=repeats, ranks_per_node=ranks_per_node, hierarchies=hierarchies,
+                         calib_repeats=calibration_repeats,
+                         calib_sizes=tuple(sorted(calibration_sizes or ValidateConfig.calib_sizes)))
     if write_config:
         directory = Path(write_config)
         directory.mkdir(parents=True, exist_ok=True)

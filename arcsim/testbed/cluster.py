@@ -81,10 +81,9 @@ def _entering(ns: str) -> list[int]:
     found = []
     for entry in os.scandir("/proc"):
         if entry.name.isdigit():
-            with contextlib.suppress(OSError):
-                with open(f"/proc/{entry.name}/cmdline", "rb") as f:
-                    if f.read().split(b"\0")[:4] == [b"ip", b"netns", b"exec", ns.encode()]:
-                        found.append(int(entry.name))
+            with contextlib.suppress(OSError), open(f"/proc/{entry.name}/cmdline", "rb") as f:
+                if f.read().split(b"\0")[:4] == [b"ip", b"netns", b"exec", ns.encode()]:
+                    found.append(int(entry.name))
     return found
 
 
@@ -96,9 +95,9 @@ def teardown(prefix: str = PREFIX) -> list[str]:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
         inside = subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True).stdout.split()
-        for pid in inside:
+        for listed in inside:
             with contextlib.suppress(ProcessLookupError, ValueError):
-                os.kill(int(pid), signal.SIGKILL)
+                os.kill(int(listed), signal.SIGKILL)
     for ns in removed:
         _ip("netns", "del", ns, check=False)
     return removed
