@@ -67,7 +67,7 @@ class Row:
 
     @property
     def kind(self) -> str:
-        return transport(topo(self.topology))
+        return transport_of(self.topology)
 
     @property
     def fitted(self) -> bool:
@@ -84,6 +84,11 @@ def rows() -> list[Row]:
 @cache
 def topo(spec: str) -> Topology:
     return load_topology(spec)
+
+
+@cache
+def transport_of(spec: str) -> str:
+    return transport(topo(spec))
 
 
 @cache
@@ -130,8 +135,12 @@ def fit(training: list[Row]) -> dict[str, float]:
     def best(rs: list[Row]) -> float:
         if not rs:
             return 0.0
-        loss = [np.mean([abs(math.log(predict(r, {r.kind: c})[0] / r.measured_us)) for r in rs]) for c in GRID_US]
-        return float(GRID_US[int(np.argmin(loss))])
+        loss = np.zeros_like(GRID_US)
+        for r in rs:  # predict(r, {r.kind: c}) at every c of the grid at once
+            us = np.array([a[1] for a in per_algorithm(r)])[:, None]
+            hops = np.array([a[2] for a in per_algorithm(r)])[:, None]
+            loss += np.abs(np.log((us + hops * GRID_US).min(axis=0) / r.measured_us))
+        return float(GRID_US[int(np.argmin(loss / len(rs)))])
 
     pooled = best([r for rs in by_kind.values() for r in rs])  # one value for every kind
     return {k: best(by_kind[k]) if by_kind.get(k) else 0.0 if k in UNFITTED else pooled for k in NET_STEP_US}

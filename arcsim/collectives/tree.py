@@ -39,25 +39,16 @@ def inorder_parents(p: int) -> np.ndarray:
 
 
 def _depths_and_heights(parent: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    p = parent.size
-    depth = np.zeros(p, dtype=np.int64)
-    order = []
-    children: list[list[int]] = [[] for _ in range(p)]
-    root = int(np.flatnonzero(parent < 0)[0])
-    for v, u in enumerate(parent):
-        if u >= 0:
-            children[u].append(v)
-    stack = [root]
-    while stack:
-        v = stack.pop()
-        order.append(v)
-        for c in children[v]:
-            depth[c] = depth[v] + 1
-            stack.append(c)
-    height = np.zeros(p, dtype=np.int64)
-    for v in reversed(order):
-        if parent[v] >= 0:
-            height[parent[v]] = max(height[parent[v]], height[v] + 1)
+    """Each rank's hops below the root and above its deepest descendant, level by level (numpy per level)."""
+    depth = np.zeros(parent.size, dtype=np.int64)
+    above = parent.copy()
+    while (climbing := above >= 0).any():  # every rank climbs one hop per round until it passes the root
+        depth += climbing
+        above[climbing] = parent[above[climbing]]
+    height = np.zeros(parent.size, dtype=np.int64)
+    for d in range(int(depth.max()), 0, -1):  # deepest first: a rank's height is final before its parent reads it
+        at = np.flatnonzero(depth == d)
+        np.maximum.at(height, parent[at], height[at] + 1)
     return depth, height
 
 
@@ -94,45 +85,66 @@ def node_tree_depth(nodes: int, gpus_per_node: int) -> int:
     return gpus_per_node - 1 + math.ceil(math.log2(nodes + 1)) - 1
 
 
+@dataclasses.dataclass(frozen=True)
+class TreeEdges:
+    """Trees as their edges: every tree's sending ranks side by side, tree after tree (a step's messages keep
+    that order), each one's parent and the step its first chunk leaves going up (its height) and comes down
+    (its depth − 1). What a tree pattern needs of its trees, whatever the chunk count."""
+
+    trees: int
+    sender: np.ndarray
+    receiver: np.ndarray
+    up_start: np.ndarray
+    down_start: np.ndarray
+
+    @classmethod
+    def of(cls, trees: tuple[np.ndarray, ...]) -> TreeEdges:
+        parts = []
+        for parent in trees:
+            depth, height = _depths_and_heights(parent)
+            v = np.flatnonzero(parent >= 0)
+            parts.append((v, parent[v], height[v], depth[v] - 1))
+        return cls(len(trees), *(np.concatenate(column) for column in zip(*parts, strict=True)))
+
+    def all_reduce(self, nbytes: float, chunks: int) -> list[Step]:
+        """See :func:`pipelined_tree_all_reduce`."""
+        chunk = nbytes / self.trees / chunks
+
+        def steps_for(start: np.ndarray, reduce: bool) -> list[Step]:
+            out: list[Step] = []
+            last = int(start.max())
+            window = None
+            for t in range(chunks + last):
+                if window == (window := (max(0, t - chunks + 1), min(t, last))):  # the starts in step t: as before
+                    out[-1] = dataclasses.replace(out[-1], repeat=out[-1].repeat + 1)
+                    continue
+                active = (start <= t) & (t < start + chunks)
+                if active.any():
+                    src, dst = self.sender[active], self.receiver[active]
+                    out.append(make_step(src, dst, chunk, chunk) if reduce else make_step(dst, src, chunk, 0.0))
+            return out
+
+        return merge_repeats(steps_for(self.up_start, reduce=True) + steps_for(self.down_start, reduce=False))
+
+
 def pipelined_tree_all_reduce(trees: tuple[np.ndarray, ...], nbytes: float, chunks: int) -> list[Step]:
     """Each tree reduces its share of the vector to its root, then broadcasts it back, in ``chunks`` pieces.
 
     Reduce: a rank of height h sends chunk j to its parent in step j + h. Broadcast: a rank of depth d
     receives chunk j from its parent in step j + d − 1. All trees run in the same steps.
     """
-    chunk = nbytes / len(trees) / chunks
-    shaped = [(parent, *_depths_and_heights(parent)) for parent in trees]
-    up_starts = [(np.flatnonzero(par >= 0), height) for par, _, height in shaped]
-    up_len = max(chunks + int(h[v].max()) for v, h in up_starts)
-    down_len = max(chunks + int(d.max()) - 1 for _, d, _ in shaped)
+    return TreeEdges.of(trees).all_reduce(nbytes, chunks)
 
-    def steps_for(length: int, starts_of, reduce: bool) -> list[Step]:
-        out = []
-        for t in range(length):
-            srcs, dsts = [], []
-            for (par, depth, height), (v, _) in zip(shaped, up_starts, strict=True):
-                start = starts_of(depth, height)[v]
-                active = v[(t >= start) & (t < start + chunks)]
-                if reduce:
-                    srcs.append(active)
-                    dsts.append(par[active])
-                else:
-                    srcs.append(par[active])
-                    dsts.append(active)
-            src, dst = np.concatenate(srcs), np.concatenate(dsts)
-            if src.size:
-                out.append(make_step(src, dst, chunk, chunk if reduce else 0.0))
-        return out
 
-    up = steps_for(up_len, lambda depth, height: height, reduce=True)
-    down = steps_for(down_len, lambda depth, height: depth - 1, reduce=False)
-    return merge_repeats(up + down)
+@functools.lru_cache(maxsize=16)
+def _chain_tree_edges(nodes: int, gpus_per_node: int, channels: int) -> TreeEdges:
+    return TreeEdges.of(tuple(t for head in range(channels) for t in node_chain_trees(nodes, gpus_per_node, head)))
 
 
 @functools.lru_cache(maxsize=16)
 def _chain_tree_pattern(nodes: int, gpus_per_node: int, chunks: int, channels: int) -> tuple[Step, ...]:
-    trees = tuple(t for head in range(channels) for t in node_chain_trees(nodes, gpus_per_node, head))
-    return tuple(pipelined_tree_all_reduce(trees, float(len(trees) * chunks), chunks))  # one byte a chunk
+    edges = _chain_tree_edges(nodes, gpus_per_node, channels)
+    return tuple(edges.all_reduce(float(edges.trees * chunks), chunks))  # one byte a chunk
 
 
 def chain_tree_all_reduce(nodes: int, gpus_per_node: int, nbytes: float, chunks: int,
