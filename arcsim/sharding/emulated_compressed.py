@@ -432,18 +432,30 @@ def measure_hsdp(cfg: dict[str, Any], ranks: int, bandwidth: str, work: Path, pr
     return measured
 
 
-def compare_hsdp(cfg: dict[str, Any], measured: dict[str, Any], topology: str) -> dict[str, Any]:
+def compare_hsdp(cfg: dict[str, Any], measured: dict[str, Any], topology: str, node: str | None = None
+                 ) -> dict[str, Any]:
     """arcsim's iteration for the measured HSDP run: ``fsdp_schedule(..., "hybrid")`` with each unit's cross-node
     all-reduce replaced by the compressor's collectives on the rail (the records the ranks logged, priced by arcsim's
     gloo model on ``topology``'s ``inter`` group, its NIC shared by the node's rails) and its arithmetic as measured
-    before it, as arcsim.run.strategies' HSDP rows do; the node's collectives (loopback here) priced and as
-    measured alone. ``serial``: every collective on one lane, as FSDP2 on CPU issues them (synchronously, the hook
-    too); ``overlapped``: the strategy layer's GPU timeline (cross-node all-reduces beside the node's)."""
+    before it, as arcsim.run.strategies' HSDP rows do; the node's collectives priced and as measured alone.
+    ``node``: a topology calibrated with nodes of ``cfg['gpus']`` ranks (arcsim calibrate --ranks-per-node) whose
+    fits inside a node price the node's collectives — the emulated node's ranks talk over loopback, which the
+    named topology describes as NVLink. ``serial``: every collective on one lane, as FSDP2 on CPU issues them
+    (synchronously, the hook too); ``overlapped``: the strategy layer's GPU timeline (cross-node all-reduces beside
+    the node's)."""
     from arcsim.comm.log import CommRecord
     from arcsim.pricing import Pricer
     from arcsim.strategy.sharded import sharded_step
+    from arcsim.topology import load_topology
 
     topo, sched, names, fwd, bwd = measured_step(cfg, measured, topology, "hybrid")
+    if node is not None:
+        calibrated = load_topology(node)
+        if calibrated.gpus_per_node != topo.gpus_per_node or "node" not in calibrated.group_calibration:
+            raise ValueError(f"{node} holds no fits inside nodes of {topo.gpus_per_node} ranks: calibrate with "
+                             f"--ranks-per-node {topo.gpus_per_node}")
+        topo = dataclasses.replace(topo, intra=calibrated.intra, group_calibration={
+            **topo.group_calibration, "node": calibrated.group_calibration["node"]})
     ops = [(c.op, c.unit, c.phase) for c in sched]
     groups = [c.group for c in sched]
     cross = [c.op == "allreduce" and c.group == "inter" for c in sched]
