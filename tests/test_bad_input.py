@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -96,3 +99,43 @@ def test_a_writable_output_is_probed_without_leaving_anything(tmp_path: Path):
     (tmp_path / "f").write_text("x")
     assert "is a file" in (unwritable_reason(tmp_path / "f", directory=True) or "")
     assert "not a directory" in (unwritable_reason(tmp_path / "f" / "below.json", directory=False) or "")
+
+
+BEFORE_TORCH = [
+    (["run", "--density", "2"], "must lie in (0, 1]"),
+    (["run", "-c", "zipk"], "zipk"),
+    (["run", "--model", "llama_1b"], "what --live trains"),
+    (["run", "--fusion", "layer"], "'layer' is not one of"),
+    (["run", "--library", "mpich"], "unknown library 'mpich'"),
+    (["collective", "--size", "0B"], "not positive"),
+    (["collective", "--library", "gloo", "--algo", "tree"], "gloo has no tree allreduce"),
+    (["sweep", "--library", "foo", "-o", "sw"], "unknown library 'foo'"),
+    (["validate", "--calibration-sizes", "4KB"], "at least two different sizes"),
+    (["calibrate", "--loopback", "--ranks", "2", "--sizes", "4KB", "--out", "x.yaml"], "at least two different"),
+]
+
+
+def test_these_bad_arguments_are_answered_before_torch_is_imported(tmp_path: Path):
+    """Issue 51: a typo answered in a third of a second, not after torch's import (1.3-2 s). One process with torch
+    made unimportable answers every case; a case that reached an import of torch would fail with that instead."""
+    script = (
+        "import json, sys\n"
+        "sys.modules['torch'] = None\n"
+        "import click\n"
+        "from arcsim.cli.main import cli\n"
+        "from arcsim.errors import ArcsimError\n"
+        "said = []\n"
+        "for args in json.loads(sys.argv[1]):\n"
+        "    try:\n"
+        "        cli.main(args, standalone_mode=False)\n"
+        "        said.append('no error')\n"
+        "    except (ArcsimError, click.ClickException) as exc:\n"
+        "        said.append(exc.format_message() if isinstance(exc, click.ClickException) else str(exc))\n"
+        "    except Exception as exc:\n"
+        "        said.append(f'{type(exc).__name__}: {exc}')\n"
+        "print(json.dumps(said))\n")
+    done = subprocess.run([sys.executable, "-c", script, json.dumps([a for a, _ in BEFORE_TORCH])],
+                          capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    for (args, phrase), message in zip(BEFORE_TORCH, json.loads(done.stdout), strict=True):
+        assert phrase in message, (args, message)

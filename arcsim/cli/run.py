@@ -182,11 +182,11 @@ def run(topology: str, trace: str | None, no_capture: bool, params: str | None, 
     """Predict the iteration time of every compressor and collective for a trace on a topology."""
     chosen = tuple(c.strip() for c in compressors.split(",") if c.strip())
     check_compression(chosen, memory, ArcsimError)  # before torch is imported: a typo answered at once
+    training = live_training(live, model, dataset, workers, steps, live_device, batch, seed, model_args, data,
+                             input_size)
     from arcsim.run import report
     from arcsim.run.analysis import Analysis, RunConfig
 
-    training = live_training(live, model, dataset, workers, steps, live_device, batch, seed, model_args, data,
-                             input_size)
     cfg = RunConfig(topology=topology, trace=trace, compressors=chosen,
                     density=density, memory=memory, engine=engine, bucket_mb=bucket_mb, policy=policy,
                     ratios=tuple(sorted(ratios)), weights=weights,
