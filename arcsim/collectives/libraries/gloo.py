@@ -43,6 +43,7 @@ TCP = Protocol("tcp", latency_scale=2.0, step_overhead_s=STEP_OVERHEAD_S, effici
 # all-reduce (and the reduce-scatter that runs as one) is not priced in turn: alone 0.36–0.47 s against 0.35 priced,
 # in FSDP2's step 0.39–0.40 s (its modes not examined). A late rank's wait is not run in turn (Protocol.time_s).
 SERIAL_AT_TWO = {"alltoall": 2.0, "allgather": 1.5}
+TCP_AT_TWO = {op: dataclasses.replace(TCP, serial_scale=scale) for op, scale in SERIAL_AT_TWO.items()}
 
 OFFERED = {"allreduce": ("ring", "rhd"), "allgather": ("ring",), "reducescatter": ("ring",),
            "broadcast": ("eager",), "alltoall": ("pairwise",)}
@@ -57,6 +58,5 @@ class Gloo(Library):
     def choices(self, op: str, algo: str | None, nbytes: float, topo: Topology) -> list[Choice]:
         if op == "reducescatter":  # PyTorch's ProcessGroupGloo all-reduces the whole input and keeps its chunk
             return [Choice(algo or "ring", TCP, runs_as="allreduce")]
-        serial = SERIAL_AT_TWO.get(op, 1.0) if topo.ranks == 2 else 1.0
-        protocol = dataclasses.replace(TCP, serial_scale=serial) if serial > 1 else TCP
+        protocol = TCP_AT_TWO.get(op, TCP) if topo.ranks == 2 else TCP
         return [Choice(algo or self.offered[op][0], protocol)]
