@@ -63,14 +63,17 @@ def test_a_process_still_entering_a_namespace_is_killed_too(tmp_path):
     """`ip netns exec` opens the namespace, then enters it: a rank caught between the two by the tear-down is not
     in `ip netns pids`, and would run on after it (CI saw it once, on a busy machine). Held there for certain by a
     stand-in that keeps `ip netns exec <ns>` as its command line: bash running ./netns, a builtin wait."""
-    prefix = "arcsimt4"
+    prefix = "arcsimt8"
     (tmp_path / "netns").write_text("read -t 300 line\n")
     with EmulatedCluster(2, "1Gbit", prefix=prefix) as c:
         entering = subprocess.Popen(["ip", "netns", "exec", c.ns(0), "sleep", "300"], executable="/bin/bash",
                                     cwd=tmp_path, stdin=subprocess.PIPE)
         time.sleep(0.2)
         assert entering.poll() is None
-    assert entering.wait(timeout=10) == -signal.SIGKILL
+    try:
+        assert entering.wait(timeout=10) == -signal.SIGKILL
+    finally:
+        entering.kill()  # a failed run leaves no stand-in waiting
 
 
 @needs_netns
@@ -207,7 +210,7 @@ def test_forwarder_routes_only_ipv4_to_ranks_on_the_subnet():
 def test_nodes_of_several_ranks_share_a_namespace_and_one_shaped_link(tmp_path):
     """2 nodes × 2 ranks: two node namespaces (each one veth, shaped both ways), ranks numbered node by node,
     the ranks of a node reaching each other over loopback; a gloo all-reduce over all four is right."""
-    prefix = "arcsimt5"
+    prefix = "arcsimt9"
     run_cli("cluster", "down", "--prefix", prefix)
     with EmulatedCluster(4, "200Mbit", prefix=prefix, ranks_per_node=2) as c:
         assert _leftovers(prefix) == [f"{prefix}-br", f"{prefix}-r0", f"{prefix}-r1"]

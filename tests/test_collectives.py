@@ -161,6 +161,70 @@ def test_the_kept_tree_pattern_scaled_is_the_tree_built_afresh(nodes, gpus, chun
             assert np.allclose(a.nbytes, b.nbytes, rtol=1e-12) and np.allclose(a.reduce, b.reduce, rtol=1e-12)
 
 
+def _reference_tree_all_reduce(trees: tuple[np.ndarray, ...], nbytes: float, chunks: int) -> list:
+    """The pipelined tree all-reduce as first written (594ce7f): every step built from each tree's ranks in turn,
+    depths and heights by a walk of each tree; kept here to hold the edge-based builder to the same steps."""
+    from arcsim.collectives.schedule import make_step
+    from arcsim.collectives.tree import merge_repeats
+
+    def depths_and_heights(parent):
+        depth, height = np.zeros(parent.size, dtype=np.int64), np.zeros(parent.size, dtype=np.int64)
+        children = [[] for _ in range(parent.size)]
+        for v, u in enumerate(parent):
+            if u >= 0:
+                children[u].append(v)
+        order, stack = [], [int(np.flatnonzero(parent < 0)[0])]
+        while stack:
+            v = stack.pop()
+            order.append(v)
+            for c in children[v]:
+                depth[c] = depth[v] + 1
+                stack.append(c)
+        for v in reversed(order):
+            if parent[v] >= 0:
+                height[parent[v]] = max(height[parent[v]], height[v] + 1)
+        return depth, height
+
+    chunk = nbytes / len(trees) / chunks
+    shaped = [(parent, *depths_and_heights(parent)) for parent in trees]
+    senders = [np.flatnonzero(parent >= 0) for parent, _, _ in shaped]
+    steps = []
+    for reduce, start_of in ((True, lambda d, h: h), (False, lambda d, h: d - 1)):
+        length = max(chunks + int(start_of(d, h)[v].max()) for (_, d, h), v in zip(shaped, senders, strict=True))
+        for t in range(length):
+            src, dst = [], []
+            for (parent, d, h), v in zip(shaped, senders, strict=True):
+                start = start_of(d, h)[v]
+                active = v[(t >= start) & (t < start + chunks)]
+                src.append(active if reduce else parent[active])
+                dst.append(parent[active] if reduce else active)
+            s, r = np.concatenate(src), np.concatenate(dst)
+            if s.size:
+                steps.append(make_step(s, r, chunk, chunk if reduce else 0.0))
+    return merge_repeats(steps)
+
+
+@pytest.mark.parametrize("nodes", [1, 2, 3, 5, 9])
+def test_the_tree_pattern_from_edges_is_the_first_written_one_step_for_step(nodes):
+    """Every step, message order and repeat count of the edge-based builder equal the first per-step one's, with
+    more chunks than levels (repeated windows), fewer (no repeats) and one, over channels and node shapes."""
+    from arcsim.collectives import tree
+
+    for gpus in (1, 2, 8):
+        for channels in (1, 2, 4):
+            if nodes * gpus < 2:
+                continue
+            trees = tuple(t for head in range(channels) for t in tree.node_chain_trees(nodes, gpus, head))
+            levels = tree.node_tree_depth(nodes, gpus)
+            for chunks in sorted({1, 2, levels, levels + 1, levels + 3, 64}):
+                new = tree.pipelined_tree_all_reduce(trees, 3.0e6, chunks)
+                old = _reference_tree_all_reduce(trees, 3.0e6, chunks)
+                assert len(new) == len(old), (gpus, channels, chunks)
+                for a, b in zip(new, old, strict=True):
+                    assert np.array_equal(a.src, b.src) and np.array_equal(a.dst, b.dst) and a.repeat == b.repeat
+                    assert np.array_equal(a.nbytes, b.nbytes) and np.array_equal(a.reduce, b.reduce)
+
+
 @pytest.mark.parametrize(("nodes", "gpus", "head"), [(2, 8, 0), (2, 8, 5), (5, 4, 3), (3, 1, 0)])
 def test_each_tree_channel_is_a_tree_that_crosses_nodes_only_between_its_head_gpus(nodes, gpus, head):
     from arcsim.collectives import tree

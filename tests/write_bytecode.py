@@ -23,7 +23,8 @@ LAZY = ("torch.distributed", "torch.distributed.fsdp", "torch.distributed.run", 
 def main() -> None:
     import arcsim
 
-    names = [m.name for m in pkgutil.walk_packages(arcsim.__path__, "arcsim.") if not m.name.endswith("__main__")]
+    names = [m.name for m in pkgutil.walk_packages(arcsim.__path__, "arcsim.", onerror=lambda _: None)
+             if not m.name.endswith("__main__")]
     failed = []
     for name in (*LAZY, *names):
         try:

@@ -166,14 +166,14 @@ class ByteSize(click.ParamType):
     name = "size"
 
     def convert(self, value, param, ctx):  # type: ignore[no-untyped-def]
-        if isinstance(value, int):
-            return value
         try:
-            size = parse_size(value)
+            size = parse_size(value if isinstance(value, str) else f"{value}B")
         except UnitError as exc:
             self.fail(str(exc), param, ctx)
         if size < 1:
             self.fail(f"{value!r} holds nothing; give at least 1B", param, ctx)
+        if size != int(size):
+            self.fail(f"{value!r} is {size:g} bytes, not a whole number of bytes", param, ctx)
         return int(size)
 
 

@@ -85,7 +85,7 @@ def node_tree_depth(nodes: int, gpus_per_node: int) -> int:
     return gpus_per_node - 1 + math.ceil(math.log2(nodes + 1)) - 1
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, eq=False)
 class TreeEdges:
     """Trees as their edges: every tree's sending ranks side by side, tree after tree (a step's messages keep
     that order), each one's parent and the step its first chunk leaves going up (its height) and comes down
@@ -115,7 +115,8 @@ class TreeEdges:
             last = int(start.max())
             window = None
             for t in range(chunks + last):
-                if window == (window := (max(0, t - chunks + 1), min(t, last))):  # the starts in step t: as before
+                before, window = window, (max(0, t - chunks + 1), min(t, last))  # the starts that send in step t
+                if window == before:  # only while last < t < chunks: every edge sends, and out[-1] is step t − 1
                     out[-1] = dataclasses.replace(out[-1], repeat=out[-1].repeat + 1)
                     continue
                 active = (start <= t) & (t < start + chunks)

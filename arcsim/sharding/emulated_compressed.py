@@ -32,6 +32,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from arcsim.errors import ArcsimError
 from arcsim.sharding.emulated import _model, alone_s, measured_step, run_on_cluster, step_times, time_unsharded
 
 WORKER = "arcsim.sharding.emulated_compressed"
@@ -452,7 +453,7 @@ def compare_hsdp(cfg: dict[str, Any], measured: dict[str, Any], topology: str, n
     if node is not None:
         calibrated = load_topology(node)
         if calibrated.gpus_per_node != topo.gpus_per_node or "node" not in calibrated.group_calibration:
-            raise ValueError(f"{node} holds no fits inside nodes of {topo.gpus_per_node} ranks: calibrate with "
+            raise ArcsimError(f"{node} holds no fits inside nodes of {topo.gpus_per_node} ranks: calibrate with "
                              f"--ranks-per-node {topo.gpus_per_node}")
         topo = dataclasses.replace(topo, intra=calibrated.intra, group_calibration={
             **topo.group_calibration, "node": calibrated.group_calibration["node"]})
