@@ -13,9 +13,8 @@ from rich.table import Table
 
 from arcsim.cli.common import (
     TOPOLOGY_HELP,
-    ByteSize,
     Count,
-    ListOf,
+    SizeGrid,
     console,
     json_option,
     note,
@@ -52,7 +51,7 @@ MEASURING = ("cluster", "loopback", "ranks", "bandwidth", "delay", "burst", "siz
 @click.option("--delay", default="0s", show_default=True, help="Emulated cluster one-way delay, e.g. 0.5ms.")
 @click.option("--burst", default=None, help="Emulated cluster tbf burst, e.g. 16kB (default: 2 packets or 1 ms of "
                                            "tokens, the larger).")
-@click.option("--sizes", default=None, type=ListOf(ByteSize(), unique=True, example="4KB,64KB,1MB"),
+@click.option("--sizes", default=None, type=SizeGrid(),
               help="Per-rank sizes, e.g. 4KB,64KB,1MB (default 1 KiB … 4 MiB, ×4); fits are against the size as "
                    "nccl-tests counts it (all-gather: the total output, size × ranks).")
 @click.option("--ranks-per-node", type=Count(), default="1", show_default=True,
@@ -92,8 +91,6 @@ def calibrate(logs: tuple[str, ...], nccl_tests: bool, topology: str | None, clu
         from_nccl_tests(logs, topology or "", path, json_out)
         return
     size_list = sizes or DEFAULT_SIZES
-    if len(size_list) < 2:
-        raise ArcsimError("--sizes needs at least two different sizes")
     if cluster or loopback:
         refuse_stray_rank("arcsim calibrate --loopback / --cluster")
     world = None if cluster or loopback else torchrun_world()

@@ -206,6 +206,19 @@ class ListOf(click.ParamType):
         return tuple(out)
 
 
+class SizeGrid(ListOf):
+    """Per-rank sizes to measure a collective at and fit: two or more different ones (a fit needs two points)."""
+
+    def __init__(self) -> None:
+        super().__init__(ByteSize(), unique=True, example="4KB,256KB,1MB")
+
+    def convert(self, value, param, ctx):  # type: ignore[no-untyped-def]
+        sizes = super().convert(value, param, ctx)
+        if len(sizes) < 2:
+            self.fail(f"needs at least two different sizes (a fit needs two points), e.g. {self.example}", param, ctx)
+        return sizes
+
+
 def optimizer_options(command: Callable) -> Callable:
     """--optimizer, --lr, --momentum, --betas and --weight-decay: how the training between recorded steps runs."""
     for option in reversed((

@@ -10,9 +10,9 @@ from rich.table import Table
 from arcsim.catalog import COMPRESSORS
 from arcsim.cli.common import (
     DENSITY,
-    ByteSize,
     Count,
     ListOf,
+    SizeGrid,
     console,
     json_option,
     note,
@@ -51,7 +51,7 @@ VALIDATE_WRITES = ("validation.csv", "validation.png", "validation/*")  # what -
 @click.option("--batch", default="32", show_default=True, type=Count(), help="Batch per rank.")
 @click.option("--repeats", default="3", show_default=True, type=Count(),
               help="DDP trainings per case, each in fresh processes: the median and min–max of their medians.")
-@click.option("--calibration-sizes", type=ListOf(ByteSize(), unique=True, example="4KB,256KB,1MB"), default=None,
+@click.option("--calibration-sizes", type=SizeGrid(), default=None,
               help="Per-rank sizes of the calibration before the trainings (default 256 B … 4 MiB, ×4; fewer or "
                    "smaller sizes calibrate sooner, as arcsim calibrate --sizes).")
 @click.option("--calibration-repeats", default="9", show_default=True, type=Count(),
@@ -110,9 +110,6 @@ def validate(rank_list: tuple[int, ...], bandwidth: str, delay: str, ranks_per_n
         raise ArcsimError(f"--density must lie in (0, 1], got {density}")
     if repeats < 1:
         raise ArcsimError(f"--repeats must be at least 1 (3 or more to see the noise), got {repeats}")
-    if calibration_sizes is not None and len(calibration_sizes) < 2:
-        raise ArcsimError("--calibration-sizes needs at least two different sizes (a fit needs two points), e.g. "
-                          "4KB,256KB,1MB")
     hierarchies = _hierarchies(hierarchy, ranks_per_node, rank_list)
     if measured and hierarchies != ("flat",):
         raise ArcsimError("--measured compares flat runs only; drop --hierarchy (node-aware runs on a real cluster "
