@@ -97,6 +97,7 @@ DATASETS = ("digits", "mnist1d", "synthetic-images", "synthetic-tokens", "python
 LIBRARY_NAMES = ("nccl", "gloo", "mpi", "ideal")  # collectives.libraries.LIBRARIES (a test holds them equal)
 POLICIES = ("auto", "paper", "gate", "none")  # run/policies.py; gate: the error gate before issue 41
 FUSIONS = ("bucket", "model")  # DDP buckets, each compressed on its own; or the whole gradient as one vector
+HIERARCHIES = ("flat", "node", "both")  # --hierarchy (arcsim.compressors.hierarchy)
 # the ratio grid stops at 0.3: a sparsifier at density 1 sends every entry (with its index, for the top-k
 # family) and has dense's zero error, so it is never on the front; dense itself is the grid's end point
 DEFAULT_RATIOS = (1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 0.1, 0.3)
@@ -158,6 +159,23 @@ def check_options(compressors: tuple[str, ...], options: Mapping[str, Any], erro
 
 def fusion_message(fusion: object) -> str:
     return f"unknown fusion {fusion!r}; choose {' or '.join(FUSIONS)}"
+
+
+def model_ref_problem(ref: str, with_args: bool) -> str | None:
+    """What is wrong with a --model reference that shows without importing anything (None: nothing yet): a zoo
+    model given --model-arg, or a bare name that is neither a zoo model nor an import path (path.py:build,
+    package.module:build, hf:config.json)."""
+    if ref in MODELS:
+        return f"--model-arg goes with a model of your own; {ref} is a zoo model" if with_args else None
+    if not ref.startswith("hf:") and ":" not in ref:
+        return (f"unknown model {ref!r}; choose one of: {', '.join(MODELS)}, or name your own as "
+                "path/to/file.py:build, package.module:build or hf:config.json")
+    return None
+
+
+def hierarchy_message(name: str) -> str:
+    return (f"unknown hierarchy {name!r}; choose flat (compress across every rank), node (dense inside a node, "
+            "compressed between nodes) or both (price each compressor both ways)")
 
 
 def unknown_library(name: str, role: str = "") -> str:

@@ -17,3 +17,7 @@ class TopologyError(ArcsimError):
 
 class CollectiveError(ArcsimError):
     """An unknown operation or algorithm, or one that does not apply."""
+
+
+class CompressionError(ArcsimError):
+    """Bad compressor input: density, rank, shapes, non-finite gradients, unknown names."""

@@ -37,10 +37,10 @@ import torch.distributed as dist
 from arcsim.catalog import memory_for, options_for
 from arcsim.comm import Communicator
 from arcsim.comm.distributed import DistributedComm, InNodeComm
-from arcsim.compressors import Compressor, make_compressor
-from arcsim.compressors.base import Layer
 from arcsim.compressors.hierarchy import in_node_records, slice_bounds, slice_layout, slice_seed
+from arcsim.compressors.layout import Layer
 from arcsim.compressors.memory import Memory, make_memory
+from arcsim.compressors.registry import Compressor, make_compressor
 from arcsim.errors import ArcsimError
 from arcsim.files import atomic_path
 from arcsim.strategy.plan import BucketPlan

@@ -20,7 +20,7 @@ from rich.table import Table
 
 from arcsim.comm.inprocess import InProcessComm
 from arcsim.comm.solo import SoloComm
-from arcsim.compressors import make_compressor
+from arcsim.compressors.registry import make_compressor
 
 NAMES = ("topk", "gaussiank", "arctopk", "randk", "star", "var", "powersgd", "fp16", "dense")
 DENSITY = 0.01

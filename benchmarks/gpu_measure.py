@@ -31,8 +31,8 @@ import torch
 
 from arcsim.catalog import INFO
 from arcsim.comm.solo import SoloComm
-from arcsim.compressors import make_compressor
-from arcsim.compressors.base import layout_of
+from arcsim.compressors.layout import layout_of
+from arcsim.compressors.registry import make_compressor
 from arcsim.models import loss_fn, model_entry
 from arcsim.models.datasets import make_dataset
 from arcsim.traces.profile import measure_profile

@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 from arcsim.comm.solo import SoloComm
-from arcsim.compressors import make_compressor
+from arcsim.compressors.registry import make_compressor
 
 NAMES = ("qsgd", "terngrad", "natural", "signsgd", "signum", "efsignsgd", "onebit", "rs-bf16", "rs-int8", "qgz",
          "rs-int8-ring", "qgz4")

@@ -151,7 +151,8 @@ def analysis(row: dict[str, str], traces: Path):
     """One arcsim Analysis per (trace, topology, GPU, batch, framework, hierarchy, fusion, scope, precision, bucket
     cap), the trace and measurements shared; a new stand-in lets the last one's go (its measurements stay in
     arcsim's cache on disk)."""
-    from arcsim.run.analysis import Analysis, RunConfig
+    from arcsim.run.analysis import Analysis
+    from arcsim.run.config import RunConfig
 
     options = options_of(row)
     key = (row["arcsim_trace"], row["arcsim_topology"], row["arcsim_gpu"], row["arcsim_batch"],

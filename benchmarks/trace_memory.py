@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from arcsim.compressors.base import Layer
+from arcsim.compressors.layout import Layer
 from arcsim.traces.format import SCHEMA_VERSION, TraceWriter
 
 GOAL = 1.5e9

@@ -10,9 +10,9 @@ from _rank_report import report_and_leave  # a sibling script: its folder is on 
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from arcsim.comm.inprocess import InProcessComm
-from arcsim.compressors import make_compressor
-from arcsim.compressors.base import layout_of
+from arcsim.compressors.layout import layout_of
 from arcsim.compressors.memory import make_memory
+from arcsim.compressors.registry import make_compressor
 from arcsim.hooks import CompressionState, MixedState, compression_hook, mixed_hook
 from arcsim.models import loss_fn, model_entry
 from arcsim.models.datasets import make_dataset

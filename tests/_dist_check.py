@@ -9,8 +9,8 @@ from _rank_report import report_and_leave  # a sibling script: its folder is on 
 
 from arcsim.comm.distributed import DistributedComm
 from arcsim.comm.inprocess import InProcessComm
-from arcsim.compressors import NAMES, make_compressor
 from arcsim.compressors.memory import MEMORIES, make_memory
+from arcsim.compressors.registry import NAMES, make_compressor
 from arcsim.traces.synthetic import synthetic_steps
 
 D, STEPS, DENSITY = 3000, 3, 0.05

@@ -9,10 +9,10 @@ import torch
 import torch.distributed as dist
 from _rank_report import report_and_leave  # a sibling script: its folder is on the path
 
-from arcsim.compressors import NAMES, make_compressor
-from arcsim.compressors.base import Layer
 from arcsim.compressors.hierarchy import Grouping, NodeAware, slice_seed
+from arcsim.compressors.layout import Layer
 from arcsim.compressors.memory import make_memory
+from arcsim.compressors.registry import NAMES, make_compressor
 from arcsim.hooks import CompressionState, compress_bucket, node_groups
 from arcsim.run.measure import default_memory
 from arcsim.traces.synthetic import synthetic_steps

@@ -11,7 +11,7 @@ import torch.distributed as dist
 from _ddp_check import hook_against_in_process  # a sibling script: its folder is on the path
 from _rank_report import report_and_leave  # a sibling script: its folder is on the path
 
-from arcsim.compressors.base import layout_of
+from arcsim.compressors.layout import layout_of
 from arcsim.hooks import MixedState
 from arcsim.models import model_entry
 from arcsim.models.datasets import make_dataset

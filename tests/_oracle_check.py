@@ -25,8 +25,8 @@ from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as psgd
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from arcsim.comm.inprocess import InProcessComm
-from arcsim.compressors import make_compressor
-from arcsim.compressors.base import layout_of
+from arcsim.compressors.layout import layout_of
+from arcsim.compressors.registry import make_compressor
 from arcsim.hooks import CompressionState, compression_hook
 
 RANK_R = 4

@@ -11,7 +11,7 @@ from _rank_report import report_and_leave  # a sibling script: its folder is on 
 
 from arcsim.comm.distributed import DistributedComm
 from arcsim.comm.inprocess import InProcessComm
-from arcsim.compressors import make_compressor
+from arcsim.compressors.registry import make_compressor
 from arcsim.compressors.sharded import SHARDED, Codec
 
 D = 2000

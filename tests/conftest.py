@@ -16,6 +16,7 @@ from pathlib import Path
 from types import ModuleType
 
 import pytest
+from hypothesis import settings
 
 try:  # pytest 9 keeps a node's id in ``_id`` (see pytest_collection_modifyitems)
     from _pytest.nodeid import coerce_node_id
@@ -29,6 +30,11 @@ from arcsim.topology import IntraLink, Network, Topology
 # loads; run_cli calls its second half in this process): spinning threads on the cores the other xdist workers and
 # their ranks share ran tests 4-35 times slower (tests/test_schedule.py's 2 s fixture took 85 s)
 wait_passively()
+
+# no test asserts on wall time, hypothesis's per-example deadline (200 ms) included: a first example that loads a
+# module or waits on the other worker's load took 0.87 s once, and 0.3 ms again
+settings.register_profile("arcsim", deadline=None)
+settings.load_profile("arcsim")
 
 # the measurement cache of this test session only (arcsim.run.cache), one per xdist worker so that no test
 # sees another's entries: subprocesses inherit it

@@ -6,8 +6,8 @@ import subprocess
 import sys
 
 from arcsim import catalog
-from arcsim.compressors import NAMES, REGISTRY
 from arcsim.compressors.memory import MEMORIES
+from arcsim.compressors.registry import NAMES, REGISTRY
 from arcsim.models import MODELS
 from arcsim.models.datasets import DATASETS
 from arcsim.traces.synthetic import KINDS

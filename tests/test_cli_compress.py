@@ -7,8 +7,8 @@ from click.testing import CliRunner
 from conftest import run_cli
 
 from arcsim.cli import cli
-from arcsim.compressors import NAMES
 from arcsim.compressors.memory import MEMORIES
+from arcsim.compressors.registry import NAMES
 
 STEP_KEYS = {"density_achieved", "rel_error", "energy_captured", "bytes_per_rank", "collectives"}
 
@@ -74,8 +74,8 @@ def test_a_trace_compressed_a_group_of_layers_at_a_time_measures_what_the_whole_
     """compress_streamed (what `arcsim compress --trace` runs, to stay in memory) against compress_steps on whole
     steps: per-layer selections see the same tensors, so every figure agrees, the global top-k overlap too."""
     from arcsim.catalog import options_for
-    from arcsim.compressors import make_compressor
     from arcsim.compressors.memory import make_memory
+    from arcsim.compressors.registry import make_compressor
     from arcsim.compressors.session import compress_steps
     from arcsim.run.streamed import compress_streamed
     from arcsim.traces.format import open_trace

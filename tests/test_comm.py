@@ -8,8 +8,8 @@ import torch
 from conftest import spawn_ranks
 
 from arcsim.comm.inprocess import InProcessComm
-from arcsim.compressors import NAMES, make_compressor
 from arcsim.compressors.memory import MEMORIES
+from arcsim.compressors.registry import NAMES, make_compressor
 from arcsim.pricing import price_collective, price_records
 from arcsim.topology import load_topology
 

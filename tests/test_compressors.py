@@ -4,10 +4,12 @@ import pytest
 import torch
 
 from arcsim.comm.inprocess import InProcessComm
-from arcsim.compressors import NAMES, make_compressor
 from arcsim.compressors.arctopk import ArcTopK
-from arcsim.compressors.base import CompressionError, check_finite, layout_of, stack_workers
+from arcsim.compressors.base import check_finite, stack_workers
+from arcsim.compressors.layout import layout_of
 from arcsim.compressors.memory import MEMORIES, make_memory
+from arcsim.compressors.registry import NAMES, make_compressor
+from arcsim.errors import CompressionError
 from arcsim.traces.synthetic import synthetic_steps
 
 P, D = 4, 6000

@@ -19,7 +19,8 @@ EVERY = tuple(c for c in COMPRESSORS if c != "dense")
 
 @pytest.fixture(scope="module")
 def analyses():
-    from arcsim.run.analysis import Analysis, RunConfig
+    from arcsim.run.analysis import Analysis
+    from arcsim.run.config import RunConfig
 
     return {where: Analysis(RunConfig(compressors=EVERY, policy="none", ratios=(0.01,), measure_device=where,
                                       exact=True), announce=lambda _: None) for where in ("cuda", "cpu")}

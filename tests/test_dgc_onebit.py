@@ -15,10 +15,11 @@ from arcsim.collectives import build
 from arcsim.comm.inprocess import InProcessComm
 from arcsim.comm.log import on_ranks
 from arcsim.comm.solo import SoloComm
-from arcsim.compressors import make_compressor
-from arcsim.compressors.base import CompressionError, layout_of
 from arcsim.compressors.dgc import DGC
+from arcsim.compressors.layout import layout_of
 from arcsim.compressors.onebit import OneBit, pack_signs, unpack_signs
+from arcsim.compressors.registry import make_compressor
+from arcsim.errors import CompressionError
 from arcsim.netsim import analytic
 from arcsim.pricing import plan, price_records
 

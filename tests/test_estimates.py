@@ -67,7 +67,8 @@ def test_a_capture_says_its_estimate_first_when_it_is_worth_saying(tmp_path):
 
 
 def test_a_cold_run_counts_what_it_must_measure_and_a_warm_one_nothing():
-    from arcsim.run.analysis import Analysis, RunConfig
+    from arcsim.run.analysis import Analysis
+    from arcsim.run.config import RunConfig
 
     cfg = RunConfig(compressors=("dense", "topk"), ratios=(0.01, 0.1), seed=123)  # a seed no other test caches
     cold = Analysis(cfg)

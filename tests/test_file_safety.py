@@ -216,7 +216,7 @@ def test_a_trace_on_a_full_disk_lets_go_of_its_file_without_a_second_error(full_
                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
     """The half-written zip is dropped with the partial file: nothing left for the garbage collector to try to
     finish (which printed 'Exception ignored … No space left' after the error line)."""
-    from arcsim.compressors.base import Layer
+    from arcsim.compressors.layout import Layer
     from arcsim.traces.format import TraceWriter
 
     def write(path: Path) -> None:

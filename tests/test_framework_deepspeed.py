@@ -11,7 +11,7 @@ from conftest import run_cli
 
 from arcsim.catalog import DEEPSPEED_BUFFER_ELEMENTS
 from arcsim.comm.log import record
-from arcsim.compressors.base import Layer
+from arcsim.compressors.layout import Layer
 from arcsim.errors import ArcsimError
 from arcsim.pricing import Pricer
 from arcsim.run.candidates import Context, step_timeline

@@ -10,7 +10,7 @@ import pytest
 from conftest import run_cli
 
 from arcsim.comm.log import record
-from arcsim.compressors.base import Layer
+from arcsim.compressors.layout import Layer
 from arcsim.run.scaling import dense_step
 from arcsim.strategy import effects
 from arcsim.strategy.buckets import Bucket

@@ -18,7 +18,7 @@ UNITISH = st.one_of(st.text(max_size=12),
                               st.sampled_from(["B", "kB", "MiB", "GB", "Gbps", "Gbit", "us", "ms", "s", "", "x"])))
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=300)
 @given(UNITISH)
 def test_unit_parsers_raise_only_arcsim_errors(text):
     for parse in (parse_size, parse_rate, parse_duration):
@@ -40,7 +40,7 @@ YAML_VALUES = st.recursive(SCALARS,
                            max_leaves=12)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=300)
 @given(st.one_of(YAML_VALUES, st.text(max_size=40)))
 def test_topology_yaml_raises_only_arcsim_errors(value):
     import yaml
@@ -57,7 +57,7 @@ SWEEP_KEYS = ["topology", "bandwidth", "latency", "ranks", "trace", "compressor"
               "memory", "seed", "x"]
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=300)
 @given(st.dictionaries(st.sampled_from(SWEEP_KEYS), YAML_VALUES, max_size=4))
 def test_sweep_spec_raises_only_arcsim_errors(raw):
     from arcsim.sweep.spec import build_spec

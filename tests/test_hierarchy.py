@@ -14,10 +14,10 @@ from conftest import multi, rank_reports, run_cli
 
 from arcsim.catalog import INFO
 from arcsim.comm.inprocess import InProcessComm
-from arcsim.compressors import make_compressor
-from arcsim.compressors.base import Layer, flat_layout
 from arcsim.compressors.hierarchy import Grouping, NodeAware, group_workers, slice_bounds, slice_layout
+from arcsim.compressors.layout import Layer, flat_layout
 from arcsim.compressors.memory import make_memory
+from arcsim.compressors.registry import make_compressor
 from arcsim.errors import ArcsimError
 from arcsim.pricing import Pricer, group_topology, price_collective
 from arcsim.run.measure import default_memory

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from conftest import rank_reports
 
-from arcsim.compressors.base import CompressionError
+from arcsim.errors import CompressionError
 from arcsim.hooks import CompressionState
 
 HERE = Path(__file__).parent

@@ -21,7 +21,8 @@ def test_a_torch_device_name_finds_its_catalogue_gpu(torch_name, catalogue):
 
 
 def test_the_check_sets_each_timed_compressor_beside_the_model_of_the_same_buckets():
-    from arcsim.run.analysis import Analysis, RunConfig
+    from arcsim.run.analysis import Analysis
+    from arcsim.run.config import RunConfig
     from arcsim.run.kernel_check import kernel_check
 
     analysis = Analysis(RunConfig(compressors=("topk", "qsgd", "fp16"), policy="none", ratios=(0.01,), gpu="cpu"),
@@ -43,7 +44,8 @@ def test_the_check_sets_each_timed_compressor_beside_the_model_of_the_same_bucke
 
 def test_nothing_timed_gives_no_check():
     """Compression modelled on the topology's GPU is not timed: no check to show (no NaN rows)."""
-    from arcsim.run.analysis import Analysis, RunConfig
+    from arcsim.run.analysis import Analysis
+    from arcsim.run.config import RunConfig
     from arcsim.run.kernel_check import kernel_check
 
     analysis = Analysis(RunConfig(compressors=("topk",), policy="none", ratios=(0.01,)), announce=lambda _: None)

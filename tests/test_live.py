@@ -10,7 +10,8 @@ import torch
 from conftest import run_cli
 
 from arcsim.run import analysis as analysis_module
-from arcsim.run.analysis import Analysis, RunConfig
+from arcsim.run.analysis import Analysis
+from arcsim.run.config import RunConfig
 from arcsim.traces.capture import CaptureConfig, capture
 from arcsim.traces.live import LiveSource
 from arcsim.traces.training import TrainingConfig

@@ -11,10 +11,12 @@ import numpy as np
 import pytest
 import torch
 
-from arcsim.compressors.base import Layer, topk_indices
+from arcsim.compressors.base import topk_indices
+from arcsim.compressors.layout import Layer
 from arcsim.compressors.nested import NestedTopK
 from arcsim.run import analysis as analysis_module
-from arcsim.run.analysis import MEASURED_AHEAD, Analysis, RunConfig
+from arcsim.run.analysis import MEASURED_AHEAD, Analysis
+from arcsim.run.config import RunConfig
 from arcsim.run.measure import SMALL_WORK_ELEMENTS, GradientStats, intra_op_threads, measure, measuring_threads
 from arcsim.strategy.buckets import Bucket
 

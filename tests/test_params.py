@@ -9,7 +9,7 @@ from conftest import run_cli
 
 from arcsim.comm.inprocess import InProcessComm
 from arcsim.comm.log import FIXED_TAGS, ROOT_TAGS
-from arcsim.compressors import make_compressor
+from arcsim.compressors.registry import make_compressor
 from arcsim.traces.params import ParamsModel
 from arcsim.units import parse_params
 
@@ -28,7 +28,7 @@ def test_every_message_scales_with_the_layer_as_its_tag_says(name):
     sizes = {}
     for side in (128, 512):  # large enough that k, ranks and row counts do not round away (see docs/run.md)
         comm = InProcessComm(4)
-        from arcsim.compressors.base import layout_of
+        from arcsim.compressors.layout import layout_of
 
         layout = layout_of([(side, side)])
         make_compressor(name, 0.05, seed=1).compress(torch.randn(4, side * side), comm, 0, layout)

@@ -119,7 +119,7 @@ def test_paper_needs_a_topk_compressor(tmp_path):
 
 def _mix_case(second_bucket_s: float):
     """Two buckets; candidate a is quick on bucket 0, b on bucket 1 (``second_bucket_s`` for a there)."""
-    from arcsim.compressors.base import Layer
+    from arcsim.compressors.layout import Layer
     from arcsim.run.candidates import Candidate, Context
     from arcsim.run.compute import ComputeTimes
     from arcsim.run.measure import Measurement

@@ -17,10 +17,10 @@ from conftest import rank_reports
 from arcsim.catalog import INFO
 from arcsim.cli import cli
 from arcsim.comm.inprocess import InProcessComm
-from arcsim.compressors import make_compressor
-from arcsim.compressors.base import CompressionError
 from arcsim.compressors.memory import make_memory
 from arcsim.compressors.quantisers import pack, unpack
+from arcsim.compressors.registry import make_compressor
+from arcsim.errors import CompressionError
 
 HERE = Path(__file__).parent
 CPU = torch.device("cpu")

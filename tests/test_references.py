@@ -18,9 +18,10 @@ import torch
 from conftest import rank_reports
 
 from arcsim.comm.inprocess import InProcessComm
-from arcsim.compressors import make_compressor
-from arcsim.compressors.base import CompressionError, layout_of
+from arcsim.compressors.layout import layout_of
 from arcsim.compressors.memory import make_memory
+from arcsim.compressors.registry import make_compressor
+from arcsim.errors import CompressionError
 
 HERE = Path(__file__).parent
 SHAPES = [(16, 8), (16,), (3, 4, 5), (1,), (40,)]

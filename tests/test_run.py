@@ -12,7 +12,7 @@ from conftest import run_cli
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from arcsim.compressors.base import Layer
+from arcsim.compressors.layout import Layer
 from arcsim.run.pareto import choose, pareto_front
 from arcsim.strategy.buckets import make_buckets
 from arcsim.strategy.data_parallel import bucketed_step
@@ -52,7 +52,7 @@ def test_timeline_by_hand():
     assert stepped.iteration_s == 6.25 and stepped.compute_s == 4.75 and stepped.exposed_comm_s == pytest.approx(0.5)
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=60)
 @given(st.lists(st.tuples(st.floats(0.1, 10), st.floats(0, 1)), min_size=1, max_size=40))
 def test_pareto_front_is_exactly_the_non_dominated_set(points):
     obj = np.array(points)
@@ -327,8 +327,9 @@ def test_grid_steps_only_shrinks_the_grid(tmp_path):
 def test_compress_scale_multiplies_measured_compression_only():
     import dataclasses
 
-    from arcsim.run.analysis import Analysis, RunConfig
+    from arcsim.run.analysis import Analysis
     from arcsim.run.candidates import step_timelines
+    from arcsim.run.config import RunConfig
 
     analysis = Analysis(RunConfig(compressors=("topk",), policy="none", ratios=(0.01,), gpu="cpu"),
                         announce=lambda _: None)
@@ -346,7 +347,8 @@ def test_compress_scale_multiplies_measured_compression_only():
 
 @pytest.mark.parametrize(("topology", "word"), [("8x8-ib100", "upper estimate"), ("4x1-eth25", "lower estimate")])
 def test_the_error_estimate_is_named_by_which_way_the_rank_count_differs(topology, word):
-    from arcsim.run.analysis import Analysis, RunConfig
+    from arcsim.run.analysis import Analysis
+    from arcsim.run.config import RunConfig
 
     analysis = Analysis(RunConfig(topology=topology, compressors=("topk",), policy="none", ratios=(0.01,)),
                         announce=lambda _: None)

@@ -12,7 +12,8 @@ from conftest import benchmark, run_cli
 
 from arcsim.collectives.libraries.nccl import NET_STEP_US
 from arcsim.run import doubt
-from arcsim.run.analysis import Analysis, RunConfig
+from arcsim.run.analysis import Analysis
+from arcsim.run.config import RunConfig
 
 VERDICTS = {"faster", "slower", "too close to call", "baseline"}
 FAST = ("-c", "dense,fp16,topk,arctopk", "--ratios", "0.003,0.01,0.1", "--policy", "none")

@@ -9,9 +9,10 @@ import json
 import pytest
 from conftest import run_cli
 
-from arcsim.compressors.base import Layer
+from arcsim.compressors.layout import Layer
 from arcsim.run import cache
-from arcsim.run.analysis import Analysis, RunConfig
+from arcsim.run.analysis import Analysis
+from arcsim.run.config import RunConfig
 from arcsim.run.measure import measure
 from arcsim.run.sampling import BucketSample
 from arcsim.strategy.buckets import make_buckets

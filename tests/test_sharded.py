@@ -12,8 +12,9 @@ import torch
 from conftest import run_cli, spawn_ranks
 
 from arcsim.comm.inprocess import InProcessComm
-from arcsim.compressors import make_compressor
-from arcsim.compressors.sharded import SHARDED, Codec, blockwise, reduce_mean
+from arcsim.compressors.registry import make_compressor
+from arcsim.catalog import QUANT_BLOCK
+from arcsim.compressors.sharded import SHARDED, Codec, blockwise, reduce_mean, reduction_errors, step_piece
 from arcsim.strategy.schedule import ShardCollective
 
 HERE = Path(__file__).resolve().parent
@@ -162,3 +163,22 @@ def test_arcsim_run_measures_them_on_the_default_trace(tmp_path: Path) -> None:
     assert 0 < rows["rs-int8"]["rel_error"] < rows["qgz"]["rel_error"] < rows["rs-int8-ring"]["rel_error"] < 1e-3
     assert all(rows[c]["compress_s"] > 0 and rows[c]["bytes_per_rank"] < rows["dense"]["bytes_per_rank"]
                for c in ("rs-int8", "qgz", "rs-int8-ring"))
+
+
+def test_a_step_measured_in_column_pieces_has_the_whole_steps_error():
+    """LLaMA-1B's steps are measured in pieces of whole blocks per rank (memory O(workers × piece)): every
+    blockwise way gives the whole step's error to float rounding; the int8 ring (whose hop order follows the
+    block's owner) the same rounding in another order, so within a few per cent; a piece not of whole blocks
+    would move a blockwise way's error, which is what the first assertion guards."""
+    workers, gpus = 4, 2
+    g = torch.Generator().manual_seed(3)
+    grads = torch.randn(workers, 60 * 3 * QUANT_BLOCK * workers + 1000, generator=g)
+    grads[:, :2000] *= 40  # blocks of very different scales, as layers have
+    width = 3 * QUANT_BLOCK * workers
+    pieces = [grads[:, lo:lo + width] for lo in range(0, grads.shape[1], width)]
+    whole = {e.how: e.rel_error_mean for e in reduction_errors([grads], gpus)}
+    pieced = {e.how: e.rel_error_mean for e in reduction_errors([iter(pieces)], gpus)}
+    for way in ("bf16", "int8", "int8-hier", "int4-hier"):
+        assert pieced[way] == pytest.approx(whole[way], rel=1e-5), way
+    assert pieced["int8-ring"] == pytest.approx(whole["int8-ring"], rel=0.05)
+    assert step_piece(workers) % (QUANT_BLOCK * workers) == 0

@@ -16,8 +16,9 @@ import pytest
 from conftest import free_port, interruptible, run_cli
 
 from arcsim.files import packaged
-from arcsim.run.analysis import Analysis, RunConfig
+from arcsim.run.analysis import Analysis
 from arcsim.run.candidates import candidates_for
+from arcsim.run.config import RunConfig
 from arcsim.sweep import runner as runner_mod
 from arcsim.sweep.evaluate import COLUMNS, evaluate_point, point_topology
 from arcsim.sweep.plots import hold_others

@@ -12,7 +12,7 @@ import pytest
 import torch
 from conftest import run_cli
 
-from arcsim.compressors.base import Layer
+from arcsim.compressors.layout import Layer
 from arcsim.errors import ArcsimError
 from arcsim.models import MODELS, count_params, loss_fn
 from arcsim.models.datasets import make_dataset

@@ -5,6 +5,7 @@ from __future__ import annotations
 import click
 from rich.table import Table
 
+from arcsim.catalog import model_ref_problem
 from arcsim.cli.common import (
     Count,
     console,
@@ -13,7 +14,8 @@ from arcsim.cli.common import (
     tables_wanted,
     write_json,
 )
-from arcsim.devices.catalog import PRECISIONS, device, devices
+from arcsim.devices.catalog import PRECISIONS, device, devices, modelled_device
+from arcsim.errors import ArcsimError
 from arcsim.units import format_duration
 
 
@@ -70,6 +72,10 @@ def device_predict(model: str, model_args: tuple[str, ...], data: str | None, da
                    input_size: int | None, gpu: str, batch: int, precision: str, modelled: bool,
                    json_out: str | None) -> None:
     """Forward, backward and per-parameter gradient-ready times of one training step on one GPU."""
+    modelled_device(gpu, precision, batch)  # these, and a zoo name, answered before torch loads
+    problem = model_ref_problem(model, bool(model_args))
+    if problem:
+        raise ArcsimError(problem)
     from arcsim.devices.predict import predict_compute
     from arcsim.models.source import model_source
 

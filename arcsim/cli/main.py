@@ -285,21 +285,23 @@ def compress(compressor: str, density: float, memory: str | None, seed: int, ran
              spread: float, json_out: str | None, scope: str) -> None:
     """Run a compressor with error feedback on real tensors and measure every step."""
     from arcsim.catalog import memory_for, options_for
-    from arcsim.compressors import Compressor, make_compressor  # torch: imported by the commands that need it
+    from arcsim.traces.synthetic import synthetic_steps
+
+    if trace is not None and synthetic is not None:
+        raise ArcsimError("give either --trace or --synthetic, not both")
+    if synthetic is not None:  # its size checked before torch loads
+        batches = synthetic_steps(synthetic, workers, elements, steps, seed, shared, spread)
     from arcsim.compressors.memory import Memory, make_memory
+    from arcsim.compressors.registry import Compressor, make_compressor  # torch: imported by the commands that need it
     from arcsim.compressors.session import compress_steps
     from arcsim.run.streamed import compress_streamed
     from arcsim.traces.format import open_trace
     from arcsim.traces.resolve import resolve_trace
-    from arcsim.traces.synthetic import synthetic_steps
 
     comp = make_compressor(compressor, density, seed=seed, rank=rank, **options_for(compressor, {"scope": scope}))
     memory = memory_for(compressor, memory)  # its default when not given; DGC and onebit keep their own (none)
     mem = make_memory(memory)
-    if trace is not None and synthetic is not None:
-        raise ArcsimError("give either --trace or --synthetic, not both")
     if synthetic is not None:
-        batches = synthetic_steps(synthetic, workers, elements, steps, seed, shared, spread)
         source = f"synthetic:{synthetic}"
         title_source = f"synthetic {synthetic} ({workers} workers × {elements:,} elements, seed {seed})"
     else:

@@ -53,7 +53,7 @@ from arcsim.traces.estimates import NOTE_SECONDS, Load, rough_duration
 from arcsim.units import parse_duration, parse_params, parse_rate
 
 if TYPE_CHECKING:  # torch stays unimported until a command needs it
-    from arcsim.run.analysis import RunConfig
+    from arcsim.run.config import RunConfig
     from arcsim.traces.training import TrainingConfig
 
 
@@ -184,8 +184,7 @@ def run(topology: str, trace: str | None, no_capture: bool, params: str | None, 
     check_compression(chosen, memory, ArcsimError)  # before torch is imported: a typo answered at once
     training = live_training(live, model, dataset, workers, steps, live_device, batch, seed, model_args, data,
                              input_size)
-    from arcsim.run import report
-    from arcsim.run.analysis import Analysis, RunConfig
+    from arcsim.run.config import RunConfig  # torch-free: every check below is answered before torch loads
 
     cfg = RunConfig(topology=topology, trace=trace, compressors=chosen,
                     density=density, memory=memory, engine=engine, bucket_mb=bucket_mb, policy=policy,
@@ -231,6 +230,9 @@ def run(topology: str, trace: str | None, no_capture: bool, params: str | None, 
             live_run, training, cfg.planned_measurements_at_most(), LIVE_MEMORY_BYTES), force)
         if estimate is not None and estimate.worth_saying:
             note(f"--live {model}: {estimate.describe()}")
+    from arcsim.run import report
+    from arcsim.run.analysis import Analysis
+
     with step_progress("training" if live else "capture", unit="train step") as capture_progress:
         analysis = Analysis(cfg, announce=note, capture_progress=capture_progress)
     load = Load.now()
@@ -325,7 +327,7 @@ def run(topology: str, trace: str | None, no_capture: bool, params: str | None, 
 
 def _strategies(sharding: str, cfg: RunConfig) -> tuple[str, ...]:
     """--sharding's strategies, refused before any work where the run or its cluster cannot shard."""
-    from arcsim.run.strategies import check_sharding, parse_sharding
+    from arcsim.run.config import check_sharding, parse_sharding
     from arcsim.topology import load_topology
 
     strategies = parse_sharding(sharding)

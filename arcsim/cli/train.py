@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 import click
 from rich.table import Table
 
-from arcsim.catalog import COMPRESSORS, FUSIONS, MEMORIES, MODELS
+from arcsim.catalog import COMPRESSORS, FUSIONS, MEMORIES, MODELS, model_ref_problem
 from arcsim.cli.common import (
     DENSITY,
     INPUT_SIZE,
@@ -48,7 +48,7 @@ TRAIN_WRITES = ("*.csv", "*.json", "*.jsonl", "*.png", "checkpoints/*")  # what 
 @model_arg_options
 @click.option("--dataset", default=None, help="A dataset with a held-out split: digits, mnist1d or python-text "
                                               "(default: the model's own).")
-@click.option("--workers", "-w", default="8", show_default=True, type=Count(maximum=1024),
+@click.option("--workers", "-w", default="8", show_default=True, type=Count(minimum=2, maximum=1024),
               help="Simulated data-parallel workers.")
 @click.option("--compressors", "-c", default="dense,topk,arctopk,star,randk", show_default=True,
               help=f"Comma-separated, from {', '.join(COMPRESSORS)}.")
@@ -117,6 +117,19 @@ def train(model: str, model_args: tuple[str, ...], data: str | None, dataset: st
           warmup: int | None = None, stop_at_target: bool = False, objective: str = "time-to-target",
           **optimizer: Any) -> None:
     """Train W workers in one process through each compressor; accuracy against steps and predicted time."""
+    problem = model_ref_problem(model, bool(model_args))  # these answered before torch loads
+    if problem:
+        raise ArcsimError(problem)
+    for flag, named in (("--gpu", gpu), ("--library", library)):
+        if named and not topology:
+            raise ArcsimError(f"{flag} prices the steps on a cluster: give --topology too")
+    if topology:
+        from arcsim.devices.catalog import device
+        from arcsim.topology import load_topology
+
+        load_topology(topology)  # a bad name fails before any training
+        if gpu:
+            device(gpu)
     from arcsim.models.source import model_source
     from arcsim.run.target import target_of
     from arcsim.train.experiment import run_experiment
@@ -160,14 +173,11 @@ def train(model: str, model_args: tuple[str, ...], data: str | None, dataset: st
             raise ArcsimError(f"{flag} goes with --network-schedule FILE (a network that changes during training)")
     if memory == "ef21m":
         note("EF21M carries its own momentum: SGD's momentum is off (the step is x ← x − γ·h̄)")
-    for flag, value in (("--gpu", gpu), ("--library", library)):
-        if value and not topology:
-            raise ArcsimError(f"{flag} prices the steps on a cluster: give --topology too")
     if topology:
         from arcsim.devices.catalog import device, priced_gpu
         from arcsim.topology import load_topology
 
-        topo = load_topology(topology)  # a bad name fails before any training
+        topo = load_topology(topology)
         priced_on = priced_gpu(device(gpu).name if gpu else None, topo.gpu)
         if priced_on and priced_on != "cpu" and not compute_profile:
             note(f"each step is priced on {priced_on}: compute by the device model for {source.label} at batch "

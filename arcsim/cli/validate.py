@@ -147,7 +147,7 @@ def validate(rank_list: tuple[int, ...], bandwidth: str, delay: str, ranks_per_n
 
 def _hierarchies(hierarchy: str, ranks_per_node: int, ranks: tuple[int, ...]) -> tuple[str, ...]:
     """The hierarchies asked for, checked against the emulated nodes."""
-    from arcsim.compressors.hierarchy import HIERARCHIES, hierarchy_message
+    from arcsim.catalog import HIERARCHIES, hierarchy_message
     from arcsim.topology import splits_into_nodes
 
     if hierarchy not in HIERARCHIES:

@@ -18,8 +18,10 @@ import torch
 
 from arcsim.comm import Communicator
 from arcsim.compressors.arctopk import ArcTopK
-from arcsim.compressors.base import Compressed, CompressionError, Compressor, Layer, kth_largest
+from arcsim.compressors.base import Compressed, Compressor, kth_largest
+from arcsim.compressors.layout import Layer
 from arcsim.compressors.topk import TopK
+from arcsim.errors import CompressionError
 
 INNER = {"topk": TopK, "arctopk": ArcTopK}
 KAPPA = 1.0

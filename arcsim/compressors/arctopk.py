@@ -18,15 +18,9 @@ from __future__ import annotations
 import torch
 
 from arcsim.comm import Communicator
-from arcsim.compressors.base import (
-    Compressed,
-    CompressionError,
-    Compressor,
-    Layer,
-    SparseContribution,
-    flat_layout,
-    shared_aggregate,
-)
+from arcsim.compressors.base import Compressed, Compressor, SparseContribution, shared_aggregate
+from arcsim.compressors.layout import Layer, flat_layout
+from arcsim.errors import CompressionError
 
 SELECTORS = ("sketch", "oracle")
 SCOPES = ("tensor", "bucket")

@@ -17,14 +17,8 @@ from collections import deque
 import torch
 
 from arcsim.comm import Communicator
-from arcsim.compressors.base import (
-    Compressed,
-    Layer,
-    ScopedCompressor,
-    SparseContribution,
-    group_k,
-    shared_aggregate,
-)
+from arcsim.compressors.base import Compressed, ScopedCompressor, SparseContribution, group_k, shared_aggregate
+from arcsim.compressors.layout import Layer
 
 
 class _LeaderTopK(ScopedCompressor):

@@ -1,4 +1,4 @@
-"""What every compressor shares: its result, its contribution types, the layer layout, and checks.
+"""What every compressor shares: its result, its contribution types, and checks (the layer layout: layout.py).
 
 A compressor sees ``x`` of shape [W, d] (W local workers, see :mod:`arcsim.comm`) and returns the
 aggregate every worker applies, shape [1, d], which equals the mean over all P workers of what
@@ -18,14 +18,11 @@ import torch
 
 from arcsim.catalog import INFO, SCOPES, CompressorInfo, scope_message
 from arcsim.comm import Communicator
-from arcsim.errors import ArcsimError
+from arcsim.compressors.layout import Layer, layout_of
+from arcsim.errors import CompressionError
 
 if TYPE_CHECKING:
     from arcsim.compressors.nested import RawTopK
-
-
-class CompressionError(ArcsimError):
-    """Bad compressor input: density, rank, shapes, non-finite gradients, unknown names."""
 
 
 # -- contributions -----------------------------------------------------------------------------------
@@ -103,30 +100,6 @@ class Compressed:
     # input plus its worker and server errors): its error is measured against this, as an error-feedback memory's
     # against the input it compensated (None: the mean of the input; also where this process holds one worker)
     reference: torch.Tensor | None = None
-
-
-# -- layout ------------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class Layer:
-    name: str
-    shape: tuple[int, ...]
-    offset: int
-
-    @property
-    def numel(self) -> int:
-        return math.prod(self.shape)
-
-
-def flat_layout(d: int) -> tuple[Layer, ...]:
-    return (Layer("bucket", (d,), 0),)
-
-
-def layout_of(shapes: list[tuple[int, ...]], names: list[str] | None = None) -> tuple[Layer, ...]:
-    layers, offset = [], 0
-    for i, shape in enumerate(shapes):
-        layers.append(Layer(names[i] if names else f"layer{i}", tuple(shape), offset))
-        offset += math.prod(shape)
-    return tuple(layers)
 
 
 def check_scope(scope: str) -> str:

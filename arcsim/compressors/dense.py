@@ -6,7 +6,8 @@ from __future__ import annotations
 import torch
 
 from arcsim.comm import Communicator
-from arcsim.compressors.base import Compressed, Compressor, DenseContribution, Layer
+from arcsim.compressors.base import Compressed, Compressor, DenseContribution
+from arcsim.compressors.layout import Layer
 
 
 class Dense(Compressor):

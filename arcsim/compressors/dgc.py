@@ -54,12 +54,12 @@ import torch
 from arcsim.comm import Communicator
 from arcsim.compressors.base import (
     Compressed,
-    CompressionError,
     DenseContribution,
     GatheringCompressor,
-    Layer,
     sparse_aggregate,
 )
+from arcsim.compressors.layout import Layer
+from arcsim.errors import CompressionError
 
 UPPER, LOWER, ADAPTATIONS = 1.3, 0.8, 10  # the reference's compress_upper_bound, compress_lower_bound, iterations
 

@@ -16,14 +16,8 @@ from __future__ import annotations
 import torch
 
 from arcsim.comm import Communicator
-from arcsim.compressors.base import (
-    Compressed,
-    GatheringCompressor,
-    Layer,
-    SparseContribution,
-    group_k,
-    sparse_aggregate,
-)
+from arcsim.compressors.base import Compressed, GatheringCompressor, SparseContribution, group_k, sparse_aggregate
+from arcsim.compressors.layout import Layer
 
 EVALUATIONS = 3
 

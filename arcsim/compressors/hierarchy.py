@@ -27,16 +27,10 @@ import torch
 
 from arcsim.comm.inprocess import InProcessComm
 from arcsim.comm.log import CommRecord, record, scaled
-from arcsim.compressors.base import Compressed, Compressor, Layer
+from arcsim.compressors.base import Compressed, Compressor
+from arcsim.compressors.layout import Layer
 from arcsim.compressors.memory import Memory
 from arcsim.errors import ArcsimError
-
-HIERARCHIES = ("flat", "node", "both")
-
-
-def hierarchy_message(name: str) -> str:
-    return (f"unknown hierarchy {name!r}; choose flat (compress across every rank), node (dense inside a node, "
-            "compressed between nodes) or both (price each compressor both ways)")
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,9 @@ from collections.abc import Callable
 import torch
 
 from arcsim.comm import Communicator
-from arcsim.compressors.base import Compressed, CompressionError, Compressor, Layer
+from arcsim.compressors.base import Compressed, Compressor
+from arcsim.compressors.layout import Layer
+from arcsim.errors import CompressionError
 
 Observer = Callable[[torch.Tensor, Compressed], None]
 

@@ -42,13 +42,13 @@ import torch
 from arcsim.comm import Communicator
 from arcsim.compressors.base import (
     Compressed,
-    CompressionError,
     Compressor,
     DenseContribution,
-    Layer,
     check_scope,
     selection_groups,
 )
+from arcsim.compressors.layout import Layer
+from arcsim.errors import CompressionError
 
 _BITS = (128, 64, 32, 16, 8, 4, 2, 1)  # the first element in the highest bit, as numpy's and cupy's packbits
 

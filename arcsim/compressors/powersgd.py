@@ -21,14 +21,9 @@ from dataclasses import dataclass
 import torch
 
 from arcsim.comm import Communicator
-from arcsim.compressors.base import (
-    Compressed,
-    CompressionError,
-    Compressor,
-    Contribution,
-    Layer,
-    flat_layout,
-)
+from arcsim.compressors.base import Compressed, Compressor, Contribution
+from arcsim.compressors.layout import Layer, flat_layout
+from arcsim.errors import CompressionError
 
 
 @dataclass(frozen=True)

@@ -34,7 +34,9 @@ from typing import ClassVar
 import torch
 
 from arcsim.comm import Communicator
-from arcsim.compressors.base import Compressed, CompressionError, Compressor, DenseContribution, Layer
+from arcsim.compressors.base import Compressed, Compressor, DenseContribution
+from arcsim.compressors.layout import Layer
+from arcsim.errors import CompressionError
 
 HEADER_BYTES = 4  # one fp32 (a scale, a norm) or int32 (natural's top exponent) before each worker's codes
 TAG = "values+scale"  # the one all-gather of every quantiser and sign compressor

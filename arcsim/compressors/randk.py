@@ -13,14 +13,8 @@ import numpy as np
 import torch
 
 from arcsim.comm import Communicator
-from arcsim.compressors.base import (
-    Compressed,
-    Layer,
-    ScopedCompressor,
-    SparseContribution,
-    group_k,
-    shared_aggregate,
-)
+from arcsim.compressors.base import Compressed, ScopedCompressor, SparseContribution, group_k, shared_aggregate
+from arcsim.compressors.layout import Layer
 
 
 class RandK(ScopedCompressor):

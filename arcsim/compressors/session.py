@@ -9,7 +9,8 @@ from typing import Any
 import torch
 
 from arcsim.comm.inprocess import InProcessComm
-from arcsim.compressors.base import Compressed, Compressor, Layer, check_finite, check_input
+from arcsim.compressors.base import Compressed, Compressor, check_finite, check_input
+from arcsim.compressors.layout import Layer
 from arcsim.compressors.memory import Memory
 from arcsim.compressors.metrics import StepMetrics, fidelity, records_summary, update_error
 

@@ -26,17 +26,18 @@ its blockwise quantisation is the whole vector's. The math here is the one home 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass
-from typing import ClassVar
+from typing import ClassVar, Protocol
 
 import torch
 
 from arcsim.catalog import QUANT_BLOCK
 from arcsim.comm import Communicator
 from arcsim.comm.inprocess import InProcessComm
-from arcsim.compressors.base import Compressed, CompressionError, Compressor, DenseContribution, Layer, check_input
-from arcsim.errors import ArcsimError
+from arcsim.compressors.base import Compressed, Compressor, DenseContribution, check_input
+from arcsim.compressors.layout import Layer
+from arcsim.errors import ArcsimError, CompressionError
 
 GATHERS = ("fp32", "quantised")
 
@@ -237,20 +238,52 @@ class ReductionError:
         return asdict(self)
 
 
-def reduction_errors(steps: Iterable[torch.Tensor], gpus_per_node: int,
+STEP_PIECE_BLOCKS = 1 << 14  # a step measured in column pieces of this many blocks per rank (a piece: whole blocks)
+
+
+def step_piece(workers: int) -> int:
+    """Columns of one piece of a step: whole QUANT_BLOCK blocks on each of ``workers`` ranks, so that a piece's
+    blockwise quantisation is the whole vector's (bf16, int8 and qgZ alike; the int8 ring re-quantises each block
+    in the order of the rank that owns it, which differs by piece: the same rounding, another order)."""
+    return STEP_PIECE_BLOCKS * QUANT_BLOCK * workers
+
+
+def reduction_errors(steps: Iterable[torch.Tensor | Iterable[torch.Tensor]], gpus_per_node: int,
                      ways: tuple[str, ...] = REDUCTIONS) -> list[ReductionError]:
-    """The aggregate error of each way of reducing, over the steps (each workers × elements)."""
+    """The aggregate error of each way of reducing, over the steps: each step workers × elements, or an iterable of
+    its column pieces (each ``step_piece(workers)`` wide but the last: memory O(workers × piece), not the step)."""
     errors: dict[str, list[float]] = {w: [] for w in ways}
     workers = 0
-    for grads in steps:
-        grads = grads.float()
-        workers = grads.shape[0]
-        exact = grads.mean(0)
-        scale = float(exact.pow(2).sum())
-        if scale == 0:
+    for step in steps:
+        err2 = dict.fromkeys(ways, 0.0)
+        ref2 = 0.0
+        for piece in ([step] if isinstance(step, torch.Tensor) else step):
+            grads = piece.float()
+            workers = grads.shape[0]
+            exact = grads.mean(0)
+            ref2 += float(exact.pow(2).sum())
+            for w in ways:
+                err2[w] += float((reduce_mean(grads, w, gpus_per_node) - exact).pow(2).sum())
+        if ref2 == 0:
             continue
         for w in ways:
-            errors[w].append(float((reduce_mean(grads, w, gpus_per_node) - exact).pow(2).sum()) / scale)
+            errors[w].append(err2[w] / ref2)
     if not any(errors.values()):
         raise ArcsimError("the trace has no step with a non-zero mean gradient to measure an error against")
     return [ReductionError(w, len(e), workers, gpus_per_node, sum(e) / len(e), max(e)) for w, e in errors.items()]
+
+
+class ReadsColumns(Protocol):
+    """A stored trace (arcsim.traces.format.Trace) as :func:`trace_pieces` reads it."""
+
+    @property
+    def steps(self) -> int: ...
+    @property
+    def workers(self) -> int: ...
+    def step_chunks(self, index: int, chunk: int = ...) -> Iterator[torch.Tensor]: ...
+
+
+def trace_pieces(trace: ReadsColumns) -> Iterator[Iterator[torch.Tensor]]:
+    """A stored trace's steps, each as its column pieces for :func:`reduction_errors` (read piece by piece)."""
+    for index in range(trace.steps):
+        yield trace.step_chunks(index, step_piece(trace.workers))

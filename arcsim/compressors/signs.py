@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import torch
 
-from arcsim.compressors.base import CompressionError
 from arcsim.compressors.quantisers import PackedCompressor, expand, pack, packed_bytes
+from arcsim.errors import CompressionError
 
 SIGN_BITS = 1
 SIGN_VALUES = (-1.0, 1.0)  # bit 0: x < 0, bit 1: x ≥ 0

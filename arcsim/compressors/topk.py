@@ -10,13 +10,8 @@ from __future__ import annotations
 import torch
 
 from arcsim.comm import Communicator
-from arcsim.compressors.base import (
-    Compressed,
-    GatheringCompressor,
-    Layer,
-    SparseContribution,
-    sparse_aggregate,
-)
+from arcsim.compressors.base import Compressed, GatheringCompressor, SparseContribution, sparse_aggregate
+from arcsim.compressors.layout import Layer
 
 
 class TopK(GatheringCompressor):

@@ -95,6 +95,18 @@ def device(name: str) -> Device:
     return found
 
 
+def modelled_device(gpu: str, precision: str, batch: int) -> Device:
+    """The catalogue GPU a prediction is asked for, after the checks that need no model: one error line each."""
+    dev = device(gpu)
+    if not dev.modelled:
+        raise ArcsimError("cpu is measured, not modelled: compute comes from the trace's capture here "
+                          "(or arcsim trace profile); choose a GPU for a prediction")
+    dev.check_precision(precision)
+    if batch < 1:
+        raise ArcsimError(f"--batch is per GPU and at least 1, got {batch}")
+    return dev
+
+
 def matching(torch_name: str) -> Device | None:
     """The catalogue GPU a torch device name is (e.g. "NVIDIA H100 80GB HBM3" → h100), or None."""
     squeezed = torch_name.lower().replace(" ", "").replace("-", "")

@@ -6,7 +6,7 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass
 
-from arcsim.devices.catalog import Device, device
+from arcsim.devices.catalog import Device, device, modelled_device
 from arcsim.devices.compute import find_measured, load_fit, modelled_profile
 from arcsim.errors import ArcsimError
 from arcsim.files import writable_cache_dir
@@ -38,13 +38,7 @@ class ComputePrediction:
 def check_request(model: str | ModelSource, gpu: str, batch: int, precision: str) -> Device:
     """The device, after checking the request: one error line for each kind of mistake."""
     writable_cache_dir()  # the model's workload is kept there
-    dev = device(gpu)
-    if not dev.modelled:
-        raise ArcsimError("cpu is measured, not modelled: compute comes from the trace's capture here "
-                          "(or arcsim trace profile); choose a GPU for a prediction")
-    dev.check_precision(precision)
-    if batch < 1:
-        raise ArcsimError(f"--batch is per GPU and at least 1, got {batch}")
+    dev = modelled_device(gpu, precision, batch)
     as_source(model).check()
     return dev
 

@@ -12,7 +12,6 @@ from dataclasses import dataclass
 from typing import Literal
 
 from arcsim.devices.catalog import Device, device
-from arcsim.traces.profile import load_profile
 
 ComputeKind = Literal["none", "live-gpu", "profile", "modelled", "here"]
 
@@ -34,7 +33,8 @@ def compute_source(gpu: str | None, *, params: bool = False, live_on_gpu: bool =
         return ComputeSource("live-gpu", None, "--live --device cuda measures compute on this GPU")
     if profile:
         if gpu is None:
-            from arcsim.devices.predict import device_of_profile
+            from arcsim.devices.predict import device_of_profile  # torch: only where a profile is given
+            from arcsim.traces.profile import load_profile
 
             catalogue = device_of_profile(load_profile(profile), profile)
         return ComputeSource("profile", catalogue, "--compute-profile gives the compute")

@@ -37,6 +37,7 @@ import torch
 import yaml
 from torch import nn
 
+from arcsim.catalog import model_ref_problem
 from arcsim.models import MODELS, ModelEntry, loss_fn
 from arcsim.models.dataspec import DatasetError, DataSpec
 from arcsim.models.inputs import RecordedInput
@@ -274,16 +275,14 @@ class ModelSource:
 
     def check(self) -> None:
         """Find the factory (importing the user's file or module), without building the model."""
+        problem = model_ref_problem(self.ref, bool(self.args))
+        if problem:
+            raise ModelError(problem)
         if self.entry is not None:
-            if self.args:
-                raise ModelError(f"--model-arg goes with a model of your own; {self.ref} is a zoo model")
             return
         if self.ref.startswith("hf:"):
             hf_config(self.ref, dict(self.args))
             return
-        if ":" not in self.ref:
-            raise ModelError(f"unknown model {self.ref!r}; choose one of: {', '.join(MODELS)}, or name your own as "
-                             "path/to/file.py:build, package.module:build or hf:config.json")
         load_callable(self.ref, "--model")
 
     def dataset_for(self, dataset: str | None, data: str | RecordedInput | None,

@@ -24,7 +24,6 @@ from arcsim.catalog import INFO, memory_for, options_for
 from arcsim.comm.inprocess import InProcessComm
 from arcsim.comm.log import CommRecord
 from arcsim.comm.solo import SoloComm
-from arcsim.compressors import make_compressor
 from arcsim.compressors.base import Compressed, Compressor
 from arcsim.compressors.hierarchy import (
     Grouping,
@@ -36,6 +35,7 @@ from arcsim.compressors.hierarchy import (
 )
 from arcsim.compressors.memory import Memory, make_memory
 from arcsim.compressors.nested import NestedTopK, RawTopK
+from arcsim.compressors.registry import make_compressor
 from arcsim.run.sampling import BucketSample
 from arcsim.strategy.buckets import Bucket
 from arcsim.traces.timing import Clock

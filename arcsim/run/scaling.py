@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from arcsim.comm.log import record
-from arcsim.compressors.base import Layer
+from arcsim.compressors.layout import Layer
 from arcsim.devices.catalog import Device
 from arcsim.pricing import Pricer
 from arcsim.run.candidates import Context, compress_times, step_timeline

@@ -26,7 +26,6 @@ from arcsim.run.decisions import UNUSABLE_ERROR, front_pick
 from arcsim.strategy import effects
 from arcsim.strategy.memory import Memory, memory_per_gpu, replica_buffers
 from arcsim.strategy.schedule import (
-    STRATEGIES,
     Quantize,
     ShardCollective,
     check_fits,
@@ -86,32 +85,6 @@ def strategy_recommendation(rows: Sequence[StrategyRow]) -> dict[str, Any] | Non
     return None if best is None else {**best.to_dict(), "headline": best.headline()}
 
 
-def parse_sharding(value: str) -> tuple[str, ...]:
-    """``none,full,hybrid`` → its strategies, each known and given once."""
-    names = tuple(s.strip().lower() for s in value.split(",") if s.strip())
-    unknown = [s for s in names if s not in STRATEGIES]
-    if not names or unknown:
-        raise ArcsimError(f"--sharding {value!r}: choose among {', '.join(STRATEGIES)}, joined by commas "
-                          "(none: DDP; full: FSDP / ZeRO-3; hybrid: HSDP)")
-    return tuple(dict.fromkeys(names))
-
-
-def check_sharding(strategies: Sequence[str], ranks: int, gpus_per_node: int, nodes: int, where: str,
-                   sampled: bool) -> None:
-    """Refuse, before any work, what cannot be sharded: a --params sample (its layers are not a model's) and what
-    the cluster's nodes cannot do."""
-    sharded = [s for s in strategies if s != "none"]
-    if not sharded:
-        return
-    if sampled:
-        raise ArcsimError("--sharding full or hybrid needs a model's parameters: give a trace (or --live), not "
-                          "--params")
-    if ranks < 2:
-        raise ArcsimError(f"{where} has one rank: sharding needs at least 2")
-    for s in sharded:
-        check_fits(s, Quantize(), gpus_per_node, nodes, where)
-
-
 def _capacity(analysis: Analysis) -> float:
     gpu = analysis.ctx.gpu
     if gpu is None and analysis.ctx.topo.gpu is not None:
@@ -149,12 +122,15 @@ def _errors(analysis: Analysis, ways: set[str]) -> dict[str, float]:
     """Each way's mean aggregate error on the trace's steps (workers as the trace has them, two nodes of half)."""
     if not ways:
         return {}
-    from arcsim.compressors.sharded import reduction_errors
+    from arcsim.compressors.sharded import reduction_errors, trace_pieces
+    from arcsim.traces.format import Trace
 
-    workers = analysis.trace.workers
+    trace = analysis.trace
+    workers = trace.workers
     per_node = analysis.ctx.topo.gpus_per_node
     g = per_node if workers % per_node == 0 and workers > per_node else max(workers // 2, 1)
-    steps = (grads for _, grads in analysis.steps())
+    # a stored trace in pieces of columns (memory O(workers × piece), LLaMA-1B's too); live gradients as held
+    steps = trace_pieces(trace) if isinstance(trace, Trace) else (grads for _, grads in analysis.steps())
     return {e.how: e.rel_error_mean for e in reduction_errors(steps, g, tuple(sorted(ways)))}
 
 

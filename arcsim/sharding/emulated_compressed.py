@@ -240,9 +240,9 @@ def compare(cfg: dict[str, Any], measured: dict[str, Any], topology: str) -> dic
 # -- HSDP with a compressor between nodes --------------------------------------------------------------------------
 def shard_layout(dim: int, parts: int, chunks: int = 1) -> tuple[Any, ...]:
     """The layers of ``chunks`` consecutive FSDP shards of a Linear(dim, dim) sharded ``parts`` ways (each shard: its
-    weight rows, then its bias), as :class:`arcsim.compressors.base.Layer` s — what a compressor's per-tensor scope
+    weight rows, then its bias), as :class:`arcsim.compressors.layout.Layer` s — what a compressor's per-tensor scope
     sees on one rank's shard (chunks=1) or on the unit's reduce-scatter input (chunks=parts)."""
-    from arcsim.compressors.base import Layer
+    from arcsim.compressors.layout import Layer
 
     rows = dim // parts
     size = rows * dim + rows
@@ -262,8 +262,8 @@ def _hsdp_worker(cfg: dict[str, Any], out: Path) -> None:
 
     from arcsim.comm.distributed import DistributedComm
     from arcsim.comm.inprocess import InProcessComm
-    from arcsim.compressors import make_compressor
     from arcsim.compressors.memory import make_memory
+    from arcsim.compressors.registry import make_compressor
 
     torch.set_num_threads(1)
     layers, dim, batch, steps, g = cfg["layers"], cfg["dim"], cfg["batch"], cfg["steps"], cfg["gpus"]
@@ -394,9 +394,9 @@ def hsdp_gradient_check(cfg: dict[str, Any], ranks: int, out: Path) -> dict[str,
     (its memory sees the same history; the model takes no optimizer step, so every step's gradients are these)."""
     import torch
 
-    from arcsim.compressors import make_compressor
     from arcsim.compressors.hierarchy import NodeAware, group_workers
     from arcsim.compressors.memory import make_memory
+    from arcsim.compressors.registry import make_compressor
 
     g = cfg["gpus"]
     per_rank = [torch.load(out.with_name(f"{out.stem}-grads-{r}.pt")) for r in range(ranks)]

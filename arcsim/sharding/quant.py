@@ -3,7 +3,7 @@ math are the quantised reduce-scatter compressors' (:mod:`arcsim.compressors.sha
 
 from __future__ import annotations
 
-from arcsim.compressors.sharded import ReductionError, reduction_errors
+from arcsim.compressors.sharded import ReductionError, reduction_errors, trace_pieces
 
 
 def trace_errors(trace: str | None, gpus_per_node: int | None = None) -> tuple[str, list[ReductionError]]:
@@ -15,4 +15,4 @@ def trace_errors(trace: str | None, gpus_per_node: int | None = None) -> tuple[s
     path = resolve_trace(trace, allow_capture=False)
     tr = open_trace(path)
     g = gpus_per_node or max(tr.workers // 2, 1)
-    return str(path), reduction_errors((g_ for _, g_ in tr.steps_iter()), g)
+    return str(path), reduction_errors(trace_pieces(tr), g)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from arcsim.compressors.base import Layer
+from arcsim.compressors.layout import Layer
 
 GRAD_BYTES = 4  # DDP reduces fp32 gradients
 # DDP's first bucket (the first gradients backward makes ready) under the default bucket_cap_mb: torch's

@@ -43,7 +43,7 @@ from dataclasses import dataclass
 
 from arcsim.catalog import DDP_BUCKET_MB, DEEPSPEED_BUFFER_MB, FRAMEWORKS, HOROVOD_FUSION_MB
 from arcsim.comm.log import CommRecord, resized
-from arcsim.compressors.base import Layer
+from arcsim.compressors.layout import Layer
 from arcsim.errors import ArcsimError
 from arcsim.strategy.buckets import DDP_FIRST_BUCKET_BYTES, GRAD_BYTES, Bucket, make_buckets
 

@@ -58,7 +58,8 @@ def point_topology(point: Mapping[str, Any]) -> Topology:
 
 
 def _analysis(point: Mapping[str, Any]):
-    from arcsim.run.analysis import Analysis, RunConfig
+    from arcsim.run.analysis import Analysis
+    from arcsim.run.config import RunConfig
 
     gpu = point_topology(point).gpu or "cpu"  # the point's topology names the GPU compute is priced on
     fusion = point.get("fusion") or UNSET_AXES["fusion"]

@@ -159,7 +159,8 @@ def _predict(cfg: ValidateConfig, topo: Path, trace: Path, profile: Path,
     emulated ranks' real-time priority, :func:`ranks_priority`)."""
     import torch
 
-    from arcsim.run.analysis import Analysis, RunConfig
+    from arcsim.run.analysis import Analysis
+    from arcsim.run.config import RunConfig
 
     run = RunConfig(topology=str(topo), trace=str(trace), compressors=tuple(cfg.compressors),
                     density=cfg.density, memory=cfg.memory, bucket_mb=cfg.bucket_mb, policy="none",

@@ -271,7 +271,7 @@ def compression_as_run(cfg: dict, rank: int, world: int, nodes: NodeGroups | Non
     are priced on their own) — over the one-rank timing of slice 0 (as ``arcsim run`` times a node-aware
     bucket)."""
     from arcsim.comm.solo import SoloComm
-    from arcsim.compressors.base import layout_of
+    from arcsim.compressors.layout import layout_of
     from arcsim.run.measure import one_rank_seconds
 
     _, ds, net = _setup(cfg)

@@ -28,7 +28,7 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
-from arcsim.compressors.base import Layer
+from arcsim.compressors.layout import Layer
 from arcsim.errors import ArcsimError
 from arcsim.files import atomic_path, file_fact
 

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from arcsim.compressors.base import Layer
+from arcsim.compressors.layout import Layer
 from arcsim.traces.capture import training_metadata
 from arcsim.traces.training import DataParallelSteps, RecordedStep, TrainingConfig
 

@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from arcsim.compressors.base import Layer
+from arcsim.compressors.layout import Layer
 from arcsim.errors import ArcsimError
 from arcsim.models.inputs import RecordedInput
 from arcsim.models.source import ModelSource, absolute_ref, load_callable

@@ -21,13 +21,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-import torch
 
 from arcsim.comm.log import CommRecord, scaled
-from arcsim.compressors.base import Layer
+from arcsim.compressors.layout import Layer
 from arcsim.errors import ArcsimError
-from arcsim.traces.format import SCHEMA_VERSION, TraceWriter
-from arcsim.traces.synthetic import block_scales
 
 SAMPLE_ELEMENTS = 2**18  # what the compressors run on, across all layers
 SAMPLE_WORKERS = 4
@@ -69,6 +66,11 @@ class ParamsModel:
 
     def sample_trace(self, directory: Path, seed: int = 0) -> Path:
         """The sample as a trace file (written once per (params, layers, seed), then reused)."""
+        import torch  # here, not above: a bad --params is answered before torch loads
+
+        from arcsim.traces.format import SCHEMA_VERSION, TraceWriter
+        from arcsim.traces.synthetic import block_scales
+
         path = directory / f".{self.name}-l{self.layers}-s{seed}.npz"
         if path.exists():
             return path

@@ -14,12 +14,15 @@ Kinds (each step a fresh draw from (seed, step); values normalised to unit RMS p
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
 
-from arcsim.compressors.base import CompressionError
+from arcsim.errors import CompressionError
 from arcsim.processes import physical_memory_bytes
+
+if TYPE_CHECKING:
+    import torch
 
 KINDS = ("normal", "laplace", "t3", "correlated")
 BLOCK = 64
@@ -36,7 +39,8 @@ def block_scales(elements: int, seed: int, spread: float) -> np.ndarray:
 
 def synthetic_steps(kind: str, workers: int, elements: int, steps: int, seed: int = 0, shared: float = 0.8,
                     spread: float = 1.5) -> Iterator[tuple[int, torch.Tensor]]:
-    """Yield (step, gradients [workers, elements]) for ``steps`` steps."""
+    """(step, gradients [workers, elements]) for ``steps`` steps; the arguments are checked at the call (before
+    torch loads), the steps drawn as they are taken."""
     if kind not in KINDS:
         raise CompressionError(f"unknown synthetic kind {kind!r}; choose one of {', '.join(KINDS)}")
     if workers < 2:
@@ -52,6 +56,13 @@ def synthetic_steps(kind: str, workers: int, elements: int, steps: int, seed: in
         raise CompressionError(f"{workers} workers × {elements:,} elements need about {need / 2**30:,.0f} GiB at "
                                f"once (more than this machine's {have / 2**30:.0f} GiB); use "
                                "fewer --elements or --workers")
+    return _draws(kind, workers, elements, steps, seed, shared, spread)
+
+
+def _draws(kind: str, workers: int, elements: int, steps: int, seed: int, shared: float,
+           spread: float) -> Iterator[tuple[int, torch.Tensor]]:
+    import torch
+
     block_scale = block_scales(elements, seed, spread)
     block_scale /= np.sqrt(np.mean(block_scale**2))
     for step in range(steps):

@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from arcsim.compressors.base import Layer
+from arcsim.compressors.layout import Layer
 from arcsim.errors import ArcsimError
 from arcsim.models import count_params
 from arcsim.models.datasets import data_spec, make_dataset

@@ -22,8 +22,8 @@ import numpy as np
 import torch
 
 from arcsim.catalog import DDP_BUCKET_MB, FUSIONS, check_compression, fusion_message
-from arcsim.compressors.base import Layer
 from arcsim.compressors.hierarchy import Grouping, group_workers
+from arcsim.compressors.layout import Layer
 from arcsim.errors import ArcsimError
 from arcsim.files import writable_cache_dir
 from arcsim.models.datasets import DATASETS, Dataset, data_spec, make_dataset
