@@ -2,9 +2,10 @@
 (a fresh measurement cache in a temporary folder) and cached (the same command again on that cache), each
 the real command in a subprocess; and, where a LLaMA-60M trace is at hand (--llama FILE, or llama_60m.npz
 among the generated traces), the same for it on 4x8-eth25-a100. Goals (issue 40): main example ≤ 15 s cold;
-LLaMA-60M (4 workers × 2 steps) ≤ 60 s cold, ≤ 5 s cached.
+LLaMA-60M (4 workers × 2 steps) ≤ 60 s cold, ≤ 5 s cached. Then every bad argument of tests/test_bad_input.py
+through the real entry point (best of two each; goal, issue 51: ≤ 0.5 s).
 
-    python benchmarks/speed.py [--repeat N] [--llama FILE]
+    python benchmarks/speed.py [--repeat N] [--llama FILE] [--no-bad-arguments]
 
 No capture is started here (a LLaMA-60M capture on a 2-core CPU takes longer than this benchmark should):
 without a trace the LLaMA case is printed as skipped. ARCSIM_MEASURE_PROCESSES=1 in the environment measures
@@ -14,10 +15,14 @@ without processes side by side (to compare).
 from __future__ import annotations
 
 import argparse
+import math
 import os
+import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 from run_speed import timed_run  # the same subprocess run and its JSON, beside this script
@@ -25,6 +30,7 @@ from run_speed import timed_run  # the same subprocess run and its JSON, beside 
 from arcsim.files import generated_traces_dir
 
 GOALS = {"main example": (15.0, None), "LLaMA-60M": (60.0, 5.0)}  # cold, cached (s)
+BAD_ARGUMENT_GOAL = 0.5  # s, issue 51
 
 
 def verdict(seconds: float, goal: float) -> str:
@@ -52,11 +58,39 @@ def case(label: str, args: list[str], repeat: int) -> None:
              if ahead else ""))
 
 
+def bad_arguments() -> None:
+    """Every bad argument of tests/test_bad_input.py through `arcsim`, best of two: the median, the slowest, and
+    each one over BAD_ARGUMENT_GOAL."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+    import test_bad_input as cases
+
+    beside = Path(sys.executable).with_name("arcsim")  # this interpreter's entry point, else the PATH's
+    arcsim = str(beside) if beside.exists() else shutil.which("arcsim") or "arcsim"
+    with tempfile.TemporaryDirectory() as tmp:
+        inputs = cases._inputs(Path(tmp))
+        timed = []
+        for args, _ in cases.CASES + cases.BEFORE_TORCH:
+            argv = [arcsim, *(a.format(**inputs) for a in args)]
+            best = math.inf
+            for _ in range(2):
+                started = time.perf_counter()
+                subprocess.run(argv, capture_output=True, cwd=tmp, timeout=120)
+                best = min(best, time.perf_counter() - started)
+            timed.append((best, " ".join(args)))
+    slow = sorted((t for t in timed if t[0] > BAD_ARGUMENT_GOAL), reverse=True)
+    print(f"bad arguments: {len(timed)} answered, median {statistics.median(t for t, _ in timed):.2f} s, slowest "
+          f"{max(t for t, _ in timed):.2f} s; {len(timed) - len(slow)} of {len(timed)} within the goal "
+          f"(≤ {BAD_ARGUMENT_GOAL:g} s)")
+    for seconds, args in slow:
+        print(f"  {seconds:.2f} s  arcsim {args}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--repeat", type=int, default=3, help="runs of each (the best and the median are printed)")
     ap.add_argument("--llama", type=Path, default=None, help="a LLaMA-60M trace (default: llama_60m.npz among "
                                                               "the generated traces, if there)")
+    ap.add_argument("--no-bad-arguments", action="store_true", help="skip timing the bad arguments")
     args = ap.parse_args()
     print(f"{os.cpu_count()} cores; python {sys.version.split()[0]}")
     case("main example", [], args.repeat)
@@ -66,6 +100,8 @@ def main() -> None:
     else:
         print(f"LLaMA-60M: skipped (no trace at {llama}; `arcsim trace capture --model llama_60m -o {llama}` "
               "takes too long to start from here)")
+    if not args.no_bad_arguments:
+        bad_arguments()
 
 
 if __name__ == "__main__":

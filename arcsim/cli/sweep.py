@@ -96,10 +96,7 @@ def sweep(spec_file: str | None, out: str | None, scheduler: str | None, workers
     """Evaluate every combination of the given axes; rows stream to OUT/results.csv, charts beside it.
 
     A sweep can be a YAML file (see examples/sweep.yaml); options given here override its keys."""
-    from arcsim.sweep.plots import plot_all
-    from arcsim.sweep.runner import check_points, run_sweep
-    from arcsim.sweep.spec import build_spec, load_yaml_spec, merge
-    from arcsim.sweep.store import ResultStore
+    from arcsim.sweep.spec import build_spec, load_yaml_spec, merge  # the spec's checks first: pandas and charts after
 
     raw = load_yaml_spec(Path(spec_file)) if spec_file else {}
     cli_values: dict[str, Any] = {{**SWEEP_OPTIONS, **LIVE_OPTIONS}[k]: v for k, v in axes.items()}
@@ -114,7 +111,12 @@ def sweep(spec_file: str | None, out: str | None, scheduler: str | None, workers
             click.echo(f"{_points(len(points))}: {spec.describe()}")
         return
     directory = Path(out or spec.out or f"reports/sweeps/{datetime.datetime.now():%Y%m%d-%H%M%S}")
+    from arcsim.sweep.runner import check_points, run_sweep
+
     points = check_points(spec, note)
+    from arcsim.sweep.plots import plot_all
+    from arcsim.sweep.store import ResultStore
+
     ResultStore(directory).check(spec)
     note(f"sweep of {_points(len(points))} ({spec.describe()}) → {directory}")
     if spec.count_note(len(points)):
