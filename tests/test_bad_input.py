@@ -66,6 +66,7 @@ CASES = [
     (["train", "--gpu", "h100", "--steps", "1"], "give --topology too"),
     (["train", "--topology", "8x1-eth1", "--gpu", "x100", "--steps", "1"], "unknown GPU 'x100'"),
     (["sweep", "--gpu", "x100", "-o", "{tmp}/sweep"], "unknown GPU 'x100'"),
+    (["validate", "--write-config", "{tmp}/cfg", "--calibration-repeats", "3"], "--write-config runs none"),
 ]
 
 

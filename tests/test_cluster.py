@@ -77,6 +77,37 @@ def test_a_process_still_entering_a_namespace_is_killed_too(tmp_path):
 
 
 @needs_netns
+def test_a_process_that_enters_as_the_name_goes_is_killed_too(monkeypatch):
+    """The last race: a process that gets in after the tear-down looked (a child forked before and exec'd into
+    `ip netns exec` since, say). Made certain here: one enters, by the namespace's file rather than its name's
+    command line, just before `ip netns del`; the tear-down finds it by the namespace's inode afterwards."""
+    prefix = "arcsimt10"
+    late: list[subprocess.Popen] = []
+    real_ip = cl._ip
+
+    def enter_then_delete(*args: str, check: bool = True) -> subprocess.CompletedProcess:
+        if args[:2] == ("netns", "del") and not late:
+            ns = args[2]
+            inode = os.stat(f"/var/run/netns/{ns}").st_ino
+            late.append(subprocess.Popen(["nsenter", f"--net=/var/run/netns/{ns}", "sleep", "300"]))
+            for _ in range(500):
+                if cl._inside({inode}):
+                    break
+                time.sleep(0.01)
+            assert cl._inside({inode}) == [late[0].pid]
+        return real_ip(*args, check=check)
+
+    with EmulatedCluster(2, "1Gbit", prefix=prefix):
+        monkeypatch.setattr(cl, "_ip", enter_then_delete)
+    try:
+        assert late and late[0].wait(timeout=10) == -signal.SIGKILL
+        assert _leftovers(prefix) == []
+    finally:
+        for p in late:
+            p.kill()
+
+
+@needs_netns
 @pytest.mark.parametrize(("how", "delay"), [(signal.SIGINT, "0s"), (signal.SIGTERM, "0s"), (signal.SIGKILL, "0s"),
                                             (signal.SIGTERM, "1ms"), (signal.SIGKILL, "1ms")])
 def test_interrupted_or_killed_owner_leaves_nothing_after_down(how, delay):

@@ -16,6 +16,7 @@ from arcsim.cli.common import (
     Count,
     SizeGrid,
     console,
+    given_options,
     json_option,
     note,
     step_progress,
@@ -147,9 +148,7 @@ def _check_nccl_tests_request(logs: tuple[str, ...], nccl_tests: bool, topology:
     if topology is None:
         raise ArcsimError("--nccl-tests needs --topology: the topology the logs ran on (a preset, a name such as "
                           "2x8-ib400x8-h100, an instance such as 2xp5, or a YAML file), whose network it fits")
-    ctx = click.get_current_context()
-    given = [f"--{name.replace('_', '-')}" for name in MEASURING
-             if ctx.get_parameter_source(name) not in (None, click.core.ParameterSource.DEFAULT)]
+    given = given_options(*MEASURING)
     if given:
         raise ArcsimError(f"--nccl-tests reads logs and measures nothing: drop {', '.join(given)}")
 

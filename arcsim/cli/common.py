@@ -178,7 +178,7 @@ class ByteSize(click.ParamType):
 
 
 class ListOf(click.ParamType):
-    """A comma list, each value parsed by ``item`` (Count or Number); ``length`` fixes how many, ``unique``
+    """A comma list, each value parsed by ``item`` (a Count, Number, ByteSize, …); ``length`` fixes how many, ``unique``
     refuses repeats. One error names the option and the value at fault."""
 
     name = "list"
@@ -217,6 +217,14 @@ class SizeGrid(ListOf):
         if len(sizes) < 2:
             self.fail(f"needs at least two different sizes (a fit needs two points), e.g. {self.example}", param, ctx)
         return sizes
+
+
+def given_options(*options: str | tuple[str, str]) -> list[str]:
+    """Which of ``options`` the command line set (not left at their defaults), as flags: each a parameter's name
+    (its flag: --name-with-dashes) or a pair (flag, parameter name)."""
+    source = click.get_current_context().get_parameter_source
+    pairs = [o if isinstance(o, tuple) else (f"--{o.replace('_', '-')}", o) for o in options]
+    return [flag for flag, name in pairs if source(name) not in (None, click.core.ParameterSource.DEFAULT)]
 
 
 def optimizer_options(command: Callable) -> Callable:

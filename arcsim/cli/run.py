@@ -32,6 +32,7 @@ from arcsim.cli.common import (
     ListOf,
     Number,
     console,
+    given_options,
     input_size_option,
     json_option,
     library_option,
@@ -354,11 +355,8 @@ def live_training(live: bool, model: str | None, dataset: str | None, workers: i
     """The live training --live asks for (None without it); --model, --dataset, --workers, --steps and --device
     go with --live only."""
     if not live:
-        source = click.get_current_context().get_parameter_source
-        given = [flag for flag, name in (("--model", "model"), ("--model-arg", "model_args"), ("--data", "data"),
-                                         ("--dataset", "dataset"), ("--seq-len", "input_size"),
-                                         ("--workers", "workers"), ("--steps", "steps"), ("--device", "live_device"))
-                 if source(name) not in (None, click.core.ParameterSource.DEFAULT)]
+        given = given_options("model", ("--model-arg", "model_args"), "data", "dataset", ("--seq-len", "input_size"),
+                              "workers", "steps", ("--device", "live_device"))
         if given:
             raise ArcsimError(f"{', '.join(given)} choose{'s' if len(given) == 1 else ''} what --live trains: add "
                               "--live (a trace's workers and steps are the ones it recorded)")

@@ -14,6 +14,7 @@ from arcsim.cli.common import (
     ListOf,
     SizeGrid,
     console,
+    given_options,
     json_option,
     note,
     tables_wanted,
@@ -74,6 +75,13 @@ def validate(rank_list: tuple[int, ...], bandwidth: str, delay: str, ranks_per_n
              write_config: str | None, measured: str | None, topology: str | None, report: str | None,
              json_out: str | None) -> None:
     """Measure DDP iterations on the emulated cluster (or a real one) and compare with arcsim run's predictions."""
+    calibrating = given_options("calibration_sizes", "calibration_repeats")
+    elsewhere = next((f for f, v in (("--report", report), ("--measured", measured), ("--write-config", write_config))
+                      if v), None)
+    if calibrating and elsewhere:
+        raise ArcsimError(f"{' and '.join(calibrating)} shape{'s' if len(calibrating) == 1 else ''} the calibration "
+                          f"before the emulated cluster's trainings; {elsewhere} runs none (on a real cluster, "
+                          "arcsim calibrate --sizes does): drop it")
     import json
 
     from arcsim.catalog import MODELS

@@ -48,6 +48,7 @@ PREFIX = "arcsim"
 SUBNET = "10.77.0"
 MTU = 1500
 TUN_MTU = 65000  # the forwarder handles one packet per 65 kB instead of per 1.5 kB
+TEARDOWN_SCANS = 100  # tear-down: scans of /proc at most (20 ms apart) until two in a row find no process left
 
 
 class ClusterError(ArcsimError):
@@ -87,19 +88,50 @@ def _entering(ns: str) -> list[int]:
     return found
 
 
+def _inode(ns: str) -> int | None:
+    """The network namespace ``ns`` names, as the inode its processes' /proc/<pid>/ns/net link shows (None: gone)."""
+    try:
+        return os.stat(f"/var/run/netns/{ns}").st_ino
+    except OSError:
+        return None
+
+
+def _inside(inodes: set[int]) -> list[int]:
+    """Processes whose network namespace is one of ``inodes``, whatever its name (or none left)."""
+    wanted = {f"net:[{i}]" for i in inodes}
+    found = []
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError):
+                if os.readlink(f"/proc/{entry.name}/ns/net") in wanted:
+                    found.append(int(entry.name))
+    return found
+
+
 def teardown(prefix: str = PREFIX) -> list[str]:
-    """Kill every process in (or entering) the prefix's namespaces and delete them; returns what was removed."""
+    """Kill every process in (or entering) the prefix's namespaces and delete them; returns what was removed.
+
+    The namespaces are noted by inode, their names deleted (so no new process can enter by name), then every
+    process still entering or inside one is killed, scan after scan, until two scans in a row find none: a child
+    forked but not yet `ip`, or one a concurrent `arcsim cluster down` started, is caught once it is in."""
     removed = namespaces(prefix)
+    inodes = {i for ns in removed if (i := _inode(ns)) is not None}
     for ns in removed:
-        for pid in _entering(ns):  # first, so that none is inside unseen when the namespace is listed
+        for pid in _entering(ns):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
-        inside = subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True).stdout.split()
-        for listed in inside:
-            with contextlib.suppress(ProcessLookupError, ValueError):
-                os.kill(int(listed), signal.SIGKILL)
     for ns in removed:
         _ip("netns", "del", ns, check=False)
+    quiet = 0
+    for _ in range(TEARDOWN_SCANS):
+        left = _inside(inodes) + [pid for ns in removed for pid in _entering(ns)]
+        for pid in left:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        quiet = 0 if left else quiet + 1
+        if quiet == 2:
+            break
+        time.sleep(0.02)
     return removed
 
 
