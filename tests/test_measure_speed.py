@@ -19,6 +19,7 @@ from arcsim.run.analysis import MEASURED_AHEAD, Analysis
 from arcsim.run.config import RunConfig
 from arcsim.run.measure import SMALL_WORK_ELEMENTS, GradientStats, intra_op_threads, measure, measuring_threads
 from arcsim.strategy.buckets import Bucket
+from arcsim.traces.format import Trace
 
 CONFIG = RunConfig(compressors=("dense", "topk", "randk", "arctopk", "gaussiank", "powersgd", "var"),
                    ratios=(0.001, 0.01, 0.1), policy="none")  # 8x8-ib100: compression modelled on its A100
@@ -121,9 +122,14 @@ def test_a_half_precision_bucket_is_converted_once_within_the_room():
 
 def test_a_streamed_trace_measured_in_one_pass_bucket_by_bucket_measures_the_same(tmp_path, monkeypatch):
     """A trace too large to keep is read once for all the measurements of as many steps, bucket by bucket
-    (each bucket's shared conversion, mean and Top-K sets dropped after it): the same numbers as one
-    measurement at a time."""
-    config = dataclasses.replace(CONFIG, compressors=("topk", "adaptive", "star", "powersgd"))
+    (each bucket's shared conversion, mean and Top-K sets dropped after it; each bucket's columns read from the
+    file when measured; each bucket's compressor and memory state dropped after its last step): the same numbers
+    as one measurement at a time, the stateful compressors (DGC, 1-bit Adam, Signum) included."""
+    config = dataclasses.replace(CONFIG, compressors=("topk", "adaptive", "star", "powersgd", "dgc", "onebit",
+                                                      "signum"))
+    read_on_demand = []
+    real = Trace.step_on_demand
+    monkeypatch.setattr(Trace, "step_on_demand", lambda self, i: read_on_demand.append(i) or real(self, i))
     monkeypatch.setenv("ARCSIM_MEASURE_PROCESSES", "1")
     monkeypatch.setenv("ARCSIM_CACHE_DIR", str(tmp_path / "kept"))
     kept = Analysis(dataclasses.replace(config), announce=lambda _: None)
@@ -133,6 +139,7 @@ def test_a_streamed_trace_measured_in_one_pass_bucket_by_bucket_measures_the_sam
     streamed = Analysis(dataclasses.replace(config), announce=lambda _: None)
     assert streamed._streamed()
     streamed.run()
+    assert read_on_demand and streamed.trace.random_access
     assert streamed._measured.keys() == kept._measured.keys()
     for key, meas in kept._measured.items():
         other = streamed._measured[key]

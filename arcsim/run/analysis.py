@@ -360,7 +360,11 @@ class Analysis:
         group = self._one_pass(wanted, t.workers * t.elements, stateless=wanted[2] == 1,
                                todo=lambda k: not cache.held(self._cache_name(k)))
         started = time.perf_counter()
-        steps = self.steps() if wanted[2] == t.steps else itertools.islice(self.steps(), wanted[2])
+        if isinstance(t, Trace) and t.random_access and self.cfg.measure_device == "cpu":
+            # each bucket's columns read when measured: memory O(workers × bucket), unsampled buckets never read
+            steps: Iterable[Any] = ((t.recorded_steps[i], t.step_on_demand(i)) for i in range(wanted[2]))
+        else:
+            steps = self.steps() if wanted[2] == t.steps else itertools.islice(self.steps(), wanted[2])
         steps = self._told(steps, f"{len(group)} runs in one read", wanted[2])
         which = [(c, d, self._memory(c)) for c, d, _, _ in group]
         measured = measure_many(steps, self.ctx.buckets, which, self.cfg.seed, self.cfg.options,

@@ -173,12 +173,13 @@ class GradientStats:
         self._room = shared_bytes
 
     def bucket(self, step: int, b: Bucket, g: torch.Tensor) -> torch.Tensor:
-        """Bucket ``b``'s [W, n] float32 gradients of step ``g``: a view where ``g`` is float32, else converted
-        once and kept while there is room."""
+        """Bucket ``b``'s [W, n] float32 gradients of step ``g``: a view where ``g`` is float32 in memory, else
+        converted (or read: arcsim.traces.format.StepColumns) once and kept while there is room."""
         if (step, b.index) in self._floats:
             return self._floats[step, b.index]
         x = g[:, b.lo:b.hi].float()
-        if g.dtype != torch.float32 and self._take(x.numel() * 4):
+        converted = g.dtype != torch.float32 or not getattr(g, "in_memory", True)  # (a step read on demand: read)
+        if converted and self._take(x.numel() * 4):
             self._floats[step, b.index] = x
         return x
 
@@ -295,13 +296,16 @@ class BucketedCompression:
         a worker, or a node's slice, has not yet sent is owed whatever compresses it next)."""
         self.compressor, self.density = compressor, density
         self.options = options_for(compressor, self.shared_options)  # shared options (scope …) this one accepts
-        self.comps = [make_compressor(compressor, density, seed=self.seed + b.index, **self.options)
-                      for b in self.buckets]
+        self.comps = [self._compressor(b) for b in self.buckets]
         self.one_rank: dict[int, float] = {}  # per-rank compression seconds per bucket, timed on its first step
-        grouping = self.grouping
-        self.node_aware = [] if grouping is None else [
-            NodeAware(grouping, b.numel, b.layout(), functools.partial(self._slice_part, b.index))
-            for b in self.buckets]
+        self.node_aware = [] if self.grouping is None else [self._node_aware_of(b) for b in self.buckets]
+
+    def _compressor(self, b: Bucket) -> Compressor:
+        return make_compressor(self.compressor, self.density, seed=self.seed + b.index, **self.options)
+
+    def _node_aware_of(self, b: Bucket) -> NodeAware:
+        assert self.grouping is not None
+        return NodeAware(self.grouping, b.numel, b.layout(), functools.partial(self._slice_part, b.index))
 
     def regroup(self, grouping: Grouping | None) -> None:
         """Compress flat (None) or node-aware with ``grouping`` from now on, the error feedback carried over
@@ -317,6 +321,19 @@ class BucketedCompression:
                 self.mems = []
             self.grouping = grouping
         self.switch(self.compressor, self.density)
+
+    def release(self, index: int) -> None:
+        """Forget bucket ``index``'s state — its memory's residual, its compressor's momentum, velocity or errors
+        (DGC, 1-bit Adam, Signum keep a model-sized one) — where no step of it follows: one pass measuring many
+        compressors would otherwise hold every compressor's state of every bucket at its end (LLaMA-1B: past
+        24 GB)."""
+        b = self.buckets[index]
+        self.comps[index] = self._compressor(b)
+        if self.grouping is None:
+            self.mems[index] = make_memory(self.memory)
+        else:
+            self.slice_mems[index] = [make_memory(self.memory) for _ in range(self.grouping.gpus)]
+            self.node_aware[index] = self._node_aware_of(b)
 
     def take_memories(self, other: BucketedCompression) -> None:
         """A copy of ``other``'s error feedback, regrouped to this one's hierarchy (an adaptive decision's trial)."""
@@ -448,6 +465,8 @@ def measure_many(steps: Iterable[tuple[int, torch.Tensor]], buckets: list[Bucket
                     for bc, row in zip(runs, rows, strict=True):
                         for key, values in bc.step(step, g, final=final, updates=False, buckets=[b])[1].items():
                             row[key].extend(values)
+                        if final:  # this run's state of this bucket, before the next run makes its own
+                            bc.release(b.index)
                     stats.forget(step, b.index)
                 for meas, row in zip(out, rows, strict=True):
                     meas.add(row)
