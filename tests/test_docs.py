@@ -40,9 +40,11 @@ NOT_RUN = {
     "--model llama_60m": "captures LLaMA-60M (about a minute on 2 cores); tests/test_llama_text.py checks the model",
     "width=64 --dataset python-text --seq-len 64": "trains your GPT live (~30 s on 2 cores); tests/test_strategy.py "
                                                    "runs it smaller",
+    "llama1b.npz": "captures LLaMA-1B (70 s, 17.5 GB) and prices it (7 min on 2 cores); tests/test_strategy.py runs "
+                   "--sharding on the shipped trace",
 }
 SLOW = ("resnet50.npz", "resnet18.npz", "capture --model resnet18", "reports/sweeps/r18", "arcsim train",
-        "--model llama_60m", "width=64 --dataset python-text --seq-len 64")
+        "--model llama_60m", "width=64 --dataset python-text --seq-len 64", "llama1b.npz")
 
 
 @dataclass(frozen=True)
