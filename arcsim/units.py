@@ -34,6 +34,17 @@ def _check_text(text: object, kind: str, example: str) -> str:
     return s
 
 
+def _quantity(text: object, kind: str, example: str, pattern: re.Pattern[str], how: str,
+              bare: str = "") -> tuple[str, re.Match[str]]:
+    """``text`` checked (:func:`_check_text`) and matched by ``pattern``, else one UnitError: "cannot read", then
+    ``bare`` where it is a bare number, then "use" ``how``."""
+    s = _check_text(text, kind, example)
+    m = pattern.match(s)
+    if not m:
+        raise UnitError(f"cannot read {kind} {s!r}{bare if _is_number(s) else ''}; use {how}")
+    return s, m
+
+
 def _finite_nonnegative(value: float, kind: str, text: str) -> float:
     if not math.isfinite(value):
         raise UnitError(f"{kind} {text!r} is not finite")
@@ -42,11 +53,8 @@ def _finite_nonnegative(value: float, kind: str, text: str) -> float:
 
 def parse_size(text: object) -> float:
     """'100MB' → 1e8 bytes; '1MiB' → 1048576; '1e6B' → 1e6."""
-    s = _check_text(text, "size", "100MB")
-    m = _SIZE_RE.match(s)
-    if not m:
-        hint = " (a bare number needs the unit B, e.g. '1e6B')" if _is_number(s) else ""
-        raise UnitError(f"cannot read size {s!r}{hint}; use a number and a unit such as B, kB, MB, GB, KiB, MiB, GiB")
+    s, m = _quantity(text, "size", "100MB", _SIZE_RE, "a number and a unit such as B, kB, MB, GB, KiB, MiB, GiB",
+                     " (a bare number needs the unit B, e.g. '1e6B')")
     size = _finite_nonnegative(float(m["num"]) * _PREFIX[m["prefix"] or ""], "size", s)
     if 0 < size < 1:
         raise UnitError(f"size {s!r} is below one byte; give at least 1B (or 0)")
@@ -55,12 +63,8 @@ def parse_size(text: object) -> float:
 
 def parse_rate(text: object) -> float:
     """'100Gbps' → 1.25e10 bytes/s; '12.5GB/s' → 1.25e10 bytes/s."""
-    s = _check_text(text, "bandwidth", "100Gbps")
-    m = _RATE_RE.match(s)
-    if not m:
-        raise UnitError(
-            f"cannot read bandwidth {s!r}; use bits ('100Gbps', '1Gbit') or bytes ('12.5GB/s', '12.5GBps')"
-        )
+    s, m = _quantity(text, "bandwidth", "100Gbps", _RATE_RE, "bits ('100Gbps', '1Gbit') or bytes ('12.5GB/s', "
+                     "'12.5GBps')")
     value = float(m["num"]) * _PREFIX[m["prefix"] or ""]
     if m["unit"] in ("bps", "bit/s", "bit"):
         value /= 8.0
@@ -69,10 +73,7 @@ def parse_rate(text: object) -> float:
 
 def parse_duration(text: object) -> float:
     """'5us' → 5e-6 s; '0.5ms' → 5e-4 s."""
-    s = _check_text(text, "duration", "5us")
-    m = _TIME_RE.match(s)
-    if not m:
-        raise UnitError(f"cannot read duration {s!r}; use a number and one of ns, us, ms, s (e.g. '5us')")
+    s, m = _quantity(text, "duration", "5us", _TIME_RE, "a number and one of ns, us, ms, s (e.g. '5us')")
     return _finite_nonnegative(float(m["num"]) / _TIME_DIVISOR[m["unit"]], "duration", s)
 
 
