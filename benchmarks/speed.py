@@ -1,9 +1,9 @@
 """Wall time of the README's main example, `arcsim run` (the shipped trace on 8x8-ib100), on this machine: cold
 (a fresh measurement cache in a temporary folder) and cached (the same command again on that cache), each
 the real command in a subprocess; and, where a LLaMA-60M trace is at hand (--llama FILE, or llama_60m.npz
-among the generated traces), the same for it on 4x8-eth25-a100. Goals (issue 40): main example ≤ 15 s cold;
-LLaMA-60M (4 workers × 2 steps) ≤ 60 s cold, ≤ 5 s cached. Then every bad argument of tests/test_bad_input.py
-through the real entry point (best of two each; goal, issue 51: ≤ 0.5 s).
+among the generated traces), the same for it on 4x8-eth25-a100. Goals: main example ≤ 15 s cold (issue 40);
+LLaMA-60M (4 workers × 2 steps) ≤ 20 s cold, ≤ 2 s cached (issue 51; issue 40's were 60 s and 5 s). Then every
+bad argument of tests/test_bad_input.py through the real entry point (best of two each; goal, issue 51: ≤ 0.5 s).
 
     python benchmarks/speed.py [--repeat N] [--llama FILE] [--no-bad-arguments]
 
@@ -29,7 +29,7 @@ from run_speed import timed_run  # the same subprocess run and its JSON, beside 
 
 from arcsim.files import generated_traces_dir
 
-GOALS = {"main example": (15.0, None), "LLaMA-60M": (60.0, 5.0)}  # cold, cached (s)
+GOALS = {"main example": (15.0, None), "LLaMA-60M": (20.0, 2.0)}  # cold, cached (s)
 BAD_ARGUMENT_GOAL = 0.5  # s, issue 51
 
 
