@@ -11,9 +11,9 @@ import pytest
 import torch
 from conftest import run_cli, spawn_ranks
 
+from arcsim.catalog import QUANT_BLOCK
 from arcsim.comm.inprocess import InProcessComm
 from arcsim.compressors.registry import make_compressor
-from arcsim.catalog import QUANT_BLOCK
 from arcsim.compressors.sharded import SHARDED, Codec, blockwise, reduce_mean, reduction_errors, step_piece
 from arcsim.strategy.schedule import ShardCollective
 
