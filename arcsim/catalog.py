@@ -167,7 +167,7 @@ def model_ref_problem(ref: str, with_args: bool) -> str | None:
     package.module:build, hf:config.json)."""
     if ref in MODELS:
         return f"--model-arg goes with a model of your own; {ref} is a zoo model" if with_args else None
-    if not ref.startswith("hf:") and ":" not in ref:
+    if ":" not in ref:
         return (f"unknown model {ref!r}; choose one of: {', '.join(MODELS)}, or name your own as "
                 "path/to/file.py:build, package.module:build or hf:config.json")
     return None

@@ -52,7 +52,7 @@ def test_correlated_structure_helps_arctopk_more_than_independent_noise():
 @pytest.mark.parametrize(("args", "fragment"), [
     (("--density", "0", "--synthetic", "normal"), "'--density' / '-d': must lie in (0, 1]"),
     (("--density", "1.5", "--synthetic", "normal"), "'--density' / '-d': must lie in (0, 1]"),
-    (("-c", "zipk", "--synthetic", "normal"), "choose one of dense, fp16, bf16, topk"),
+    (("-c", "zipk", "--synthetic", "normal"), "unknown compressor zipk; choose from dense, fp16, bf16, topk"),
     (("-m", "ef99", "--synthetic", "normal"), "choose one of none, ef14, ef21, ef21m"),
     (("-c", "powersgd", "--rank", "0", "--synthetic", "normal"), "'--rank': must be at least 1"),
     (("--trace", "x.npz"), "no such trace file: x.npz"),

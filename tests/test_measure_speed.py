@@ -17,7 +17,14 @@ from arcsim.compressors.nested import NestedTopK
 from arcsim.run import analysis as analysis_module
 from arcsim.run.analysis import MEASURED_AHEAD, Analysis
 from arcsim.run.config import RunConfig
-from arcsim.run.measure import SMALL_WORK_ELEMENTS, GradientStats, intra_op_threads, measure, measuring_threads
+from arcsim.run.measure import (
+    SMALL_WORK_ELEMENTS,
+    BucketedCompression,
+    GradientStats,
+    intra_op_threads,
+    measure,
+    measuring_threads,
+)
 from arcsim.strategy.buckets import Bucket
 from arcsim.traces.format import Trace
 
@@ -130,6 +137,9 @@ def test_a_streamed_trace_measured_in_one_pass_bucket_by_bucket_measures_the_sam
     read_on_demand = []
     real = Trace.step_on_demand
     monkeypatch.setattr(Trace, "step_on_demand", lambda self, i: read_on_demand.append(i) or real(self, i))
+    released = []
+    real_release = BucketedCompression.release
+    monkeypatch.setattr(BucketedCompression, "release", lambda self, i: released.append(i) or real_release(self, i))
     monkeypatch.setenv("ARCSIM_MEASURE_PROCESSES", "1")
     monkeypatch.setenv("ARCSIM_CACHE_DIR", str(tmp_path / "kept"))
     kept = Analysis(dataclasses.replace(config), announce=lambda _: None)
@@ -137,9 +147,10 @@ def test_a_streamed_trace_measured_in_one_pass_bucket_by_bucket_measures_the_sam
     monkeypatch.setattr(analysis_module, "CACHE_BYTES", 0)
     monkeypatch.setenv("ARCSIM_CACHE_DIR", str(tmp_path / "streamed"))
     streamed = Analysis(dataclasses.replace(config), announce=lambda _: None)
-    assert streamed._streamed()
+    assert streamed.streamed()
     streamed.run()
     assert read_on_demand and streamed.trace.random_access
+    assert released and set(released) == {b.index for b in streamed.ctx.buckets}  # after each bucket's last step
     assert streamed._measured.keys() == kept._measured.keys()
     for key, meas in kept._measured.items():
         other = streamed._measured[key]

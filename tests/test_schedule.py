@@ -290,3 +290,12 @@ def test_a_checkpoint_it_cannot_read_starts_that_run_over(tmp_path, experiment):
     _, whole = experiment
     pd.testing.assert_frame_equal(again.reset_index(drop=True),
                                   whole[whole["policy"] == "adaptive"].reset_index(drop=True), check_dtype=False)
+
+
+def test_train_under_a_schedule_takes_gpu_and_library_without_a_topology(tmp_path):
+    """Under --network-schedule the steps are priced on the schedule's default topology, so --gpu and --library need
+    no --topology there (an earlier check refused them): this run gets past them to the candidates' check."""
+    r = run_cli("train", "--model", "cnn", "--network-schedule", str(EXAMPLES / "schedule-c1.yaml"),
+                "--gpu", "h100", "--library", "gloo", "--steps", "1", "-w", "2", "--candidates", "bogus",
+                "-o", str(tmp_path / "t"), cwd=str(tmp_path))
+    assert r.returncode == 2 and "unknown candidate compressor 'bogus'" in r.stderr, r.stderr[-1000:]

@@ -13,6 +13,7 @@ from conftest import run_cli, spawn_ranks
 
 from arcsim.catalog import QUANT_BLOCK
 from arcsim.comm.inprocess import InProcessComm
+from arcsim.compressors import sharded
 from arcsim.compressors.registry import make_compressor
 from arcsim.compressors.sharded import SHARDED, Codec, blockwise, reduce_mean, reduction_errors, step_piece
 from arcsim.strategy.schedule import ShardCollective
@@ -168,8 +169,7 @@ def test_arcsim_run_measures_them_on_the_default_trace(tmp_path: Path) -> None:
 def test_a_step_measured_in_column_pieces_has_the_whole_steps_error():
     """LLaMA-1B's steps are measured in pieces of whole blocks per rank (memory O(workers × piece)): every
     blockwise way gives the whole step's error to float rounding; the int8 ring (whose hop order follows the
-    block's owner) the same rounding in another order, so within a few per cent; a piece not of whole blocks
-    would move a blockwise way's error, which is what the first assertion guards."""
+    block's owner) the same rounding in another order, so within a few per cent."""
     workers, gpus = 4, 2
     g = torch.Generator().manual_seed(3)
     grads = torch.randn(workers, 60 * 3 * QUANT_BLOCK * workers + 1000, generator=g)
@@ -182,3 +182,21 @@ def test_a_step_measured_in_column_pieces_has_the_whole_steps_error():
         assert pieced[way] == pytest.approx(whole[way], rel=1e-5), way
     assert pieced["int8-ring"] == pytest.approx(whole["int8-ring"], rel=0.05)
     assert step_piece(workers) % (QUANT_BLOCK * workers) == 0
+
+
+def test_a_stored_trace_read_in_pieces_has_the_whole_steps_error(monkeypatch):
+    """trace_pieces over the shipped trace, pieces made small (two blocks' worth per worker, so many pieces and a
+    short last one), against its steps read whole: what `run --sharding` and `shard` measure on a large trace."""
+    from arcsim.traces.format import open_trace
+    from arcsim.traces.resolve import resolve_trace
+
+    trace = open_trace(resolve_trace(None))
+    monkeypatch.setattr(sharded, "STEP_PIECE_ELEMENTS", 2 * QUANT_BLOCK * trace.workers)
+    width = step_piece(trace.workers)
+    assert width == 2 * QUANT_BLOCK * trace.workers and trace.elements > 3 * width and trace.elements % width
+    gpus = trace.workers // 2
+    whole = {e.how: e.rel_error_mean for e in reduction_errors((g for _, g in trace.steps_iter()), gpus)}
+    pieced = {e.how: e.rel_error_mean for e in reduction_errors(sharded.trace_pieces(trace), gpus)}
+    for way in ("bf16", "int8", "int8-hier", "int4-hier"):
+        assert pieced[way] == pytest.approx(whole[way], rel=1e-5), way
+    assert pieced["int8-ring"] == pytest.approx(whole["int8-ring"], rel=0.05)

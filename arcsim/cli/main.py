@@ -284,9 +284,10 @@ def compress(compressor: str, density: float, memory: str | None, seed: int, ran
              no_capture: bool, synthetic: str | None, workers: int, elements: int, steps: int, shared: float,
              spread: float, json_out: str | None, scope: str) -> None:
     """Run a compressor with error feedback on real tensors and measure every step."""
-    from arcsim.catalog import memory_for, options_for
+    from arcsim.catalog import check_compression, memory_for, options_for
     from arcsim.traces.synthetic import synthetic_steps
 
+    check_compression((compressor,), memory, ArcsimError)
     if trace is not None and synthetic is not None:
         raise ArcsimError("give either --trace or --synthetic, not both")
     if synthetic is not None:  # its size checked before torch loads

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 import click
 from rich.table import Table
 
-from arcsim.catalog import COMPRESSORS, FUSIONS, MEMORIES, MODELS, model_ref_problem
+from arcsim.catalog import COMPRESSORS, FUSIONS, MEMORIES, MODELS, check_compression, model_ref_problem
 from arcsim.cli.common import (
     DENSITY,
     INPUT_SIZE,
@@ -120,8 +120,9 @@ def train(model: str, model_args: tuple[str, ...], data: str | None, dataset: st
     problem = model_ref_problem(model, bool(model_args))  # these answered before torch loads
     if problem:
         raise ArcsimError(problem)
+    check_compression(tuple(c.strip() for c in compressors.split(",") if c.strip()), memory, ArcsimError)
     for flag, named in (("--gpu", gpu), ("--library", library)):
-        if named and not topology:
+        if named and not topology and schedule is None:  # (a schedule prices on its own default topology)
             raise ArcsimError(f"{flag} prices the steps on a cluster: give --topology too")
     if topology:
         from arcsim.devices.catalog import device

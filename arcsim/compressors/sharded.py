@@ -238,14 +238,16 @@ class ReductionError:
         return asdict(self)
 
 
-STEP_PIECE_BLOCKS = 1 << 14  # a step measured in column pieces of this many blocks per rank (a piece: whole blocks)
+STEP_PIECE_ELEMENTS = 1 << 23  # a step measured in column pieces of about this many columns (whole blocks per rank)
 
 
 def step_piece(workers: int) -> int:
     """Columns of one piece of a step: whole QUANT_BLOCK blocks on each of ``workers`` ranks, so that a piece's
     blockwise quantisation is the whole vector's (bf16, int8 and qgZ alike; the int8 ring re-quantises each block
-    in the order of the rank that owns it, which differs by piece: the same rounding, another order)."""
-    return STEP_PIECE_BLOCKS * QUANT_BLOCK * workers
+    in the order of the rank that owns it, which differs by piece: the same rounding, another order). About
+    STEP_PIECE_ELEMENTS whatever the workers, so a piece of every worker is O(workers × STEP_PIECE_ELEMENTS)."""
+    unit = QUANT_BLOCK * workers
+    return max(1, STEP_PIECE_ELEMENTS // unit) * unit
 
 
 def reduction_errors(steps: Iterable[torch.Tensor | Iterable[torch.Tensor]], gpus_per_node: int,

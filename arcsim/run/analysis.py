@@ -197,6 +197,7 @@ class Analysis:
         self._measured: dict[MeasurementKey, Measurement] = {}
         self.cached = 0  # measurements read from the cache instead of run
         self._cached: list[tuple[int, torch.Tensor]] | None = None
+        self._finite_checked: set[int] = set()  # a streamed trace's steps read whole once for NaN/Inf (sampled)
         self.gradient_stats = GradientStats((cfg.density, *cfg.ratios))  # shared by the trace's measurements
         self.timings: dict[str, float] = {}
         self._measuring_wall = 0.0  # seconds of wall time spent measuring (side by side: the wall, not the sum)
@@ -277,14 +278,14 @@ class Analysis:
             yield from t.steps_iter()
             return
         where = self.cfg.measure_device
-        if self._streamed():
+        if self.streamed():
             yield from t.steps_iter(stored_dtype=True, device=where)
             return
         if self._cached is None:
             self._cached = list(t.steps_iter(stored_dtype=True, device=where))
         yield from self._cached
 
-    def _streamed(self) -> bool:
+    def streamed(self) -> bool:
         """Whether the trace is too large to keep (CACHE_BYTES as stored): read again by every measurement."""
         t = self.trace
         return isinstance(t, Trace) and t.steps * t.workers * t.elements * t.dtype.itemsize > CACHE_BYTES
@@ -332,7 +333,7 @@ class Analysis:
         meas = cache.load(name)
         if meas is not None:
             self.cached += 1
-        elif self._streamed():
+        elif self.streamed():
             self._measure_streamed(key)
             return self._measured[key]
         else:
@@ -361,7 +362,14 @@ class Analysis:
                                todo=lambda k: not cache.held(self._cache_name(k)))
         started = time.perf_counter()
         if isinstance(t, Trace) and t.random_access and self.cfg.measure_device == "cpu":
-            # each bucket's columns read when measured: memory O(workers × bucket), unsampled buckets never read
+            # each bucket's columns read when measured: memory O(workers × bucket); the buckets a sample leaves out
+            # are read once, in chunks, only to refuse a NaN or Inf there as a whole read would
+            if self.sample_for(wanted) is not None:
+                for i in range(wanted[2]):
+                    if i not in self._finite_checked:
+                        for _ in t.step_chunks(i):  # (each chunk checked as it is read)
+                            pass
+                        self._finite_checked.add(i)
             steps: Iterable[Any] = ((t.recorded_steps[i], t.step_on_demand(i)) for i in range(wanted[2]))
         else:
             steps = self.steps() if wanted[2] == t.steps else itertools.islice(self.steps(), wanted[2])
@@ -460,7 +468,7 @@ class Analysis:
         """The measurements measure_ahead would spread over processes (none where it would not)."""
         if (processes or measure_processes()) < 2 or len(os.sched_getaffinity(0)) < 2 or self.timed \
                 or not isinstance(self.trace, Trace) or "fork" not in multiprocessing.get_all_start_methods() \
-                or multiprocessing.current_process().daemon or self._streamed() \
+                or multiprocessing.current_process().daemon or self.streamed() \
                 or measuring_threads(self.ctx.buckets, self.trace.workers) != 1:
             return []
         todo = [k for k in self.planned_keys() if k not in self._measured and not cache.held(self._cache_name(k))]

@@ -25,7 +25,7 @@ from arcsim.catalog import (
     hierarchy_message,
 )
 from arcsim.collectives.libraries import get_library
-from arcsim.devices.catalog import HALF, PRECISIONS, priced_gpu
+from arcsim.devices.catalog import HALF, PRECISIONS, device, priced_gpu
 from arcsim.devices.source import ComputeSource, compute_source
 from arcsim.errors import ArcsimError
 from arcsim.files import writable_cache_dir
@@ -122,8 +122,6 @@ class RunConfig:
         if self.precision is not None and self.precision not in PRECISIONS:
             raise RunError(f"unknown precision {self.precision!r}; choose {', '.join(PRECISIONS)}")
         if self.gpu is not None:
-            from arcsim.devices.catalog import device
-
             gpu = device(self.gpu)
             if gpu.modelled and self.precision is not None:
                 gpu.check_precision(self.precision)

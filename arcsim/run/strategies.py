@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -129,8 +129,11 @@ def _errors(analysis: Analysis, ways: set[str]) -> dict[str, float]:
     workers = trace.workers
     per_node = analysis.ctx.topo.gpus_per_node
     g = per_node if workers % per_node == 0 and workers > per_node else max(workers // 2, 1)
-    # a stored trace in pieces of columns (memory O(workers × piece), LLaMA-1B's too); live gradients as held
-    steps = trace_pieces(trace) if isinstance(trace, Trace) else (grads for _, grads in analysis.steps())
+    # a stored trace in pieces of columns (memory O(workers × piece), LLaMA-1B's too); live gradients, a compressed
+    # trace's (no random access) and a trace the analysis holds in memory as they are held
+    steps: Iterable[Any] = (grads for _, grads in analysis.steps())
+    if isinstance(trace, Trace) and trace.random_access and analysis.streamed():
+        steps = trace_pieces(trace)
     return {e.how: e.rel_error_mean for e in reduction_errors(steps, g, tuple(sorted(ways)))}
 
 

@@ -15,4 +15,5 @@ def trace_errors(trace: str | None, gpus_per_node: int | None = None) -> tuple[s
     path = resolve_trace(trace, allow_capture=False)
     tr = open_trace(path)
     g = gpus_per_node or max(tr.workers // 2, 1)
-    return str(path), reduction_errors(trace_pieces(tr), g)
+    steps = trace_pieces(tr) if tr.random_access else (grads for _, grads in tr.steps_iter())
+    return str(path), reduction_errors(steps, g)

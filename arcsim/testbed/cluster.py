@@ -88,10 +88,11 @@ def _entering(ns: str) -> list[int]:
     return found
 
 
-def _inode(ns: str) -> int | None:
-    """The network namespace ``ns`` names, as the inode its processes' /proc/<pid>/ns/net link shows (None: gone)."""
+def _hold(ns: str) -> int | None:
+    """An open descriptor of the network namespace ``ns`` names (None: gone): while it is open the namespace lives
+    on, name deleted or not, and its inode — what its processes' /proc/<pid>/ns/net links show — is no other's."""
     try:
-        return os.stat(f"/var/run/netns/{ns}").st_ino
+        return os.open(f"/var/run/netns/{ns}", os.O_RDONLY)
     except OSError:
         return None
 
@@ -115,23 +116,31 @@ def teardown(prefix: str = PREFIX) -> list[str]:
     process still entering or inside one is killed, scan after scan, until two scans in a row find none: a child
     forked but not yet `ip`, or one a concurrent `arcsim cluster down` started, is caught once it is in."""
     removed = namespaces(prefix)
-    inodes = {i for ns in removed if (i := _inode(ns)) is not None}
-    for ns in removed:
-        for pid in _entering(ns):
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-    for ns in removed:
-        _ip("netns", "del", ns, check=False)
-    quiet = 0
-    for _ in range(TEARDOWN_SCANS):
-        left = _inside(inodes) + [pid for ns in removed for pid in _entering(ns)]
-        for pid in left:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-        quiet = 0 if left else quiet + 1
-        if quiet == 2:
-            break
-        time.sleep(0.02)
+    held = [fd for ns in removed if (fd := _hold(ns)) is not None]  # alive, so no new namespace takes its inode
+    try:
+        inodes = {os.fstat(fd).st_ino for fd in held}
+        for ns in removed:
+            for pid in _entering(ns):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+        for ns in removed:
+            _ip("netns", "del", ns, check=False)
+        quiet = 0
+        for _ in range(TEARDOWN_SCANS):
+            left = _inside(inodes) + [pid for ns in removed for pid in _entering(ns)]
+            for pid in left:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            quiet = 0 if left else quiet + 1
+            if quiet == 2:
+                break
+            time.sleep(0.02)
+        else:
+            print(f"warning: processes {left} were still in {prefix}'s namespaces after {TEARDOWN_SCANS} scans",
+                  file=sys.stderr)
+    finally:
+        for fd in held:
+            os.close(fd)
     return removed
 
 

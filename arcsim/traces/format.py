@@ -283,7 +283,11 @@ class Trace:
 
     def step_on_demand(self, index: int) -> StepColumns:
         """Step ``index`` as a [workers, d] stand-in that reads the columns asked of it (``g[:, lo:hi]``), when
-        asked: a measurement of a few buckets reads those alone, in O(workers × bucket) memory, not the step."""
+        asked: a measurement of a few buckets reads those alone, in O(workers × bucket) memory, not the step.
+        Only where the gradients are stored (:attr:`random_access`): a compressed member is read from its start."""
+        if not self.random_access:
+            raise TraceError(f"{self.path}: its gradients are compressed, so a step's columns cannot be read alone; "
+                             "read its steps whole (steps_iter)")
         return StepColumns(self, index)
 
     def _check_finite(self, g: torch.Tensor, index: int) -> None:
