@@ -124,13 +124,12 @@ def train(model: str, model_args: tuple[str, ...], data: str | None, dataset: st
     for flag, named in (("--gpu", gpu), ("--library", library)):
         if named and not topology and schedule is None:  # (a schedule prices on its own default topology)
             raise ArcsimError(f"{flag} prices the steps on a cluster: give --topology too")
-    if topology:
-        from arcsim.devices.catalog import device
-        from arcsim.topology import load_topology
+    from arcsim.devices.catalog import device, priced_gpu
+    from arcsim.topology import load_topology
 
-        load_topology(topology)  # a bad name fails before any training
-        if gpu:
-            device(gpu)
+    topo = load_topology(topology) if topology else None  # a bad name fails before any training
+    if topo is not None and gpu:
+        device(gpu)
     from arcsim.models.source import model_source
     from arcsim.run.target import target_of
     from arcsim.train.experiment import run_experiment
@@ -147,10 +146,8 @@ def train(model: str, model_args: tuple[str, ...], data: str | None, dataset: st
     settings = optimizer_settings(optimizer)
     per_run = hierarchy if schedule is None else "flat"  # under a schedule the policies choose it, step by step
     gpus_per_node = 0
-    if per_run != "flat" and topology:
-        from arcsim.topology import load_topology
-
-        gpus_per_node = load_topology(topology).gpus_per_node
+    if per_run != "flat" and topo is not None:
+        gpus_per_node = topo.gpus_per_node
     cfg = TrainConfig(model=model, model_args=model_args, dataset=dataset or "", workers=workers,
                       compressors=tuple(c.strip() for c in compressors.split(",") if c.strip()), density=density,
                       memory=memory, steps=steps, batch=batch, eval_every=eval_every,
@@ -174,11 +171,7 @@ def train(model: str, model_args: tuple[str, ...], data: str | None, dataset: st
             raise ArcsimError(f"{flag} goes with --network-schedule FILE (a network that changes during training)")
     if memory == "ef21m":
         note("EF21M carries its own momentum: SGD's momentum is off (the step is x ← x − γ·h̄)")
-    if topology:
-        from arcsim.devices.catalog import device, priced_gpu
-        from arcsim.topology import load_topology
-
-        topo = load_topology(topology)
+    if topo is not None:
         priced_on = priced_gpu(device(gpu).name if gpu else None, topo.gpu)
         if priced_on and priced_on != "cpu" and not compute_profile:
             note(f"each step is priced on {priced_on}: compute by the device model for {source.label} at batch "

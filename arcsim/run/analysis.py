@@ -361,10 +361,11 @@ class Analysis:
         group = self._one_pass(wanted, t.workers * t.elements, stateless=wanted[2] == 1,
                                todo=lambda k: not cache.held(self._cache_name(k)))
         started = time.perf_counter()
+        sample = self.sample_for(wanted)
         if isinstance(t, Trace) and t.random_access and self.cfg.measure_device == "cpu":
             # each bucket's columns read when measured: memory O(workers × bucket); the buckets a sample leaves out
             # are read once, in chunks, only to refuse a NaN or Inf there as a whole read would
-            if self.sample_for(wanted) is not None:
+            if sample is not None:
                 for i in range(wanted[2]):
                     if i not in self._finite_checked:
                         for _ in t.step_chunks(i):  # (each chunk checked as it is read)
@@ -377,7 +378,7 @@ class Analysis:
         which = [(c, d, self._memory(c)) for c, d, _, _ in group]
         measured = measure_many(steps, self.ctx.buckets, which, self.cfg.seed, self.cfg.options,
                                 timed=self.timed, count=wanted[2], stats=self.gradient_stats,
-                                grouping=wanted[3], sample=self.sample_for(wanted), bucket_major=True)
+                                grouping=wanted[3], sample=sample, bucket_major=True)
         release_freed_memory()  # the step's blocks: the next read would add to a fragmented heap (processes.py)
         share = (time.perf_counter() - started) / len(group)
         for key, meas in zip(group, measured, strict=True):

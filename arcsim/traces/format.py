@@ -221,7 +221,7 @@ class Trace:
 
     def _raw_steps(self, start: int, stop: int) -> Iterator[torch.Tensor]:
         """Steps as stored (fp16/fp32), each read straight into a fresh tensor: no intermediate copies."""
-        dtype = torch.float16 if self.dtype == np.float16 else torch.float32
+        dtype = self.torch_dtype
         if self._data_offset is not None:
             with open(self.path, "rb", buffering=0) as fh:
                 fh.seek(self._data_offset + start * self._step_bytes())
@@ -262,7 +262,7 @@ class Trace:
             for lo, hi in ranges:
                 yield g[:, lo:hi]
             return
-        dtype = torch.float16 if self.dtype == np.float16 else torch.float32
+        dtype = self.torch_dtype
         size = self.dtype.itemsize
         base = self._data_offset + index * self._step_bytes()
         with open(self.path, "rb", buffering=0) as fh:
@@ -275,6 +275,11 @@ class Trace:
                 del out
                 self._check_finite(g, index)
                 yield g
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        """The gradients' dtype as stored, as torch names it (float16 or float32)."""
+        return torch.float16 if self.dtype == np.float16 else torch.float32
 
     @property
     def random_access(self) -> bool:
@@ -313,7 +318,7 @@ class StepColumns:
     def __init__(self, trace: Trace, index: int) -> None:
         self.trace, self.index = trace, index
         self.shape = (trace.workers, trace.elements)
-        self.dtype = torch.float16 if trace.dtype == np.float16 else torch.float32
+        self.dtype = trace.torch_dtype
 
     def __getitem__(self, key: tuple[slice, slice]) -> torch.Tensor:
         rows, cols = key
