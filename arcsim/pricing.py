@@ -5,6 +5,7 @@ engine), reporting nccl-tests figures."""
 from __future__ import annotations
 
 import dataclasses
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
@@ -198,7 +199,7 @@ class Pricer:
 
     def __init__(self, topo: Topology, engine: str = "analytic") -> None:
         self.topo, self.engine = topo, engine
-        self._cache: dict[tuple[str, str, float, str], PricedRecord] = {}  # (op, algo, bytes, tag); tag '': as priced
+        self._cache = _shared_cache(topo, engine)  # (op, algo, bytes, tag) → record; tag '': as priced
         self._groups: dict[str, Pricer] = {}
 
     def group(self, name: str) -> Pricer:
@@ -238,6 +239,25 @@ class Pricer:
             out.append(group.price(r.op, r.bytes_per_rank, "auto" if r.group == "node" else chosen.get(r.op, "auto"),
                                    r.tag))
         return out
+
+
+_PRICED: OrderedDict[tuple[str, str], dict[tuple[str, str, float, str], PricedRecord]] = OrderedDict()
+PRICED_TOPOLOGIES = 512  # topologies whose prices are kept (least recently used dropped first)
+
+
+def _shared_cache(topo: Topology, engine: str) -> dict[tuple[str, str, float, str], PricedRecord]:
+    """The prices of every Pricer of an equal topology on ``engine`` (equal: the same fields, as its repr shows
+    them): a run re-prices the same clusters many times over (each bandwidth of the crossover and of the verdicts'
+    tips, each group, each strategy), and pricing is a pure function of the topology and the collective."""
+    key = (repr(topo), engine)
+    cache = _PRICED.get(key)
+    if cache is None:
+        cache = _PRICED[key] = {}
+        if len(_PRICED) > PRICED_TOPOLOGIES:
+            _PRICED.popitem(last=False)
+    else:
+        _PRICED.move_to_end(key)
+    return cache
 
 
 def price_records(records: list[CommRecord], topo: Topology, engine: str = "analytic",

@@ -146,12 +146,12 @@ def interruptible() -> None:
 
 def spawn_ranks(script: Path, world: int, out_dir: Path, timeout: float = 600) -> None:
     """Run ``script RANK WORLD PORT OUT_DIR`` as ``world`` gloo processes on loopback; fail with their output."""
+    from _rank_launch import run_ranks
+
     port = free_port()
-    procs = [subprocess.Popen([sys.executable, str(script), str(r), str(world), str(port), str(out_dir)],
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for r in range(world)]
-    for p in procs:
-        out, _ = p.communicate(timeout=timeout)
-        assert p.returncode == 0, out[-3000:]
+    argvs = [[str(r), str(world), str(port), str(out_dir)] for r in range(world)]
+    for code, out in run_ranks(script, argvs, [out_dir / f"rank{r}.log" for r in range(world)], timeout):
+        assert code == 0, out[-3000:]
 
 
 def rank_reports(script: Path, world: int, out_dir: Path) -> list[dict]:

@@ -40,6 +40,8 @@ NOT_RUN = {
     "--model llama_60m": "captures LLaMA-60M (about a minute on 2 cores); tests/test_llama_text.py checks the model",
     "width=64 --dataset python-text --seq-len 64": "trains your GPT live (~30 s on 2 cores); tests/test_strategy.py "
                                                    "runs it smaller",
+    "--ranks-per-node 2 --sizes 256KB,2MB,8MB --out topologies/loop2x2.yaml":
+        "tests/test_calibrate.py runs this calibration (with 2 repeats) and checks the groups it writes",
     "llama1b.npz": "captures LLaMA-1B (70 s, 17.5 GB) and prices it (7 min on 2 cores); tests/test_strategy.py runs "
                    "--sharding on the shipped trace",
 }

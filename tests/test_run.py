@@ -410,3 +410,23 @@ def test_error_interval_over_steps_and_the_eligibility_it_cannot_settle():
     cands = [cand("star", (0.15, 0.25)), cand("var", (0.05, 0.12)), cand("randk", None), cand("arctopk", (0.1, 0.3))]
     assert unsettled(cands, 0.2) == ["arctopk", "star"]
     assert unsettled(cands, 0.5) == [] and unsettled(cands, None) == []
+
+
+def test_a_lean_run_chooses_and_times_as_the_whole_run_without_crossover_or_tips():
+    """A network schedule's phases run lean (arcsim.run.phases): the same candidates, times, intervals, verdicts and
+    recommendation as the whole run; only the crossover and the too-close verdicts' tips are left out."""
+    from arcsim.run.analysis import Analysis
+    from arcsim.run.config import RunConfig
+
+    cfg = RunConfig(compressors=("topk", "arctopk", "randk"), ratios=(0.001, 0.01, 0.1), bandwidth=25e9 / 8)
+    whole = Analysis(cfg, announce=lambda _: None).run()
+    lean = Analysis(cfg, announce=lambda _: None).run(lean=True)
+    assert whole.crossover.bandwidth and not lean.crossover.bandwidth
+    assert any(c.tips for c in whole.candidates) and not any(c.tips for c in lean.candidates)
+
+    def seen(c):
+        return c.compressor, c.collective, c.hierarchy, c.iteration_s, c.verdict, c.speedup_low, c.speedup_high
+
+    assert [seen(c) for c in lean.candidates] == [seen(c) for c in whole.candidates]
+    assert lean.recommendation == whole.recommendation
+    assert lean.policy == whole.policy

@@ -546,16 +546,18 @@ class Analysis:
     def planned_measurements(self) -> int:
         return len(self.planned_keys())
 
-    def run(self) -> RunResult:
+    def run(self, lean: bool = False) -> RunResult:
+        """The whole answer; ``lean``: without the crossover and the tips of too-close verdicts (the choices,
+        times and intervals are the same), as a network schedule's phases need it."""
         started = time.perf_counter()
-        result = self._run()
+        result = self._run(lean)
         self.timings[MEASURING_WALL] = self._measuring_wall
         self.timings["pricing, policy, front and crossover"] = time.perf_counter() - started - self._measuring_wall
         result.timings = dict(self.timings)
         result.compute_basis = self.compute_basis
         return result
 
-    def _run(self) -> RunResult:
+    def _run(self, lean: bool) -> RunResult:
         cfg = self.cfg
         self.measure_ahead()
         dense_meas = self.measurement("dense", 1.0)
@@ -573,9 +575,11 @@ class Analysis:
         front = self._pareto(grid)
         policy, recommendation = self._policy(cands, grid)
         errors = self._errors()
-        rec = self._judged(recommendation or decisions.recommend(front, grid, policy), errors, dense, cands, grid)
+        rec = self._judged(recommendation or decisions.recommend(front, grid, policy), errors, dense, cands, grid,
+                           tips=not lean)
         rec.plan = self._plan(rec, policy)
-        return RunResult(cfg, self.ctx, cands, dense, policy, front, self._crossover(cands, grid), rec,
+        crossover = decisions.Crossover("not priced (a lean run)") if lean else self._crossover(cands, grid)
+        return RunResult(cfg, self.ctx, cands, dense, policy, front, crossover, rec,
                          self._assumptions() + density_notes(cands) + [errors.basis],
                          speedup_errors=errors.to_dict(), kernel_check=self._kernel_check(cands))
 
@@ -593,18 +597,18 @@ class Analysis:
                                 self.ctx.gpu)
 
     def _judged(self, rec: decisions.Recommendation, errors: doubt.Errors, dense: Candidate, cands: list[Candidate],
-                grid: list[Candidate]) -> decisions.Recommendation:
-        """Every candidate's and the recommendation's speed-up interval, verdict and tips."""
+                grid: list[Candidate], tips: bool = True) -> decisions.Recommendation:
+        """Every candidate's and the recommendation's speed-up interval, verdict and (``tips``) tips."""
         batch = self.compute_basis["batch"] if self.compute_basis else None
         judge = doubt.Judge(errors, self.ctx, self.pricer, dense, grid, batch, self.context_at_batch)
         for c in [*cands, dense]:
-            judge.mark(c)
+            judge.mark(c, tips)
         pick = next((c for c in [*cands, *grid] if (c.compressor, c.collective, c.hierarchy, c.density)
                      == (rec.compressor, rec.collective, rec.hierarchy, rec.density)), None)
         if pick is None:  # a per-bucket mix: no one candidate's interval is its
             return rec
         if pick.verdict is None:  # a grid point: judged here
-            judge.mark(pick)
+            judge.mark(pick, tips)
         return rec.judged(pick)
 
     # -- decisions (arcsim/run/decisions.py, arcsim/run/policies.py) -----------------------------------

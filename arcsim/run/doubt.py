@@ -353,12 +353,12 @@ class Judge:
         end_to_end = self.errors.framework * math.hypot(open_share(dense), open_share(here))
         return doubt(dense.iteration_s / here.iteration_s, max(parts, end_to_end), here.collective)
 
-    def mark(self, c: Candidate) -> None:
-        """Set ``c``'s interval, verdict and, where too close to call, its tips."""
+    def mark(self, c: Candidate, tips: bool = True) -> None:
+        """Set ``c``'s interval, verdict and, where too close to call (and ``tips``), its tips."""
         d = self.doubt(c)
         assert d is not None
         c.speedup_low, c.speedup_high, c.verdict = d.low, d.high, d.verdict
-        c.tips = [t.to_dict() for t in self.tips(c)] if d.verdict == TOO_CLOSE else []
+        c.tips = [t.to_dict() for t in self.tips(c)] if tips and d.verdict == TOO_CLOSE else []
 
     def tips(self, c: Candidate) -> list[Tip]:
         """The nearest bandwidth, density and batch, each way, at which ``c``'s verdict is clear."""

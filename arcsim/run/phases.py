@@ -24,7 +24,7 @@ def per_phase(analysis: Analysis, schedule: NetworkSchedule) -> list[dict[str, A
         again = Analysis(dataclasses.replace(analysis.cfg, bandwidth=phase.bandwidth, latency=phase.latency_s),
                          announce=lambda _: None, source=analysis.trace)
         again.share_measurements(analysis)
-        result = again.run()
+        result = again.run(lean=True)  # no crossover or tips: a phase's row shows neither
         chosen = result.recommendation
         rule = _rule(result)
         fastest = min([c for c in result.candidates if usable(c)] or result.candidates, key=lambda c: c.iteration_s)
