@@ -44,7 +44,7 @@ BYTEPS_MIN_COMPRESS_BYTES = 1_024_000  # BytePS compresses only tensors this lar
 # the stand-in traces: zoo model and image side (None: the model's own input)
 TRACES: dict[str, tuple[str, int | None]] = {"gpt2_small": ("gpt2_small", None), "resnet50": ("resnet50", None),
                                              "resnet18_cifar": ("resnet18", 32), "cnn": ("cnn", None),
-                                             "gpt2_small_s80": ("gpt2_small", 80), "llama_350m": ("llama_350m", 128)}
+                                             "llama_350m": ("llama_350m", 128)}
 WORKERS, STEPS, WARMUP = 4, 1, 1  # 4 workers: node-aware compression groups them as 2 nodes × 2
 # arcsim_options' keys and the values each takes (empty: dense, DDP buckets, k per tensor, as arcsim run's defaults)
 OPTIONS = {"baseline": ("dense", "fp16", "bf16"), "fusion": ("bucket", "model"), "scope": ("tensor", "bucket"),
