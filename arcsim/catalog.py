@@ -51,8 +51,9 @@ DESCRIPTORS: tuple[CompressorInfo, ...] = (
                    "rank-r approximation, P and Q all-reduced"),
     CompressorInfo("adaptive", "all-gather", "adaptive", False, "ef14", ("inner", "scope", "rank"),
                    "water-filling k per step around an inner topk or arctopk"),
-    CompressorInfo("qsgd", "all-gather", "quantise", True, "none", ("levels",),
-                   "s-level stochastic rounding of |x|/‖x‖ (int8) and the norm; payloads all-gathered"),
+    CompressorInfo("qsgd", "all-gather", "quantise", True, "none", ("levels", "block"),
+                   "s-level stochastic rounding of |x|/‖x‖ (int8) and the norm (per bucket, or per block of "
+                   "elements); payloads all-gathered"),
     CompressorInfo("terngrad", "all-gather", "quantise", True, "none", ("clip",),
                    "ternary 0/±max|x| (2 bits, clipped at 2.5σ) and the scale; payloads all-gathered"),
     CompressorInfo("natural", "all-gather", "quantise", True, "none", (),

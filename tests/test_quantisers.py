@@ -80,6 +80,37 @@ def test_qsgd_sends_what_a_numpy_qsgd_sends_on_the_same_draws(levels):
     close(out.aggregate, mean)
 
 
+@pytest.mark.parametrize("block", [512, 1000])
+def test_qsgd_in_blocks_is_the_papers_bucketed_quantiser_on_the_same_draws(block):
+    """The paper's bucket size d (``block``): each d consecutive elements quantised against their own norm, sent
+    as one fp32 per block before the codes (the last block short); a block as long as the bucket is the plain one."""
+    x = grads(1)
+    x[:, :1200] *= 1e-3  # a layer a thousand times smaller shares the bucket
+    out, wire, comp = sent("qsgd", x, block=block)
+    nb = -(-D // block)
+    assert wire.shape[1] == 4 + 4 * nb + D
+    mean = np.zeros(D)
+    for w in range(P):
+        xw = x[w].numpy()
+        norms = wire[w, 4:4 + 4 * nb].view(np.float32)
+        u = uniforms(comp, 2, w)
+        decoded = np.zeros(D)
+        for b in range(nb):
+            part = slice(b * block, min(D, (b + 1) * block))
+            assert norms[b] == pytest.approx(np.linalg.norm(xw[part].astype(np.float64)), rel=1e-5)
+            r = np.abs(xw[part]) / norms[b] * np.float32(127)
+            level = np.minimum(np.floor(r) + (u[part] < r - np.floor(r)), 127)
+            np.testing.assert_array_equal(wire[w, 4 + 4 * nb:][part].view(np.int8), np.sign(xw[part]) * level)
+            decoded[part] = np.sign(xw[part]) * level * (np.float64(norms[b]) / 127)
+        mean += decoded / P
+    close(out.aggregate, mean)
+    small = slice(0, 1000)  # blocks wholly inside the small layer keep it; one norm over the bucket loses it
+    whole = sent("qsgd", x)[0].aggregate[0, small]
+    exact = x[:, small].mean(0)
+    assert (out.aggregate[0, small] - exact).norm() < 0.1 * (whole - exact).norm()
+    assert torch.equal(sent("qsgd", x, block=D)[0].aggregate, sent("qsgd", x)[0].aggregate)
+
+
 # -- TernGrad ------------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("clip", [2.5, 0.0])
 def test_terngrad_sends_what_a_numpy_terngrad_sends_on_the_same_draws(clip):
@@ -299,6 +330,8 @@ def test_catalog_marks_them_density_free_all_gathered_with_their_papers_memory()
     ("qsgd", {"levels": 0}, "levels s must be"),
     ("qsgd", {"levels": 2.5}, "levels s must be"),
     ("qsgd", {"levels": 40000}, "levels s must be"),
+    ("qsgd", {"block": -1}, "block must be"),
+    ("qsgd", {"block": 2.5}, "block must be"),
     ("terngrad", {"clip": -1.0}, "clip c must be"),
     ("signum", {"beta": 1.0}, "momentum β must be"),
     ("signsgd", {"beta": 0.9}, "signsgd takes no option beta"),
