@@ -430,3 +430,28 @@ def test_a_lean_run_chooses_and_times_as_the_whole_run_without_crossover_or_tips
     assert [seen(c) for c in lean.candidates] == [seen(c) for c in whole.candidates]
     assert lean.recommendation == whole.recommendation
     assert lean.policy == whole.policy
+
+
+@pytest.mark.parametrize(("args", "fragment"), [
+    (("-c", "qsgd", "--option", "block"), "is not KEY=VALUE"),
+    (("-c", "qsgd", "--option", "scope=bucket"), "give the scope with --scope"),
+    (("-c", "topk", "--option", "levels=15"), "option 'levels' applies to qsgd"),
+    (("-c", "qsgd", "--option", "block=-1"), "QSGD block must be a whole number"),
+    (("-c", "qsgd", "--option", "levels=0"), "QSGD levels s must be"),
+])
+def test_a_bad_compressor_option_is_one_line_before_any_measuring(args, fragment):
+    r = run_cli("run", *args)
+    assert r.returncode == 2 and fragment in r.stderr and r.stderr.count("\n") == 1, r.stderr
+
+
+def test_compressor_options_reach_the_compressor_and_its_price(tmp_path):
+    """--option block=512 sends qsgd's norm per 512 elements: more bytes, a smaller error than one norm per bucket."""
+    seen = {}
+    for name, extra in (("plain", ()), ("blocks", ("--option", "block=512"))):
+        out = tmp_path / f"{name}.json"
+        r = run_cli("run", "-c", "qsgd", "--policy", "none", *extra, "--json", str(out))
+        assert r.returncode == 0, r.stderr
+        (c,) = [c for c in json.loads(out.read_text())["candidates"] if c["compressor"] == "qsgd"][:1]
+        seen[name] = c
+    assert seen["blocks"]["rel_error"] < seen["plain"]["rel_error"]
+    assert seen["blocks"]["bytes_per_rank"] > seen["plain"]["bytes_per_rank"]

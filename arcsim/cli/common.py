@@ -282,6 +282,38 @@ scope_option = click.option(
          "implementations) or one k over each whole bucket.")
 
 
+compressor_option = click.option(
+    "--option", "compressor_options", multiple=True, metavar="KEY=VALUE",
+    help="One of a compressor's own options, for every chosen compressor that takes it (repeatable): qsgd's "
+         "levels and block (its paper's bucket size, e.g. block=512), terngrad's clip, signum's beta, arctopk's "
+         "and powersgd's rank, ... (docs/compressors.md).")
+
+
+def parse_compressor_options(given: tuple[str, ...]) -> dict[str, Any]:
+    """``KEY=VALUE`` pairs as options: a whole number as int, another number as float, true/false as bool, else
+    the text."""
+    out: dict[str, Any] = {}
+    for item in given:
+        key, eq, text = item.partition("=")
+        if not eq or not key.strip() or not text.strip():
+            raise click.BadParameter(f"{item!r} is not KEY=VALUE (e.g. block=512)", param_hint="'--option'")
+        key, text = key.strip(), text.strip()
+        if key == "scope":
+            raise click.BadParameter("give the scope with --scope", param_hint="'--option'")
+        value: Any = text
+        if text.lower() in ("true", "false"):
+            value = text.lower() == "true"
+        else:
+            for kind in (int, float):
+                try:
+                    value = kind(text)
+                    break
+                except ValueError:
+                    pass
+        out[key] = value
+    return out
+
+
 force_option = click.option(
     "--force", is_flag=True,
     help=f"Price even past the work limits (closed form: {STORED_MESSAGES / 1e6:.0f} M stored messages; DES: "

@@ -31,6 +31,7 @@ from arcsim.cli.common import (
     Count,
     ListOf,
     Number,
+    compressor_option,
     console,
     given_options,
     input_size_option,
@@ -38,6 +39,7 @@ from arcsim.cli.common import (
     library_option,
     model_arg_options,
     note,
+    parse_compressor_options,
     progress_bar,
     scope_option,
     step_progress,
@@ -166,6 +168,7 @@ if TYPE_CHECKING:  # torch stays unimported until a command needs it
               help="Write the recommendation per DDP bucket as JSON, for the hook: "
                    "arcsim.hooks.MixedState.load(FILE) (docs/ddp-hooks.md).")
 @scope_option
+@compressor_option
 @click.option("--force", is_flag=True, help=f"{FORCE_TRAINING_HELP} With --engine des: price past its work limits.")
 def run(topology: str, trace: str | None, no_capture: bool, params: str | None, layers: int | None,
         live: bool, model: str | None, model_args: tuple[str, ...], data: str | None, dataset: str | None,
@@ -179,10 +182,12 @@ def run(topology: str, trace: str | None, no_capture: bool, params: str | None, 
         seed: int,
         grid_steps: int | None, all_collectives: bool, json_out: str | None, csv_out: str | None, plot_dir: str | None,
         scope: str, schedule: str | None = None, history_dir: str | None = None, force: bool = False,
-        exact: bool = False, plan_out: str | None = None, measure_device: str = "cpu") -> None:
+        exact: bool = False, plan_out: str | None = None, measure_device: str = "cpu",
+        compressor_options: tuple[str, ...] = ()) -> None:
     """Predict the iteration time of every compressor and collective for a trace on a topology."""
     chosen = tuple(c.strip() for c in compressors.split(",") if c.strip())
     check_compression(chosen, memory, ArcsimError)  # before torch is imported: a typo answered at once
+    own_options = parse_compressor_options(compressor_options)
     training = live_training(live, model, dataset, workers, steps, live_device, batch, seed, model_args, data,
                              input_size)
     from arcsim.run.config import RunConfig  # torch-free: every check below is answered before torch loads
@@ -192,7 +197,8 @@ def run(topology: str, trace: str | None, no_capture: bool, params: str | None, 
                     ratios=tuple(sorted(ratios)), weights=weights,
                     compute_profile=compute_profile, slack=slack, dense_steps=dense_steps, seed=seed,
                     allow_capture=not no_capture, force=force,
-                    grid_steps=grid_steps, options={"scope": scope}, gpu=gpu, batch=batch, precision=precision,
+                    grid_steps=grid_steps, options={"scope": scope, **own_options}, gpu=gpu, batch=batch,
+                    precision=precision,
                     library=library, bandwidth=parse_rate(bandwidth) if bandwidth else None,
                     latency=parse_duration(latency) if latency else None,
                     fusion="bucket" if fusion == "both" else fusion,
@@ -200,6 +206,12 @@ def run(topology: str, trace: str | None, no_capture: bool, params: str | None, 
                     hierarchy=hierarchy, framework=framework, cycle_ms=cycle_ms, exact=exact,
                     measure_device=measure_device)
     cfg.check()
+    if own_options:  # a value each compressor refuses (qsgd block=-1) is refused now, before any trace is read
+        from arcsim.catalog import options_for
+        from arcsim.compressors.registry import make_compressor
+
+        for name in chosen:
+            make_compressor(name, density, **options_for(name, cfg.options))
     if plan_out and (framework != "ddp" or fusion != "bucket"):
         raise ArcsimError("--write-plan plans DDP's buckets for its comm hook: give it with --framework ddp and "
                           "--fusion bucket (the defaults)")
