@@ -13,7 +13,7 @@ import numpy as np
 
 from arcsim.collectives import ALGORITHM_NAMES, PIPELINED, Schedule, build, busbw_factor, normalize_op
 from arcsim.collectives.libraries import LIBRARIES, Choice, get_library
-from arcsim.collectives.limits import TooMuchWork
+from arcsim.collectives.limits import TooMuchWork, lifted
 from arcsim.comm.log import GROUPS, CommRecord, on_ranks
 from arcsim.errors import CollectiveError
 from arcsim.netsim import ENGINES, estimate
@@ -199,7 +199,7 @@ class Pricer:
 
     def __init__(self, topo: Topology, engine: str = "analytic") -> None:
         self.topo, self.engine = topo, engine
-        self._cache = _shared_cache(topo, engine)  # (op, algo, bytes, tag) → record; tag '': as priced
+        self._cache = _shared_cache(topo, engine)  # (op, algo, bytes, tag, limits lifted) → record
         self._groups: dict[str, Pricer] = {}
 
     def group(self, name: str) -> Pricer:
@@ -212,10 +212,11 @@ class Pricer:
 
     def price(self, op: str, bytes_per_rank: float, algo: str = "auto", tag: str = "") -> PricedRecord:
         """The collective's size is per rank; an all-gather's total output is that × the topology's ranks."""
-        key = (op, algo, bytes_per_rank, tag)
+        free = lifted()  # a price allowed past the work limits is not an answer where they hold
+        key = (op, algo, bytes_per_rank, tag, free)
         hit = self._cache.get(key)
         if hit is None:
-            as_priced = (op, algo, bytes_per_rank, "")
+            as_priced = (op, algo, bytes_per_rank, "", free)
             untagged = self._cache.get(as_priced)
             if untagged is None:
                 untagged = self._cache[as_priced] = self._price(op, algo, bytes_per_rank)
@@ -241,11 +242,11 @@ class Pricer:
         return out
 
 
-_PRICED: OrderedDict[tuple[str, str], dict[tuple[str, str, float, str], PricedRecord]] = OrderedDict()
+_PRICED: OrderedDict[tuple[str, str], dict[tuple[str, str, float, str, bool], PricedRecord]] = OrderedDict()
 PRICED_TOPOLOGIES = 512  # topologies whose prices are kept (least recently used dropped first)
 
 
-def _shared_cache(topo: Topology, engine: str) -> dict[tuple[str, str, float, str], PricedRecord]:
+def _shared_cache(topo: Topology, engine: str) -> dict[tuple[str, str, float, str, bool], PricedRecord]:
     """The prices of every Pricer of an equal topology on ``engine`` (equal: the same fields, as its repr shows
     them): a run re-prices the same clusters many times over (each bandwidth of the crossover and of the verdicts'
     tips, each group, each strategy), and pricing is a pure function of the topology and the collective."""

@@ -47,12 +47,15 @@ def run_ranks(script: Path, argvs: list[list[str]], logs: list[Path], timeout: f
     here = (dict(os.environ), os.getcwd())
     procs = [ctx.Process(target=_run, args=(str(script), argv, str(log), *here))
              for argv, log in zip(argvs, logs, strict=True)]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join(timeout)
-        if p.is_alive():
-            p.kill()
-            p.join()
+    try:
+        for p in procs:
+            p.start()
+        for p in procs:
+            p.join(timeout)
+    finally:  # a timeout or an interrupted test leaves no rank behind
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+                p.join()
     return [(p.exitcode if p.exitcode is not None else -9, log.read_text() if log.exists() else "")
             for p, log in zip(procs, logs, strict=True)]

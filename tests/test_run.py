@@ -455,3 +455,15 @@ def test_compressor_options_reach_the_compressor_and_its_price(tmp_path):
         seen[name] = c
     assert seen["blocks"]["rel_error"] < seen["plain"]["rel_error"]
     assert seen["blocks"]["bytes_per_rank"] > seen["plain"]["bytes_per_rank"]
+
+
+@pytest.mark.parametrize(("args", "fragment"), [
+    (("-c", "qsgd", "--option", "block=abc"), "qsgd cannot take"),
+    (("-c", "qsgd", "--option", "levels=inf"), "must be a finite number"),
+    (("-c", "powersgd", "--option", "rank=4"), "rank is not set by --option"),
+    (("-c", "qsgd", "--option", "block=512", "--write-plan", "p.json"), "give it without --option"),
+])
+def test_compressor_options_refuse_what_they_cannot_honour(args, fragment, tmp_path):
+    r = run_cli("run", *args, cwd=str(tmp_path))
+    assert r.returncode == 2 and fragment in r.stderr and r.stderr.count("\n") == 1, r.stderr
+    assert not (tmp_path / "p.json").exists()

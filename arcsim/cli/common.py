@@ -285,8 +285,8 @@ scope_option = click.option(
 compressor_option = click.option(
     "--option", "compressor_options", multiple=True, metavar="KEY=VALUE",
     help="One of a compressor's own options, for every chosen compressor that takes it (repeatable): qsgd's "
-         "levels and block (its paper's bucket size, e.g. block=512), terngrad's clip, signum's beta, arctopk's "
-         "and powersgd's rank, ... (docs/compressors.md).")
+         "levels and block (its paper's bucket size, e.g. block=512; arctopk's block is its rows' length), "
+         "terngrad's clip, signum's beta, ... (docs/compressors.md).")
 
 
 def parse_compressor_options(given: tuple[str, ...]) -> dict[str, Any]:
@@ -300,6 +300,9 @@ def parse_compressor_options(given: tuple[str, ...]) -> dict[str, Any]:
         key, text = key.strip(), text.strip()
         if key == "scope":
             raise click.BadParameter("give the scope with --scope", param_hint="'--option'")
+        if key == "rank":  # adaptive, in the default list, takes it only for an inner compressor that has one
+            raise click.BadParameter("rank is not set by --option yet (arcsim compress --rank sets it)",
+                                     param_hint="'--option'")
         value: Any = text
         if text.lower() in ("true", "false"):
             value = text.lower() == "true"
@@ -310,6 +313,8 @@ def parse_compressor_options(given: tuple[str, ...]) -> dict[str, Any]:
                     break
                 except ValueError:
                     pass
+        if isinstance(value, float) and not math.isfinite(value):
+            raise click.BadParameter(f"{item!r}: the value must be a finite number", param_hint="'--option'")
         out[key] = value
     return out
 

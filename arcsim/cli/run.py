@@ -210,8 +210,14 @@ def run(topology: str, trace: str | None, no_capture: bool, params: str | None, 
         from arcsim.catalog import options_for
         from arcsim.compressors.registry import make_compressor
 
+        if plan_out:
+            raise ArcsimError("--write-plan deploys each bucket's compressor with its default options: give it "
+                              "without --option")
         for name in chosen:
-            make_compressor(name, density, **options_for(name, cfg.options))
+            try:
+                make_compressor(name, density, **options_for(name, cfg.options))
+            except (TypeError, ValueError, OverflowError) as exc:
+                raise ArcsimError(f"--option: {name} cannot take {own_options} ({exc})") from None
     if plan_out and (framework != "ddp" or fusion != "bucket"):
         raise ArcsimError("--write-plan plans DDP's buckets for its comm hook: give it with --framework ddp and "
                           "--fusion bucket (the defaults)")

@@ -39,6 +39,11 @@ def allow_any(enabled: bool = True) -> Iterator[None]:
         _unlimited.reset(token)
 
 
+def lifted() -> bool:
+    """Whether the work limits are lifted here (inside :func:`allow_any`)."""
+    return _unlimited.get()
+
+
 @contextmanager
 def counting_stored(what: str) -> Iterator[None]:
     """Count the messages the steps built inside the block store; refuse past ``STORED_MESSAGES``."""

@@ -1,7 +1,8 @@
 """Quantisers: every element travels in a few bits, each worker's bucket as one packed all-gather.
 
 - ``qsgd`` (Alistarh et al. 2017): s = ``levels`` levels (default 127, as the GRACE suite: a signed level fits an
-  int8). With n = ‖x‖₂ of the whole tensor compressed (a DDP bucket, or what ``arcsim compress`` hands over) and
+  int8). With n = ‖x‖₂ of the whole tensor compressed (a DDP bucket, or what ``arcsim compress`` hands over; with
+  ``block`` = d, of each d consecutive elements, the paper's bucketing, each norm sent as fp32) and
   r = |x_j|/n·s, element j is sent as sign(x_j)·(⌊r⌋ + b_j), b_j = 1 with probability r − ⌊r⌋ (stochastic rounding),
   and decoded as sign·level·n/s. Unbiased: E[C(x)] = x. Sent: one int8 per element (int16 above 127 levels, as an
   int8 no longer holds them) and n as fp32.
@@ -17,7 +18,8 @@
 
 None of them sums as it is sent, so, as the benchmark suites run them, each worker's payload (its header, then
 its packed codes, in one uint8 message: one latency) is all-gathered and every worker decodes all P payloads and
-averages them. The comm log records the payload's real size: 4 + ⌈d·bits/8⌉ bytes per rank.
+averages them. The comm log records the payload's real size: 4 + ⌈d·bits/8⌉ bytes per rank (qsgd in blocks: 4 more
+per block).
 
 The random draws of worker ``rank`` at ``step`` come from a generator seeded by (seed, step, rank)
 (:meth:`PackedCompressor.uniforms`): the same in-process and under torch.distributed, different on every worker

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from arcsim.catalog import INFO
+from arcsim.catalog import INFO, options_for
 from arcsim.collectives.libraries import get_library
 from arcsim.compressors.hierarchy import Grouping, group_workers
 from arcsim.devices.catalog import PRECISIONS, Device
@@ -477,8 +477,9 @@ class Analysis:
 
     def _cache_name(self, key: MeasurementKey) -> str:
         compressor, density, steps, grouping = key
+        options = {"scope": self.cfg.scope, **options_for(compressor, self.cfg.options)}  # others' leave it as it was
         return cache.key(self._trace_hash(), self.ctx.buckets, compressor, density, self._memory(compressor),
-                         self.cfg.seed, self.cfg.options, steps, self.timed, grouping,
+                         self.cfg.seed, options, steps, self.timed, grouping,
                          self.sample_for(key), self._timing_device())
 
     def measuring_work(self, load: Load | None = None) -> tuple[int, float]:
