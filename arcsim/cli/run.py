@@ -23,6 +23,7 @@ from arcsim.catalog import (
     MEMORIES,
     POLICIES,
     check_compression,
+    options_for,
 )
 from arcsim.cli.common import (
     DENSITY,
@@ -207,7 +208,6 @@ def run(topology: str, trace: str | None, no_capture: bool, params: str | None, 
                     measure_device=measure_device)
     cfg.check()
     if own_options:  # a value each compressor refuses (qsgd block=-1) is refused now, before any trace is read
-        from arcsim.catalog import options_for
         from arcsim.compressors.registry import make_compressor
 
         if plan_out:

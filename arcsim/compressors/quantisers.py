@@ -202,18 +202,23 @@ class QSGD(PackedCompressor):
 
     def encode(self, row: torch.Tensor, step: int, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
         d, norm = row.numel(), row.norm()
-        if self.block:
-            padded = torch.nn.functional.pad(row, (0, self.blocks(d) * self.block - d))
-            norms = padded.view(-1, self.block).norm(dim=1)
-            each = norms.repeat_interleave(self.block)[:d]
-        else:
-            norms, each = norm.new_empty(0), norm.expand(d)
-        scaled = torch.where(each > 0, row.abs() / each, 0.0) * self.levels  # r in [0, s]
+        if not self.block:
+            if float(norm) == 0:
+                return norm.reshape(1), torch.zeros(self.body_bytes(d), dtype=torch.uint8, device=row.device)
+            return norm.reshape(1), self.codes(row, row.abs() / norm, step, rank).view(torch.uint8)
+        padded = torch.nn.functional.pad(row, (0, self.blocks(d) * self.block - d))
+        norms = padded.view(-1, self.block).norm(dim=1)
+        each = norms.repeat_interleave(self.block)[:d]
+        codes = self.codes(row, torch.where(each > 0, row.abs() / each, 0.0), step, rank)
+        return norm.reshape(1), torch.cat([norms.float().view(torch.uint8), codes.view(torch.uint8)])
+
+    def codes(self, row: torch.Tensor, ratio: torch.Tensor, step: int, rank: int) -> torch.Tensor:
+        """The signed levels of ``row`` given each element's |x|/n (``ratio``), stochastically rounded."""
+        scaled = ratio * self.levels  # r in [0, s]
         level = scaled.floor()
-        level += self.uniforms(step, rank, d, row.device) < scaled - level  # up with probability r − ⌊r⌋
+        level += self.uniforms(step, rank, row.numel(), row.device) < scaled - level  # up with probability r − ⌊r⌋
         level.clamp_(max=self.levels)  # r a rounding above s (|x_j| = n, less an ulp) must not wrap the int8
-        signed = (level * row.sign()).to(self.code_dtype)
-        return norm.reshape(1), torch.cat([norms.float().view(torch.uint8), signed.view(torch.uint8)])
+        return (level * row.sign()).to(self.code_dtype)
 
     def decode(self, header: torch.Tensor, body: torch.Tensor, d: int) -> torch.Tensor:
         head = 4 * self.blocks(d)
