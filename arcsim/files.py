@@ -401,7 +401,7 @@ def read_json(path: Path, what: str, error: type[Exception], expect: type = dict
 CACHE_CAP_BYTES = 2 * 2**30
 CACHE_SUFFIX = ".json.gz"
 RESULTS_FOLDER = "arcsim-results"  # inside the cache folder: the only place arcsim keeps (and removes) results
-ENTRY_NAME = re.compile(r"^(workload-)?[0-9a-f]{32}\.json\.gz$")
+ENTRY_NAME = re.compile(r"^(workload-|prices-)?[0-9a-f]{32}\.json\.gz$")
 ENTRY_MARK = b'{"arcsim": "cache-entry"'  # how every entry's JSON begins: a file without it is not arcsim's
 TRACE_INDEX = "trace-facts.json"  # in RESULTS_FOLDER: facts about trace files by (path, size, mtime)
 
@@ -480,16 +480,18 @@ def cache_read(name: str) -> Any | None:
     return entry.get("value")
 
 
-def cache_write(name: str, obj: Any) -> None:
+def cache_write(name: str, obj: Any, quiet: bool = False) -> None:
     """Keep ``obj`` (JSON-able) as ``name``, then drop arcsim's least recently used entries past CACHE_CAP_BYTES.
-    Keeping is optional: a write that fails (a full disk) is a warning on stderr, never the end of the work."""
+    Keeping is optional: a write that fails (a full disk) is a warning on stderr (none if ``quiet``), never the end
+    of the work."""
     body = json.dumps({"arcsim": "cache-entry", "name": name, "value": obj}).encode()
     try:
         with atomic_path(results_dir() / f"{name}{CACHE_SUFFIX}") as tmp:
             tmp.write_bytes(gzip.compress(body))
     except ArcsimError as exc:
-        print(f"warning: a result was not kept in the cache ({exc}); the next run measures it again",
-              file=sys.stderr)
+        if not quiet:
+            print(f"warning: a result was not kept in the cache ({exc}); the next run measures it again",
+                  file=sys.stderr)
         return
     if sum(p.stat().st_size for p in _named_entries()) <= CACHE_CAP_BYTES:
         return  # under the cap by names alone: no entry's content needs reading on every write

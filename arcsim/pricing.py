@@ -4,10 +4,16 @@ engine), reporting nccl-tests figures."""
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import dataclasses
+import functools
+import hashlib
+import os
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
+from pathlib import Path
 
 import numpy as np
 
@@ -20,6 +26,9 @@ from arcsim.netsim import ENGINES, estimate
 from arcsim.topology import Topology
 
 # the catalogue's algorithms, those a library runs on other steps (NCCL's NVLS), and the library's own choice or all
+PRICES_PREFIX = "prices-"  # kept price tables' names in arcsim.files' cache (one per topology and engine)
+PRICES_VERSION = 1  # with arcsim's code digest in the name: kept prices are never of other code
+
 ALGO_CHOICES = (*dict.fromkeys([*ALGORITHM_NAMES, *(a for lib in LIBRARIES.values() for algos in
                                                    getattr(lib, "offered", {}).values() for a in algos)]),
                 "auto", "all")
@@ -199,7 +208,7 @@ class Pricer:
 
     def __init__(self, topo: Topology, engine: str = "analytic") -> None:
         self.topo, self.engine = topo, engine
-        self._cache = _shared_cache(topo, engine)  # (op, algo, bytes, tag, limits lifted) → record
+        self._cache = _shared_cache(topo, engine)
         self._groups: dict[str, Pricer] = {}
 
     def group(self, name: str) -> Pricer:
@@ -242,23 +251,82 @@ class Pricer:
         return out
 
 
-_PRICED: OrderedDict[tuple[str, str], dict[tuple[str, str, float, str, bool], PricedRecord]] = OrderedDict()
-PRICED_TOPOLOGIES = 512  # topologies whose prices are kept (least recently used dropped first)
+PriceKey = tuple[str, str, float, str, bool]  # (op, algorithm asked, bytes per rank, tag, work limits lifted)
+_PRICED: OrderedDict[tuple[str, str], dict[PriceKey, PricedRecord]] = OrderedDict()
+PRICED_TOPOLOGIES = 512  # topologies whose prices are kept in memory (least recently used dropped first)
+_KEPT: dict[tuple[str, str], int] = {}  # how many prices of a topology the disk held when read (or last written)
+_KEEPER: list[int] = []  # the process that keeps prices on disk at its exit (not a forked child)
 
 
-def _shared_cache(topo: Topology, engine: str) -> dict[tuple[str, str, float, str, bool], PricedRecord]:
+def _shared_cache(topo: Topology, engine: str) -> dict[PriceKey, PricedRecord]:
     """The prices of every Pricer of an equal topology on ``engine`` (equal: the same fields, as its repr shows
     them): a run re-prices the same clusters many times over (each bandwidth of the crossover and of the verdicts'
-    tips, each group, each strategy), and pricing is a pure function of the topology and the collective."""
+    tips, each group, each strategy), and pricing is a pure function of the topology, the collective and arcsim's
+    code. Read from the disk the first time a process prices the topology (:func:`keep_prices` wrote them)."""
     key = (repr(topo), engine)
     cache = _PRICED.get(key)
     if cache is None:
-        cache = _PRICED[key] = {}
+        cache = _PRICED[key] = _read_prices(key)
+        _KEPT[key] = len(cache)
         if len(_PRICED) > PRICED_TOPOLOGIES:
-            _PRICED.popitem(last=False)
+            _KEPT.pop(_PRICED.popitem(last=False)[0], None)
+        if not _KEEPER:
+            _KEEPER.append(os.getpid())
+            atexit.register(keep_prices)
     else:
         _PRICED.move_to_end(key)
     return cache
+
+
+@functools.lru_cache(maxsize=1)
+def code_version() -> str:
+    """A digest of arcsim's own source files: prices kept on disk are those of the code that priced them."""
+    root = Path(__file__).parent
+    digest = hashlib.sha256()
+    for path in sorted(root.rglob("*.py")):
+        digest.update(path.relative_to(root).as_posix().encode())
+        digest.update(path.read_bytes())
+    return digest.hexdigest()
+
+
+def _prices_name(key: tuple[str, str]) -> str:
+    from arcsim.files import cache_key
+
+    return PRICES_PREFIX + cache_key({"v": PRICES_VERSION, "code": code_version(), "topology": key[0],
+                                      "engine": key[1]})
+
+
+def _read_prices(key: tuple[str, str]) -> dict[PriceKey, PricedRecord]:
+    """The untagged prices kept on disk for (topology repr, engine); none where absent or damaged."""
+    from arcsim.files import cache_read
+
+    raw = cache_read(_prices_name(key))
+    if not isinstance(raw, dict) or raw.get("topology") != key[0] or not isinstance(raw.get("prices"), list):
+        return {}
+    try:
+        return {(op, asked, size, "", bool(free)): PricedRecord(op, "", algo, float(nbytes), float(time_s), protocol)
+                for op, asked, size, free, algo, nbytes, time_s, protocol in raw["prices"]}
+    except (TypeError, ValueError):  # a damaged entry is a miss
+        return {}
+
+
+def keep_prices() -> None:
+    """Keep on disk (arcsim.files' cache) the untagged prices of every topology that gained some since they were
+    read, so the next run on it prices nothing twice; runs at the exit of the process that first priced. Keeping
+    is optional: a write that fails is skipped without a word."""
+    from arcsim.errors import ArcsimError
+    from arcsim.files import cache_write
+
+    if os.getpid() not in _KEEPER:
+        return
+    for key, cache in list(_PRICED.items()):
+        if len(cache) <= _KEPT.get(key, 0):
+            continue
+        rows = [[op, asked, size, free, r.algo, r.bytes, r.time_s, r.protocol]
+                for (op, asked, size, tag, free), r in cache.items() if not tag]
+        with contextlib.suppress(ArcsimError, OSError):
+            cache_write(_prices_name(key), {"topology": key[0], "prices": rows}, quiet=True)
+        _KEPT[key] = len(cache)
 
 
 def price_records(records: list[CommRecord], topo: Topology, engine: str = "analytic",

@@ -14,6 +14,7 @@ import argparse
 import json
 import os
 import resource
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -134,6 +135,13 @@ def main() -> None:
         width = "" if si is None else f"±{(si[1] - si[0]) / 2:.4f}"
         print(f"{key[0]:<22} {key[1]:>8g} {e.rel_error():>18.4f} {f'{s.rel_error():.4f}{width}':>18}  "
               f"{'yes' if ok else 'NO'}")
+    pairs = [(ex_m[k], sa_m[k]) for k in ex_m if k in sa_m]
+    moved = [abs(s.rel_error() - e.rel_error()) for e, s in pairs]
+    sizes = [s.bytes_per_rank() / e.bytes_per_rank() for e, s in pairs if e.bytes_per_rank() > 0]
+    if moved:
+        print(f"\nevery measurement ({len(pairs)}): |sampled − exact error| median {statistics.median(moved):.4f}, "
+              f"largest {max(moved):.4f}; bytes per rank sampled / exact {min(sizes):.3f}–{max(sizes):.3f} "
+              f"(median {statistics.median(sizes):.4f}); {fails} outside both intervals")
     sampling = [a for a in sampled["assumptions"] if a.startswith("SAMPLED")]
     print(f"\nsampling: {sampling[0] if sampling else 'none (below the threshold: every bucket measured)'}")
     def answer(r: dict[str, Any]) -> tuple[Any, ...]:

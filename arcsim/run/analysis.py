@@ -34,6 +34,7 @@ from arcsim.run.compute import ComputeTimes, from_profile, from_trace, mapped
 from arcsim.run.config import RunConfig, RunError
 from arcsim.run.kernel_check import KernelCheck, kernel_check
 from arcsim.run.measure import GradientStats, Measurement, measure, measure_many, measuring_threads
+from arcsim.run.row_sample import RowSample, describe_rows, takes_rows
 from arcsim.run.sampling import MIN_SAMPLE_SAVING, BucketSample, describe, sample_threshold
 from arcsim.strategy.buckets import Bucket
 from arcsim.strategy.frameworks import Framework, get_framework
@@ -199,6 +200,10 @@ class Analysis:
         self._cached: list[tuple[int, torch.Tensor]] | None = None
         self._finite_checked: set[int] = set()  # a streamed trace's steps read whole once for NaN/Inf (sampled)
         self.gradient_stats = GradientStats((cfg.density, *cfg.ratios))  # shared by the trace's measurements
+        self.row_stats = GradientStats((cfg.density, *cfg.ratios))  # … and by those of its row sample
+        self._row_sample: RowSample | None = None  # planned when first asked (_rows_planned)
+        self._rows_planned = False
+        self._row_steps: list[tuple[int, torch.Tensor]] | None = None  # the row sample's columns of every step
         self.timings: dict[str, float] = {}
         self._measuring_wall = 0.0  # seconds of wall time spent measuring (side by side: the wall, not the sum)
 
@@ -333,7 +338,7 @@ class Analysis:
         meas = cache.load(name)
         if meas is not None:
             self.cached += 1
-        elif self.streamed():
+        elif self.streamed() and self.rows_for(key) is None:
             self._measure_streamed(key)
             return self._measured[key]
         else:
@@ -347,11 +352,28 @@ class Analysis:
     def _measure_key(self, key: MeasurementKey) -> Measurement:
         """``key`` measured on the trace here (neither read from the cache nor kept there)."""
         compressor, density, count, grouping = key
-        steps = self.steps() if count == self.trace.steps else itertools.islice(self.steps(), count)
+        rows = self.rows_for(key)
+        every = self.steps() if rows is None else iter(self.row_steps())
+        steps = every if count == self.trace.steps else itertools.islice(every, count)
         steps = self._told(steps, f"{compressor} @ {density:g}", count)
         return measure(steps, self.ctx.buckets, compressor, density, self._memory(compressor), self.cfg.seed,
-                       self.cfg.options, timed=self.timed, count=count, stats=self.gradient_stats,
-                       grouping=grouping, sample=self.sample_for(key))
+                       self.cfg.options, timed=self.timed, count=count,
+                       stats=self.gradient_stats if rows is None else self.row_stats, grouping=grouping,
+                       sample=self.sample_for(key), row_sample=rows)
+
+    def row_steps(self) -> list[tuple[int, torch.Tensor]]:
+        """Every step's columns of the row sample (gathered once, kept): gathered from the file read in chunks
+        where the trace is too large to keep (each chunk checked for NaN or Inf as it is read)."""
+        if self._row_steps is None:
+            rows, t = self.row_sample(), self.trace
+            assert rows is not None and isinstance(t, Trace)
+            if self.streamed() and t.random_access and self.cfg.measure_device == "cpu":
+                self._row_steps = [(t.recorded_steps[i], rows.gather(t.step_chunks(i), t.workers))
+                                   for i in range(t.steps)]  # (each chunk checked finite as it is read)
+                self._finite_checked.update(range(t.steps))
+            else:
+                self._row_steps = [(step, g.index_select(1, rows.index.to(g.device))) for step, g in self.steps()]
+        return self._row_steps
 
     def _measure_streamed(self, wanted: MeasurementKey) -> None:
         """A trace too large to keep: ``wanted`` and the other planned measurements of as many steps, in one
@@ -394,13 +416,31 @@ class Analysis:
             self.detail(f"{label}, step {i}/{count}")
             yield step
 
+    def row_sample(self) -> RowSample | None:
+        """The rows a large trace's measurements are taken on (arcsim.run.row_sample), planned once for the
+        trace's whole work (workers × elements × steps); None: every element — with --exact, for live training,
+        where compression is timed here (a sample's time is not the bucket's), for --params (already a sample of
+        small layers), or where the trace is small."""
+        if not self._rows_planned:
+            t = self.trace
+            if not (self.cfg.exact or not isinstance(t, Trace) or self.timed or self.params is not None):
+                self._row_sample = RowSample.plan(self.ctx.buckets, t.workers * t.elements * t.steps,
+                                                  sample_threshold(), self.cfg.seed)
+            self._rows_planned = True
+        return self._row_sample
+
+    def rows_for(self, key: MeasurementKey) -> RowSample | None:
+        """The sample ``key`` is measured on, if its compressor takes one (row_sample.takes_rows)."""
+        return self.row_sample() if takes_rows(key[0], options_for(key[0], self.cfg.options)) else None
+
     def sample_for(self, key: MeasurementKey) -> BucketSample | None:
         """The buckets ``key`` is measured on where it is large (workers × elements × steps above
         sample_threshold()) and a sample leaves at least MIN_SAMPLE_SAVING of its elements out; None: every bucket
         (also with --exact, for live training, and where a sample would save less: LLaMA-60M's 6 buckets, of which
         a sample skips 11 % of the elements for 5–13 % of the CPU time and intervals 2–5× wider)."""
         t = self.trace
-        if self.cfg.exact or not isinstance(t, Trace) or t.workers * t.elements * key[2] <= sample_threshold():
+        if self.cfg.exact or not isinstance(t, Trace) or t.workers * t.elements * key[2] <= sample_threshold() \
+                or self.rows_for(key) is not None:
             return None
         sample = BucketSample.plan(self.ctx.buckets)
         skipped = 1 - sum(self.ctx.buckets[b].numel for b in sample.measured) / t.elements
@@ -480,7 +520,7 @@ class Analysis:
         options = {"scope": self.cfg.scope, **options_for(compressor, self.cfg.options)}  # others' leave it as it was
         return cache.key(self._trace_hash(), self.ctx.buckets, compressor, density, self._memory(compressor),
                          self.cfg.seed, options, steps, self.timed, grouping,
-                         self.sample_for(key), self._timing_device())
+                         self.sample_for(key), self._timing_device(), self.rows_for(key))
 
     def measuring_work(self, load: Load | None = None) -> tuple[int, float]:
         """The planned measurements neither in memory nor in the cache, and the seconds they should take here with
@@ -495,7 +535,9 @@ class Analysis:
 
     def _measured_elements(self, key: MeasurementKey) -> int:
         """The elements ``key`` compresses per worker and step: the trace's, or its sample's."""
-        sample = self.sample_for(key)
+        sample, rows = self.sample_for(key), self.rows_for(key)
+        if rows is not None:
+            return rows.sampled
         return self.trace.elements if sample is None else sum(self.ctx.buckets[i].numel for i in sample.measured)
 
     def _memory(self, compressor: str) -> str | None:
@@ -723,6 +765,9 @@ class Analysis:
             notes.append(describe(BucketSample(tuple(tuple(s) for s in next(
                 m.sample["strata"] for m in self._measured.values() if m.sample is not None)), sampled),
                 self.ctx.buckets))
+        rows = next((m.rows for m in self._measured.values() if m.rows is not None), None)
+        if rows is not None:
+            notes.append(describe_rows(rows, len(self.ctx.buckets)))
         if self.cached:
             notes.append(f"{self.cached} of {len(self._measured)} compressor measurements were cached from an earlier "
                          f"run on the same trace and settings ({cache_dir()}; `arcsim cache clear` to drop "

@@ -36,6 +36,7 @@ from arcsim.compressors.hierarchy import (
 from arcsim.compressors.memory import Memory, make_memory
 from arcsim.compressors.nested import NestedTopK, RawTopK
 from arcsim.compressors.registry import make_compressor
+from arcsim.run.row_sample import GROUPS, Groups, RowSample, groups_half_width
 from arcsim.run.sampling import BucketSample
 from arcsim.strategy.buckets import Bucket
 from arcsim.traces.timing import Clock
@@ -64,6 +65,10 @@ class Measurement:
     compress_s: list[list[float]] = field(default_factory=list)  # measured local work per rank
     sample: dict[str, Any] | None = None  # measured on a sample of buckets (arcsim.run.sampling): "strata" (every
     #                                       bucket, by stratum) and "measured"; the others' columns are estimates
+    rows: dict[str, Any] | None = None  # measured on a sample of every layer's rows (arcsim.run.row_sample): its
+    #                                     "stride", "sampled_fraction" and "groups"; every column is an estimate
+    err2_parts: list[list[list[float]]] = field(default_factory=list)  # [step][bucket][group] of a row sample
+    ref2_parts: list[list[list[float]]] = field(default_factory=list)
 
     def rel_error(self, buckets: Iterable[int] | None = None) -> float:
         """Σ||agg − ū||² / Σ||ū||² over steps and the given buckets (all by default)."""
@@ -74,18 +79,18 @@ class Measurement:
 
     def rel_error_interval(self, confidence: float = 0.95) -> tuple[float, float] | None:
         """The ``confidence`` interval of the error, from its spread over the steps (Student's t on the
-        per-step errors Σ_b err² / Σ_b ref²) and, measured on a sample of buckets, from the sampling (the two
-        half-widths added in quadrature: :meth:`sampling_half_width`); None from a single step of every
-        bucket, where there is no spread to see."""
+        per-step errors Σ_b err² / Σ_b ref²) and, measured on a sample of buckets or rows, from the sampling
+        (the half-widths added in quadrature: :meth:`sampling_half_width`, :meth:`rows_half_width`); None from a
+        single step of every element, where there is no spread to see."""
         e, r = np.asarray(self.err2).sum(axis=1), np.asarray(self.ref2).sum(axis=1)
         per_step = e[r > 0] / r[r > 0]
         halves = []
         if per_step.size >= 2:
             halves.append(float(stdtrit(per_step.size - 1, 0.5 + confidence / 2) * per_step.std(ddof=1)
                                 / np.sqrt(per_step.size)))
-        sampled = self.sampling_half_width(confidence)
-        if sampled is not None:
-            halves.append(sampled)
+        for sampled in (self.sampling_half_width(confidence), self.rows_half_width(confidence)):
+            if sampled is not None:
+                halves.append(sampled)
         if not halves:
             return None
         half = float(np.sqrt(sum(h * h for h in halves)))
@@ -119,6 +124,13 @@ class Measurement:
         if dof == 0:
             return None
         return float(stdtrit(dof, 0.5 + confidence / 2) * np.sqrt(variance) / total_r)
+
+    def rows_half_width(self, confidence: float = 0.95) -> float | None:
+        """Measured on a sample of rows: the half-width of the error's ``confidence`` interval from the sampling
+        alone (random groups: arcsim.run.row_sample.groups_half_width). None: every element measured."""
+        if self.rows is None or not self.err2_parts:
+            return None
+        return groups_half_width(self.err2_parts, self.ref2_parts, self.rows["sampled_fraction"], confidence)
 
     def err2_bucket(self, index: int) -> float:
         return float(np.asarray(self.err2)[:, index].sum())
@@ -254,6 +266,7 @@ def measuring_threads(buckets: list[Bucket], workers: int) -> int | None:
 
 
 ROW_KEYS = ("records", "err2", "ref2", "upd2", "raw2", "gain", "selected", "compress_s")  # a step's, per bucket
+PART_KEYS = ("err2_parts", "ref2_parts")  # … and, on a row sample, per bucket and group
 
 
 class BucketedCompression:
@@ -263,12 +276,16 @@ class BucketedCompression:
     def __init__(self, buckets: list[Bucket], compressor: str, density: float, memory: str | None = None,
                  seed: int = 0, options: Mapping[str, Any] | None = None, timed: bool = True,
                  stats: GradientStats | None = None, grouping: Grouping | None = None,
-                 only: Iterable[int] | None = None) -> None:
+                 only: Iterable[int] | None = None, parts: Mapping[int, Groups] | None = None) -> None:
         """``stats``: shared with other measurements of the same gradients (None: computed, not kept).
         ``grouping``: compress node-aware, the workers grouped into nodes so (None: flat). ``only``: compress
-        these buckets (by index) and skip the others (a sample: arcsim.run.sampling); None: every bucket."""
+        these buckets (by index) and skip the others (a sample: arcsim.run.sampling); None: every bucket.
+        ``parts``: each bucket's elements' groups (a row sample: arcsim.run.row_sample), whose err² and ref² are
+        also kept group by group."""
         self.buckets, self.seed, self.shared_options = buckets, seed, dict(options or {})
         self.only = None if only is None else frozenset(only)
+        self.parts = parts
+        self.row_keys = ROW_KEYS + (PART_KEYS if parts is not None else ())
         self.stats = stats
         self.memory = memory_for(compressor, memory)  # DGC and onebit keep their own (always none)
         self.grouping = grouping
@@ -356,7 +373,7 @@ class BucketedCompression:
         if self.comm is None:
             self.comm = InProcessComm(g.shape[0])
         comm = self.comm
-        row: dict[str, list] = {k: [] for k in ROW_KEYS}
+        row: dict[str, list] = {k: [] for k in self.row_keys}
         kept: list[torch.Tensor] = []
         stats = self.stats or GradientStats()
         for b in self.buckets if buckets is None else buckets:
@@ -370,13 +387,19 @@ class BucketedCompression:
                 continue
             comp = self.comps[b.index]
             comp.raw = stats.nested(step, b.index, x)  # (bound to x: dropped after this bucket)
-            seen: dict[str, float] = {}
+            seen: dict[str, Any] = {}
 
             def observe(u: torch.Tensor, res: Compressed, x: torch.Tensor = x, mean_g: torch.Tensor = mean_g,
                         stats: GradientStats = stats, index: int = b.index, seen: dict = seen) -> None:
                 raw = u is x and res.reference is None  # the gradient itself was sent (no feedback yet, or none)
                 mean = mean_g if raw else u.mean(dim=0, keepdim=True) if res.reference is None else res.reference
-                seen["err2"] = float((res.aggregate.float() - mean).pow(2).sum())
+                if self.parts is None:
+                    seen["err2"] = float((res.aggregate.float() - mean).pow(2).sum())
+                else:
+                    wrong = (res.aggregate.float() - mean).pow(2)
+                    seen["err2"] = float(wrong.sum())
+                    seen["err2_parts"] = self.parts[index].sums(wrong)
+                    seen["ref2_parts"] = self.parts[index].sums(mean.pow(2))
                 seen["ref2"] = stats.mean2(step, index, x) if raw else float(mean.pow(2).sum())
                 norms = stats.norms(step, index, x) if raw else u.norm(dim=1).clamp_min(1e-30)
                 seen["gain"] = float((res.contribution.norms(u.shape[1]) / norms).mean())
@@ -388,6 +411,9 @@ class BucketedCompression:
             kept.extend([out] if updates else [])
             if not seen:  # sent dense this step (EF21's first step): exact
                 seen = {"err2": 0.0, "ref2": stats.mean2(step, b.index, x), "gain": 1.0, "selected": float(b.numel)}
+                if self.parts is not None:
+                    seen["err2_parts"] = [0.0] * GROUPS
+                    seen["ref2_parts"] = self.parts[b.index].sums(mean_g.pow(2))
             row["records"].append(comm.log.since(mark))
             row["upd2"].append(float((out.float() - mean_g).pow(2).sum()))
             row["raw2"].append(stats.mean2(step, b.index, x))
@@ -396,7 +422,7 @@ class BucketedCompression:
                     x, self.compressor, self.density, self.memory, self.seed + b.index, self.options,
                     self.layouts[b.index])
             row["compress_s"].append(self.one_rank[b.index])
-            for key in ("err2", "ref2", "gain", "selected"):
+            for key in ("err2", "ref2", "gain", "selected", *(PART_KEYS if self.parts is not None else ())):
                 row[key].append(seen[key])
         return kept, row
 
@@ -409,6 +435,9 @@ class BucketedCompression:
         reference = st.compressed_mean()
         row["records"].append(records)
         row["err2"].append(float((out - reference).pow(2).sum()))
+        if self.parts is not None:
+            row["err2_parts"].append(self.parts[b.index].sums((out - reference).pow(2)))
+            row["ref2_parts"].append(self.parts[b.index].sums(reference.pow(2)))
         row["ref2"].append(float(reference.pow(2).sum()))
         row["upd2"].append(float((out - mean_g).pow(2).sum()))
         row["raw2"].append(stats.mean2(step, b.index, x))
@@ -426,29 +455,35 @@ class BucketedCompression:
 def measure(steps: Iterable[tuple[int, torch.Tensor]], buckets: list[Bucket], compressor: str, density: float,
             memory: str | None = None, seed: int = 0, options: Mapping[str, Any] | None = None,
             timed: bool = True, count: int | None = None, stats: GradientStats | None = None,
-            grouping: Grouping | None = None, sample: BucketSample | None = None) -> Measurement:
+            grouping: Grouping | None = None, sample: BucketSample | None = None,
+            row_sample: RowSample | None = None) -> Measurement:
     """Compress every bucket of every trace step; ``steps`` yields (training step, [W, d] float32, or half
     precision, converted a bucket at a time). ``timed``: also time one rank's compression here (skip it
     where compression is modelled on a GPU). ``count``: how many steps ``steps`` yields, where known (the
     memories then skip their update after the last). ``stats``: the gradients' statistics shared with other
     measurements of the same steps. ``grouping``: node-aware, the workers grouped into nodes so. ``sample``:
-    compress only its buckets, the others estimated from them (arcsim.run.sampling; None: every bucket)."""
+    compress only its buckets, the others estimated from them (arcsim.run.sampling; None: every bucket).
+    ``row_sample``: ``steps`` are its sampled columns (arcsim.run.row_sample)."""
     return measure_many(steps, buckets, [(compressor, density, memory)], seed, options, timed, count, stats,
-                        grouping, sample)[0]
+                        grouping, sample, row_sample=row_sample)[0]
 
 
 def measure_many(steps: Iterable[tuple[int, torch.Tensor]], buckets: list[Bucket],
                  which: list[tuple[str, float, str | None]], seed: int = 0, options: Mapping[str, Any] | None = None,
                  timed: bool = True, count: int | None = None, stats: GradientStats | None = None,
                  grouping: Grouping | None = None, sample: BucketSample | None = None,
-                 bucket_major: bool = False) -> list[Measurement]:
+                 bucket_major: bool = False, row_sample: RowSample | None = None) -> list[Measurement]:
     """:func:`measure` for several (compressor, density, memory) at once, in ONE pass over ``steps``: each
     step is given to all of them before the next is asked for (live training yields one step at a time).
     ``bucket_major``: each bucket to all of them before the next, what is shared of it (its float32
-    conversion, mean, nested Top-K sets) then dropped — a model too large for the shared room still shares."""
+    conversion, mean, nested Top-K sets) then dropped — a model too large for the shared room still shares.
+    ``row_sample``: ``steps`` are its sampled columns (arcsim.run.row_sample), ``buckets`` the whole ones; the
+    measurements are its estimates of the whole buckets'."""
     stats = stats or GradientStats()  # shared by these runs, and only by them unless the caller keeps it
     only = None if sample is None else sample.measured
-    runs = [BucketedCompression(buckets, c, d, m, seed, options, timed, stats, grouping, only)
+    parts = None if row_sample is None else row_sample.groups
+    buckets = buckets if row_sample is None else list(row_sample.buckets)
+    runs = [BucketedCompression(buckets, c, d, m, seed, options, timed, stats, grouping, only, parts)
             for c, d, m in which]
     elements = sum(b.numel for b in buckets)
     out = [Measurement(bc.compressor, bc.density, bc.memory, elements, "flat" if grouping is None else "node")
@@ -460,7 +495,7 @@ def measure_many(steps: Iterable[tuple[int, torch.Tensor]], buckets: list[Bucket
                 for bc, meas in zip(runs, out, strict=True):
                     meas.add(bc.step(step, g, final=final, updates=False)[1])
             else:
-                rows: list[dict[str, list]] = [{k: [] for k in ROW_KEYS} for _ in runs]
+                rows: list[dict[str, list]] = [{k: [] for k in bc.row_keys} for bc in runs]
                 for b in buckets:
                     for bc, row in zip(runs, rows, strict=True):
                         for key, values in bc.step(step, g, final=final, updates=False, buckets=[b])[1].items():
@@ -471,6 +506,8 @@ def measure_many(steps: Iterable[tuple[int, torch.Tensor]], buckets: list[Bucket
                 for meas, row in zip(out, rows, strict=True):
                     meas.add(row)
         del g
+    if row_sample is not None:
+        return [row_sample.expand(meas) for meas in out]
     return out if sample is None else [sample.expand(meas) for meas in out]
 
 
