@@ -480,10 +480,10 @@ def cache_read(name: str) -> Any | None:
     return entry.get("value")
 
 
-def cache_write(name: str, obj: Any, quiet: bool = False) -> None:
-    """Keep ``obj`` (JSON-able) as ``name``, then drop arcsim's least recently used entries past CACHE_CAP_BYTES.
-    Keeping is optional: a write that fails (a full disk) is a warning on stderr (none if ``quiet``), never the end
-    of the work."""
+def cache_write(name: str, obj: Any, quiet: bool = False, trim: bool = True) -> None:
+    """Keep ``obj`` (JSON-able) as ``name``, then (``trim``) drop arcsim's least recently used entries past
+    CACHE_CAP_BYTES (:func:`trim_cache`: once after many writes). Keeping is optional: a write that fails (a full
+    disk) is a warning on stderr (none if ``quiet``), never the end of the work."""
     body = json.dumps({"arcsim": "cache-entry", "name": name, "value": obj}).encode()
     try:
         with atomic_path(results_dir() / f"{name}{CACHE_SUFFIX}") as tmp:
@@ -493,6 +493,12 @@ def cache_write(name: str, obj: Any, quiet: bool = False) -> None:
             print(f"warning: a result was not kept in the cache ({exc}); the next run measures it again",
                   file=sys.stderr)
         return
+    if trim:
+        trim_cache()
+
+
+def trim_cache() -> None:
+    """Drop arcsim's least recently used entries while they hold more than CACHE_CAP_BYTES."""
     if sum(p.stat().st_size for p in _named_entries()) <= CACHE_CAP_BYTES:
         return  # under the cap by names alone: no entry's content needs reading on every write
     files = cache_entries()

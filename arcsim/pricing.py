@@ -315,18 +315,23 @@ def keep_prices() -> None:
     read, so the next run on it prices nothing twice; runs at the exit of the process that first priced. Keeping
     is optional: a write that fails is skipped without a word."""
     from arcsim.errors import ArcsimError
-    from arcsim.files import cache_write
+    from arcsim.files import cache_write, trim_cache
 
     if os.getpid() not in _KEEPER:
         return
+    wrote = False
     for key, cache in list(_PRICED.items()):
         if len(cache) <= _KEPT.get(key, 0):
             continue
         rows = [[op, asked, size, free, r.algo, r.bytes, r.time_s, r.protocol]
                 for (op, asked, size, tag, free), r in cache.items() if not tag]
         with contextlib.suppress(ArcsimError, OSError):
-            cache_write(_prices_name(key), {"topology": key[0], "prices": rows}, quiet=True)
+            cache_write(_prices_name(key), {"topology": key[0], "prices": rows}, quiet=True, trim=False)
+            wrote = True
         _KEPT[key] = len(cache)
+    if wrote:
+        with contextlib.suppress(ArcsimError, OSError):
+            trim_cache()
 
 
 def price_records(records: list[CommRecord], topo: Topology, engine: str = "analytic",

@@ -73,6 +73,32 @@ def test_a_counted_workload_is_kept_on_disk_and_read_back_the_same(tmp_path, mon
     workload._workload.cache_clear()
 
 
+@pytest.mark.parametrize("model", ["resnet18", "llama_60m"])
+def test_a_workload_at_another_batch_is_on_the_line_of_three_counts(tmp_path, monkeypatch, model):
+    from arcsim.models import workload
+
+    def fresh(folder: str) -> None:
+        monkeypatch.setenv("ARCSIM_CACHE_DIR", str(tmp_path / folder))
+        monkeypatch.setattr(workload, "_LINES", {})
+        workload._workload.cache_clear()
+
+    fresh("line")
+    for batch in (8, 4, 2):  # the third count checks that the three lie on one line
+        count_workload(model, batch)
+    (line,) = workload._LINES.values()
+    assert line.affine
+    monkeypatch.setattr(workload, "_count", lambda *a: pytest.fail("counted instead of taken from the line"))
+    derived = count_workload(model, 32)
+    monkeypatch.undo()
+    fresh("counted")
+    counted = count_workload(model, 32)
+    for phase in ("forward", "backward"):
+        got, want = derived.arrays(phase), counted.arrays(phase)
+        assert np.array_equal(got[2], want[2]) and all(np.allclose(got[i], want[i], rtol=1e-12, atol=0) for i in (0, 1))
+    assert (derived.ready_after, derived.order, derived.numel) == (counted.ready_after, counted.order, counted.numel)
+    workload._workload.cache_clear()
+
+
 def test_every_parameter_is_ready_once_in_backward_order():
     w = count_workload("resnet18", 4)
     assert sorted(w.order) == sorted(w.numel) and len(set(w.order)) == len(w.order)
