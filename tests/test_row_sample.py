@@ -130,3 +130,17 @@ def test_expand_scales_columns_and_keeps_scalars():
     assert out.err2 == [[1.0 * factors[0], 2.0 * factors[1]]] and out.elements == 65027
     assert [r[0].elements for r in out.records[0]] == [round(10 * f) for f in factors]
     assert [r[1].elements for r in out.records[0]] == [1, 1]  # a worker's count is one number, sampled or not
+
+
+def test_a_trace_too_large_to_keep_measures_the_same_sample(runs, tmp_path, monkeypatch):
+    from arcsim.run import analysis
+
+    monkeypatch.setenv("ARCSIM_SAMPLE_ELEMENTS", "2e6")
+    monkeypatch.setenv("ARCSIM_CACHE_DIR", str(tmp_path))  # nothing read from the other runs' cache
+    monkeypatch.setattr(analysis, "CACHE_BYTES", 1)  # the shipped trace read again per pass, as LLaMA-1B's is
+    a = Analysis(RunConfig(compressors=COMPRESSORS, ratios=(0.01,)), announce=lambda _: None)
+    assert a.streamed()
+    assert a.measurement("powersgd", 0.01).rows is None  # one streamed pass, of those measured whole only
+    for name in ("topk", "terngrad"):
+        got, want = a.measurement(name, 0.01), runs[False].measurement(name, 0.01)
+        assert got.rows is not None and (got.err2, got.records) == (want.err2, want.records), name

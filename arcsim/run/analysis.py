@@ -378,10 +378,11 @@ class Analysis:
     def _measure_streamed(self, wanted: MeasurementKey) -> None:
         """A trace too large to keep: ``wanted`` and the other planned measurements of as many steps, in one
         read of the trace and bucket by bucket (what they share of a bucket found once, then dropped), as many
-        as their error-feedback state fits LIVE_MEMORY_BYTES (all of them on a one-step pass: no state kept)."""
+        as their error-feedback state fits LIVE_MEMORY_BYTES (all of them on a one-step pass: no state kept);
+        not those measured on the column sample (row_steps)."""
         t = self.trace
         group = self._one_pass(wanted, t.workers * t.elements, stateless=wanted[2] == 1,
-                               todo=lambda k: not cache.held(self._cache_name(k)))
+                               todo=lambda k: self.rows_for(k) is None and not cache.held(self._cache_name(k)))
         started = time.perf_counter()
         sample = self.sample_for(wanted)
         if isinstance(t, Trace) and t.random_access and self.cfg.measure_device == "cpu":
