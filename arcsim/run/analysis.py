@@ -33,8 +33,8 @@ from arcsim.run.candidates import Candidate, Context, candidates_for, evaluate
 from arcsim.run.compute import ComputeTimes, from_profile, from_trace, mapped
 from arcsim.run.config import RunConfig, RunError
 from arcsim.run.kernel_check import KernelCheck, kernel_check
+from arcsim.run.layer_sample import LayerSample, describe_layer_sample, takes_layer_sample
 from arcsim.run.measure import GradientStats, Measurement, measure, measure_many, measuring_threads
-from arcsim.run.row_sample import RowSample, describe_rows, takes_rows
 from arcsim.run.sampling import MIN_SAMPLE_SAVING, BucketSample, describe, sample_threshold
 from arcsim.strategy.buckets import Bucket
 from arcsim.strategy.frameworks import Framework, get_framework
@@ -200,10 +200,10 @@ class Analysis:
         self._cached: list[tuple[int, torch.Tensor]] | None = None
         self._finite_checked: set[int] = set()  # a streamed trace's steps read whole once for NaN/Inf (sampled)
         self.gradient_stats = GradientStats((cfg.density, *cfg.ratios))  # shared by the trace's measurements
-        self.row_stats = GradientStats((cfg.density, *cfg.ratios))  # … and by those of its row sample
-        self._row_sample: RowSample | None = None  # planned when first asked (_rows_planned)
-        self._rows_planned = False
-        self._row_steps: list[tuple[int, torch.Tensor]] | None = None  # the row sample's columns of every step
+        self.sample_stats = GradientStats((cfg.density, *cfg.ratios))  # … and by those of its layer sample
+        self._layer_sample: LayerSample | None = None  # planned when first asked (_layer_sample_planned)
+        self._layer_sample_planned = False
+        self._sample_steps: list[tuple[int, torch.Tensor]] | None = None  # the layer sample's columns of every step
         self.timings: dict[str, float] = {}
         self._measuring_wall = 0.0  # seconds of wall time spent measuring (side by side: the wall, not the sum)
 
@@ -338,7 +338,7 @@ class Analysis:
         meas = cache.load(name)
         if meas is not None:
             self.cached += 1
-        elif self.streamed() and self.rows_for(key) is None:
+        elif self.streamed() and self.layer_sample_for(key) is None:
             self._measure_streamed(key)
             return self._measured[key]
         else:
@@ -352,37 +352,37 @@ class Analysis:
     def _measure_key(self, key: MeasurementKey) -> Measurement:
         """``key`` measured on the trace here (neither read from the cache nor kept there)."""
         compressor, density, count, grouping = key
-        rows = self.rows_for(key)
-        every = self.steps() if rows is None else iter(self.row_steps())
+        layers = self.layer_sample_for(key)
+        every = self.steps() if layers is None else iter(self.sample_steps())
         steps = every if count == self.trace.steps else itertools.islice(every, count)
         steps = self._told(steps, f"{compressor} @ {density:g}", count)
         return measure(steps, self.ctx.buckets, compressor, density, self._memory(compressor), self.cfg.seed,
                        self.cfg.options, timed=self.timed, count=count,
-                       stats=self.gradient_stats if rows is None else self.row_stats, grouping=grouping,
-                       sample=self.sample_for(key), row_sample=rows)
+                       stats=self.gradient_stats if layers is None else self.sample_stats, grouping=grouping,
+                       sample=self.sample_for(key), layer_sample=layers)
 
-    def row_steps(self) -> list[tuple[int, torch.Tensor]]:
-        """Every step's columns of the row sample (gathered once, kept): gathered from the file read in chunks
+    def sample_steps(self) -> list[tuple[int, torch.Tensor]]:
+        """Every step's columns of the layer sample (gathered once, kept): gathered from the file read in chunks
         where the trace is too large to keep (each chunk checked for NaN or Inf as it is read)."""
-        if self._row_steps is None:
-            rows, t = self.row_sample(), self.trace
-            assert rows is not None and isinstance(t, Trace)
+        if self._sample_steps is None:
+            sample, t = self.layer_sample(), self.trace
+            assert sample is not None and isinstance(t, Trace)
             if self.streamed() and t.random_access and self.cfg.measure_device == "cpu":
-                self._row_steps = [(t.recorded_steps[i], rows.gather(t.step_chunks(i), t.workers))
+                self._sample_steps = [(t.recorded_steps[i], sample.gather(t.step_chunks(i), t.workers))
                                    for i in range(t.steps)]  # (each chunk checked finite as it is read)
                 self._finite_checked.update(range(t.steps))
             else:
-                self._row_steps = [(step, g.index_select(1, rows.index.to(g.device))) for step, g in self.steps()]
-        return self._row_steps
+                self._sample_steps = [(step, g.index_select(1, sample.index.to(g.device))) for step, g in self.steps()]
+        return self._sample_steps
 
     def _measure_streamed(self, wanted: MeasurementKey) -> None:
         """A trace too large to keep: ``wanted`` and the other planned measurements of as many steps, in one
         read of the trace and bucket by bucket (what they share of a bucket found once, then dropped), as many
         as their error-feedback state fits LIVE_MEMORY_BYTES (all of them on a one-step pass: no state kept);
-        not those measured on the column sample (row_steps)."""
+        not those measured on the column sample (sample_steps)."""
         t = self.trace
         group = self._one_pass(wanted, t.workers * t.elements, stateless=wanted[2] == 1,
-                               todo=lambda k: self.rows_for(k) is None and not cache.held(self._cache_name(k)))
+                               todo=lambda k: self.layer_sample_for(k) is None and not cache.held(self._cache_name(k)))
         started = time.perf_counter()
         sample = self.sample_for(wanted)
         if isinstance(t, Trace) and t.random_access and self.cfg.measure_device == "cpu":
@@ -417,22 +417,22 @@ class Analysis:
             self.detail(f"{label}, step {i}/{count}")
             yield step
 
-    def row_sample(self) -> RowSample | None:
-        """The rows a large trace's measurements are taken on (arcsim.run.row_sample), planned once for the
-        trace's whole work (workers × elements × steps); None: every element — with --exact, for live training,
-        where compression is timed here (a sample's time is not the bucket's), for --params (already a sample of
-        small layers), or where the trace is small."""
-        if not self._rows_planned:
+    def layer_sample(self) -> LayerSample | None:
+        """The sample of every layer a large trace's measurements are taken on (arcsim.run.layer_sample), planned
+        once for the trace's whole work (workers × elements × steps); None: every element — with --exact, for live
+        training, where compression is timed here (a sample's time is not the bucket's), for --params (already a
+        sample of small layers), or where the trace is small."""
+        if not self._layer_sample_planned:
             t = self.trace
             if not (self.cfg.exact or not isinstance(t, Trace) or self.timed or self.params is not None):
-                self._row_sample = RowSample.plan(self.ctx.buckets, t.workers * t.elements * t.steps,
+                self._layer_sample = LayerSample.plan(self.ctx.buckets, t.workers * t.elements * t.steps,
                                                   sample_threshold(), self.cfg.seed)
-            self._rows_planned = True
-        return self._row_sample
+            self._layer_sample_planned = True
+        return self._layer_sample
 
-    def rows_for(self, key: MeasurementKey) -> RowSample | None:
-        """The sample ``key`` is measured on, if its compressor takes one (row_sample.takes_rows)."""
-        return self.row_sample() if takes_rows(key[0], options_for(key[0], self.cfg.options)) else None
+    def layer_sample_for(self, key: MeasurementKey) -> LayerSample | None:
+        """The sample ``key`` is measured on, if its compressor takes one (layer_sample.takes_layer_sample)."""
+        return self.layer_sample() if takes_layer_sample(key[0], options_for(key[0], self.cfg.options)) else None
 
     def sample_for(self, key: MeasurementKey) -> BucketSample | None:
         """The buckets ``key`` is measured on where it is large (workers × elements × steps above
@@ -441,7 +441,7 @@ class Analysis:
         a sample skips 11 % of the elements for 5–13 % of the CPU time and intervals 2–5× wider)."""
         t = self.trace
         if self.cfg.exact or not isinstance(t, Trace) or t.workers * t.elements * key[2] <= sample_threshold() \
-                or self.rows_for(key) is not None:
+                or self.layer_sample_for(key) is not None:
             return None
         sample = BucketSample.plan(self.ctx.buckets)
         skipped = 1 - sum(self.ctx.buckets[b].numel for b in sample.measured) / t.elements
@@ -521,7 +521,7 @@ class Analysis:
         options = {"scope": self.cfg.scope, **options_for(compressor, self.cfg.options)}  # others' leave it as it was
         return cache.key(self._trace_hash(), self.ctx.buckets, compressor, density, self._memory(compressor),
                          self.cfg.seed, options, steps, self.timed, grouping,
-                         self.sample_for(key), self._timing_device(), self.rows_for(key))
+                         self.sample_for(key), self._timing_device(), self.layer_sample_for(key))
 
     def measuring_work(self, load: Load | None = None) -> tuple[int, float]:
         """The planned measurements neither in memory nor in the cache, and the seconds they should take here with
@@ -536,9 +536,9 @@ class Analysis:
 
     def _measured_elements(self, key: MeasurementKey) -> int:
         """The elements ``key`` compresses per worker and step: the trace's, or its sample's."""
-        sample, rows = self.sample_for(key), self.rows_for(key)
-        if rows is not None:
-            return rows.sampled
+        sample, layers = self.sample_for(key), self.layer_sample_for(key)
+        if layers is not None:
+            return layers.sampled
         return self.trace.elements if sample is None else sum(self.ctx.buckets[i].numel for i in sample.measured)
 
     def _memory(self, compressor: str) -> str | None:
@@ -766,9 +766,9 @@ class Analysis:
             notes.append(describe(BucketSample(tuple(tuple(s) for s in next(
                 m.sample["strata"] for m in self._measured.values() if m.sample is not None)), sampled),
                 self.ctx.buckets))
-        rows = next((m.rows for m in self._measured.values() if m.rows is not None), None)
-        if rows is not None:
-            notes.append(describe_rows(rows, len(self.ctx.buckets)))
+        layers = next((m.layer_sample for m in self._measured.values() if m.layer_sample is not None), None)
+        if layers is not None:
+            notes.append(describe_layer_sample(layers, len(self.ctx.buckets)))
         if self.cached:
             notes.append(f"{self.cached} of {len(self._measured)} compressor measurements were cached from an earlier "
                          f"run on the same trace and settings ({cache_dir()}; `arcsim cache clear` to drop "

@@ -15,8 +15,8 @@ from typing import Any
 from arcsim.comm.log import CommRecord
 from arcsim.compressors.hierarchy import Grouping
 from arcsim.files import CACHE_SUFFIX, cache_key, cache_read, cache_write, file_fact, results_dir
+from arcsim.run.layer_sample import LayerSample
 from arcsim.run.measure import Measurement
-from arcsim.run.row_sample import RowSample
 from arcsim.run.sampling import BucketSample
 from arcsim.strategy.buckets import Bucket
 
@@ -38,7 +38,7 @@ def trace_hash(path: Path) -> str:
 
 def key(trace: str, buckets: list[Bucket], compressor: str, density: float, memory: str | None, seed: int,
         options: Mapping[str, Any], steps: int, timed: bool, grouping: Grouping | None = None,
-        sample: BucketSample | None = None, device: str = "cpu", rows: RowSample | None = None) -> str:
+        sample: BucketSample | None = None, device: str = "cpu", layers: LayerSample | None = None) -> str:
     fields = {"v": VERSION, "trace": trace, "buckets": [(b.lo, b.hi) for b in buckets], "compressor": compressor,
               "density": density, "memory": memory, "seed": seed, "options": dict(sorted(options.items())),
               "steps": steps, "timed": timed}
@@ -46,8 +46,8 @@ def key(trace: str, buckets: list[Bucket], compressor: str, density: float, memo
         fields["grouping"] = dataclasses.astuple(grouping)
     if sample is not None:  # a sample of the buckets (exact keys stay as they were)
         fields["sample"] = list(sample.measured)
-    if rows is not None:  # a sample of every layer's rows
-        fields["rows"] = rows.signature
+    if layers is not None:  # a sample of every layer
+        fields["layers"] = layers.signature
     if device != "cpu":  # timed on a GPU (CPU keys stay as they were)
         fields["device"] = device
     return cache_key(fields)

@@ -36,7 +36,7 @@ from arcsim.compressors.hierarchy import (
 from arcsim.compressors.memory import Memory, make_memory
 from arcsim.compressors.nested import NestedTopK, RawTopK
 from arcsim.compressors.registry import make_compressor
-from arcsim.run.row_sample import GROUPS, Groups, RowSample, groups_half_width
+from arcsim.run.layer_sample import GROUPS, Groups, LayerSample, groups_half_width
 from arcsim.run.sampling import BucketSample
 from arcsim.strategy.buckets import Bucket
 from arcsim.traces.timing import Clock
@@ -65,9 +65,9 @@ class Measurement:
     compress_s: list[list[float]] = field(default_factory=list)  # measured local work per rank
     sample: dict[str, Any] | None = None  # measured on a sample of buckets (arcsim.run.sampling): "strata" (every
     #                                       bucket, by stratum) and "measured"; the others' columns are estimates
-    rows: dict[str, Any] | None = None  # measured on a sample of every layer's rows (arcsim.run.row_sample): its
-    #                                     "stride", "sampled_fraction" and "groups"; every column is an estimate
-    err2_parts: list[list[list[float]]] = field(default_factory=list)  # [step][bucket][group] of a row sample
+    layer_sample: dict[str, Any] | None = None  # measured on a sample of every layer (arcsim.run.layer_sample): its
+    #                                             "stride", "sampled_fraction" and "groups"; every column an estimate
+    err2_parts: list[list[list[float]]] = field(default_factory=list)  # [step][bucket][group] of a layer sample
     ref2_parts: list[list[list[float]]] = field(default_factory=list)
 
     def rel_error(self, buckets: Iterable[int] | None = None) -> float:
@@ -79,8 +79,8 @@ class Measurement:
 
     def rel_error_interval(self, confidence: float = 0.95) -> tuple[float, float] | None:
         """The ``confidence`` interval of the error, from its spread over the steps (Student's t on the
-        per-step errors Σ_b err² / Σ_b ref²) and, measured on a sample of buckets or rows, from the sampling
-        (the half-widths added in quadrature: :meth:`sampling_half_width`, :meth:`rows_half_width`); None from a
+        per-step errors Σ_b err² / Σ_b ref²) and, measured on a sample of buckets or of every layer, from the sampling
+        (the half-widths added in quadrature: :meth:`sampling_half_width`, :meth:`layer_sample_half_width`); None from a
         single step of every element, where there is no spread to see."""
         e, r = np.asarray(self.err2).sum(axis=1), np.asarray(self.ref2).sum(axis=1)
         per_step = e[r > 0] / r[r > 0]
@@ -88,7 +88,7 @@ class Measurement:
         if per_step.size >= 2:
             halves.append(float(stdtrit(per_step.size - 1, 0.5 + confidence / 2) * per_step.std(ddof=1)
                                 / np.sqrt(per_step.size)))
-        for sampled in (self.sampling_half_width(confidence), self.rows_half_width(confidence)):
+        for sampled in (self.sampling_half_width(confidence), self.layer_sample_half_width(confidence)):
             if sampled is not None:
                 halves.append(sampled)
         if not halves:
@@ -125,12 +125,12 @@ class Measurement:
             return None
         return float(stdtrit(dof, 0.5 + confidence / 2) * np.sqrt(variance) / total_r)
 
-    def rows_half_width(self, confidence: float = 0.95) -> float | None:
-        """Measured on a sample of rows: the half-width of the error's ``confidence`` interval from the sampling
-        alone (random groups: arcsim.run.row_sample.groups_half_width). None: every element measured."""
-        if self.rows is None or not self.err2_parts:
+    def layer_sample_half_width(self, confidence: float = 0.95) -> float | None:
+        """Measured on a sample of every layer: the half-width of the error's ``confidence`` interval from the sampling
+        alone (random groups: arcsim.run.layer_sample.groups_half_width). None: every element measured."""
+        if self.layer_sample is None or not self.err2_parts:
             return None
-        return groups_half_width(self.err2_parts, self.ref2_parts, self.rows["sampled_fraction"], confidence)
+        return groups_half_width(self.err2_parts, self.ref2_parts, self.layer_sample["sampled_fraction"], confidence)
 
     def err2_bucket(self, index: int) -> float:
         return float(np.asarray(self.err2)[:, index].sum())
@@ -266,7 +266,7 @@ def measuring_threads(buckets: list[Bucket], workers: int) -> int | None:
 
 
 ROW_KEYS = ("records", "err2", "ref2", "upd2", "raw2", "gain", "selected", "compress_s")  # a step's, per bucket
-PART_KEYS = ("err2_parts", "ref2_parts")  # … and, on a row sample, per bucket and group
+PART_KEYS = ("err2_parts", "ref2_parts")  # … and, on a layer sample, per bucket and group
 
 
 class BucketedCompression:
@@ -280,7 +280,7 @@ class BucketedCompression:
         """``stats``: shared with other measurements of the same gradients (None: computed, not kept).
         ``grouping``: compress node-aware, the workers grouped into nodes so (None: flat). ``only``: compress
         these buckets (by index) and skip the others (a sample: arcsim.run.sampling); None: every bucket.
-        ``parts``: each bucket's elements' groups (a row sample: arcsim.run.row_sample), whose err² and ref² are
+        ``parts``: each bucket's elements' groups (a layer sample: arcsim.run.layer_sample), whose err² and ref² are
         also kept group by group."""
         self.buckets, self.seed, self.shared_options = buckets, seed, dict(options or {})
         self.only = None if only is None else frozenset(only)
@@ -456,33 +456,33 @@ def measure(steps: Iterable[tuple[int, torch.Tensor]], buckets: list[Bucket], co
             memory: str | None = None, seed: int = 0, options: Mapping[str, Any] | None = None,
             timed: bool = True, count: int | None = None, stats: GradientStats | None = None,
             grouping: Grouping | None = None, sample: BucketSample | None = None,
-            row_sample: RowSample | None = None) -> Measurement:
+            layer_sample: LayerSample | None = None) -> Measurement:
     """Compress every bucket of every trace step; ``steps`` yields (training step, [W, d] float32, or half
     precision, converted a bucket at a time). ``timed``: also time one rank's compression here (skip it
     where compression is modelled on a GPU). ``count``: how many steps ``steps`` yields, where known (the
     memories then skip their update after the last). ``stats``: the gradients' statistics shared with other
     measurements of the same steps. ``grouping``: node-aware, the workers grouped into nodes so. ``sample``:
     compress only its buckets, the others estimated from them (arcsim.run.sampling; None: every bucket).
-    ``row_sample``: ``steps`` are its sampled columns (arcsim.run.row_sample)."""
+    ``layer_sample``: ``steps`` are its sampled columns (arcsim.run.layer_sample)."""
     return measure_many(steps, buckets, [(compressor, density, memory)], seed, options, timed, count, stats,
-                        grouping, sample, row_sample=row_sample)[0]
+                        grouping, sample, layer_sample=layer_sample)[0]
 
 
 def measure_many(steps: Iterable[tuple[int, torch.Tensor]], buckets: list[Bucket],
                  which: list[tuple[str, float, str | None]], seed: int = 0, options: Mapping[str, Any] | None = None,
                  timed: bool = True, count: int | None = None, stats: GradientStats | None = None,
                  grouping: Grouping | None = None, sample: BucketSample | None = None,
-                 bucket_major: bool = False, row_sample: RowSample | None = None) -> list[Measurement]:
+                 bucket_major: bool = False, layer_sample: LayerSample | None = None) -> list[Measurement]:
     """:func:`measure` for several (compressor, density, memory) at once, in ONE pass over ``steps``: each
     step is given to all of them before the next is asked for (live training yields one step at a time).
     ``bucket_major``: each bucket to all of them before the next, what is shared of it (its float32
     conversion, mean, nested Top-K sets) then dropped — a model too large for the shared room still shares.
-    ``row_sample``: ``steps`` are its sampled columns (arcsim.run.row_sample), ``buckets`` the whole ones; the
+    ``layer_sample``: ``steps`` are its sampled columns (arcsim.run.layer_sample), ``buckets`` the whole ones; the
     measurements are its estimates of the whole buckets'."""
     stats = stats or GradientStats()  # shared by these runs, and only by them unless the caller keeps it
     only = None if sample is None else sample.measured
-    parts = None if row_sample is None else row_sample.groups
-    buckets = buckets if row_sample is None else list(row_sample.buckets)
+    parts = None if layer_sample is None else layer_sample.groups
+    buckets = buckets if layer_sample is None else list(layer_sample.buckets)
     runs = [BucketedCompression(buckets, c, d, m, seed, options, timed, stats, grouping, only, parts)
             for c, d, m in which]
     elements = sum(b.numel for b in buckets)
@@ -506,8 +506,8 @@ def measure_many(steps: Iterable[tuple[int, torch.Tensor]], buckets: list[Bucket
                 for meas, row in zip(out, rows, strict=True):
                     meas.add(row)
         del g
-    if row_sample is not None:
-        return [row_sample.expand(meas) for meas in out]
+    if layer_sample is not None:
+        return [layer_sample.expand(meas) for meas in out]
     return out if sample is None else [sample.expand(meas) for meas in out]
 
 

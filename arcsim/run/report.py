@@ -101,12 +101,12 @@ def write_csv(result: RunResult, path: Path) -> None:
 
 def sampling(result: RunResult) -> dict[str, Any] | None:
     """The bucket sample the run's measurements at --density were taken on (arcsim.run.sampling), with the
-    fraction of buckets and of elements it holds, or the row sample (arcsim.run.row_sample: ``rows``, its
+    fraction of buckets and of elements it holds, or the layer sample (arcsim.run.layer_sample: ``layers``, its
     stride, groups and ``elements_fraction``); None: every element measured."""
     measured = [c.measurement for c in result.candidates if c.measurement is not None]
-    rows = next((m.rows for m in measured if m.rows is not None), None)
-    if rows is not None:
-        return {"rows": rows, "elements_fraction": rows["sampled_fraction"]}
+    layers = next((m.layer_sample for m in measured if m.layer_sample is not None), None)
+    if layers is not None:
+        return {"layers": layers, "elements_fraction": layers["sampled_fraction"]}
     sample = next((m.sample for m in measured if m.sample is not None), None)
     if sample is None:
         return None

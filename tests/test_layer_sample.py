@@ -1,4 +1,4 @@
-"""Measurements on a sample of every layer's columns (arcsim.run.row_sample): which elements a sample takes, the
+"""Measurements on a sample of every layer's columns (arcsim.run.layer_sample): which elements a sample takes, the
 columns gathered from a step read in chunks, the per-group sums behind the interval, and a sampled run of the
 shipped trace against the exact one (forced to sample by a low threshold)."""
 
@@ -13,8 +13,8 @@ from arcsim.compressors.layout import Layer
 from arcsim.run import report
 from arcsim.run.analysis import Analysis
 from arcsim.run.config import RunConfig
+from arcsim.run.layer_sample import GROUPS, ROW_1D, LayerSample, groups_half_width
 from arcsim.run.measure import Measurement
-from arcsim.run.row_sample import GROUPS, ROW_1D, RowSample, groups_half_width
 from arcsim.strategy.buckets import make_buckets
 
 LAYERS = [Layer("embed", (1000, 64), 0), Layer("bias", (300,), 64000), Layer("conv", (20, 4, 3, 3), 64300),
@@ -22,8 +22,8 @@ LAYERS = [Layer("embed", (1000, 64), 0), Layer("bias", (300,), 64000), Layer("co
 BUCKETS = make_buckets(LAYERS, [0.0] * len(LAYERS), 60000 * 4)  # [embed], [bias, conv, norm]
 
 
-def plan() -> RowSample:
-    sample = RowSample.plan(BUCKETS, work=4 * 65027 * 2, threshold=5e4, seed=3)
+def plan() -> LayerSample:
+    sample = LayerSample.plan(BUCKETS, work=4 * 65027 * 2, threshold=5e4, seed=3)
     assert sample is not None
     return sample
 
@@ -91,18 +91,18 @@ def runs() -> dict[bool, Analysis]:
 
 def test_a_sampled_run_estimates_the_exact_one(runs):
     exact, sampled = runs[True], runs[False]
-    assert exact.row_sample() is None and sampled.row_sample() is not None
+    assert exact.layer_sample() is None and sampled.layer_sample() is not None
     for name in ("topk", "randk", "arctopk", "terngrad"):
         s, e = sampled.measurement(name, 0.01), exact.measurement(name, 0.01)
-        assert s.rows is not None and e.rows is None and s.elements == e.elements
+        assert s.layer_sample is not None and e.layer_sample is None and s.elements == e.elements
         lo, hi = s.rel_error_interval()
         assert lo <= e.rel_error() <= hi, name
-        assert s.rows_half_width() is not None and (hi - lo) / 2 >= s.rows_half_width() - 1e-15
+        assert s.layer_sample_half_width() is not None and (hi - lo) / 2 >= s.layer_sample_half_width() - 1e-15
         # ARC-Top-K sends a 1-D layer under one block (this CNN's biases: 10 to 64 elements) whole at any share
         assert s.bytes_per_rank() == pytest.approx(e.bytes_per_rank(), rel=0.4 if name == "arctopk" else 0.1), name
     for name in ("powersgd", "qsgd"):  # low rank, one norm per bucket: measured whole
         s, e = sampled.measurement(name, 0.01), exact.measurement(name, 0.01)
-        assert s.rows is None and (s.err2, s.records) == (e.err2, e.records)
+        assert s.layer_sample is None and (s.err2, s.records) == (e.err2, e.records)
     assert sampled.measurement("dense", 1.0).rel_error() == 0.0
 
 
@@ -113,7 +113,7 @@ def test_a_sampled_run_says_so_and_is_cached_apart(runs):
     assert any(n.startswith("SAMPLED: ") and "columns" in n for n in sampled.result.assumptions)  # type: ignore[attr-defined]
     assert not any(n.startswith("SAMPLED") for n in exact.result.assumptions)  # type: ignore[attr-defined]
     shown = report.sampling(sampled.result)  # type: ignore[attr-defined]
-    assert shown is not None and 0 < shown["elements_fraction"] < 0.5 and shown["rows"]["groups"] == GROUPS
+    assert shown is not None and 0 < shown["elements_fraction"] < 0.5 and shown["layers"]["groups"] == GROUPS
     assert report.sampling(exact.result) is None  # type: ignore[attr-defined]
 
 
@@ -140,7 +140,7 @@ def test_a_trace_too_large_to_keep_measures_the_same_sample(runs, tmp_path, monk
     monkeypatch.setattr(analysis, "CACHE_BYTES", 1)  # the shipped trace read again per pass, as LLaMA-1B's is
     a = Analysis(RunConfig(compressors=COMPRESSORS, ratios=(0.01,)), announce=lambda _: None)
     assert a.streamed()
-    assert a.measurement("powersgd", 0.01).rows is None  # one streamed pass, of those measured whole only
+    assert a.measurement("powersgd", 0.01).layer_sample is None  # one streamed pass, of those measured whole only
     for name in ("topk", "terngrad"):
         got, want = a.measurement(name, 0.01), runs[False].measurement(name, 0.01)
-        assert got.rows is not None and (got.err2, got.records) == (want.err2, want.records), name
+        assert got.layer_sample is not None and (got.err2, got.records) == (want.err2, want.records), name

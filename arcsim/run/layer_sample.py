@@ -1,4 +1,4 @@
-"""Measure a compressor on a random sample of every layer's lines, and state the error it adds.
+"""Measure a compressor on a random sample of every layer, and state the error it adds.
 
 Where a trace is large (workers × elements × steps above arcsim.run.sampling.sample_threshold()), each bucket is
 measured on a smaller bucket made of the same random share (1 in ``stride``) of every one of its layers' lines:
@@ -40,13 +40,13 @@ if TYPE_CHECKING:
 
 TARGET_SHARE = 0.5    # a sample is cut to this share of the sampling threshold's work …
 MIN_BUCKET_SHARE = 1e-3  # … keeping at least this share of it in every bucket (50,000 elements by default)
-MIN_STRIDE = 2.0      # a sample that would keep more than half of the rows is not taken
+MIN_STRIDE = 2.0      # a sample that would keep more than half of the elements is not taken
 ROW_1D = 64           # a 1-D layer's rows: runs of this many elements (ARC-Top-K's block)
-GROUPS = 8            # random groups of the sampled rows, for the sampling's interval
+GROUPS = 8            # random groups of the sampled lines (columns, 1-D runs), for the sampling's interval
 SCALED_COLUMNS = ("err2", "ref2", "upd2", "raw2", "selected")
 
 
-def takes_rows(compressor: str, options: Mapping[str, Any]) -> bool:
+def takes_layer_sample(compressor: str, options: Mapping[str, Any]) -> bool:
     """Whether ``compressor`` (with its own ``options``) is measured on a sample: all but those whose result
     follows the whole tensor's size — PowerSGD (a sample of a matrix's columns is another matrix, of another
     rank's worth) and QSGD with one norm per bucket (its rounding noise grows as √n: on the shipped CNN a 1-in-5
@@ -116,7 +116,7 @@ def _sample_layer(layer: Layer, share: float, rng: np.random.Generator, at: int
 
 
 @dataclass(frozen=True, eq=False)
-class RowSample:
+class LayerSample:
     """Every bucket's sample (:class:`SampledBucket`), at ``stride`` (1 / the share of lines kept)."""
 
     stride: float
@@ -124,7 +124,7 @@ class RowSample:
     parts: tuple[SampledBucket, ...]
 
     @classmethod
-    def plan(cls, buckets: Sequence[Bucket], work: float, threshold: float, seed: int = 0) -> RowSample | None:
+    def plan(cls, buckets: Sequence[Bucket], work: float, threshold: float, seed: int = 0) -> LayerSample | None:
         """The sample for a measurement of ``work`` (workers × elements × steps) over ``buckets``; None where the
         work is within ``threshold`` or a sample would keep more than 1 / MIN_STRIDE of the elements."""
         stride = work / (TARGET_SHARE * threshold)
@@ -206,7 +206,7 @@ class RowSample:
         meas.records = [[[grown(r, p) for r in recs] for recs, p in zip(step, self.parts, strict=True)]
                         for step in meas.records]
         meas.elements = self.elements
-        meas.rows = {"stride": self.stride, "sampled_fraction": self.sampled / self.elements, "groups": GROUPS}
+        meas.layer_sample = {"stride": self.stride, "sampled_fraction": self.sampled / self.elements, "groups": GROUPS}
         return meas
 
 
@@ -256,11 +256,11 @@ def groups_half_width(err2_parts: Any, ref2_parts: Any, fraction: float, confide
     return float(stdtrit(g - 1, 0.5 + confidence / 2) * math.sqrt(variance))
 
 
-def describe_rows(meas_rows: dict[str, Any], buckets: int) -> str:
+def describe_layer_sample(sampled: dict[str, Any], buckets: int) -> str:
     """A sentence on the sample, for the run's assumptions."""
-    return (f"SAMPLED: large measurements compressed a random {meas_rows['sampled_fraction']:.1%} of every layer "
-            f"(1 in {meas_rows['stride']:.1f} of its columns, every row kept; of a 1-D layer, runs of {ROW_1D} "
+    return (f"SAMPLED: large measurements compressed a random {sampled['sampled_fraction']:.1%} of every layer "
+            f"(1 in {sampled['stride']:.1f} of its columns, every row kept; of a 1-D layer, runs of {ROW_1D} "
             f"elements; each of the {buckets} buckets on its own), each bucket's error terms and messages scaled up "
             "by its elements over its sampled ones (per-worker and per-layer scalars as they are); errors are "
-            f"estimates and their ± includes the sampling ({meas_rows['groups']} random groups of columns); "
+            f"estimates and their ± includes the sampling ({sampled['groups']} random groups of columns); "
             "docs/run.md; --exact measures every element")
