@@ -290,10 +290,17 @@ def code_version() -> str:
 
 
 def _prices_name(key: tuple[str, str]) -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    from arcsim import __version__
     from arcsim.files import cache_key
 
-    return PRICES_PREFIX + cache_key({"v": PRICES_VERSION, "code": code_version(), "topology": key[0],
-                                      "engine": key[1]})
+    try:  # the DES runs on SimPy: another SimPy, other events
+        simpy = version("simpy") if key[1] == "des" else ""
+    except PackageNotFoundError:
+        simpy = "?"
+    return PRICES_PREFIX + cache_key({"v": PRICES_VERSION, "code": code_version(), "arcsim": __version__,
+                                      "simpy": simpy, "topology": key[0], "engine": key[1]})
 
 
 def _read_prices(key: tuple[str, str]) -> dict[PriceKey, PricedRecord]:

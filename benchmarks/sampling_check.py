@@ -11,6 +11,7 @@ interval, the two recommendations, and each run's wall and CPU seconds.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import resource
@@ -65,6 +66,7 @@ def measurements(cache: Path) -> dict[tuple[str, float, int, str], Any]:
     from arcsim.comm.log import CommRecord
     from arcsim.run.measure import Measurement
 
+    known = {f.name for f in dataclasses.fields(Measurement)}
     out = {}
     for path in sorted((cache / "arcsim-results").glob("*.json.gz")):
         entry = json.loads(gzip.decompress(path.read_bytes()))
@@ -72,7 +74,7 @@ def measurements(cache: Path) -> dict[tuple[str, float, int, str], Any]:
         if not isinstance(raw, dict) or "err2" not in raw:
             continue
         raw["records"] = [[[CommRecord(**r) for r in recs] for recs in step] for step in raw["records"]]
-        m = Measurement(**raw)
+        m = Measurement(**{k: v for k, v in raw.items() if k in known})  # (an older run's cache: its fields)
         out[m.compressor, m.density, len(m.err2), m.hierarchy] = m
     return out
 

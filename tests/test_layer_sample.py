@@ -18,60 +18,77 @@ from arcsim.run.measure import Measurement
 from arcsim.strategy.buckets import make_buckets
 
 LAYERS = [Layer("embed", (1000, 64), 0), Layer("bias", (300,), 64000), Layer("conv", (20, 4, 3, 3), 64300),
-          Layer("norm", (7,), 65020)]
-BUCKETS = make_buckets(LAYERS, [0.0] * len(LAYERS), 60000 * 4)  # [embed], [bias, conv, norm]
+          Layer("empty", (0, 5), 65020), Layer("norm", (7,), 65020)]
+BUCKETS = make_buckets(LAYERS, [0.0] * len(LAYERS), 60000 * 4)  # [embed], [bias, conv, empty, norm]
+N = 65027
 
 
 def plan() -> LayerSample:
-    sample = LayerSample.plan(BUCKETS, work=4 * 65027 * 2, threshold=5e4, seed=3)
+    sample = LayerSample.plan(BUCKETS, work=4 * N * 2, threshold=5e4, seed=3)
     assert sample is not None
     return sample
 
 
 def test_every_row_is_kept_with_the_same_share_of_its_columns():
     sample = plan()
-    x = torch.arange(65027.0)
-    got = x[sample.index]
+    assert sample.stride == pytest.approx(4 * N * 2 / 2.5e4)
+    got = torch.arange(float(N))[sample.index]
+    share = {0: 1 / sample.stride, 1: 50 / BUCKETS[1].numel}  # the second bucket keeps its floor, 50 elements
     for part in sample.parts:
         for small, whole in zip(part.bucket.layers, BUCKETS[part.bucket.index].layers, strict=True):
             values = got[small.offset:small.offset + small.numel]
-            if len(whole.shape) >= 2:
+            if whole.numel == 0:
+                assert small.numel == 0
+            elif len(whole.shape) >= 2:
                 rows, cols = whole.shape[0], whole.numel // whole.shape[0]
                 assert small.shape[0] == rows  # every row, the same columns in each
                 columns = (values.view(rows, -1) - whole.offset - torch.arange(rows)[:, None] * cols).long()
                 assert (columns == columns[0]).all() and len(set(columns[0].tolist())) == small.shape[1]
-                assert small.shape[1] == max(1, round(cols / sample.stride))
-            else:  # whole runs of ROW_1D elements of the layer
-                assert ((values - whole.offset) % 1 == 0).all() and values.min() >= whole.offset
-                assert values.max() < whole.offset + whole.numel and small.numel <= max(ROW_1D, whole.numel)
-    # the first bucket (64,000 elements) is sampled 1 in ~16; the second is small enough to keep whole (floor 50)
+                assert small.shape[1] == max(1, round(cols * share[part.bucket.index]))
+            else:  # whole runs of ROW_1D elements, each starting on a multiple of ROW_1D
+                starts = [int(v) - whole.offset for i, v in enumerate(values) if i == 0 or v != values[i - 1] + 1]
+                assert all(s % ROW_1D == 0 for s in starts) and values.max() < whole.offset + whole.numel
+                runs = np.split(values.numpy(), np.flatnonzero(np.diff(values.numpy()) != 1) + 1)
+                assert all(len(r) % ROW_1D == 0 or r[-1] == whole.offset + whole.numel - 1 for r in runs)
     assert sample.parts[0].factor == pytest.approx(64 / round(64 / sample.stride))
-    assert sample.stride == pytest.approx(4 * 65027 * 2 / 2.5e4)
 
 
 def test_columns_gathered_from_chunks_are_the_indexed_ones():
     sample = plan()
-    g = torch.randn(3, 65027)
-    chunks = [g[:, lo:lo + 4096] for lo in range(0, 65027, 4096)]
+    g = torch.randn(3, N)
+    chunks = [g[:, lo:lo + 4096] for lo in range(0, N, 4096)]
     assert torch.equal(sample.gather(iter(chunks), 3), g.index_select(1, sample.index))
+    with pytest.raises(ValueError, match="chunks end"):
+        sample.gather(iter(chunks[:-1]), 3)
 
 
-def test_groups_sum_each_group_and_hold_whole_columns():
+def test_each_element_stands_for_its_own_layers_share():
+    """A layer keeps at least one line, so a small one is sampled at more than the bucket's share: sums weighted
+    layer by layer estimate the whole bucket's (exactly, for values constant within each layer), and the groups'
+    estimates, each with the exact part, spread around it."""
     sample = plan()
+    level = {la.name: float(i + 1) for i, la in enumerate(LAYERS)} | {"norm": 100.0}  # a small layer that counts
     for part in sample.parts:
-        values = torch.rand(part.bucket.numel, dtype=torch.float64)
-        group = np.concatenate([np.tile(g, (hi - lo) // width) for lo, hi, width, g in part.groups.pieces])
-        assert len(group) == part.bucket.numel and set(group) <= set(range(GROUPS))
-        assert part.groups.sums(values) == pytest.approx(np.bincount(group, values.numpy(), GROUPS).tolist())
-        assert all(np.all(np.diff(g) >= 0) for _, _, _, g in part.groups.pieces)  # a group's columns together
+        whole = sum(level[la.name] * la.numel for la in BUCKETS[part.bucket.index].layers)
+        values = torch.cat([torch.full((la.numel,), level[la.name]) for la in part.bucket.layers])
+        sums = part.groups.sums(values)
+        assert len(sums) == GROUPS + 1 and sum(sums) == pytest.approx(whole)
+        assert part.groups.total(values) == pytest.approx(whole)
+        bucket_wide = part.factor * float(values.sum())  # one factor for every layer: wrong where shares differ
+        if part.bucket.index == 1:
+            assert abs(bucket_wide - whole) > 0.05 * whole
+    noise = torch.rand(sample.parts[0].bucket.numel, dtype=torch.float64)
+    sums = sample.parts[0].groups.sums(noise)
+    assert sums[GROUPS] == 0.0 and sum(v > 0 for v in sums[:GROUPS]) == 3  # sampled: nothing exact; 3 columns
 
 
 def test_groups_half_width_is_the_random_groups_estimator():
-    e, r = np.arange(1.0, 9.0), np.full(8, 10.0)
+    e, r = np.r_[np.arange(1.0, 9.0), 5.0], np.r_[np.full(8, 10.0), 20.0]  # 8 groups, then the exact part
     ratio = e.sum() / r.sum()
-    se = np.sqrt((1 - 0.25) * ((e / r - ratio) ** 2).sum() / (8 * 7))
+    per_group = (e[8] + 8 * e[:8]) / (r[8] + 8 * r[:8])
+    se = np.sqrt((1 - 0.25) * ((per_group - ratio) ** 2).sum() / (8 * 7))
     assert groups_half_width(e, r, 0.25) == pytest.approx(student_t.ppf(0.975, 7) * se)
-    assert groups_half_width([[1.0] + [0.0] * 7], [[1.0] + [0.0] * 7], 0.1) is None  # one group holds anything
+    assert groups_half_width([[1.0] + [0.0] * 8], [[1.0] + [0.0] * 8], 0.1) is None  # one group holds anything
 
 
 COMPRESSORS = ("dense", "topk", "randk", "arctopk", "qsgd", "terngrad", "powersgd")
@@ -117,7 +134,7 @@ def test_a_sampled_run_says_so_and_is_cached_apart(runs):
     assert report.sampling(exact.result) is None  # type: ignore[attr-defined]
 
 
-def test_expand_scales_columns_and_keeps_scalars():
+def test_expand_grows_messages_and_keeps_scalars():
     sample = plan()
     from arcsim.comm.log import record
 
@@ -127,7 +144,8 @@ def test_expand_scales_columns_and_keeps_scalars():
                        upd2=[[0.0, 0.0]], raw2=[[2.0, 4.0]], selected=[[1.0, 1.0]])
     out = sample.expand(meas)
     factors = [p.factor for p in sample.parts]
-    assert out.err2 == [[1.0 * factors[0], 2.0 * factors[1]]] and out.elements == 65027
+    assert out.err2 == [[1.0, 2.0]] and out.elements == N  # (error terms come weighted by layer: Groups.sums)
+    assert out.selected == [factors]
     assert [r[0].elements for r in out.records[0]] == [round(10 * f) for f in factors]
     assert [r[1].elements for r in out.records[0]] == [1, 1]  # a worker's count is one number, sampled or not
 

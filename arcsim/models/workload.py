@@ -192,17 +192,21 @@ def _workload(source: ModelSource, batch: int, spec: DataSpec | None, data: str 
                                     "model": source.ref if source.entry else source.identity(), "batch": batch,
                                     "spec": dataclasses.asdict(spec) if spec else
                                     data.tree if isinstance(data, RecordedInput) else data})
+    line = _LINES.setdefault((source, spec, data), BatchLine()) if spec is not None else BatchLine()
     kept = cache_read(name)
     if kept is not None:
         try:
-            return _workload_from(kept)
+            work = _workload_from(kept)
         except (TypeError, KeyError, ValueError, AttributeError):  # a damaged entry is a miss
             pass
-    line = _LINES.setdefault((source, spec, data), BatchLine()) if spec is not None else BatchLine()
-    work = line.at(batch)
-    if work is None:
-        work = _count(source, batch, spec, data)
-        line.add(work)
+        else:
+            line.add(work)  # (counted, by this process or another)
+            return work
+    derived = line.at(batch)
+    if derived is not None:
+        return derived  # (kept in memory only: what is on disk was counted)
+    work = _count(source, batch, spec, data)
+    line.add(work)
     cache_write(name, _workload_to(work))
     return work
 

@@ -20,8 +20,9 @@ from arcsim.run.measure import Measurement
 from arcsim.run.sampling import BucketSample
 from arcsim.strategy.buckets import Bucket
 
-VERSION = 4  # bump when what a measurement holds changes (or, up to ties, how it is measured); 4: node-aware
-#             slices cut at row boundaries (their measurements from before are of other slices)
+VERSION = 5  # bump when what a measurement holds changes (or, up to ties, how it is measured); 4: node-aware
+#             slices cut at row boundaries (their measurements from before are of other slices); 5: a layer
+#             sample's error terms weighted layer by layer, and its groups' sums with the exact part
 
 
 def trace_hash(path: Path) -> str:

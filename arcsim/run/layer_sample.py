@@ -7,15 +7,16 @@ same in each row — and runs of ROW_1D elements of a 1-D one. So every layer is
 every row: a per-layer k, ARC-Top-K's rows per layer, 1-bit Adam's per-tensor scales keep their meaning, and an
 embedding's or output layer's few heavy token rows are in the sample (sampling rows instead missed them: the
 output layer's ‖ḡ‖² came out at a third of its value on LLaMA-60M). Each step's sampled columns are gathered once
-and every measurement compresses them, error feedback and all. A bucket's err², ref², ‖ḡ‖², update error and
-elements selected are the sample's times its expansion factor (elements / sampled elements); its messages the
-sample's with every per-element part grown by that factor, ARC-Top-K's sketch (a few numbers per row) by the
-rows' (1 where every row is kept), a per-worker or per-layer scalar (arcsim.comm.log.FIXED_TAGS) as it is. The
-sampled lines fall in GROUPS random groups, and each measurement keeps err² and ref² per group, so the error's
-interval adds the sampling's (random groups: (1 − f) Σ_g (R_g − R)² / (G (G − 1)), Student's t on G − 1 degrees
-of freedom) to the spread over steps. What that interval does not hold: a compressor's behaviour on fewer
-elements — a k of a few elements per layer rounds, Gaussian-K's threshold search settles elsewhere — measured
-against --exact in docs/run.md.
+and every measurement compresses them, error feedback and all. A layer keeps at least one line, so a small one
+is sampled at a larger share than the bucket's: each sampled element is weighted by its own layer's elements over
+its sampled ones, and a bucket's err², ref², update error and ‖ḡ‖² are those weighted sums (a layer kept whole
+counts once, exactly); its elements selected and messages are the sample's grown by the bucket's elements over
+its sampled ones — ARC-Top-K's sketch (a few numbers per row) by the rows', a per-worker or per-layer scalar
+(arcsim.comm.log.FIXED_TAGS) as it is. The sampled lines fall in GROUPS random groups, and each measurement keeps
+err² and ref² per group, so the error's interval adds the sampling's (random groups, :func:`groups_half_width`) to
+the spread over steps. What that interval does not hold: a compressor's behaviour on fewer elements — a k of a few
+elements per layer rounds, Gaussian-K's threshold search settles elsewhere — measured against --exact in
+docs/run.md.
 """
 
 from __future__ import annotations
@@ -43,7 +44,6 @@ MIN_BUCKET_SHARE = 1e-3  # … keeping at least this share of it in every bucket
 MIN_STRIDE = 2.0      # a sample that would keep more than half of the elements is not taken
 ROW_1D = 64           # a 1-D layer's rows: runs of this many elements (ARC-Top-K's block)
 GROUPS = 8            # random groups of the sampled lines (columns, 1-D runs), for the sampling's interval
-SCALED_COLUMNS = ("err2", "ref2", "upd2", "raw2", "selected")
 
 
 def takes_layer_sample(compressor: str, options: Mapping[str, Any]) -> bool:
@@ -100,7 +100,7 @@ def _sample_layer(layer: Layer, share: float, rng: np.random.Generator, at: int
         lines = layer.numel // length
     else:
         lines, length = rows_of(layer)
-    keep = lines if share >= 1 else max(1, round(lines * share))
+    keep = lines if share >= 1 else min(lines, max(1, round(lines * share)))
     chosen = rng.choice(lines, keep, replace=False) if keep < lines else np.arange(lines)
     group = (np.arange(keep) + int(rng.integers(GROUPS))) % GROUPS  # (the lines come in a random order)
     order = np.lexsort((chosen, group))  # group by group, each group's lines in their order
@@ -137,11 +137,16 @@ class LayerSample:
             share = 1.0 if own < MIN_STRIDE else 1 / own
             layers, index, pieces, start = [], [], [], at
             for j, layer in enumerate(b.layers):
+                if layer.numel == 0:  # (nothing to sample, nothing to send)
+                    layers.append(Layer(layer.name, layer.shape, at))
+                    continue
                 rng = np.random.default_rng([seed, b.index, j])
                 small, got, columns = _sample_layer(layer, share, rng, at)
                 layers.append(small)
                 index.append(got)
-                pieces.append((at - start, at - start + small.numel, columns.size, columns))
+                whole = small.numel == layer.numel
+                pieces.append((at - start, at - start + small.numel, columns.size, None if whole else columns,
+                               layer.numel / small.numel))
                 at += small.numel
             parts.append(SampledBucket(Bucket(b.index, tuple(layers), start, at, b.ready_s), np.concatenate(index),
                                        Groups(tuple(pieces)), b.numel, sum(rows_of(la)[0] for la in b.layers)))
@@ -196,13 +201,14 @@ class LayerSample:
             if b > a:
                 out[:, torch.from_numpy(order[a:b])] = chunk[:, torch.from_numpy(wanted[a:b] - lo)].float()
             lo = hi
+        if wanted.size and lo <= wanted[-1]:
+            raise ValueError(f"the chunks end at column {lo}, before the sample's last ({wanted[-1]})")
         return out
 
     def expand(self, meas: Measurement) -> Measurement:
         """``meas``, measured on the sample, as the whole buckets' estimate (see the module's docstring)."""
-        factors = [p.factor for p in self.parts]
-        for name in SCALED_COLUMNS:
-            setattr(meas, name, [[v * f for v, f in zip(row, factors, strict=True)] for row in getattr(meas, name)])
+        factors = [p.factor for p in self.parts]  # (err², ref², update error and ‖ḡ‖² came weighted by layer)
+        meas.selected = [[v * f for v, f in zip(row, factors, strict=True)] for row in meas.selected]
         meas.records = [[[grown(r, p) for r in recs] for recs, p in zip(step, self.parts, strict=True)]
                         for step in meas.records]
         meas.elements = self.elements
@@ -212,21 +218,31 @@ class LayerSample:
 
 @dataclass(frozen=True, eq=False)
 class Groups:
-    """Which group each element of a small bucket is in, layer by layer: (lo, hi, width, groups) — the elements
-    lo:hi are rows of ``width`` columns, column c in group ``groups[c]`` (a 1-D layer: one row)."""
+    """Which group each element of a small bucket is in, and what it stands for, layer by layer: (lo, hi, width,
+    groups, weight) — the elements lo:hi are rows of ``width`` columns, column c in group ``groups[c]`` (a 1-D
+    layer: one row), each standing for ``weight`` elements of the whole layer (its elements over its sampled ones;
+    a layer kept whole: weight 1 and groups None, the exact part)."""
 
-    pieces: tuple[tuple[int, int, int, np.ndarray], ...]
+    pieces: tuple[tuple[int, int, int, np.ndarray | None, float], ...]
 
     def sums(self, values: torch.Tensor) -> list[float]:
-        """The sums of ``values`` (one per element of the small bucket, any shape) over each group."""
+        """The whole bucket's estimates of Σ ``values`` (one per element of the small bucket, any shape) from each
+        group's elements, weighted by what each stands for; last, the exact part (the layers kept whole)."""
         import torch
 
         flat = values.reshape(-1)
-        out = np.zeros(GROUPS)
-        for lo, hi, width, groups in self.pieces:
+        out = np.zeros(GROUPS + 1)
+        for lo, hi, width, groups, weight in self.pieces:
+            if groups is None:
+                out[GROUPS] += float(flat[lo:hi].sum(dtype=torch.float64))
+                continue
             columns = flat[lo:hi].view(-1, width).sum(dim=0, dtype=torch.float64).cpu().numpy()
-            out += np.bincount(groups, columns, GROUPS)
+            out[:GROUPS] += weight * np.bincount(groups, columns, GROUPS)
         return out.tolist()
+
+    def total(self, values: torch.Tensor) -> float:
+        """The whole bucket's estimate of Σ ``values``."""
+        return float(sum(self.sums(values)))
 
 
 def grown(r: CommRecord, part: SampledBucket) -> CommRecord:
@@ -240,17 +256,19 @@ def grown(r: CommRecord, part: SampledBucket) -> CommRecord:
 
 def groups_half_width(err2_parts: Any, ref2_parts: Any, fraction: float, confidence: float = 0.95) -> float | None:
     """The half-width of Σ err² / Σ ref²'s ``confidence`` interval from a random-groups sample: ``err2_parts`` and
-    ``ref2_parts`` are [..., G] sums per group (any leading axes: steps, buckets), ``fraction`` the share of the
-    rows sampled (finite-population correction). None where fewer than two groups hold anything."""
+    ``ref2_parts`` are [..., G + 1] (any leading axes: steps, buckets), each group's estimate of the sampled part's
+    sum over G, then the exact part (:meth:`Groups.sums`); group g alone estimates the ratio as
+    (exact + G·e_g) / (exact + G·r_g), and the spread of those estimates is the sampling's (with the finite-population
+    correction 1 − ``fraction``). None where fewer than two groups hold anything."""
     from scipy.special import stdtrit
 
-    e = np.asarray(err2_parts, dtype=float).reshape(-1, GROUPS).sum(axis=0)
-    r = np.asarray(ref2_parts, dtype=float).reshape(-1, GROUPS).sum(axis=0)
-    held = r > 0
+    e = np.asarray(err2_parts, dtype=float).reshape(-1, GROUPS + 1).sum(axis=0)
+    r = np.asarray(ref2_parts, dtype=float).reshape(-1, GROUPS + 1).sum(axis=0)
+    held = r[:GROUPS] > 0
     if held.sum() < 2:
         return None
     ratio = float(e.sum() / r.sum())
-    per_group = e[held] / r[held]
+    per_group = (e[GROUPS] + GROUPS * e[:GROUPS][held]) / (r[GROUPS] + GROUPS * r[:GROUPS][held])
     g = per_group.size
     variance = (1 - fraction) * float(((per_group - ratio) ** 2).sum()) / (g * (g - 1))
     return float(stdtrit(g - 1, 0.5 + confidence / 2) * math.sqrt(variance))
@@ -259,7 +277,7 @@ def groups_half_width(err2_parts: Any, ref2_parts: Any, fraction: float, confide
 def describe_layer_sample(sampled: dict[str, Any], buckets: int) -> str:
     """A sentence on the sample, for the run's assumptions."""
     return (f"SAMPLED: large measurements compressed a random {sampled['sampled_fraction']:.1%} of every layer "
-            f"(1 in {sampled['stride']:.1f} of its columns, every row kept; of a 1-D layer, runs of {ROW_1D} "
+            f"(up to 1 in {sampled['stride']:.1f} of its columns, every row kept; of a 1-D layer, runs of {ROW_1D} "
             f"elements; each of the {buckets} buckets on its own), each bucket's error terms and messages scaled up "
             "by its elements over its sampled ones (per-worker and per-layer scalars as they are); errors are "
             f"estimates and their ± includes the sampling ({sampled['groups']} random groups of columns); "

@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import functools
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -179,6 +179,7 @@ class GradientStats:
         self._means: dict[tuple[int, int], torch.Tensor] = {}
         self._norms: dict[tuple[int, int], torch.Tensor] = {}
         self._mean2: dict[tuple[int, int], float] = {}
+        self._kept: dict[tuple[Any, ...], Any] = {}
         self._floats: dict[tuple[int, int], torch.Tensor] = {}
         self._nested: dict[tuple[int, int], tuple[NestedTopK, int]] = {}  # the sets, and the bytes set aside
         self.densities = tuple(d for d in densities if 0 < d < 1)
@@ -233,6 +234,13 @@ class GradientStats:
         if (step, bucket) not in self._mean2:
             self._mean2[step, bucket] = float(self.mean(step, bucket, x).pow(2).sum())
         return self._mean2[step, bucket]
+
+    def kept(self, key: tuple[Any, ...], compute: Callable[[], Any]) -> Any:
+        """``compute()``, kept under ``key`` for the other measurements of the same gradients (a scalar or a short
+        list: nothing model-sized)."""
+        if key not in self._kept:
+            self._kept[key] = compute()
+        return self._kept[key]
 
     def norms(self, step: int, bucket: int, x: torch.Tensor) -> torch.Tensor:
         if (step, bucket) not in self._norms:
@@ -395,12 +403,13 @@ class BucketedCompression:
                 mean = mean_g if raw else u.mean(dim=0, keepdim=True) if res.reference is None else res.reference
                 if self.parts is None:
                     seen["err2"] = float((res.aggregate.float() - mean).pow(2).sum())
-                else:
-                    wrong = (res.aggregate.float() - mean).pow(2)
-                    seen["err2"] = float(wrong.sum())
-                    seen["err2_parts"] = self.parts[index].sums(wrong)
-                    seen["ref2_parts"] = self.parts[index].sums(mean.pow(2))
-                seen["ref2"] = stats.mean2(step, index, x) if raw else float(mean.pow(2).sum())
+                    seen["ref2"] = stats.mean2(step, index, x) if raw else float(mean.pow(2).sum())
+                else:  # a layer sample: each element weighted by what it stands for
+                    groups = self.parts[index]
+                    seen["err2_parts"] = groups.sums((res.aggregate.float() - mean).pow(2))
+                    seen["ref2_parts"] = stats.kept(("ref2 parts", step, index), lambda: groups.sums(mean.pow(2))) \
+                        if raw else groups.sums(mean.pow(2))
+                    seen["err2"], seen["ref2"] = sum(seen["err2_parts"]), sum(seen["ref2_parts"])
                 norms = stats.norms(step, index, x) if raw else u.norm(dim=1).clamp_min(1e-30)
                 seen["gain"] = float((res.contribution.norms(u.shape[1]) / norms).mean())
                 seen["selected"] = float(res.selected.float().mean())
@@ -410,13 +419,15 @@ class BucketedCompression:
             comp.raw = None
             kept.extend([out] if updates else [])
             if not seen:  # sent dense this step (EF21's first step): exact
-                seen = {"err2": 0.0, "ref2": stats.mean2(step, b.index, x), "gain": 1.0, "selected": float(b.numel)}
+                seen = {"err2": 0.0, "ref2": self._raw2(stats, step, b.index, x, mean_g), "gain": 1.0,
+                        "selected": float(b.numel)}
                 if self.parts is not None:
-                    seen["err2_parts"] = [0.0] * GROUPS
+                    seen["err2_parts"] = [0.0] * (GROUPS + 1)
                     seen["ref2_parts"] = self.parts[b.index].sums(mean_g.pow(2))
             row["records"].append(comm.log.since(mark))
-            row["upd2"].append(float((out.float() - mean_g).pow(2).sum()))
-            row["raw2"].append(stats.mean2(step, b.index, x))
+            wrong = (out.float() - mean_g).pow(2)
+            row["upd2"].append(float(wrong.sum()) if self.parts is None else self.parts[b.index].total(wrong))
+            row["raw2"].append(self._raw2(stats, step, b.index, x, mean_g))
             if b.index not in self.one_rank:
                 self.one_rank[b.index] = float("nan") if not self.timed else self._timed(
                     x, self.compressor, self.density, self.memory, self.seed + b.index, self.options,
@@ -426,6 +437,13 @@ class BucketedCompression:
                 row[key].append(seen[key])
         return kept, row
 
+    def _raw2(self, stats: GradientStats, step: int, index: int, x: torch.Tensor, mean_g: torch.Tensor) -> float:
+        """‖ḡ‖² of a bucket (on a layer sample, the whole bucket's estimate: each element weighted)."""
+        if self.parts is None:
+            return stats.mean2(step, index, x)
+        groups = self.parts[index]
+        return stats.kept(("raw2", step, index), lambda: groups.total(mean_g.pow(2)))
+
     def _node_aware(self, step: int, b: Bucket, x: torch.Tensor, stats: GradientStats, row: dict[str, list],
                     final: bool) -> torch.Tensor:
         """One bucket compressed node-aware (arcsim.compressors.hierarchy); its row entries appended."""
@@ -434,13 +452,17 @@ class BucketedCompression:
         out, records, st = node.step(x, step, final)
         reference = st.compressed_mean()
         row["records"].append(records)
-        row["err2"].append(float((out - reference).pow(2).sum()))
-        if self.parts is not None:
+        if self.parts is None:
+            row["err2"].append(float((out - reference).pow(2).sum()))
+            row["ref2"].append(float(reference.pow(2).sum()))
+            row["upd2"].append(float((out - mean_g).pow(2).sum()))
+        else:  # a layer sample: each element weighted by what it stands for
             row["err2_parts"].append(self.parts[b.index].sums((out - reference).pow(2)))
             row["ref2_parts"].append(self.parts[b.index].sums(reference.pow(2)))
-        row["ref2"].append(float(reference.pow(2).sum()))
-        row["upd2"].append(float((out - mean_g).pow(2).sum()))
-        row["raw2"].append(stats.mean2(step, b.index, x))
+            row["err2"].append(sum(row["err2_parts"][-1]))
+            row["ref2"].append(sum(row["ref2_parts"][-1]))
+            row["upd2"].append(self.parts[b.index].total((out - mean_g).pow(2)))
+        row["raw2"].append(self._raw2(stats, step, b.index, x, mean_g))
         row["gain"].append(st.gain)
         row["selected"].append(float(st.selected.mean()))
         if b.index not in self.one_rank:  # one rank's work: its slice, as priced (n / G of the priced node)
