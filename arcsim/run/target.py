@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Literal
-
-import pandas as pd
+from typing import TYPE_CHECKING, Any, Literal
 
 from arcsim.errors import ArcsimError
+
+if TYPE_CHECKING:
+    import pandas as pd  # (only typed here: a run without --history does not pay its 0.5 s import)
 
 
 @dataclass(frozen=True)
