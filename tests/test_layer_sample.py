@@ -131,6 +131,7 @@ def test_a_sampled_run_says_so_and_is_cached_apart(runs):
     assert not any(n.startswith("SAMPLED") for n in exact.result.assumptions)  # type: ignore[attr-defined]
     shown = report.sampling(sampled.result)  # type: ignore[attr-defined]
     assert shown is not None and 0 < shown["elements_fraction"] < 0.5 and shown["layers"]["groups"] == GROUPS
+    assert "buckets" not in shown  # PowerSGD and QSGD measured whole: the shipped trace's one bucket has no sample
     assert report.sampling(exact.result) is None  # type: ignore[attr-defined]
 
 

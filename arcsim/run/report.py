@@ -101,19 +101,22 @@ def write_csv(result: RunResult, path: Path) -> None:
 
 def sampling(result: RunResult) -> dict[str, Any] | None:
     """The bucket sample the run's measurements at --density were taken on (arcsim.run.sampling), with the
-    fraction of buckets and of elements it holds, or the layer sample (arcsim.run.layer_sample: ``layers``, its
-    stride, groups and ``elements_fraction``); None: every element measured."""
+    fraction of buckets and of elements it holds; or the layer sample (arcsim.run.layer_sample: ``layers``, its
+    stride, groups and ``elements_fraction``), with the bucket sample of those measured whole, if any, as
+    ``buckets``; None: every element measured."""
     measured = [c.measurement for c in result.candidates if c.measurement is not None]
-    layers = next((m.layer_sample for m in measured if m.layer_sample is not None), None)
-    if layers is not None:
-        return {"layers": layers, "elements_fraction": layers["sampled_fraction"]}
     sample = next((m.sample for m in measured if m.sample is not None), None)
-    if sample is None:
-        return None
-    buckets = result.ctx.buckets
-    got = sum(buckets[i].numel for i in sample["measured"])
-    return {**sample, "buckets_fraction": len(sample["measured"]) / len(buckets),
-            "elements_fraction": got / sum(b.numel for b in buckets)}
+    chosen = None
+    if sample is not None:
+        buckets = result.ctx.buckets
+        got = sum(buckets[i].numel for i in sample["measured"])
+        chosen = {**sample, "buckets_fraction": len(sample["measured"]) / len(buckets),
+                  "elements_fraction": got / sum(b.numel for b in buckets)}
+    layers = next((m.layer_sample for m in measured if m.layer_sample is not None), None)
+    if layers is None:
+        return chosen
+    return {"layers": layers, "elements_fraction": layers["sampled_fraction"],
+            **({"buckets": chosen} if chosen is not None else {})}
 
 
 def render(result: RunResult, console: Console, every_collective: bool = False) -> None:
