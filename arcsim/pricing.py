@@ -254,7 +254,7 @@ class Pricer:
 PriceKey = tuple[str, str, float, str, bool]  # (op, algorithm asked, bytes per rank, tag, work limits lifted)
 _PRICED: OrderedDict[tuple[str, str], dict[PriceKey, PricedRecord]] = OrderedDict()
 PRICED_TOPOLOGIES = 512  # topologies whose prices are kept in memory (least recently used dropped first)
-_KEPT: dict[tuple[str, str], int] = {}  # how many prices of a topology the disk held when read (or last written)
+_KEPT: dict[tuple[str, str], int] = {}  # how many untagged prices of a topology the disk held when read (or written)
 _KEEPER: list[int] = []  # the process that keeps prices on disk at its exit (not a forked child)
 
 
@@ -328,14 +328,14 @@ def keep_prices() -> None:
         return
     wrote = False
     for key, cache in list(_PRICED.items()):
-        if len(cache) <= _KEPT.get(key, 0):
-            continue
         rows = [[op, asked, size, free, r.algo, r.bytes, r.time_s, r.protocol]
                 for (op, asked, size, tag, free), r in cache.items() if not tag]
+        if len(rows) <= _KEPT.get(key, 0):  # (a tagged copy of a kept price is no new price)
+            continue
         with contextlib.suppress(ArcsimError, OSError):
             cache_write(_prices_name(key), {"topology": key[0], "prices": rows}, quiet=True, trim=False)
             wrote = True
-        _KEPT[key] = len(cache)
+        _KEPT[key] = len(rows)
     if wrote:
         with contextlib.suppress(ArcsimError, OSError):
             trim_cache()

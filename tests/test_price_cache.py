@@ -33,6 +33,10 @@ def test_a_later_process_reads_the_prices_an_earlier_one_kept(fresh, monkeypatch
     pricing.keep_prices()
     kept = [p for p in files.cache_entries() if p.name.startswith(pricing.PRICES_PREFIX)]
     assert len(kept) == 1
+    Pricer(topo).price("allreduce", 1e6, tag="values")  # a tagged copy of a kept price: nothing new to write
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(files, "cache_write", lambda *a, **k: pytest.fail("written again with nothing new"))
+        pricing.keep_prices()
     monkeypatch.setattr(pricing, "_PRICED", pricing.OrderedDict())  # as a new process starts
     monkeypatch.setattr(pricing, "price_collective", lambda *a, **k: pytest.fail("priced again"))
     assert prices(topo) == first

@@ -424,7 +424,7 @@ class Analysis:
         sample of small layers), or where the trace is small."""
         if not self._layer_sample_planned:
             t = self.trace
-            if not (self.cfg.exact or not isinstance(t, Trace) or self.timed or self.params is not None):
+            if isinstance(t, Trace) and not (self.cfg.exact or self.timed or self.params is not None):
                 self._layer_sample = LayerSample.plan(self.ctx.buckets, t.workers * t.elements * t.steps,
                                                   sample_threshold(), self.cfg.seed)
             self._layer_sample_planned = True

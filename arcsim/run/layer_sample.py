@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from arcsim.catalog import INFO
 from arcsim.comm.log import FIXED_TAGS, ROOT_TAGS, CommRecord, resized
 from arcsim.compressors.layout import Layer
 from arcsim.strategy.buckets import Bucket
@@ -51,8 +52,6 @@ def takes_layer_sample(compressor: str, options: Mapping[str, Any]) -> bool:
     follows the whole tensor's size — PowerSGD (a sample of a matrix's columns is another matrix, of another
     rank's worth) and QSGD with one norm per bucket (its rounding noise grows as √n: on the shipped CNN a 1-in-5
     sample gave 0.028 for an error of 0.064); QSGD in blocks (``block``) is sampled."""
-    from arcsim.catalog import INFO
-
     if INFO[compressor].selection == "low-rank":
         return False
     return compressor != "qsgd" or int(options.get("block", 0)) > 0
@@ -190,7 +189,7 @@ class LayerSample:
         """The sampled columns [workers, sampled] of a step read as consecutive column chunks (in order, from 0)."""
         import torch
 
-        index = np.concatenate([p.index for p in self.parts])
+        index = self.index.numpy()
         order = np.argsort(index, kind="stable")
         wanted = index[order]
         out = torch.empty(workers, wanted.size, dtype=torch.float32)
