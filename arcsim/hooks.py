@@ -37,7 +37,8 @@ import torch.distributed as dist
 from arcsim.catalog import memory_for, options_for
 from arcsim.comm import Communicator
 from arcsim.comm.distributed import DistributedComm, InNodeComm
-from arcsim.compressors.hierarchy import in_node_records, slice_bounds, slice_layout, slice_seed
+from arcsim.compressors.grouping import slice_bounds, slice_layout, slice_seed
+from arcsim.compressors.hierarchy import in_node_records
 from arcsim.compressors.layout import Layer
 from arcsim.compressors.memory import Memory, make_memory
 from arcsim.compressors.registry import Compressor, make_compressor
@@ -45,7 +46,7 @@ from arcsim.errors import ArcsimError
 from arcsim.files import atomic_path
 from arcsim.strategy.plan import BucketPlan
 from arcsim.topology import splits_into_nodes
-from arcsim.traces.format import TORCH_DTYPES
+from arcsim.traces.format import DTYPES, as_torch_dtype
 
 
 @dataclass
@@ -301,8 +302,8 @@ class RecordingState:
         wanted = list(steps)
         if not wanted or len(set(wanted)) != len(wanted) or not all(isinstance(s, int) and s >= 0 for s in wanted):
             raise ArcsimError(f"steps {wanted} to record must be step numbers from 0, each once (e.g. (3, 5, 7))")
-        if dtype not in TORCH_DTYPES:
-            raise ArcsimError(f"dtype {dtype!r} to keep the gradients in must be one of {', '.join(TORCH_DTYPES)}")
+        if dtype not in DTYPES:
+            raise ArcsimError(f"dtype {dtype!r} to keep the gradients in must be one of {', '.join(DTYPES)}")
         if ranks is not None:
             world = dist.get_world_size(process_group) if dist.is_initialized() else float("inf")
             if (len(set(ranks)) != len(ranks) or len(ranks) < 2
@@ -376,7 +377,7 @@ def recording_hook(state: RecordingState, bucket: dist.GradBucket) -> torch.futu
         state.forward.setdefault(state.step, state._marks[1] - state._marks[0])
         for p, g in zip(bucket.parameters(), bucket.gradients(), strict=True):
             name = state.names[id(p)]
-            grads[name] = g.detach().reshape(-1).to("cpu", TORCH_DTYPES[state.dtype], copy=True)
+            grads[name] = g.detach().reshape(-1).to("cpu", as_torch_dtype(state.dtype), copy=True)
             ready[name] = now - state._marks[1]
             if name not in state.shapes:
                 state.shapes[name] = list(p.shape)

@@ -2,7 +2,7 @@
 
 Parts (``--parts``, comma-separated):
 - ``compute``: forward, backward and per-parameter gradient-ready times of the zoo's models
-  (arcsim.traces.profile.measure_profile: CUDA events, median of the timed iterations), fp32 and bf16
+  (arcsim.traces.timing.measure_profile: CUDA events, median of the timed iterations), fp32 and bf16
   autocast, at each ``--batches``; one file per case in arcsim's compute-profile format.
 - ``compress``: each compressor's local work for one rank (SoloComm, P = 8; STAR as leader and not),
   CUDA events around ``compress``, median of ``--repeats``: flat vectors of several sizes and every DDP
@@ -35,7 +35,7 @@ from arcsim.compressors.layout import layout_of
 from arcsim.compressors.registry import make_compressor
 from arcsim.models import loss_fn, model_entry
 from arcsim.models.datasets import make_dataset
-from arcsim.traces.profile import measure_profile
+from arcsim.traces.timing import measure_profile
 
 COMPRESSORS = ("dense", "fp16", "topk", "randk", "gaussiank", "arctopk", "star", "var", "powersgd")
 DENSITIES = (0.001, 0.01, 0.1)

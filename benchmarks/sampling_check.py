@@ -64,7 +64,7 @@ def measurements(cache: Path) -> dict[tuple[str, float, int, str], Any]:
     import gzip
 
     from arcsim.comm.log import CommRecord
-    from arcsim.run.measure import Measurement
+    from arcsim.run.measurement import Measurement
 
     known = {f.name for f in dataclasses.fields(Measurement)}
     out = {}

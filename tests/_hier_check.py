@@ -9,7 +9,8 @@ import torch
 import torch.distributed as dist
 from _rank_report import report_and_leave  # a sibling script: its folder is on the path
 
-from arcsim.compressors.hierarchy import Grouping, NodeAware, slice_seed
+from arcsim.compressors.grouping import Grouping, slice_seed
+from arcsim.compressors.hierarchy import NodeAware
 from arcsim.compressors.layout import Layer
 from arcsim.compressors.memory import make_memory
 from arcsim.compressors.registry import NAMES, make_compressor

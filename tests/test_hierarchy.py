@@ -14,7 +14,8 @@ from conftest import multi, rank_reports, run_cli
 
 from arcsim.catalog import INFO
 from arcsim.comm.inprocess import InProcessComm
-from arcsim.compressors.hierarchy import Grouping, NodeAware, group_workers, slice_bounds, slice_layout
+from arcsim.compressors.grouping import Grouping, group_workers, slice_bounds, slice_layout
+from arcsim.compressors.hierarchy import NodeAware
 from arcsim.compressors.layout import Layer, flat_layout
 from arcsim.compressors.memory import make_memory
 from arcsim.compressors.registry import make_compressor

@@ -14,7 +14,7 @@ from arcsim.run import report
 from arcsim.run.analysis import Analysis
 from arcsim.run.config import RunConfig
 from arcsim.run.layer_sample import GROUPS, ROW_1D, LayerSample, groups_half_width
-from arcsim.run.measure import Measurement
+from arcsim.run.measurement import Measurement
 from arcsim.strategy.buckets import make_buckets
 
 LAYERS = [Layer("embed", (1000, 64), 0), Layer("bias", (300,), 64000), Layer("conv", (20, 4, 3, 3), 64300),

@@ -122,7 +122,7 @@ def _mix_case(second_bucket_s: float):
     from arcsim.compressors.layout import Layer
     from arcsim.run.candidates import Candidate, Context
     from arcsim.run.compute import ComputeTimes
-    from arcsim.run.measure import Measurement
+    from arcsim.run.measurement import Measurement
     from arcsim.run.policies import by_time_to_target
     from arcsim.strategy.buckets import Bucket
 

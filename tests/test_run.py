@@ -370,12 +370,16 @@ def test_a_compressor_off_its_requested_density_is_said_once():
 
 
 def test_a_second_run_reads_the_measurements_from_the_cache_and_answers_the_same(tmp_path):
+    """… and, every measurement cached, prices without loading torch (its import is half a cached run's time)."""
     env = {"ARCSIM_CACHE_DIR": str(tmp_path / "cache")}
     first, second = tmp_path / "a.json", tmp_path / "b.json"
     args = ("run", "-c", "dense,topk,arctopk", "--ratios", "0.01", "--policy", "none")
     assert run_cli(*args, "--json", str(first), env=env).returncode == 0
-    again = run_cli(*args, "-t", "8x8-ib400x8", "--library", "gloo", "--json", str(second), env=env)
+    again = run_cli(*args, "-t", "8x8-ib400x8", "--library", "gloo", "--json", str(second),
+                    env={**env, "PYTHONPROFILEIMPORTTIME": "1"})  # each module imported, on standard error
     assert again.returncode == 0, again.stderr
+    imported = {line.rsplit("|", 1)[-1].strip() for line in again.stderr.splitlines() if line.startswith("import time")}
+    assert "arcsim.run.analysis" in imported and "torch" not in imported
     a, b = json.loads(first.read_text()), json.loads(second.read_text())
     assert any("were cached from an earlier run" in note for note in b["assumptions"])
     assert not any("cached" in note for note in a["assumptions"])
@@ -394,7 +398,7 @@ def test_error_interval_over_steps_and_the_eligibility_it_cannot_settle():
     A limit inside a candidate's interval is reported unsettled, one outside is not."""
     from arcsim.run.candidates import Candidate
     from arcsim.run.decisions import unsettled
-    from arcsim.run.measure import Measurement
+    from arcsim.run.measurement import Measurement
 
     m = Measurement("topk", 0.01, "ef14", 10, err2=[[0.5, 0.5], [1.0, 1.0], [1.5, 1.5]], ref2=[[5, 5]] * 3)
     lo, hi = m.rel_error_interval()

@@ -124,7 +124,7 @@ def test_cli_exact_flag(tmp_path, forced):
 def test_sampling_half_width_is_the_stratified_ratio_estimators():
     from scipy.stats import t as student_t
 
-    from arcsim.run.measure import Measurement
+    from arcsim.run.measurement import Measurement
 
     e_m, r_m = [1.0, 2.0, 4.0], [10.0, 10.0, 20.0]  # buckets 0 (alone), 1 and 3 of the stratum 1–4 measured
     err2 = [[e_m[0], e_m[1], 3.0, e_m[2], 3.0]]      # 2 and 4: the measured mean of their stratum

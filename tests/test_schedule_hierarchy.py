@@ -8,7 +8,7 @@ import pytest
 import torch
 from conftest import run_cli
 
-from arcsim.compressors.hierarchy import group_workers
+from arcsim.compressors.grouping import group_workers
 from arcsim.network_schedule import NetworkSchedule, Phase
 from arcsim.run.measure import BucketedCompression
 from arcsim.run.target import Target

@@ -271,7 +271,7 @@ def test_quantised_reduce_scatter_is_priced_at_the_bytes_its_codec_sends() -> No
     and the emulated cluster's HSDP layout cuts a unit's reduce-scatter input where FSDP2 cuts it."""
     import torch
 
-    from arcsim.compressors.hierarchy import slice_bounds
+    from arcsim.compressors.grouping import slice_bounds
     from arcsim.compressors.sharded import Codec
     from arcsim.sharding.emulated_compressed import compare, shard_layout
 

@@ -19,9 +19,10 @@ from arcsim.models.datasets import make_dataset
 from arcsim.models.dataspec import DataSpec
 from arcsim.traces.capture import CaptureConfig, capture
 from arcsim.traces.format import SCHEMA_VERSION, TraceError, TraceWriter, open_trace
-from arcsim.traces.profile import ComputeProfile, measure_profile
+from arcsim.traces.profile import ComputeProfile
 from arcsim.traces.resolve import DEFAULT_TRACE_NAME, resolve_trace, shipped_traces_dir
 from arcsim.traces.stats import step_stats
+from arcsim.traces.timing import measure_profile
 
 REFERENCE_SPECS = {"synthetic-images": DataSpec("image", (3, 224, 224), 1000),
                    "synthetic-tokens": DataSpec("tokens", (128,), 50257),

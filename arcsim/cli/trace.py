@@ -99,7 +99,7 @@ def trace_profile(model: str, model_args: tuple[str, ...], data: str | None, dat
                   device: str, repeats: int, warmup: int, bf16: bool, input_size: int | None, out: str) -> None:
     """Measure forward and per-layer backward timings on a device, without storing gradients."""
     from arcsim.models.source import model_source
-    from arcsim.traces.profile import measure_profile
+    from arcsim.traces.timing import measure_profile
 
     if not out.endswith(".json"):
         raise ArcsimError(f"--out {out}: a compute profile is a .json file")

@@ -30,7 +30,8 @@ from pathlib import Path
 import numpy as np
 
 from arcsim.devices.catalog import DEVICE_DIR, HALF, Device
-from arcsim.models.workload import OP_CLASSES, Workload, count_workload
+from arcsim.models.operations import OP_CLASSES, Workload
+from arcsim.models.workload import count_workload
 from arcsim.traces.profile import PROFILE_DIR, ComputeProfile, LayerTiming, load_profile
 
 FIT_FILE = DEVICE_DIR / "efficiency.json"

@@ -9,21 +9,56 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-
-import torch
-import torch.nn.functional as F
-from torch import nn
+from typing import TYPE_CHECKING
 
 from arcsim.models.dataspec import DatasetError, DataSpec
-from arcsim.models.gpt import GPT
-from arcsim.models.llama import LLAMA_SHAPES, llama
-from arcsim.models.resnet import resnet18, resnet50
-from arcsim.models.small import MLP, SmallCNN
-from arcsim.models.vit import vit_b_16
+from arcsim.models.llama_shapes import LLAMA_SHAPES
+
+if TYPE_CHECKING:  # the model classes (and torch) load when a model is built, not when the zoo is read
+    import torch
+    from torch import nn
+
+
+def _mlp(spec: DataSpec, **options: int) -> nn.Module:
+    from arcsim.models.small import MLP
+
+    return MLP(math.prod(spec.shape), spec.classes, **options)
+
+
+def _cnn(spec: DataSpec) -> nn.Module:
+    from arcsim.models.small import SmallCNN
+
+    return SmallCNN(spec.shape[0], spec.shape[1], spec.classes)
+
+
+def _resnet(depth: int) -> Callable[[DataSpec], nn.Module]:
+    def build(spec: DataSpec) -> nn.Module:
+        from arcsim.models.resnet import resnet18, resnet50
+
+        return (resnet18 if depth == 18 else resnet50)(spec.shape[0], spec.classes)
+
+    return build
+
+
+def _vit(spec: DataSpec) -> nn.Module:
+    from arcsim.models.vit import vit_b_16
+
+    return vit_b_16(spec.shape[1], spec.shape[0], spec.classes)
+
+
+def _gpt(spec: DataSpec) -> nn.Module:
+    from arcsim.models.gpt import GPT
+
+    return GPT(spec.classes)
 
 
 def _llama_builder(name: str) -> Callable[[DataSpec], nn.Module]:
-    return lambda spec: llama(name, spec.classes)
+    def build(spec: DataSpec) -> nn.Module:
+        from arcsim.models.llama import llama
+
+        return llama(name, spec.classes)
+
+    return build
 
 
 @dataclass(frozen=True)
@@ -50,20 +85,20 @@ class ModelEntry:
 
 MODELS: dict[str, ModelEntry] = {e.name: e for e in (
     ModelEntry("mlp", ("vector", "image"), "mnist1d", 0.05, 32, None,
-               lambda s: MLP(math.prod(s.shape), s.classes), "MLP, two hidden layers of 128"),
+               _mlp, "MLP, two hidden layers of 128"),
     ModelEntry("mlp_wide", ("vector", "image"), "digits", 0.05, 32, None,
-               lambda s: MLP(math.prod(s.shape), s.classes, hidden=1024),
+               lambda s: _mlp(s, hidden=1024),
                "MLP, two hidden layers of 1024 (≈1.1 M parameters on digits: a network-bound validation case)"),
     ModelEntry("cnn", ("image",), "digits", 0.05, 32, None,
-               lambda s: SmallCNN(s.shape[0], s.shape[1], s.classes), "small CNN: two 3×3 convs, pool, two fc"),
+               _cnn, "small CNN: two 3×3 convs, pool, two fc"),
     ModelEntry("resnet18", ("image",), "synthetic-images", 0.05, 4, 11_689_512,
-               lambda s: resnet18(s.shape[0], s.classes), "ResNet-18 (torchvision layout)"),
+               _resnet(18), "ResNet-18 (torchvision layout)"),
     ModelEntry("resnet50", ("image",), "synthetic-images", 0.05, 4, 25_557_032,
-               lambda s: resnet50(s.shape[0], s.classes), "ResNet-50 (torchvision layout, v1.5)"),
+               _resnet(50), "ResNet-50 (torchvision layout, v1.5)"),
     ModelEntry("vit_b_16", ("image",), "synthetic-images", 0.01, 2, 86_567_656,
-               lambda s: vit_b_16(s.shape[1], s.shape[0], s.classes), "ViT-B/16 (torchvision layout)"),
+               _vit, "ViT-B/16 (torchvision layout)"),
     ModelEntry("gpt2_small", ("tokens",), "synthetic-tokens", 0.01, 2, 124_439_808,
-               lambda s: GPT(s.classes), "GPT-2-small-shaped decoder, tied embeddings"),
+               _gpt, "GPT-2-small-shaped decoder, tied embeddings"),
     *(ModelEntry(name, ("tokens",), "python-text", 1e-3, 2, reference, _llama_builder(name),
                  f"LLaMA {name.removeprefix('llama_').upper()} (GaLore's C4 configuration: {shape.layers} layers × "
                  f"{shape.hidden}, untied embeddings), AdamW", "adamw")
@@ -80,6 +115,8 @@ def model_entry(name: str) -> ModelEntry:
 
 def loss_fn(kind: str, logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     """Cross-entropy: per example for classification, per position for next-token prediction."""
+    import torch.nn.functional as F
+
     if kind == "tokens":
         return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), target.reshape(-1))
     return F.cross_entropy(logits, target)

@@ -9,24 +9,31 @@ recorded in trace metadata and shown by ``arcsim trace info``.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
-import torch
-import torch.nn.functional as F
 
 from arcsim.models.dataspec import Dataset, DatasetError, DataSpec
 from arcsim.models.text import PythonText
+
+if TYPE_CHECKING:
+    import torch
 
 
 class ArrayDataset(Dataset):
     """A finite real dataset held in memory; batches are sampled without replacement within a batch."""
 
     def __init__(self, x: np.ndarray, y: np.ndarray, x_test: np.ndarray, y_test: np.ndarray, spec: DataSpec) -> None:
+        import torch
+
         self.x, self.y = torch.as_tensor(x, dtype=torch.float32), torch.as_tensor(y, dtype=torch.int64)
         self.x_test = torch.as_tensor(x_test, dtype=torch.float32)
         self.y_test = torch.as_tensor(y_test, dtype=torch.int64)
         self.spec = spec
 
     def draw(self, n: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+        import torch
+
         if n > len(self.x):
             raise DatasetError(f"a global batch of {n} exceeds the {len(self.x)} training examples of {self.name}; "
                                "use fewer workers or a smaller --batch")
@@ -97,6 +104,8 @@ class SyntheticImages(Dataset):
         return DataSpec("image", (3, side, side), classes)
 
     def __init__(self, size: int | None = None, classes: int = 1000, seed: int = 0) -> None:
+        import torch
+
         self.spec = self.spec_for(size, classes)
         side = self.spec.shape[1]
         gen = torch.Generator().manual_seed(seed)
@@ -104,6 +113,9 @@ class SyntheticImages(Dataset):
         self.description = f"seeded synthetic images 3×{side}×{side}, {classes} classes (templates + noise)"
 
     def draw(self, n: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+        import torch
+        import torch.nn.functional as F
+
         y = torch.randint(self.spec.classes, (n,), generator=gen)
         side = self.spec.shape[1]
         x = F.interpolate(self.templates[y], size=(side, side), mode="bilinear", align_corners=False)
@@ -124,12 +136,16 @@ class SyntheticTokens(Dataset):
         return DataSpec("tokens", (length,), vocab)
 
     def __init__(self, size: int | None = None, vocab: int = 50257, seed: int = 0) -> None:
+        import torch
+
         self.spec = self.spec_for(size, vocab)
         length = self.spec.shape[0]
         self.successor = torch.randperm(vocab, generator=torch.Generator().manual_seed(seed))
         self.description = f"seeded synthetic token sequences of {length}, vocabulary {vocab} (Markov chain)"
 
     def draw(self, n: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+        import torch
+
         length, vocab = self.spec.shape[0], self.spec.classes
         seq = torch.empty(n, length + 1, dtype=torch.int64)
         seq[:, 0] = torch.randint(vocab, (n,), generator=gen)

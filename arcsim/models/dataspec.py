@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-
-import torch
+from typing import TYPE_CHECKING
 
 from arcsim.errors import ArcsimError
+
+if TYPE_CHECKING:
+    import torch
 
 
 class DatasetError(ArcsimError):

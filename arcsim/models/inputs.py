@@ -12,14 +12,17 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
 SCALARS = (bool, int, float, str, type(None))
 
 
 def _encode(value: Any) -> Any:
+    import torch  # (torch loads where a recorded input is encoded or built, not where a trace's input is read)
+
     if isinstance(value, torch.Tensor):
         return {"tensor": list(value.shape), "dtype": str(value.dtype).removeprefix("torch.")}
     if isinstance(value, dict):
@@ -30,6 +33,8 @@ def _encode(value: Any) -> Any:
 
 
 def _decode(node: dict[str, Any], recorded: int, batch: int, device: torch.device) -> Any:
+    import torch
+
     if "tensor" in node:
         shape = list(node["tensor"])
         if shape and shape[0] == recorded:
@@ -98,6 +103,8 @@ class RecordedInput:
 
     def example(self, batch: int, device: torch.device | str = "meta") -> tuple[list[Any], dict[str, Any]]:
         """Arguments of the recorded shapes (zeros) at ``batch``: (args, kwargs)."""
+        import torch
+
         raw = json.loads(self.tree)
         recorded, where = self.batch, torch.device(device)
         return _decode(raw["args"], recorded, batch, where), _decode(raw["kwargs"], recorded, batch, where)

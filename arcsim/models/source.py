@@ -30,17 +30,19 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
 import yaml
-from torch import nn
 
 from arcsim.catalog import model_ref_problem
 from arcsim.models import MODELS, ModelEntry, loss_fn
 from arcsim.models.dataspec import DatasetError, DataSpec
 from arcsim.models.inputs import RecordedInput
+
+if TYPE_CHECKING:  # torch loads where a model is built or fed, not where a trace names its model
+    import torch
+    from torch import nn
 
 # a user's model trains, unless told otherwise, as most transformers do
 USER_OPTIMIZER, USER_LR, USER_BATCH = "adamw", 1e-3, 8
@@ -140,6 +142,8 @@ def call_user(fn: Callable[..., Any], args: dict[str, Any], what: str) -> Any:
 
 
 def _is_loss(value: Any) -> bool:
+    import torch
+
     return isinstance(value, torch.Tensor) and value.ndim == 0 and value.is_floating_point()
 
 
@@ -157,6 +161,8 @@ def output_loss(out: Any) -> torch.Tensor | None:
 
 def output_logits(out: Any) -> torch.Tensor | None:
     """The logits in a forward's result: a tensor, ``.logits``, or the first tensor of a tuple."""
+    import torch
+
     if isinstance(out, torch.Tensor) and out.ndim > 0:
         return out
     if isinstance(getattr(out, "logits", None), torch.Tensor):
@@ -168,6 +174,8 @@ def output_logits(out: Any) -> torch.Tensor | None:
 
 def loss_of(result: Any, what: str) -> torch.Tensor:
     """The loss a forward returned (:func:`output_loss`), or one error saying what came back instead."""
+    import torch
+
     loss = output_loss(result)
     if loss is not None:
         return loss
@@ -230,6 +238,8 @@ def takes_targets(model: nn.Module) -> bool:
 
 def _trainable(loss: torch.Tensor, ref: str) -> torch.Tensor:
     """A user model's loss, refused when gradients are wanted and it does not depend on the parameters."""
+    import torch
+
     if torch.is_grad_enabled() and not loss.requires_grad:
         raise ModelError(f"--model {ref} returned a loss that does not depend on its parameters (no gradient flows "
                          "back: detached, computed under no_grad, or from the inputs alone)")
@@ -303,6 +313,8 @@ class ModelSource:
 
     def build(self, spec: DataSpec | None) -> nn.Module:
         """The model (on the current default device), for ``spec`` when it is a zoo model."""
+        from torch import nn
+
         if self.entry is not None:
             if spec is None:
                 raise ModelError(f"{self.ref} is built for a dataset; give --dataset")
@@ -325,6 +337,8 @@ class ModelSource:
         """One forward of a user's model on 2 examples on the meta device (shapes only, nothing computed, no data
         made), so that a forward that raises, or returns neither a loss nor logits, is refused before any data is
         prepared; a forward the meta device cannot run (one that reads values) is left to the real run."""
+        import torch
+
         if self.entry is not None:
             return
         with torch.device("meta"):
@@ -497,6 +511,8 @@ class UserBatches:
 def _part(batch: Any, workers: int, i: int, ref: str) -> Any:
     """Worker ``i``'s slice of every tensor in ``batch`` along its first axis (dicts, tuples and lists kept as they
     are; numbers, strings and None passed whole, as arguments). Anything else cannot be split."""
+    import torch
+
     if isinstance(batch, torch.Tensor):
         if batch.ndim == 0 or batch.shape[0] < workers:
             raise ModelError(f"--data {ref}: a tensor of shape {tuple(batch.shape)} cannot be split over {workers} "
@@ -514,6 +530,8 @@ def _part(batch: Any, workers: int, i: int, ref: str) -> Any:
 
 def _tensors(batch: Any, ref: str) -> Any:
     """The batch with its numpy arrays as torch tensors (sharing their memory)."""
+    import torch
+
     if isinstance(batch, np.ndarray):
         try:
             return torch.from_numpy(batch)
@@ -528,6 +546,8 @@ def _tensors(batch: Any, ref: str) -> Any:
 
 
 def _holds_tensor(batch: Any) -> bool:
+    import torch
+
     if isinstance(batch, dict):
         return any(_holds_tensor(v) for v in batch.values())
     if isinstance(batch, tuple | list):
@@ -536,6 +556,8 @@ def _holds_tensor(batch: Any) -> bool:
 
 
 def to_device(batch: Any, device: torch.device) -> Any:
+    import torch
+
     if isinstance(batch, torch.Tensor):
         return batch.to(device)
     if isinstance(batch, dict):

@@ -17,12 +17,15 @@ import platform
 import sysconfig
 from functools import lru_cache
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
 
 from arcsim.files import atomic_path, cache_dir, writable_cache_dir
 from arcsim.models.dataspec import Dataset, DatasetError, DataSpec
+
+if TYPE_CHECKING:
+    import torch
 
 VOCAB = 32_000
 HELD_OUT_EVERY = 20   # file i is held out when i % 20 == 19
@@ -88,6 +91,8 @@ class PythonText(Dataset):
         return DataSpec("tokens", (length,), VOCAB)
 
     def __init__(self, size: int | None = None) -> None:
+        import torch
+
         self.spec = self.spec_for(size)
         files = corpus_files()
         if not files:
@@ -110,14 +115,20 @@ class PythonText(Dataset):
                                f"{self.spec.shape[0]}; use a smaller --input-size")
 
     def _windows(self, ids: torch.Tensor, starts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        import torch
+
         seq = ids[starts[:, None] + torch.arange(self.spec.shape[0] + 1)]
         return seq[:, :-1].contiguous(), seq[:, 1:].contiguous()  # as a loader's: .view works
 
     def draw(self, n: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+        import torch
+
         starts = torch.randint(len(self.train_ids) - self.spec.shape[0] - 1, (n,), generator=gen)
         return self._windows(self.train_ids, starts)
 
     def held_out(self) -> tuple[torch.Tensor, torch.Tensor]:
+        import torch
+
         span = len(self.held_ids) - self.spec.shape[0] - 1
         starts = torch.linspace(0, span, HELD_OUT_WINDOWS).long()  # evenly over the held-out files
         return self._windows(self.held_ids, starts)

@@ -12,14 +12,13 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
 
 from arcsim.catalog import INFO, options_for
 from arcsim.collectives.libraries import get_library
-from arcsim.compressors.hierarchy import Grouping, group_workers
+from arcsim.compressors.grouping import Grouping, group_workers
 from arcsim.devices.catalog import PRECISIONS, Device
 from arcsim.devices.kernels import kernel_source
 from arcsim.devices.predict import DEFAULT_GPU_BATCH, ComputePrediction
@@ -34,19 +33,23 @@ from arcsim.run.compute import ComputeTimes, from_profile, from_trace, mapped
 from arcsim.run.config import RunConfig, RunError
 from arcsim.run.kernel_check import KernelCheck, kernel_check
 from arcsim.run.layer_sample import LayerSample, describe_layer_sample, takes_layer_sample
-from arcsim.run.measure import GradientStats, Measurement, measure, measure_many, measuring_threads
+from arcsim.run.measurement import Measurement
 from arcsim.run.sampling import MIN_SAMPLE_SAVING, BucketSample, describe, sample_threshold
 from arcsim.strategy.buckets import Bucket
 from arcsim.strategy.frameworks import Framework, get_framework
 from arcsim.topology import Topology, load_topology
 from arcsim.traces.estimates import LIVE_STATE_BYTES_PER_ELEMENT, Load, measuring_seconds
 from arcsim.traces.format import GradientSource, Trace, open_trace
-from arcsim.traces.live import LiveSource
 from arcsim.traces.resolve import resolve_trace
 from arcsim.units import format_bits, format_duration
 
+if TYPE_CHECKING:  # torch and what measures with it load only when something is measured: a cached run prices without
+    import torch
+
+    from arcsim.run.measure import GradientStats
+
 MeasurementKey = tuple[str, float, int, "Grouping | None"]  # compressor, density, steps, node grouping (None: flat)
-TraceStep = tuple[int, torch.Tensor]  # a trace's step: its training step, and every worker's gradient [W, d]
+TraceStep = tuple[int, "torch.Tensor"]  # a trace's step: its training step, and every worker's gradient [W, d]
 GRID_ALL_STEPS_ELEMENTS = 2e8  # steps × workers × elements above which the grid uses the first step only
 CACHE_BYTES = 4 * 2**30  # traces up to this size (as stored) are read once and kept in memory
 PARALLEL_PROCESSES = 2  # measure_ahead: processes at most (the machines this was measured on have 2 cores)
@@ -68,7 +71,16 @@ def measure_processes() -> int:
 _AHEAD: Analysis | None = None  # the analysis measure_ahead's forked processes measure for
 
 
+def cuda_name() -> str:
+    """The GPU torch measures on (torch loaded here: only a run that measures on a GPU asks)."""
+    import torch
+
+    return torch.cuda.get_device_name()
+
+
 def _one_thread() -> None:
+    import torch
+
     torch.set_num_threads(1)
 
 
@@ -166,6 +178,8 @@ class Analysis:
         if source is not None:
             self.trace = source
         elif cfg.live is not None:
+            from arcsim.traces.live import LiveSource  # (torch: live training)
+
             self.trace = LiveSource(cfg.live, capture_progress)
         else:
             path = (self.params.sample_trace(generated_traces_dir(), cfg.seed) if self.params is not None else
@@ -199,13 +213,30 @@ class Analysis:
         self.cached = 0  # measurements read from the cache instead of run
         self._cached: list[tuple[int, torch.Tensor]] | None = None
         self._finite_checked: set[int] = set()  # a streamed trace's steps read whole once for NaN/Inf (sampled)
-        self.gradient_stats = GradientStats((cfg.density, *cfg.ratios))  # shared by the trace's measurements
-        self.sample_stats = GradientStats((cfg.density, *cfg.ratios))  # … and by those of its layer sample
         self._layer_sample: LayerSample | None = None  # planned when first asked (_layer_sample_planned)
         self._layer_sample_planned = False
         self._sample_steps: list[tuple[int, torch.Tensor]] | None = None  # the layer sample's columns of every step
         self.timings: dict[str, float] = {}
         self._measuring_wall = 0.0  # seconds of wall time spent measuring (side by side: the wall, not the sum)
+
+    @property
+    def live(self) -> bool:
+        """Whether the gradients come from live training (arcsim.traces.live), not a trace file."""
+        return bool(self.trace.meta.get("live"))
+
+    @functools.cached_property
+    def gradient_stats(self) -> GradientStats:
+        """What the trace's measurements share of its gradients (made when the first one is measured)."""
+        from arcsim.run.measure import GradientStats
+
+        return GradientStats((self.cfg.density, *self.cfg.ratios))
+
+    @functools.cached_property
+    def sample_stats(self) -> GradientStats:
+        """… and those of its layer sample."""
+        from arcsim.run.measure import GradientStats
+
+        return GradientStats((self.cfg.density, *self.cfg.ratios))
 
     def _compute_of(self, pred: ComputePrediction) -> ComputeTimes:
         """A compute prediction as this trace's layers see it."""
@@ -329,7 +360,7 @@ class Analysis:
         key = self._key(compressor, density, grid, grouping)
         if key in self._measured:
             return self._measured[key]
-        if isinstance(self.trace, LiveSource):
+        if self.live:
             self._measure_live(key)
             return self._measured[key]
         self.progress(f"{compressor} @ {key[1]:g}")
@@ -351,6 +382,8 @@ class Analysis:
 
     def _measure_key(self, key: MeasurementKey) -> Measurement:
         """``key`` measured on the trace here (neither read from the cache nor kept there)."""
+        from arcsim.run.measure import measure
+
         compressor, density, count, grouping = key
         layers = self.layer_sample_for(key)
         every = self.steps() if layers is None else iter(self.sample_steps())
@@ -380,6 +413,8 @@ class Analysis:
         read of the trace and bucket by bucket (what they share of a bucket found once, then dropped), as many
         as their error-feedback state fits LIVE_MEMORY_BYTES (all of them on a one-step pass: no state kept);
         not those measured on the column sample (sample_steps)."""
+        from arcsim.run.measure import measure_many
+
         t = self.trace
         group = self._one_pass(wanted, t.workers * t.elements, stateless=wanted[2] == 1,
                                todo=lambda k: self.layer_sample_for(k) is None and not cache.held(self._cache_name(k)))
@@ -462,6 +497,8 @@ class Analysis:
         """What a timed measurement's times depend on beyond the CPU: the GPU and the torch it ran under."""
         if self.cfg.measure_device == "cpu":
             return "cpu"
+        import torch
+
         return f"{torch.cuda.get_device_name()} (torch {torch.__version__})"
 
     @property
@@ -510,11 +547,14 @@ class Analysis:
         """The measurements measure_ahead would spread over processes (none where it would not)."""
         if (processes or measure_processes()) < 2 or len(os.sched_getaffinity(0)) < 2 or self.timed \
                 or not isinstance(self.trace, Trace) or "fork" not in multiprocessing.get_all_start_methods() \
-                or multiprocessing.current_process().daemon or self.streamed() \
-                or measuring_threads(self.ctx.buckets, self.trace.workers) != 1:
+                or multiprocessing.current_process().daemon or self.streamed():
             return []
         todo = [k for k in self.planned_keys() if k not in self._measured and not cache.held(self._cache_name(k))]
-        return todo if len(todo) >= PARALLEL_MIN_MEASUREMENTS else []
+        if len(todo) < PARALLEL_MIN_MEASUREMENTS:
+            return []
+        from arcsim.run.measure import measuring_threads  # (loads torch: only where there is something to measure)
+
+        return todo if measuring_threads(self.ctx.buckets, self.trace.workers) == 1 else []
 
     def _cache_name(self, key: MeasurementKey) -> str:
         compressor, density, steps, grouping = key
@@ -547,6 +587,9 @@ class Analysis:
     def _measure_live(self, wanted: MeasurementKey) -> None:
         """One pass of live training measures ``wanted`` and, alongside it, the other planned measurements of
         as many steps, as many as fit LIVE_MEMORY_BYTES (each keeps error-feedback state for every worker)."""
+        from arcsim.run.measure import measure_many
+        from arcsim.traces.live import LiveSource
+
         live = self.trace
         assert isinstance(live, LiveSource)
         group = self._one_pass(wanted, live.workers * live.elements)
@@ -632,7 +675,7 @@ class Analysis:
         on_gpu = self.cfg.measure_device == "cuda" or (self.cfg.live is not None and self.cfg.live.on_gpu)
         if not on_gpu:
             return None
-        return kernel_check(cands, self.ctx, torch.cuda.get_device_name(), self.trace.workers)
+        return kernel_check(cands, self.ctx, cuda_name(), self.trace.workers)
 
     # -- how sure the speed-ups are (arcsim/run/doubt.py) ---------------------------------------------------
     def _errors(self) -> doubt.Errors:
@@ -715,7 +758,7 @@ class Analysis:
         else this CPU."""
         if self.cfg.live is not None and self.cfg.live.on_gpu:
             return f"{self.trace.meta['device_name']} (CUDA events)"
-        return f"{torch.cuda.get_device_name()} (CUDA events)" if self.cfg.measure_device == "cuda" else "this CPU"
+        return f"{cuda_name()} (CUDA events)" if self.cfg.measure_device == "cuda" else "this CPU"
 
     def _assumptions(self) -> list[str]:
         t, topo, ctx = self.trace, self.topo, self.ctx

@@ -13,10 +13,10 @@ from pathlib import Path
 from typing import Any
 
 from arcsim.comm.log import CommRecord
-from arcsim.compressors.hierarchy import Grouping
+from arcsim.compressors.grouping import Grouping
 from arcsim.files import CACHE_SUFFIX, cache_key, cache_read, cache_write, file_fact, results_dir
 from arcsim.run.layer_sample import LayerSample
-from arcsim.run.measure import Measurement
+from arcsim.run.measurement import Measurement
 from arcsim.run.sampling import BucketSample
 from arcsim.strategy.buckets import Bucket
 

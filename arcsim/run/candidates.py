@@ -17,7 +17,7 @@ from arcsim.devices.kernels import compress_seconds
 from arcsim.errors import ArcsimError
 from arcsim.pricing import PricedRecord, Pricer, algorithms_for
 from arcsim.run.compute import ComputeTimes
-from arcsim.run.measure import Measurement
+from arcsim.run.measurement import Measurement
 from arcsim.strategy import effects
 from arcsim.strategy.buckets import Bucket
 from arcsim.strategy.data_parallel import bucketed_step

@@ -18,7 +18,7 @@ from arcsim.catalog import AG_FAMILY, AR_TOPK_FAMILY, INFO, memory_for
 from arcsim.errors import ArcsimError
 from arcsim.pricing import Pricer
 from arcsim.run.candidates import Candidate, Context, bucket_timeline, candidates_for
-from arcsim.run.measure import Measurement
+from arcsim.run.measurement import Measurement
 from arcsim.run.pareto import choose, pareto_front
 from arcsim.strategy.plan import BucketPlan, PlannedBucket
 

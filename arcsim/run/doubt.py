@@ -45,7 +45,7 @@ from arcsim.errors import ArcsimError
 from arcsim.files import packaged, write_atomic
 from arcsim.pricing import Pricer
 from arcsim.run.candidates import Candidate, Context, bucket_timeline, candidates_for, main_op, priced_buckets
-from arcsim.run.measure import Measurement
+from arcsim.run.measurement import Measurement
 from arcsim.topology import Topology
 from arcsim.units import format_bits
 

@@ -38,7 +38,7 @@ from arcsim.strategy.buckets import Bucket
 if TYPE_CHECKING:
     import torch
 
-    from arcsim.run.measure import Measurement
+    from arcsim.run.measurement import Measurement
 
 TARGET_SHARE = 0.5    # a sample is cut to this share of the sampling threshold's work …
 MIN_BUCKET_SHARE = 1e-3  # … keeping at least this share of it in every bucket (50,000 elements by default)

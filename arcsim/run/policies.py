@@ -30,7 +30,7 @@ from arcsim.catalog import AG_FAMILY, AR_TOPK_FAMILY, INFO
 from arcsim.run.candidates import Candidate, Context, bucket_timeline
 from arcsim.run.convergence import COVERED_SELECTIONS, StepsModel
 from arcsim.run.decisions import UNUSABLE_ERROR, BucketChoice, Policy, Scored, usable
-from arcsim.run.measure import Measurement
+from arcsim.run.measurement import Measurement
 from arcsim.run.nsga2 import nsga2
 from arcsim.run.pareto import choose
 

@@ -28,7 +28,7 @@ from arcsim.comm.log import CommRecord, resized
 from arcsim.strategy.buckets import Bucket
 
 if TYPE_CHECKING:
-    from arcsim.run.measure import Measurement
+    from arcsim.run.measurement import Measurement
 
 SAMPLE_WORK_ELEMENTS = 5e7  # workers × elements × steps of one measurement above which buckets are sampled
 SAMPLE_FRACTION = 0.25      # of each stratum of equal buckets, at least …

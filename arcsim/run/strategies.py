@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from arcsim.catalog import INFO, memory_for
 from arcsim.comm.log import CommRecord, resized
-from arcsim.compressors.hierarchy import group_workers
+from arcsim.compressors.grouping import group_workers
 from arcsim.devices.catalog import device
 from arcsim.devices.kernels import compress_seconds
 from arcsim.errors import ArcsimError
@@ -38,7 +38,7 @@ if TYPE_CHECKING:
     from rich.console import Console
 
     from arcsim.run.analysis import Analysis, RunResult
-    from arcsim.run.measure import Measurement
+    from arcsim.run.measurement import Measurement
 
 DEFAULT_VARIANTS = ("none", "qgz", "zeropp")
 EF_BYTES = 4  # an error-feedback residual: one fp32 per parameter

@@ -394,7 +394,8 @@ def hsdp_gradient_check(cfg: dict[str, Any], ranks: int, out: Path) -> dict[str,
     (its memory sees the same history; the model takes no optimizer step, so every step's gradients are these)."""
     import torch
 
-    from arcsim.compressors.hierarchy import NodeAware, group_workers
+    from arcsim.compressors.grouping import group_workers
+    from arcsim.compressors.hierarchy import NodeAware
     from arcsim.compressors.memory import make_memory
     from arcsim.compressors.registry import make_compressor
 

@@ -36,7 +36,7 @@ from arcsim.testbed import VALIDATE_WORKER
 
 if TYPE_CHECKING:
     from arcsim.pricing import Pricer
-    from arcsim.run.measure import Measurement
+    from arcsim.run.measurement import Measurement
 
 
 @dataclass

@@ -33,12 +33,12 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from arcsim.comm.distributed import DistributedComm, InNodeComm, run_gloo_job
-from arcsim.compressors.hierarchy import slice_bounds, slice_layout
+from arcsim.compressors.grouping import slice_bounds, slice_layout
 from arcsim.hooks import CompressionState, NodeGroups, compress_bucket, compression_hook, node_groups
 from arcsim.models import loss_fn, model_entry
 from arcsim.models.datasets import make_dataset
-from arcsim.traces.profile import ComputeProfile, LayerTiming, device_name
-from arcsim.traces.timing import ComputeTimer
+from arcsim.traces.profile import ComputeProfile, LayerTiming
+from arcsim.traces.timing import ComputeTimer, device_name
 
 
 def _setup(cfg: dict):

@@ -16,7 +16,7 @@ import torch
 from arcsim.errors import ArcsimError
 from arcsim.models.source import absolute_ref
 from arcsim.traces.format import DTYPES, SCHEMA_VERSION, TraceWriter
-from arcsim.traces.profile import device_name
+from arcsim.traces.timing import device_name
 from arcsim.traces.training import DataParallelSteps, TrainingConfig
 
 

@@ -23,18 +23,19 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
-import torch
 
 from arcsim.compressors.layout import Layer
 from arcsim.errors import ArcsimError
 from arcsim.files import atomic_path, file_fact
 
+if TYPE_CHECKING:  # torch loads where gradients are read or written: a trace's metadata and layers are read without it
+    import torch
+
 SCHEMA_VERSION = 1
 DTYPES = {"fp16": np.float16, "fp32": np.float32}
-TORCH_DTYPES = {"fp16": torch.float16, "fp32": torch.float32}  # the same, as torch holds them
 REQUIRED_META = ("schema_version", "model", "dataset", "synthetic_data", "params", "batch_per_worker", "workers",
                  "steps", "recorded_steps", "dtype", "device", "torch_version", "seed", "command")
 # what each metadata field must hold: a whole number ≥ the bound, a string, a flag, or a list of step numbers
@@ -49,6 +50,13 @@ SMALL_MEMBERS = {"loss": 1, "worker_loss": 2, "forward_s": 1, "backward_s": 1, "
 
 class TraceError(ArcsimError):
     """A trace file that is missing, corrupt or inconsistent."""
+
+
+def as_torch_dtype(name: str) -> torch.dtype:
+    """A trace's dtype (fp16, fp32) as torch holds it (torch loads here: a trace's metadata is read without it)."""
+    import torch
+
+    return {"fp16": torch.float16, "fp32": torch.float32}[name]
 
 
 def _json_member(obj: Any) -> np.ndarray:
@@ -73,7 +81,7 @@ class TraceWriter:
 
     def __init__(self, path: Path, meta: dict[str, Any], layers: tuple[Layer, ...], dtype: str) -> None:
         self.path, self.meta, self.layers = Path(path), dict(meta), layers
-        self.dtype, self.stored = np.dtype(DTYPES[dtype]), TORCH_DTYPES[dtype]
+        self.dtype, self.stored = np.dtype(DTYPES[dtype]), as_torch_dtype(dtype)
         self.steps, self.workers = int(meta["steps"]), int(meta["workers"])
         self.elements = sum(layer.numel for layer in layers)
         self.written = 0
@@ -96,6 +104,8 @@ class TraceWriter:
                    backward_s: float, ready_s: list[float]) -> None:
         """Append one recorded step: grads [workers, d] in layer order, or one [d] row per worker (any float
         dtype, any device)."""
+        import torch
+
         if self.written >= self.steps:
             raise TraceError(f"trace declared {self.steps} steps; cannot write another")
         shapes = {tuple(row.shape) for row in grads}
@@ -221,6 +231,8 @@ class Trace:
 
     def _raw_steps(self, start: int, stop: int) -> Iterator[torch.Tensor]:
         """Steps as stored (fp16/fp32), each read straight into a fresh tensor: no intermediate copies."""
+        import torch
+
         dtype = self.torch_dtype
         if self._data_offset is not None:
             with open(self.path, "rb", buffering=0) as fh:
@@ -242,6 +254,8 @@ class Trace:
                    stored_dtype: bool = False) -> Iterator[tuple[int, torch.Tensor]]:
         """Yield (training step, gradients [workers, d]) — float32, or as stored with ``stored_dtype`` —
         refusing NaN/Inf with the step and worker."""
+        import torch
+
         stop = self.steps if stop is None else min(stop, self.steps)
         for i, raw in enumerate(self._raw_steps(start, stop), start=start):
             g = raw.to(device=device, dtype=raw.dtype if stored_dtype else torch.float32)
@@ -257,6 +271,8 @@ class Trace:
     def step_columns(self, index: int, ranges: list[tuple[int, int]]) -> Iterator[torch.Tensor]:
         """Step ``index``'s columns [lo, hi) of every worker, range by range, as float32 [workers, hi − lo]:
         memory O(workers × (hi − lo)) for a stored trace; a compressed one is read whole (no random access)."""
+        import torch
+
         if self._data_offset is None:
             _, g = next(self.steps_iter(index, index + 1))
             for lo, hi in ranges:
@@ -279,7 +295,7 @@ class Trace:
     @property
     def torch_dtype(self) -> torch.dtype:
         """The gradients' dtype as stored, as torch names it (float16 or float32)."""
-        return torch.float16 if self.dtype == np.float16 else torch.float32
+        return as_torch_dtype("fp16" if self.dtype == np.float16 else "fp32")
 
     @property
     def random_access(self) -> bool:
@@ -296,6 +312,8 @@ class Trace:
         return StepColumns(self, index)
 
     def _check_finite(self, g: torch.Tensor, index: int) -> None:
+        import torch
+
         # a NaN makes its row's max and min NaN, +Inf is its max, -Inf its min: exact, and on ResNet-50's
         # half-precision steps 12× cheaper than a float32 row sum (0.23 s against 2.7 s for three steps)
         bad = ~(torch.isfinite(g.amax(dim=1)) & torch.isfinite(g.amin(dim=1)))

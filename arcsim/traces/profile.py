@@ -8,22 +8,14 @@ timings with CPU-captured gradients).
 
 from __future__ import annotations
 
+import importlib.metadata
 import math
-import platform
-import statistics
-from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from arcsim.errors import ArcsimError
 from arcsim.files import packaged, read_json
-from arcsim.models import count_params
-from arcsim.models.datasets import make_dataset
-from arcsim.models.source import ModelSource, UserBatches, as_source, to_device
-from arcsim.traces.timing import ComputeTimer
 
 PROFILE_SCHEMA = 1
 PROFILE_DIR = packaged("traces", "profiles")  # the measured profiles the package ships
@@ -49,7 +41,7 @@ class ComputeProfile:
     layers: list[LayerTiming]
     source: str                     # "profile" or "trace"
     repeats: int = 1
-    torch_version: str = torch.__version__
+    torch_version: str = field(default_factory=lambda: importlib.metadata.version("torch"))
     extra: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
@@ -107,63 +99,3 @@ def load_profile(path: str | Path) -> ComputeProfile:
     if not path.exists():
         raise ArcsimError(f"no such compute profile: {path} (make one with arcsim trace profile)")
     return ComputeProfile.from_json(read_json(path, "compute profile", ArcsimError), str(path))
-
-
-def device_name(device: torch.device) -> str:
-    if device.type == "cuda":
-        return torch.cuda.get_device_name(device)
-    return platform.processor() or platform.machine()
-
-
-def resolve_device(name: str) -> torch.device:
-    if name == "cuda" and not torch.cuda.is_available():
-        raise ArcsimError("--device cuda asked for, but this torch sees no CUDA device; use --device cpu")
-    if name not in ("cpu", "cuda"):
-        raise ArcsimError(f"unknown device {name!r}; use cpu or cuda")
-    return torch.device(name)
-
-
-def measure_profile(model: str | ModelSource, batch: int, device: str = "cpu", dataset: str | None = None,
-                    input_size: int | None = None, repeats: int = 10, warmup: int = 3, bf16: bool = False,
-                    progress: Callable[[], None] | None = None, data: str | None = None) -> ComputeProfile:
-    """Median forward/backward/per-layer-ready times over ``repeats`` timed iterations after ``warmup``, of a
-    zoo model or any model source, on a built-in dataset or one batch of the user's ``data``."""
-    if batch < 1 or repeats < 1 or warmup < 0:
-        raise ArcsimError("--batch and --repeats must be ≥ 1 and --warmup ≥ 0")
-    source = as_source(model)
-    source.check()
-    dev = resolve_device(device)
-    name = source.dataset_for(dataset, data, input_size)
-    ds = None if name is None else make_dataset(name, input_size)
-    spec = ds.spec if ds is not None else None
-    torch.manual_seed(0)
-    net = source.build(spec).to(dev).train()
-    if ds is not None:
-        example: Any = tuple(t.to(dev) for t in ds.draw(batch, torch.Generator().manual_seed(0)))
-    else:
-        assert data is not None
-        example = to_device(UserBatches(data, batch, 0).next(), dev)
-    timer = ComputeTimer(net, dev)
-
-    def forward() -> torch.Tensor:
-        with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=bf16):
-            return source.loss(net, example, spec)
-
-    runs = []
-    for i in range(warmup + repeats):
-        net.zero_grad(set_to_none=True)
-        _, timing = timer.run(forward)
-        if i >= warmup:
-            runs.append(timing)
-        if progress:
-            progress()
-    timer.close()
-    order = runs[0].order
-    layers = [LayerTiming(name, dict(net.named_parameters())[name].numel(),
-                          statistics.median(r.ready_s[name] for r in runs)) for name in order]
-    inputs = ({"dataset": ds.name, "input_shape": list(ds.spec.shape)} if ds is not None else {"data": data})
-    return ComputeProfile(source.label, batch, dev.type, device_name(dev),
-                          statistics.median(r.forward_s for r in runs), statistics.median(r.backward_s for r in runs),
-                          layers, "profile", repeats,
-                          extra={**inputs, "params": count_params(net), "model_source": source.to_meta(),
-                                 "precision": "bf16-autocast" if bf16 else "fp32"})

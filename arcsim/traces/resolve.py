@@ -11,15 +11,16 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from arcsim.files import generated_traces_dir, packaged, trace_candidates
 from arcsim.models import MODELS
-from arcsim.traces.capture import CaptureConfig, capture
 from arcsim.traces.format import TraceError
 
-DEFAULT_TRACE_NAME = "cnn-digits-small.npz"
-SHIPPED_DEFAULT = CaptureConfig(model="cnn", dataset="digits", workers=8, steps=16, every=4, warmup=20, batch=16,
-                                dtype="fp16", out=Path("traces") / DEFAULT_TRACE_NAME)
+if TYPE_CHECKING:
+    from arcsim.traces.capture import CaptureConfig
+
+DEFAULT_TRACE_NAME = "cnn-digits-small.npz"  # its metadata holds the command that captured it
 
 
 def shipped_traces_dir() -> Path:
@@ -29,6 +30,8 @@ def shipped_traces_dir() -> Path:
 
 def default_capture(model: str, out: Path) -> CaptureConfig:
     """The capture made for ``--trace <model>.npz``: 8 workers, 3 recorded steps after 2 of training, fp16."""
+    from arcsim.traces.capture import CaptureConfig  # (torch: a capture trains)
+
     return CaptureConfig(model=model, out=out, workers=8, steps=3, every=1, warmup=2, dtype="fp16")
 
 
@@ -68,6 +71,8 @@ def resolve_trace(value: str | None, allow_capture: bool = True,
         raise TooBig(f"{exc} (or capture it first: {cfg.command()} --force)") from None
     announce(f"trace {value} not found; capturing it now: {cfg.command()}"
              + (f" ({estimate.describe()})" if estimate is not None else ""))
+    from arcsim.traces.capture import capture
+
     started = time.perf_counter()
     capture(cfg, progress)
     announce(f"captured {out} in {time.perf_counter() - started:.0f} s")

@@ -28,8 +28,7 @@ from arcsim.errors import ArcsimError
 from arcsim.models import count_params
 from arcsim.models.datasets import data_spec, make_dataset
 from arcsim.models.source import ModelSource, UserBatches, model_source, to_device
-from arcsim.traces.profile import resolve_device
-from arcsim.traces.timing import ComputeTimer, StepTiming
+from arcsim.traces.timing import ComputeTimer, StepTiming, resolve_device
 
 OPTIMIZERS = ("sgd", "adamw")
 DEFAULT_MOMENTUM, DEFAULT_BETAS = 0.9, (0.9, 0.999)

@@ -22,15 +22,17 @@ import numpy as np
 import torch
 
 from arcsim.catalog import DDP_BUCKET_MB, FUSIONS, check_compression, fusion_message
-from arcsim.compressors.hierarchy import Grouping, group_workers
+from arcsim.compressors.grouping import Grouping, group_workers
 from arcsim.compressors.layout import Layer
 from arcsim.errors import ArcsimError
 from arcsim.files import writable_cache_dir
 from arcsim.models.datasets import DATASETS, Dataset, data_spec, make_dataset
 from arcsim.models.source import ModelSource, model_source, output_logits
-from arcsim.run.measure import BucketedCompression, Measurement
+from arcsim.run.measure import BucketedCompression
+from arcsim.run.measurement import Measurement
 from arcsim.strategy.buckets import Bucket, make_buckets
-from arcsim.traces.profile import ComputeProfile, load_profile, measure_profile
+from arcsim.traces.profile import ComputeProfile, load_profile
+from arcsim.traces.timing import measure_profile
 from arcsim.traces.training import OPTIMIZERS, build_optimizer, check_optimizer
 from arcsim.train.estimate import descent_ratio
 

@@ -31,7 +31,7 @@ import numpy as np
 import torch
 
 from arcsim.catalog import INFO
-from arcsim.compressors.hierarchy import Grouping
+from arcsim.compressors.grouping import Grouping
 from arcsim.network_schedule import NetworkSchedule
 from arcsim.pricing import Pricer, algorithms_for
 from arcsim.run.candidates import Context, compress_times, main_op_of, step_timeline

@@ -25,7 +25,7 @@ import pandas as pd
 import torch
 
 from arcsim.catalog import COMPRESSORS, HIERARCHIES, INFO, hierarchy_message
-from arcsim.compressors.hierarchy import Grouping, group_workers
+from arcsim.compressors.grouping import Grouping, group_workers
 from arcsim.errors import ArcsimError
 from arcsim.files import AppendOnlyCSV, atomic_path, write_atomic
 from arcsim.network_schedule import NetworkSchedule
