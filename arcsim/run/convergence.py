@@ -26,7 +26,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from scipy.special import stdtrit  # Student's t quantile, stdtrit(dof, q)
 
 from arcsim.errors import ArcsimError
 from arcsim.files import read_json
@@ -100,6 +99,8 @@ class StepsModel:
 
 def fit_steps_model(dense_steps: float = DEFAULT_DENSE_STEPS) -> StepsModel:
     """The steps model fitted on CALIBRATION."""
+    from scipy.special import stdtrit  # Student's t quantile, stdtrit(dof, q)
+
     x = np.array([-math.log(1 - e) for _, _, e, _, _ in CALIBRATION])
     y = np.array([math.log(s / CALIBRATION_DENSE_STEPS) for _, _, _, s, _ in CALIBRATION])
     sxx = float(x @ x)
