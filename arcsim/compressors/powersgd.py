@@ -131,7 +131,9 @@ class PowerSGD(Compressor):
                 p = ps[0, at:at + mat.n * r].view(mat.n, r)
                 at += mat.n * r
                 bases.append(torch.linalg.qr(p).Q)
-            coords = [v.transpose(1, 2) @ b for v, b in zip(views, bases, strict=True)]  # [W, m, r]
+            # M_iᵀ P̂ as (P̂ᵀ M_i)ᵀ, [W, m, r]: a product over M_i as stored (on the transposed view, 17× slower
+            # here on LLaMA-60M's embedding at rank 5)
+            coords = [(b.T @ v).transpose(1, 2) for v, b in zip(views, bases, strict=True)]
             qbar = comm.all_reduce(torch.cat([c.reshape(w, -1) for c in coords], 1), tag="Q")
             at = 0
             for mat, r, base in zip(matrices, ranks, bases, strict=True):
