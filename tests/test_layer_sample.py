@@ -13,7 +13,7 @@ from arcsim.compressors.layout import Layer
 from arcsim.run import report
 from arcsim.run.analysis import Analysis
 from arcsim.run.config import RunConfig
-from arcsim.run.layer_sample import GROUPS, ROW_1D, LayerSample, groups_half_width
+from arcsim.run.layer_sample import GROUPS, ROW_1D, BucketNorms, LayerSample, groups_half_width
 from arcsim.run.measurement import Measurement
 from arcsim.strategy.buckets import make_buckets
 
@@ -57,7 +57,10 @@ def test_columns_gathered_from_chunks_are_the_indexed_ones():
     sample = plan()
     g = torch.randn(3, N)
     chunks = [g[:, lo:lo + 4096] for lo in range(0, N, 4096)]
-    assert torch.equal(sample.gather(iter(chunks), 3), g.index_select(1, sample.index))
+    norms = BucketNorms(sample, 3)
+    assert torch.equal(sample.gather(iter(chunks), 3, norms), g.index_select(1, sample.index))
+    whole = torch.stack([g[:, b.lo:b.hi].norm(dim=1) for b in BUCKETS])  # what QSGD on the sample rounds by
+    assert torch.allclose(norms.norms(), whole, rtol=1e-6)
     with pytest.raises(ValueError, match="chunks end"):
         sample.gather(iter(chunks[:-1]), 3)
 
@@ -109,7 +112,7 @@ def runs() -> dict[bool, Analysis]:
 def test_a_sampled_run_estimates_the_exact_one(runs):
     exact, sampled = runs[True], runs[False]
     assert exact.layer_sample() is None and sampled.layer_sample() is not None
-    for name in ("topk", "randk", "arctopk", "terngrad"):
+    for name in ("topk", "randk", "arctopk", "terngrad", "qsgd"):  # QSGD rounds on the whole bucket's norm
         s, e = sampled.measurement(name, 0.01), exact.measurement(name, 0.01)
         assert s.layer_sample is not None and e.layer_sample is None and s.elements == e.elements
         lo, hi = s.rel_error_interval()
@@ -117,9 +120,8 @@ def test_a_sampled_run_estimates_the_exact_one(runs):
         assert s.layer_sample_half_width() is not None and (hi - lo) / 2 >= s.layer_sample_half_width() - 1e-15
         # ARC-Top-K sends a 1-D layer under one block (this CNN's biases: 10 to 64 elements) whole at any share
         assert s.bytes_per_rank() == pytest.approx(e.bytes_per_rank(), rel=0.4 if name == "arctopk" else 0.1), name
-    for name in ("powersgd", "qsgd"):  # low rank, one norm per bucket: measured whole
-        s, e = sampled.measurement(name, 0.01), exact.measurement(name, 0.01)
-        assert s.layer_sample is None and (s.err2, s.records) == (e.err2, e.records)
+    s, e = sampled.measurement("powersgd", 0.01), exact.measurement("powersgd", 0.01)  # low rank: measured whole
+    assert s.layer_sample is None and (s.err2, s.records) == (e.err2, e.records)
     assert sampled.measurement("dense", 1.0).rel_error() == 0.0
 
 
@@ -131,7 +133,7 @@ def test_a_sampled_run_says_so_and_is_cached_apart(runs):
     assert not any(n.startswith("SAMPLED") for n in exact.result.assumptions)  # type: ignore[attr-defined]
     shown = report.sampling(sampled.result)  # type: ignore[attr-defined]
     assert shown is not None and 0 < shown["elements_fraction"] < 0.5 and shown["layers"]["groups"] == GROUPS
-    assert "buckets" not in shown  # PowerSGD and QSGD measured whole: the shipped trace's one bucket has no sample
+    assert "buckets" not in shown  # PowerSGD measured whole: the shipped trace's one bucket has no sample
     assert report.sampling(exact.result) is None  # type: ignore[attr-defined]
 
 

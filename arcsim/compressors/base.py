@@ -215,6 +215,9 @@ class Compressor(ABC):
         self.density = float(density)
         self.seed = int(seed)
         self.raw: RawTopK | None = None  # a measurement's Top-K sets of this step's raw gradient, to reuse
+        # where what is compressed is a sample of the bucket's columns (arcsim.run.layer_sample): each worker's norm
+        # of the whole bucket [W], for a compressor that scales by it (QSGD with one norm per bucket)
+        self.whole_norms: torch.Tensor | None = None
 
     @property
     def info(self) -> CompressorInfo:

@@ -203,6 +203,8 @@ class QSGD(PackedCompressor):
     def encode(self, row: torch.Tensor, step: int, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
         d, norm = row.numel(), row.norm()
         if not self.block:
+            if self.whole_norms is not None:  # a sample of the bucket: its elements rounded as the bucket's are
+                norm = self.whole_norms[rank].to(row.dtype)
             if float(norm) == 0:
                 return norm.reshape(1), torch.zeros(self.body_bytes(d), dtype=torch.uint8, device=row.device)
             return norm.reshape(1), self.codes(row, row.abs() / norm, step, rank).view(torch.uint8)

@@ -32,7 +32,13 @@ from arcsim.run.candidates import Candidate, Context, candidates_for, evaluate
 from arcsim.run.compute import ComputeTimes, from_profile, from_trace, mapped
 from arcsim.run.config import RunConfig, RunError
 from arcsim.run.kernel_check import KernelCheck, kernel_check
-from arcsim.run.layer_sample import LayerSample, describe_layer_sample, takes_layer_sample
+from arcsim.run.layer_sample import (
+    BucketNorms,
+    LayerSample,
+    describe_layer_sample,
+    needs_whole_norms,
+    takes_layer_sample,
+)
 from arcsim.run.measurement import Measurement
 from arcsim.run.sampling import MIN_SAMPLE_SAVING, BucketSample, describe, sample_threshold
 from arcsim.strategy.buckets import Bucket
@@ -216,6 +222,7 @@ class Analysis:
         self._layer_sample: LayerSample | None = None  # planned when first asked (_layer_sample_planned)
         self._layer_sample_planned = False
         self._sample_steps: list[tuple[int, torch.Tensor]] | None = None  # the layer sample's columns of every step
+        self._whole_norms: dict[int, torch.Tensor] | None = None  # … and each worker's norm of each whole bucket
         self.timings: dict[str, float] = {}
         self._measuring_wall = 0.0  # seconds of wall time spent measuring (side by side: the wall, not the sum)
 
@@ -387,26 +394,46 @@ class Analysis:
         compressor, density, count, grouping = key
         layers = self.layer_sample_for(key)
         every = self.steps() if layers is None else iter(self.sample_steps())
+        whole = layers is not None and needs_whole_norms(compressor, options_for(compressor, self.cfg.options))
         steps = every if count == self.trace.steps else itertools.islice(every, count)
         steps = self._told(steps, f"{compressor} @ {density:g}", count)
         return measure(steps, self.ctx.buckets, compressor, density, self._memory(compressor), self.cfg.seed,
                        self.cfg.options, timed=self.timed, count=count,
                        stats=self.gradient_stats if layers is None else self.sample_stats, grouping=grouping,
-                       sample=self.sample_for(key), layer_sample=layers)
+                       sample=self.sample_for(key), layer_sample=layers,
+                       whole_norms=self.whole_norms() if whole else None)
 
-    def sample_steps(self) -> list[tuple[int, torch.Tensor]]:
+    def sample_steps(self, with_norms: bool = False) -> list[tuple[int, torch.Tensor]]:
         """Every step's columns of the layer sample (gathered once, kept): gathered from the file read in chunks
-        where the trace is too large to keep (each chunk checked for NaN or Inf as it is read)."""
-        if self._sample_steps is None:
+        where the trace is too large to keep (each chunk checked for NaN or Inf as it is read). The whole buckets'
+        norms (:meth:`whole_norms`) are found in the same read where a planned run needs them, or ``with_norms``."""
+        if self._sample_steps is None or (with_norms and self._whole_norms is None):
             sample, t = self.layer_sample(), self.trace
             assert sample is not None and isinstance(t, Trace)
+            norms = [BucketNorms(sample, t.workers) for _ in range(t.steps)] if with_norms or any(
+                needs_whole_norms(k[0], options_for(k[0], self.cfg.options)) for k in self.planned_keys()
+                if self.layer_sample_for(k) is not None) else None
             if self.streamed() and t.random_access and self.cfg.measure_device == "cpu":
-                self._sample_steps = [(t.recorded_steps[i], sample.gather(t.step_chunks(i), t.workers))
-                                   for i in range(t.steps)]  # (each chunk checked finite as it is read)
+                self._sample_steps = [(t.recorded_steps[i], sample.gather(t.step_chunks(i), t.workers,
+                                                                          None if norms is None else norms[i]))
+                                      for i in range(t.steps)]  # (each chunk checked finite as it is read)
                 self._finite_checked.update(range(t.steps))
             else:
-                self._sample_steps = [(step, g.index_select(1, sample.index.to(g.device))) for step, g in self.steps()]
+                self._sample_steps = []
+                for i, (step, g) in enumerate(self.steps()):
+                    self._sample_steps.append((step, g.index_select(1, sample.index.to(g.device))))
+                    if norms is not None:
+                        norms[i].add(0, g)
+            if norms is not None:
+                self._whole_norms = {step: n.norms() for (step, _), n in zip(self._sample_steps, norms, strict=True)}
         return self._sample_steps
+
+    def whole_norms(self) -> dict[int, torch.Tensor]:
+        """By training step, each worker's norm of each whole bucket [buckets, workers] (found with the sample's
+        columns: sample_steps), for the compressors measured on the sample that scale by it (needs_whole_norms)."""
+        self.sample_steps(with_norms=True)
+        assert self._whole_norms is not None
+        return self._whole_norms
 
     def _measure_streamed(self, wanted: MeasurementKey) -> None:
         """A trace too large to keep: ``wanted`` and the other planned measurements of as many steps, in one
@@ -467,7 +494,8 @@ class Analysis:
 
     def layer_sample_for(self, key: MeasurementKey) -> LayerSample | None:
         """The sample ``key`` is measured on, if its compressor takes one (layer_sample.takes_layer_sample)."""
-        return self.layer_sample() if takes_layer_sample(key[0], options_for(key[0], self.cfg.options)) else None
+        taken = takes_layer_sample(key[0], options_for(key[0], self.cfg.options), node_aware=key[3] is not None)
+        return self.layer_sample() if taken else None
 
     def sample_for(self, key: MeasurementKey) -> BucketSample | None:
         """The buckets ``key`` is measured on where it is large (workers × elements × steps above

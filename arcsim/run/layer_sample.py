@@ -47,14 +47,21 @@ ROW_1D = 64           # a 1-D layer's rows: runs of this many elements (ARC-Top-
 GROUPS = 8            # random groups of the sampled lines (columns, 1-D runs), for the sampling's interval
 
 
-def takes_layer_sample(compressor: str, options: Mapping[str, Any]) -> bool:
-    """Whether ``compressor`` (with its own ``options``) is measured on a sample: all but those whose result
-    follows the whole tensor's size — PowerSGD (a sample of a matrix's columns is another matrix, of another
-    rank's worth) and QSGD with one norm per bucket (its rounding noise grows as √n: on the shipped CNN a 1-in-5
-    sample gave 0.028 for an error of 0.064); QSGD in blocks (``block``) is sampled."""
+def takes_layer_sample(compressor: str, options: Mapping[str, Any], node_aware: bool = False) -> bool:
+    """Whether ``compressor`` (with its own ``options``) is measured on a sample: all but PowerSGD, whose result
+    follows the whole matrix (a sample of a matrix's columns is another matrix, of another rank's worth), and
+    QSGD with one norm per bucket where it compresses slices of node means (``node_aware``): its rounding follows
+    the bucket's norm (its noise grows as √n: on the shipped CNN a 1-in-5 sample with the sample's own norm gave
+    0.028 for an error of 0.064), which a flat measurement hands it (:func:`needs_whole_norms`)."""
     if INFO[compressor].selection == "low-rank":
         return False
-    return compressor != "qsgd" or int(options.get("block", 0)) > 0
+    return not (node_aware and needs_whole_norms(compressor, options))
+
+
+def needs_whole_norms(compressor: str, options: Mapping[str, Any]) -> bool:
+    """Whether ``compressor`` measured on a sample needs each worker's norm of the whole bucket (QSGD, one norm
+    per bucket): its elements are then rounded on the bucket's scale, as they are in the whole bucket."""
+    return compressor == "qsgd" and int(options.get("block", 0)) == 0
 
 
 def rows_of(layer: Layer) -> tuple[int, int]:
@@ -69,13 +76,14 @@ class SampledBucket:
     """One bucket's sample: ``bucket`` the smaller bucket (same index, every layer with its sampled lines, laid out
     one after another from ``bucket.lo`` of the compact vector); ``index`` the trace-vector position of each of its
     elements; ``groups`` which random group each is in; ``elements`` and ``rows`` the whole bucket's elements and
-    rows (as ARC-Top-K counts rows: :func:`rows_of`)."""
+    rows (as ARC-Top-K counts rows: :func:`rows_of`); ``whole_lo`` where the whole bucket starts in the trace vector."""
 
     bucket: Bucket
     index: np.ndarray
     groups: Groups
     elements: int
     rows: int
+    whole_lo: int
 
     @property
     def factor(self) -> float:
@@ -148,7 +156,7 @@ class LayerSample:
                                layer.numel / small.numel))
                 at += small.numel
             parts.append(SampledBucket(Bucket(b.index, tuple(layers), start, at, b.ready_s), np.concatenate(index),
-                                       Groups(tuple(pieces)), b.numel, sum(rows_of(la)[0] for la in b.layers)))
+                                       Groups(tuple(pieces)), b.numel, sum(rows_of(la)[0] for la in b.layers), b.lo))
         if at * MIN_STRIDE > sum(b.numel for b in buckets):
             return None
         return cls(stride, seed, tuple(parts))
@@ -185,8 +193,9 @@ class LayerSample:
         """Each bucket's groups (:class:`Groups`), by bucket index."""
         return {p.bucket.index: p.groups for p in self.parts}
 
-    def gather(self, chunks: Iterable[torch.Tensor], workers: int) -> torch.Tensor:
-        """The sampled columns [workers, sampled] of a step read as consecutive column chunks (in order, from 0)."""
+    def gather(self, chunks: Iterable[torch.Tensor], workers: int, norms: BucketNorms | None = None) -> torch.Tensor:
+        """The sampled columns [workers, sampled] of a step read as consecutive column chunks (in order, from 0); each
+        chunk also added to ``norms``, where given."""
         import torch
 
         index = self.index.numpy()
@@ -196,6 +205,8 @@ class LayerSample:
         lo = 0
         for chunk in chunks:
             hi = lo + chunk.shape[1]
+            if norms is not None:
+                norms.add(lo, chunk)
             a, b = np.searchsorted(wanted, [lo, hi])
             if b > a:
                 out[:, torch.from_numpy(order[a:b])] = chunk[:, torch.from_numpy(wanted[a:b] - lo)].float()
@@ -213,6 +224,31 @@ class LayerSample:
         meas.elements = self.elements
         meas.layer_sample = {"stride": self.stride, "sampled_fraction": self.sampled / self.elements, "groups": GROUPS}
         return meas
+
+
+class BucketNorms:
+    """Each worker's norm of each whole bucket of one step, summed from the step's column chunks as they are read:
+    what a compressor that scales by the bucket's norm needs where it compresses the sample (needs_whole_norms)."""
+
+    def __init__(self, sample: LayerSample, workers: int) -> None:
+        import torch
+
+        self.spans = [(p.whole_lo, p.whole_lo + p.elements) for p in sample.parts]
+        self.squares = torch.zeros(len(self.spans), workers, dtype=torch.float64)
+
+    def add(self, lo: int, chunk: torch.Tensor) -> None:
+        """Columns [lo, lo + chunk's width) of the step, every worker's."""
+        import torch
+
+        hi = lo + chunk.shape[1]
+        for i, (a, b) in enumerate(self.spans):
+            if min(b, hi) > max(a, lo):
+                part = chunk[:, max(a, lo) - lo:min(b, hi) - lo]
+                self.squares[i] += torch.linalg.vector_norm(part, dim=1, dtype=torch.float32).double().pow(2)
+
+    def norms(self) -> torch.Tensor:
+        """[buckets, workers], float32."""
+        return self.squares.sqrt().float()
 
 
 @dataclass(frozen=True, eq=False)

@@ -158,15 +158,17 @@ class BucketedCompression:
     def __init__(self, buckets: list[Bucket], compressor: str, density: float, memory: str | None = None,
                  seed: int = 0, options: Mapping[str, Any] | None = None, timed: bool = True,
                  stats: GradientStats | None = None, grouping: Grouping | None = None,
-                 only: Iterable[int] | None = None, parts: Mapping[int, Groups] | None = None) -> None:
+                 only: Iterable[int] | None = None, parts: Mapping[int, Groups] | None = None,
+                 whole_norms: Mapping[int, torch.Tensor] | None = None) -> None:
         """``stats``: shared with other measurements of the same gradients (None: computed, not kept).
         ``grouping``: compress node-aware, the workers grouped into nodes so (None: flat). ``only``: compress
         these buckets (by index) and skip the others (a sample: arcsim.run.sampling); None: every bucket.
         ``parts``: each bucket's elements' groups (a layer sample: arcsim.run.layer_sample), whose err² and ref² are
-        also kept group by group."""
+        also kept group by group; ``whole_norms``: by training step, each worker's norm of each whole bucket
+        [buckets, workers], handed to the compressors (Compressor.whole_norms)."""
         self.buckets, self.seed, self.shared_options = buckets, seed, dict(options or {})
         self.only = None if only is None else frozenset(only)
-        self.parts = parts
+        self.parts, self.whole_norms = parts, whole_norms
         self.row_keys = ROW_KEYS + (PART_KEYS if parts is not None else ())
         self.stats = stats
         self.memory = memory_for(compressor, memory)  # DGC and onebit keep their own (always none)
@@ -269,6 +271,7 @@ class BucketedCompression:
                 continue
             comp = self.comps[b.index]
             comp.raw = stats.nested(step, b.index, x)  # (bound to x: dropped after this bucket)
+            comp.whole_norms = None if self.whole_norms is None else self.whole_norms[step][b.index]
             seen: dict[str, Any] = {}
 
             def observe(u: torch.Tensor, res: Compressed, x: torch.Tensor = x, mean_g: torch.Tensor = mean_g,
@@ -352,23 +355,26 @@ def measure(steps: Iterable[tuple[int, torch.Tensor]], buckets: list[Bucket], co
             memory: str | None = None, seed: int = 0, options: Mapping[str, Any] | None = None,
             timed: bool = True, count: int | None = None, stats: GradientStats | None = None,
             grouping: Grouping | None = None, sample: BucketSample | None = None,
-            layer_sample: LayerSample | None = None) -> Measurement:
+            layer_sample: LayerSample | None = None,
+            whole_norms: Mapping[int, torch.Tensor] | None = None) -> Measurement:
     """Compress every bucket of every trace step; ``steps`` yields (training step, [W, d] float32, or half
     precision, converted a bucket at a time). ``timed``: also time one rank's compression here (skip it
     where compression is modelled on a GPU). ``count``: how many steps ``steps`` yields, where known (the
     memories then skip their update after the last). ``stats``: the gradients' statistics shared with other
     measurements of the same steps. ``grouping``: node-aware, the workers grouped into nodes so. ``sample``:
     compress only its buckets, the others estimated from them (arcsim.run.sampling; None: every bucket).
-    ``layer_sample``: ``steps`` are its sampled columns (arcsim.run.layer_sample)."""
+    ``layer_sample``: ``steps`` are its sampled columns (arcsim.run.layer_sample), ``whole_norms`` by training step
+    the whole buckets' norms of each worker (for the compressors that scale by them: needs_whole_norms)."""
     return measure_many(steps, buckets, [(compressor, density, memory)], seed, options, timed, count, stats,
-                        grouping, sample, layer_sample=layer_sample)[0]
+                        grouping, sample, layer_sample=layer_sample, whole_norms=whole_norms)[0]
 
 
 def measure_many(steps: Iterable[tuple[int, torch.Tensor]], buckets: list[Bucket],
                  which: list[tuple[str, float, str | None]], seed: int = 0, options: Mapping[str, Any] | None = None,
                  timed: bool = True, count: int | None = None, stats: GradientStats | None = None,
                  grouping: Grouping | None = None, sample: BucketSample | None = None,
-                 bucket_major: bool = False, layer_sample: LayerSample | None = None) -> list[Measurement]:
+                 bucket_major: bool = False, layer_sample: LayerSample | None = None,
+                 whole_norms: Mapping[int, torch.Tensor] | None = None) -> list[Measurement]:
     """:func:`measure` for several (compressor, density, memory) at once, in ONE pass over ``steps``: each
     step is given to all of them before the next is asked for (live training yields one step at a time).
     ``bucket_major``: each bucket to all of them before the next, what is shared of it (its float32
@@ -379,7 +385,7 @@ def measure_many(steps: Iterable[tuple[int, torch.Tensor]], buckets: list[Bucket
     only = None if sample is None else sample.measured
     parts = None if layer_sample is None else layer_sample.groups
     buckets = buckets if layer_sample is None else list(layer_sample.buckets)
-    runs = [BucketedCompression(buckets, c, d, m, seed, options, timed, stats, grouping, only, parts)
+    runs = [BucketedCompression(buckets, c, d, m, seed, options, timed, stats, grouping, only, parts, whole_norms)
             for c, d, m in which]
     elements = sum(b.numel for b in buckets)
     out = [Measurement(bc.compressor, bc.density, bc.memory, elements, "flat" if grouping is None else "node")
