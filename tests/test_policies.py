@@ -151,3 +151,45 @@ def test_a_per_bucket_mix_only_when_it_pays_the_margin():
     pol, _ = _mix_case(1.04)  # mixing saves 2 %: one compressor
     assert pol.deploy == "single" and len({c.compressor for c in pol.choices}) == 1
     assert any("only" in w and "sooner" in w for w in pol.why)
+
+
+def test_the_mix_is_the_same_without_the_candidates_an_earlier_one_dominates(monkeypatch):
+    """by_time_to_target scans, at each bucket, only the candidates no earlier one dominates there: on random
+    buckets and candidates the mix, its time and its error are those of the scan over every candidate."""
+    from arcsim.compressors.layout import Layer
+    from arcsim.run import policies
+    from arcsim.run.candidates import Candidate, Context
+    from arcsim.run.compute import ComputeTimes
+    from arcsim.run.measurement import Measurement
+    from arcsim.strategy.buckets import Bucket
+    from arcsim.topology import load_topology
+
+    rng = np.random.default_rng(7)
+    nb = 12
+    buckets = [Bucket(i, (Layer(f"l{i}", (10,), 10 * i),), 10 * i, 10 * (i + 1), 0.0) for i in range(nb)]
+    ctx = Context(None, load_topology("2x1-ib100"), ComputeTimes(0.0, 0.0, np.zeros(nb), "cpu", "test"),  # type: ignore[arg-type]
+                  buckets, "analytic")
+
+    def cand(name: str, i: int, scale: float) -> Candidate:
+        comm, comp = rng.uniform(0, 0.02, nb) * scale, rng.uniform(0, 0.004, nb)
+        comm[rng.random(nb) < 0.3] = 0.0  # ties and dominance both occur
+        m = Measurement(name, 0.1, "ef14", 10 * nb, err2=[list(rng.uniform(0, 0.02, nb) / scale)], ref2=[[1.0] * nb])
+        c = Candidate(name, f"ring{i}", 0.1, "ef14", "allreduce", 0.0, 0, 0, float(comm.sum()), float(comm.sum()),
+                      0.0, 0.0, 0.8, 0.1, 1.0, bucket_compress_s=list(comp), bucket_comm_s=list(comm), measurement=m)
+        c.iteration_s = policies._iteration([c] * nb, ctx).iteration_s  # as the descent times it alone
+        c.rel_error = policies._pooled_error([c] * nb)
+        return c
+
+    dense_m = Measurement("dense", 1.0, "none", 10 * nb, err2=[[0.0] * nb], ref2=[[1.0] * nb])
+    dense = Candidate("dense", "ring", None, "none", "allreduce", 0.4, 0, 0, 0.4, 0.4, 0.0, 0.0, 1.0, 1.0, 1.0,
+                      bucket_compress_s=[0.0] * nb, bucket_comm_s=[0.05] * nb, measurement=dense_m)
+    grid = [dense, *(cand(name, i, s) for i, (name, s) in enumerate(
+        (n, s) for n in ("topk", "arctopk", "star", "gaussiank") for s in (0.3, 1.0, 3.0)))]
+    pruned, _ = policies.by_time_to_target(grid, [], ctx, fit_steps_model())
+    assert sum(len(policies._undominated(grid, ctx, b, {})) for b in range(nb)) < nb * len(grid)
+    monkeypatch.setattr(policies, "_undominated", lambda fit, *_: list(fit))
+    every, _ = policies.by_time_to_target(grid, [], ctx, fit_steps_model())
+    assert pruned.deploy == every.deploy == "mix"
+    assert [(c.compressor, c.collective) for c in pruned.choices] == \
+        [(c.compressor, c.collective) for c in every.choices]
+    assert (pruned.time_to_target_s, pruned.rel_error) == (every.time_to_target_s, every.rel_error)

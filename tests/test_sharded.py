@@ -184,6 +184,27 @@ def test_a_step_measured_in_column_pieces_has_the_whole_steps_error():
     assert step_piece(workers) % (QUANT_BLOCK * workers) == 0
 
 
+def test_a_sample_of_whole_units_is_reduced_as_the_whole_step():
+    """sampled_pieces keeps whole units (a quantisation block on each rank): all of them give the whole step's
+    error to float rounding; half of them, joined, columns of the step unit by unit and an error near the whole's."""
+    workers, gpus, unit = 4, 2, QUANT_BLOCK * 4
+    g = torch.Generator().manual_seed(5)
+    grads = torch.randn(workers, 400 * unit, generator=g) * torch.rand(1, 400 * unit, generator=g) ** 4  # uneven
+    whole = {e.how: e.rel_error_mean for e in reduction_errors([grads], gpus)}
+    every = {e.how: e.rel_error_mean for e in reduction_errors(sharded.sampled_pieces([grads], workers, 1.0), gpus)}
+    for way in ("bf16", "int8", "int8-hier", "int4-hier"):
+        assert every[way] == pytest.approx(whole[way], rel=1e-5), way
+    (step,) = sharded.sampled_pieces([grads], workers, 0.5, seed=1)
+    (half,) = list(step)
+    units = half.view(workers, -1, unit).transpose(0, 1)  # each kept unit, found whole in the step
+    starts = [int((grads[0] == u[0, 0]).nonzero()[0]) for u in units]
+    assert 150 < len(starts) < 250 and all(s % unit == 0 for s in starts)
+    assert all(torch.equal(grads[:, s:s + unit], u) for s, u in zip(starts, units, strict=True))
+    sampled = {e.how: e.rel_error_mean for e in reduction_errors(sharded.sampled_pieces([grads], workers, 0.5), gpus)}
+    for way in ("bf16", "int8", "int8-hier", "int4-hier"):
+        assert sampled[way] == pytest.approx(whole[way], rel=0.25), way
+
+
 def test_a_stored_trace_read_in_pieces_has_the_whole_steps_error(monkeypatch):
     """trace_pieces over the shipped trace, pieces made small (two blocks' worth per worker, so many pieces and a
     short last one), against its steps read whole: what `run --sharding` and `shard` measure on a large trace."""

@@ -30,6 +30,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass
 from typing import ClassVar, Protocol
 
+import numpy as np
 import torch
 
 from arcsim.catalog import QUANT_BLOCK
@@ -273,6 +274,37 @@ def reduction_errors(steps: Iterable[torch.Tensor | Iterable[torch.Tensor]], gpu
     if not any(errors.values()):
         raise ArcsimError("the trace has no step with a non-zero mean gradient to measure an error against")
     return [ReductionError(w, len(e), workers, gpus_per_node, sum(e) / len(e), max(e)) for w, e in errors.items()]
+
+
+def sampled_pieces(steps: Iterable[torch.Tensor | Iterable[torch.Tensor]], workers: int, share: float,
+                   seed: int = 0) -> Iterator[Iterator[torch.Tensor]]:
+    """Each step as :func:`reduction_errors` reads it, of a random ``share`` of its units — QUANT_BLOCK columns on each
+    of the ``workers`` ranks, side by side — joined into pieces of whole units: every block is quantised and reduced
+    as in the whole step (each way's rounding is its block's own; the int8 ring's order of ranks is another), so the
+    error Σ err² / Σ ref² over the units kept estimates the step's. A step's last part short of a unit is left out."""
+    unit = QUANT_BLOCK * workers
+    for index, step in enumerate(steps):
+        rng = np.random.default_rng([seed, index])
+        yield _joined((piece[:, _kept_columns(piece.shape[1] // unit, unit, share, rng)]
+                       for piece in ([step] if isinstance(step, torch.Tensor) else step)), step_piece(workers))
+
+
+def _kept_columns(units: int, unit: int, share: float, rng: np.random.Generator) -> torch.Tensor:
+    picks = np.flatnonzero(rng.random(units) < share)
+    return torch.from_numpy((picks[:, None] * unit + np.arange(unit)).reshape(-1))
+
+
+def _joined(parts: Iterable[torch.Tensor], width: int) -> Iterator[torch.Tensor]:
+    """``parts`` (columns side by side) as pieces of about ``width`` columns (each whole parts, the last shorter)."""
+    held: list[torch.Tensor] = []
+    for part in parts:
+        if part.shape[1]:
+            held.append(part)
+        if sum(p.shape[1] for p in held) >= width:
+            yield torch.cat(held, dim=1)
+            held = []
+    if held:
+        yield torch.cat(held, dim=1)
 
 
 class ReadsColumns(Protocol):

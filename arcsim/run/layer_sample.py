@@ -315,5 +315,6 @@ def describe_layer_sample(sampled: dict[str, Any], buckets: int) -> str:
             f"(up to 1 in {sampled['stride']:.1f} of its columns, every row kept; of a 1-D layer, runs of {ROW_1D} "
             f"elements; each of the {buckets} buckets on its own), each bucket's error terms and messages scaled up "
             "by its elements over its sampled ones (per-worker and per-layer scalars as they are); errors are "
-            f"estimates and their ± includes the sampling ({sampled['groups']} random groups of columns); "
+            f"estimates and their ± includes the sampling ({sampled['groups']} random groups of columns); with "
+            "--sharding, the quantised reductions' errors are measured on the same share of their blocks; "
             "docs/run.md; --exact measures every element")

@@ -33,6 +33,7 @@ from arcsim.run.decisions import UNUSABLE_ERROR, BucketChoice, Policy, Scored, u
 from arcsim.run.measurement import Measurement
 from arcsim.run.nsga2 import nsga2
 from arcsim.run.pareto import choose
+from arcsim.strategy.effects import step_effects
 
 S = TypeVar("S", bound=Scored)
 MIX_MARGIN = 0.05  # a per-bucket mix must reach the target this much sooner than the best single choice
@@ -136,6 +137,23 @@ def _choices(chosen: Sequence[Candidate], ctx: Context, ranked: Sequence[Candida
     return out
 
 
+def _undominated(fit: Sequence[Candidate], ctx: Context, b: int, memo: PerBucket) -> list[Candidate]:
+    """``fit`` less each candidate that an earlier one dominates at bucket ``b``: no more compression or communication
+    there, no more squared error, no less reference. Without interference the step is max-plus in its items'
+    times and the mix's error Σ err² / Σ ref² falls with err² and rises with ref², so a dominated candidate, coming
+    later, is never strictly sooner than what the descent holds by then: the descent's result is unchanged, in a
+    fraction of its timelines (LLaMA-1B: 214 buckets × 45 candidates a pass)."""
+    index, rows = ctx.buckets[b].index, []
+    for c in fit:
+        assert c.measurement is not None  # (fit: measured candidates)
+        err2, ref2 = _per_bucket(c.measurement, memo)
+        rows.append((c.bucket_compress_s[index], c.bucket_comm_s[index], err2[b], -ref2[b]))
+    at = np.array(rows)
+    covers = np.all(at[:, None, :] <= at[None, :, :], axis=2)  # covers[j, i]: j is nowhere worse than i
+    beaten = np.asarray(np.triu(covers, k=1).any(axis=0))  # … with j before i
+    return [c for i, c in enumerate(fit) if not beaten[i]]
+
+
 def by_time_to_target(grid: Sequence[Candidate], cands: Sequence[Candidate], ctx: Context,
                       model: StepsModel) -> tuple[Policy, Candidate]:
     """The auto policy, and its single deployable choice."""
@@ -154,9 +172,11 @@ def by_time_to_target(grid: Sequence[Candidate], cands: Sequence[Candidate], ctx
 
     mix = [best] * len(ctx.buckets)
     mix_t = best_t
+    scans = [_undominated(fit, ctx, b, memo) for b in range(len(ctx.buckets))] \
+        if not step_effects(ctx.topo).interference else [fit] * len(ctx.buckets)
     for _ in range(2):  # coordinate descent over the buckets, twice
         for b in range(len(ctx.buckets)):
-            for c in fit:
+            for c in scans[b]:
                 trial = [*mix[:b], c, *mix[b + 1:]]
                 t = tta(trial)
                 if t < mix_t - 1e-15:

@@ -122,7 +122,7 @@ def _errors(analysis: Analysis, ways: set[str]) -> dict[str, float]:
     """Each way's mean aggregate error on the trace's steps (workers as the trace has them, two nodes of half)."""
     if not ways:
         return {}
-    from arcsim.compressors.sharded import reduction_errors, trace_pieces
+    from arcsim.compressors.sharded import reduction_errors, sampled_pieces, trace_pieces
     from arcsim.traces.format import Trace
 
     trace = analysis.trace
@@ -134,6 +134,9 @@ def _errors(analysis: Analysis, ways: set[str]) -> dict[str, float]:
     steps: Iterable[Any] = (grads for _, grads in analysis.steps())
     if isinstance(trace, Trace) and trace.random_access and analysis.streamed():
         steps = trace_pieces(trace)
+    sample = analysis.layer_sample()  # a large trace: its blocks sampled at the layer sample's share
+    if sample is not None:
+        steps = sampled_pieces(steps, workers, 1 / sample.stride, analysis.cfg.seed)
     return {e.how: e.rel_error_mean for e in reduction_errors(steps, g, tuple(sorted(ways)))}
 
 
