@@ -465,3 +465,30 @@ def test_compressor_options_reach_the_compressor_and_its_price(tmp_path):
     assert seen["blocks"]["rel_error"] < seen["plain"]["rel_error"]
     assert seen["blocks"]["bytes_per_rank"] > seen["plain"]["bytes_per_rank"]
 
+
+
+def test_densities_at_which_a_compressor_does_the_same_work_are_measured_once(tmp_path, monkeypatch):
+    """PowerSGD's ranks round to 1 on the shipped CNN's matrices at 0.0001 and 0.0003: the second is the first's copy
+    (Analysis._twin), and equals what measuring it would give; 0.3 is measured."""
+    from arcsim.run.analysis import Analysis
+    from arcsim.run.config import RunConfig
+
+    def analysis(folder: str) -> Analysis:
+        monkeypatch.setenv("ARCSIM_CACHE_DIR", str(tmp_path / folder))
+        return Analysis(RunConfig(compressors=("dense", "powersgd"), density=0.3, ratios=(0.0001, 0.0003, 0.3),
+                                  policy="none"),
+                        announce=lambda _: None)
+
+    a = analysis("twins")
+    measured: list[float] = []
+    real = a._measure_key
+    monkeypatch.setattr(a, "_measure_key", lambda key: measured.append(key[1]) or real(key))
+    low, same, high = (a.measurement("powersgd", r, grid=True) for r in (0.0001, 0.0003, 0.3))
+    assert a._twin(a._key("powersgd", 0.0003, True)) == a._key("powersgd", 0.0001, True)
+    assert measured == [0.0001, 0.3] and same.density == 0.0003
+    assert (same.err2, same.records) == (low.err2, low.records) and high.err2 != low.err2
+    b = analysis("alone")
+    monkeypatch.setattr(b, "_twin", lambda key: None)
+    alone = b.measurement("powersgd", 0.0003, grid=True)
+    assert (alone.err2, alone.ref2, alone.records, alone.selected) == \
+        (same.err2, same.ref2, same.records, same.selected)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 from abc import ABC, abstractmethod
+from collections.abc import Hashable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
@@ -234,6 +235,11 @@ class Compressor(ABC):
     def k_for(self, d: int, density: float | None = None) -> int:
         """Elements to keep: max(1, ⌊ρ·d⌋)."""
         return group_k(d, self.rho(density))
+
+    def plan_key(self, layout: tuple[Layer, ...], density: float) -> Hashable | None:
+        """What this compressor does with a bucket of ``layout`` at ``density``, where that alone fixes its work
+        (two densities with equal keys compress alike: a measurement is made once for both); None: not said."""
+        return None
 
     def observe_gradient(self, g: torch.Tensor) -> None:  # noqa: B027 (optional hook, no-op by default)
         """The raw local gradient of this step, before error feedback (default: not needed)."""

@@ -16,6 +16,7 @@ matrix never sends more than it would dense.
 from __future__ import annotations
 
 import math
+from collections.abc import Hashable
 from dataclasses import dataclass
 
 import torch
@@ -107,6 +108,12 @@ class PowerSGD(Compressor):
             elif layer.numel:
                 plain.append((layer.offset, layer.numel))
         return matrices, plain
+
+    def plan_key(self, layout: tuple[Layer, ...], density: float) -> Hashable:
+        """The matrices approximated, each with its rank, and the pieces sent whole: the random start of each
+        matrix's Q follows its offset, width and rank alone (_warm_q), so equal keys compress alike."""
+        matrices, plain = self.split(layout, density)
+        return tuple((mat, self.rank_for(mat, density)) for mat in matrices), tuple(plain)
 
     def rank_for(self, mat: _Matrix, density: float) -> int:
         if self.rank is not None:

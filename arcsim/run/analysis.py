@@ -223,6 +223,7 @@ class Analysis:
         self._layer_sample_planned = False
         self._sample_steps: list[tuple[int, torch.Tensor]] | None = None  # the layer sample's columns of every step
         self._whole_norms: dict[int, torch.Tensor] | None = None  # … and each worker's norm of each whole bucket
+        self._works: dict[tuple[str, float], tuple[Any, ...] | None] = {}  # what a compressor does at a density
         self.timings: dict[str, float] = {}
         self._measuring_wall = 0.0  # seconds of wall time spent measuring (side by side: the wall, not the sum)
 
@@ -374,8 +375,13 @@ class Analysis:
         started = time.perf_counter()
         name = self._cache_name(key)
         meas = cache.load(name)
+        twin = None if meas is not None else self._twin(key)
         if meas is not None:
             self.cached += 1
+        elif twin is not None:  # the same work as a planned measurement: its copy, at this density
+            meas = dataclasses.replace(self.measurement(twin[0], twin[1], grid=twin[2] != self.trace.steps),
+                                       density=key[1])
+            cache.save(name, meas)
         elif self.streamed() and self.layer_sample_for(key) is None:
             self._measure_streamed(key)
             return self._measured[key]
@@ -402,6 +408,35 @@ class Analysis:
                        stats=self.gradient_stats if layers is None else self.sample_stats, grouping=grouping,
                        sample=self.sample_for(key), layer_sample=layers,
                        whole_norms=self.whole_norms() if whole else None)
+
+    def _twin(self, key: MeasurementKey) -> MeasurementKey | None:
+        """The first planned measurement before ``key`` that does the very same work — a compressor whose setting at
+        the two densities is the same in every bucket (Compressor.plan_key: PowerSGD's ranks, which round to 1 on
+        LLaMA-60M's matrices at every density ≤ 0.003) — measured once and copied (None: ``key`` is measured). Flat,
+        of a trace or live training, not --params (whose records are scaled as they are kept)."""
+        compressor, density, steps, grouping = key
+        if grouping is not None or self.params is not None or INFO[compressor].density_free:
+            return None
+        work = self._work_of(compressor, density)
+        if work is None:
+            return None
+        for k in self.planned_keys():
+            if k == key:
+                return None
+            if (k[0], k[2], k[3]) == (compressor, steps, None) and self._work_of(compressor, k[1]) == work:
+                return k
+        return None
+
+    def _work_of(self, compressor: str, density: float) -> tuple[Any, ...] | None:
+        """What ``compressor`` does at ``density`` in each bucket (None where it does not say: always measured)."""
+        if (compressor, density) not in self._works:
+            from arcsim.compressors.registry import make_compressor
+
+            comp = make_compressor(compressor, density, seed=self.cfg.seed,
+                                   **options_for(compressor, self.cfg.options))
+            plans = [comp.plan_key(b.layout(), density) for b in self.ctx.buckets]
+            self._works[(compressor, density)] = None if any(p is None for p in plans) else tuple(plans)
+        return self._works[(compressor, density)]
 
     def sample_steps(self, with_norms: bool = False) -> list[tuple[int, torch.Tensor]]:
         """Every step's columns of the layer sample (gathered once, kept): gathered from the file read in chunks
@@ -444,7 +479,8 @@ class Analysis:
 
         t = self.trace
         group = self._one_pass(wanted, t.workers * t.elements, stateless=wanted[2] == 1,
-                               todo=lambda k: self.layer_sample_for(k) is None and not cache.held(self._cache_name(k)))
+                               todo=lambda k: self.layer_sample_for(k) is None and not cache.held(self._cache_name(k))
+                               and self._twin(k) is None)
         started = time.perf_counter()
         sample = self.sample_for(wanted)
         if isinstance(t, Trace) and t.random_access and self.cfg.measure_device == "cpu":
@@ -577,7 +613,8 @@ class Analysis:
                 or not isinstance(self.trace, Trace) or "fork" not in multiprocessing.get_all_start_methods() \
                 or multiprocessing.current_process().daemon or self.streamed():
             return []
-        todo = [k for k in self.planned_keys() if k not in self._measured and not cache.held(self._cache_name(k))]
+        todo = [k for k in self.planned_keys() if k not in self._measured and not cache.held(self._cache_name(k))
+                and self._twin(k) is None]
         if len(todo) < PARALLEL_MIN_MEASUREMENTS:
             return []
         from arcsim.run.measure import measuring_threads  # (loads torch: only where there is something to measure)
@@ -598,7 +635,7 @@ class Analysis:
         if not isinstance(self.trace, Trace):
             return 0, 0.0
         todo = [k for k in self.planned_keys() if k not in self._measured
-                and not cache.held(self._cache_name(k))]
+                and not cache.held(self._cache_name(k)) and self._twin(k) is None]
         read = sum(self.trace.workers * k[2] * self._measured_elements(k) for k in todo)
         return len(todo), measuring_seconds(read, timed=self.timed, load=load or Load.now())
 
