@@ -13,6 +13,19 @@ from contextlib import contextmanager
 from arcsim.errors import ArcsimError
 
 
+def torch_version() -> str:
+    """The installed torch's version, from its package metadata (importing torch takes a second); torch's own where
+    it has none (a torch on PYTHONPATH)."""
+    import importlib.metadata
+
+    try:
+        return importlib.metadata.version("torch")
+    except importlib.metadata.PackageNotFoundError:
+        import torch
+
+        return str(torch.__version__)
+
+
 def free_port() -> int:
     """A TCP port on the loopback that nothing listens on right now (for a rendezvous)."""
     with socket.socket() as s:

@@ -200,6 +200,8 @@ def test_a_sample_of_whole_units_is_reduced_as_the_whole_step():
     starts = [int((grads[0] == u[0, 0]).nonzero()[0]) for u in units]
     assert 150 < len(starts) < 250 and all(s % unit == 0 for s in starts)
     assert all(torch.equal(grads[:, s:s + unit], u) for s, u in zip(starts, units, strict=True))
+    (floor,) = sharded.sampled_pieces([grads], workers, 1e-6, elements=grads.shape[1])  # many workers: few units
+    assert 200 < sum(p.shape[1] for p in floor) // unit < 320  # at least MIN_SAMPLED_UNITS (256) in expectation
     sampled = {e.how: e.rel_error_mean for e in reduction_errors(sharded.sampled_pieces([grads], workers, 0.5), gpus)}
     for way in ("bf16", "int8", "int8-hier", "int4-hier"):
         assert sampled[way] == pytest.approx(whole[way], rel=0.25), way

@@ -276,13 +276,19 @@ def reduction_errors(steps: Iterable[torch.Tensor | Iterable[torch.Tensor]], gpu
     return [ReductionError(w, len(e), workers, gpus_per_node, sum(e) / len(e), max(e)) for w, e in errors.items()]
 
 
+MIN_SAMPLED_UNITS = 256  # a step's units sampled_pieces keeps, at least (in expectation)
+
+
 def sampled_pieces(steps: Iterable[torch.Tensor | Iterable[torch.Tensor]], workers: int, share: float,
-                   seed: int = 0) -> Iterator[Iterator[torch.Tensor]]:
+                   seed: int = 0, elements: int = 0) -> Iterator[Iterator[torch.Tensor]]:
     """Each step as :func:`reduction_errors` reads it, of a random ``share`` of its units — QUANT_BLOCK columns on each
     of the ``workers`` ranks, side by side — joined into pieces of whole units: every block is quantised and reduced
     as in the whole step (each way's rounding is its block's own; the int8 ring's order of ranks is another), so the
-    error Σ err² / Σ ref² over the units kept estimates the step's. A step's last part short of a unit is left out."""
+    error Σ err² / Σ ref² over the units kept estimates the step's. The share is raised to keep MIN_SAMPLED_UNITS of a
+    step of ``elements`` (many workers make few, wide units). A step's last part short of a unit is left out."""
     unit = QUANT_BLOCK * workers
+    if elements:
+        share = min(1.0, max(share, MIN_SAMPLED_UNITS * unit / elements))
     for index, step in enumerate(steps):
         rng = np.random.default_rng([seed, index])
         yield _joined((piece[:, _kept_columns(piece.shape[1] // unit, unit, share, rng)]

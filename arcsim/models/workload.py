@@ -11,7 +11,6 @@ disk, and read back without loading torch.
 from __future__ import annotations
 
 import dataclasses
-import importlib.metadata
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
@@ -20,6 +19,7 @@ import numpy as np
 from arcsim.models.dataspec import DataSpec
 from arcsim.models.inputs import RecordedInput
 from arcsim.models.operations import Op, Workload
+from arcsim.processes import torch_version
 
 if TYPE_CHECKING:
     from arcsim.models.source import ModelSource
@@ -46,7 +46,7 @@ def count_workload(model: str | ModelSource, batch: int, dataset: str | None = N
 def _workload(source: ModelSource, batch: int, spec: DataSpec | None, data: str | RecordedInput | None) -> Workload:
     from arcsim.files import cache_key, cache_read, cache_write
 
-    name = "workload-" + cache_key({"v": WORKLOAD_VERSION, "torch": importlib.metadata.version("torch"),
+    name = "workload-" + cache_key({"v": WORKLOAD_VERSION, "torch": torch_version(),
                                     "model": source.ref if source.entry else source.identity(), "batch": batch,
                                     "spec": dataclasses.asdict(spec) if spec else
                                     data.tree if isinstance(data, RecordedInput) else data})

@@ -379,8 +379,10 @@ class Analysis:
         if meas is not None:
             self.cached += 1
         elif twin is not None:  # the same work as a planned measurement: its copy, at this density
-            meas = dataclasses.replace(self.measurement(twin[0], twin[1], grid=twin[2] != self.trace.steps),
-                                       density=key[1])
+            done = self.measurement(twin[0], twin[1], grid=twin[2] != self.trace.steps)  # (timed as its own)
+            self.progress(f"{compressor} @ {key[1]:g}")
+            started = time.perf_counter()
+            meas = dataclasses.replace(done, density=key[1])
             cache.save(name, meas)
         elif self.streamed() and self.layer_sample_for(key) is None:
             self._measure_streamed(key)

@@ -136,7 +136,7 @@ def _errors(analysis: Analysis, ways: set[str]) -> dict[str, float]:
         steps = trace_pieces(trace)
     sample = analysis.layer_sample()  # a large trace: its blocks sampled at the layer sample's share
     if sample is not None:
-        steps = sampled_pieces(steps, workers, 1 / sample.stride, analysis.cfg.seed)
+        steps = sampled_pieces(steps, workers, 1 / sample.stride, analysis.cfg.seed, trace.elements)
     return {e.how: e.rel_error_mean for e in reduction_errors(steps, g, tuple(sorted(ways)))}
 
 

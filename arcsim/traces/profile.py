@@ -8,7 +8,6 @@ timings with CPU-captured gradients).
 
 from __future__ import annotations
 
-import importlib.metadata
 import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -16,6 +15,7 @@ from typing import Any
 
 from arcsim.errors import ArcsimError
 from arcsim.files import packaged, read_json
+from arcsim.processes import torch_version
 
 PROFILE_SCHEMA = 1
 PROFILE_DIR = packaged("traces", "profiles")  # the measured profiles the package ships
@@ -41,7 +41,7 @@ class ComputeProfile:
     layers: list[LayerTiming]
     source: str                     # "profile" or "trace"
     repeats: int = 1
-    torch_version: str = field(default_factory=lambda: importlib.metadata.version("torch"))
+    torch_version: str = field(default_factory=torch_version)
     extra: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
