@@ -303,12 +303,14 @@ def _kept_columns(units: int, unit: int, share: float, rng: np.random.Generator)
 def _joined(parts: Iterable[torch.Tensor], width: int) -> Iterator[torch.Tensor]:
     """``parts`` (columns side by side) as pieces of about ``width`` columns (each whole parts, the last shorter)."""
     held: list[torch.Tensor] = []
+    columns = 0
     for part in parts:
         if part.shape[1]:
             held.append(part)
-        if sum(p.shape[1] for p in held) >= width:
+            columns += part.shape[1]
+        if columns >= width:
             yield torch.cat(held, dim=1)
-            held = []
+            held, columns = [], 0
     if held:
         yield torch.cat(held, dim=1)
 

@@ -402,14 +402,13 @@ class Analysis:
         compressor, density, count, grouping = key
         layers = self.layer_sample_for(key)
         every = self.steps() if layers is None else iter(self.sample_steps())
-        whole = layers is not None and needs_whole_norms(compressor, options_for(compressor, self.cfg.options))
         steps = every if count == self.trace.steps else itertools.islice(every, count)
         steps = self._told(steps, f"{compressor} @ {density:g}", count)
         return measure(steps, self.ctx.buckets, compressor, density, self._memory(compressor), self.cfg.seed,
                        self.cfg.options, timed=self.timed, count=count,
                        stats=self.gradient_stats if layers is None else self.sample_stats, grouping=grouping,
                        sample=self.sample_for(key), layer_sample=layers,
-                       whole_norms=self.whole_norms() if whole else None)
+                       whole_norms=self.whole_norms() if self._needs_whole_norms(key) else None)
 
     def _twin(self, key: MeasurementKey) -> MeasurementKey | None:
         """The first planned measurement before ``key`` that does the very same work — a compressor whose setting at
@@ -447,9 +446,8 @@ class Analysis:
         if self._sample_steps is None or (with_norms and self._whole_norms is None):
             sample, t = self.layer_sample(), self.trace
             assert sample is not None and isinstance(t, Trace)
-            norms = [BucketNorms(sample, t.workers) for _ in range(t.steps)] if with_norms or any(
-                needs_whole_norms(k[0], options_for(k[0], self.cfg.options)) for k in self.planned_keys()
-                if self.layer_sample_for(k) is not None) else None
+            norms = [BucketNorms(sample, t.workers) for _ in range(t.steps)] \
+                if with_norms or any(self._needs_whole_norms(k) for k in self.planned_keys()) else None
             if self.streamed() and t.random_access and self.cfg.measure_device == "cpu":
                 self._sample_steps = [(t.recorded_steps[i], sample.gather(t.step_chunks(i), t.workers,
                                                                           None if norms is None else norms[i]))
@@ -464,6 +462,11 @@ class Analysis:
             if norms is not None:
                 self._whole_norms = {step: n.norms() for (step, _), n in zip(self._sample_steps, norms, strict=True)}
         return self._sample_steps
+
+    def _needs_whole_norms(self, key: MeasurementKey) -> bool:
+        """Whether ``key`` is measured on the layer sample by a compressor that scales by the whole bucket's norm."""
+        return self.layer_sample_for(key) is not None and needs_whole_norms(key[0],
+                                                                            options_for(key[0], self.cfg.options))
 
     def whole_norms(self) -> dict[int, torch.Tensor]:
         """By training step, each worker's norm of each whole bucket [buckets, workers] (found with the sample's
@@ -565,7 +568,7 @@ class Analysis:
             return "cpu"
         import torch
 
-        return f"{torch.cuda.get_device_name()} (torch {torch.__version__})"
+        return f"{cuda_name()} (torch {torch.__version__})"
 
     @property
     def timed(self) -> bool:
@@ -615,13 +618,17 @@ class Analysis:
                 or not isinstance(self.trace, Trace) or "fork" not in multiprocessing.get_all_start_methods() \
                 or multiprocessing.current_process().daemon or self.streamed():
             return []
-        todo = [k for k in self.planned_keys() if k not in self._measured and not cache.held(self._cache_name(k))
-                and self._twin(k) is None]
+        todo = self._to_measure()
         if len(todo) < PARALLEL_MIN_MEASUREMENTS:
             return []
         from arcsim.run.measure import measuring_threads  # (loads torch: only where there is something to measure)
 
         return todo if measuring_threads(self.ctx.buckets, self.trace.workers) == 1 else []
+
+    def _to_measure(self) -> list[MeasurementKey]:
+        """The planned measurements a run still has to make: neither in memory, nor in the cache, nor a twin's copy."""
+        return [k for k in self.planned_keys() if k not in self._measured and not cache.held(self._cache_name(k))
+                and self._twin(k) is None]
 
     def _cache_name(self, key: MeasurementKey) -> str:
         compressor, density, steps, grouping = key
@@ -636,8 +643,7 @@ class Analysis:
         training was estimated before it started."""
         if not isinstance(self.trace, Trace):
             return 0, 0.0
-        todo = [k for k in self.planned_keys() if k not in self._measured
-                and not cache.held(self._cache_name(k)) and self._twin(k) is None]
+        todo = self._to_measure()
         read = sum(self.trace.workers * k[2] * self._measured_elements(k) for k in todo)
         return len(todo), measuring_seconds(read, timed=self.timed, load=load or Load.now())
 
