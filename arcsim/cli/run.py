@@ -153,7 +153,7 @@ if TYPE_CHECKING:  # torch stays unimported until a command needs it
                    "kernel model's price (docs/devices.md).")
 @click.option("--exact", is_flag=True,
               help="Measure every element (default: a large trace's measurements compress a random sample of every "
-                   "layer's columns — PowerSGD and QSGD a stratified sample of its buckets —, the error's ± including "
+                   "layer's columns — PowerSGD a stratified sample of its buckets —, the error's ± including "
                    "the sampling; docs/run.md).")
 @click.option("--network-schedule", "schedule", type=InputPath(), default=None,
               help="Also the best choice on each phase's network of this schedule (examples/schedule-c1.yaml).")
