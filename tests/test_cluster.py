@@ -187,17 +187,18 @@ def _probe(c: EmulatedCluster, nbytes: int) -> dict:
 
 @needs_netns
 def test_one_way_delay_through_the_forwarder_with_shaping():
-    prefix, delay, rate = "arcsimt6", 0.004, 100e6 / 8
-    with EmulatedCluster(2, "100Mbit", "4ms", prefix=prefix) as c:
-        assert c.qdiscs().count("rate 100Mbit") == 2  # the send side; the forwarder shapes the receive side
-        got = _probe(c, 3_000_000)
+    # 20 Mbit/s: a user-space forwarder on a busy 2-core machine kept up with 18 Mbit/s, not 100 (CI, stop 60)
+    prefix, delay, rate, nbytes = "arcsimt6", 0.004, 20e6 / 8, 1_000_000
+    with EmulatedCluster(2, "20Mbit", "4ms", prefix=prefix) as c:
+        assert c.qdiscs().count("rate 20Mbit") == 2  # the send side; the forwarder shapes the receive side
+        got = _probe(c, nbytes)
         pids = subprocess.run(["ip", "netns", "pids", f"{prefix}-br"], capture_output=True, text=True).stdout.split()
         assert len(pids) == 1  # the forwarder, in the hub namespace
     assert _leftovers(prefix) == []
     assert got["rtt_min"] >= 2 * delay  # every packet is held one delay each way
     assert got["rtt"] < 2 * delay + 0.010  # and not much more (the forwarder keeps up)
-    assert got["bulk_s"] >= 0.9 * 3_000_000 / rate  # the rate is enforced
-    assert got["bulk_s"] < 3 * 3_000_000 / rate + 0.5
+    assert got["bulk_s"] >= 0.9 * nbytes / rate  # the rate is enforced
+    assert got["bulk_s"] < 3 * nbytes / rate + 1.0  # and nothing is lost (a retransmission timeout costs seconds)
 
 
 @needs_netns
