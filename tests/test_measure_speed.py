@@ -41,10 +41,14 @@ def measurements(tmp_path, monkeypatch, processes: str) -> tuple[Analysis, dict]
 
 
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="side by side needs two cores")
-def test_side_by_side_measurements_equal_serial_ones(tmp_path, monkeypatch):
+@pytest.mark.parametrize("sampled", [False, True])
+def test_side_by_side_measurements_equal_serial_ones(tmp_path, monkeypatch, sampled):
+    if sampled:  # every compressor but PowerSGD on a layer sample (one intra-op thread, side by side or not)
+        monkeypatch.setenv("ARCSIM_SAMPLE_ELEMENTS", "50000")
     serial, alone = measurements(tmp_path, monkeypatch, "1")
     forked, ahead = measurements(tmp_path, monkeypatch, "2")
     assert MEASURED_AHEAD not in serial.timings
+    assert (forked.layer_sample() is not None) == sampled
     twins = [k for k in forked.planned_keys() if forked._twin(k) is not None]  # copies of another: not measured
     assert forked.timings[MEASURED_AHEAD] == len(forked.planned_keys()) - len(twins)  # the rest side by side
     assert ahead.keys() == alone.keys()

@@ -580,20 +580,24 @@ class Analysis:
         """Run the planned measurements that are neither in memory nor in the cache now, spread over
         ``processes`` forked processes (default: measure_processes(), at most this machine's cores), each on one
         intra-op thread; the run then finds them in memory. Only for a trace file whose compression is
-        modelled (nothing is timed: timings taken side by side would share the cores) and whose buckets
-        are small (measuring_threads gives them one thread anyway; large ones use torch's threads in one
-        process and their error-feedback state is not doubled). Returns how many were measured so."""
+        modelled (nothing is timed: timings taken side by side would share the cores), and only the
+        measurements on one intra-op thread anyway — every one on the layer sample, and the whole trace's where its
+        buckets are small (measuring_threads; large ones use torch's threads in one process and their
+        error-feedback state is not doubled). Returns how many were measured so."""
         todo = self._parallel_todo(processes)
         if not todo:
             return 0
         workers = min(len(todo), processes or measure_processes(), len(os.sched_getaffinity(0)))
         self._trace_hash()  # the hash thread is done before the fork
-        if isinstance(self.trace, Trace):
-            for _ in self.steps():  # the trace read once, here, and shared (copy-on-write) by the children
+        started, done = time.perf_counter(), 0
+        # what the children read, read here once and shared (copy-on-write): the sample's columns, the whole trace
+        if any(self.layer_sample_for(k) is not None for k in todo):
+            self.sample_steps()
+        if any(self.layer_sample_for(k) is None for k in todo):
+            for _ in self.steps():
                 break
         global _AHEAD
         _AHEAD = self
-        started, done = time.perf_counter(), 0
         try:
             with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork"),
                                      initializer=_one_thread) as pool:
@@ -616,14 +620,16 @@ class Analysis:
         """The measurements measure_ahead would spread over processes (none where it would not)."""
         if (processes or measure_processes()) < 2 or len(os.sched_getaffinity(0)) < 2 or self.timed \
                 or not isinstance(self.trace, Trace) or "fork" not in multiprocessing.get_all_start_methods() \
-                or multiprocessing.current_process().daemon or self.streamed():
+                or multiprocessing.current_process().daemon:
             return []
         todo = self._to_measure()
         if len(todo) < PARALLEL_MIN_MEASUREMENTS:
             return []
         from arcsim.run.measure import measuring_threads  # (loads torch: only where there is something to measure)
 
-        return todo if measuring_threads(self.ctx.buckets, self.trace.workers) == 1 else []
+        whole_small = not self.streamed() and measuring_threads(self.ctx.buckets, self.trace.workers) == 1
+        todo = [k for k in todo if self.layer_sample_for(k) is not None or whole_small]  # (a sample: one thread)
+        return todo if len(todo) >= PARALLEL_MIN_MEASUREMENTS else []
 
     def _to_measure(self) -> list[MeasurementKey]:
         """The planned measurements a run still has to make: neither in memory, nor in the cache, nor a twin's copy."""

@@ -392,7 +392,9 @@ def measure_many(steps: Iterable[tuple[int, torch.Tensor]], buckets: list[Bucket
            for bc in runs]
     for i, (step, g) in enumerate(steps):  # (live training yields these: its own threads and autograd)
         final = i + 1 == count
-        with intra_op_threads(measuring_threads(buckets, g.shape[0])), torch.no_grad():
+        # a layer sample's buckets on one thread always: side by side (Analysis.measure_ahead) or not, the same sums
+        threads = 1 if layer_sample is not None else measuring_threads(buckets, g.shape[0])
+        with intra_op_threads(threads), torch.no_grad():
             if not bucket_major:
                 for bc, meas in zip(runs, out, strict=True):
                     meas.add(bc.step(step, g, final=final, updates=False)[1])
