@@ -14,9 +14,11 @@ import stat
 import subprocess
 import sys
 import threading
+import zipfile
 from collections.abc import Iterator
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from conftest import run_cli
@@ -24,6 +26,7 @@ from conftest import run_cli
 from arcsim import files
 from arcsim.errors import ArcsimError
 from arcsim.run import cache as measurements
+from arcsim.traces.format import open_trace
 
 SHIPPED_TRACE = files.packaged("traces", "cnn-digits-small.npz")
 DEAD_PID = int(Path("/proc/sys/kernel/pid_max").read_text()) + 1  # no process can have it
@@ -124,7 +127,23 @@ def test_a_damaged_cache_is_a_miss(cache: Path) -> None:
     (files.results_dir() / f"{'2' * 32}.json.gz").write_bytes(b"not gzip")
     assert files.cache_read("2" * 32) is None
     (files.results_dir() / files.TRACE_INDEX).write_text("[1, 2, 3]")  # an index of the wrong JSON type
-    assert len(measurements.trace_hash(SHIPPED_TRACE)) == 64
+    assert open_trace(SHIPPED_TRACE).workers > 0  # (its checked checksum is remembered there)
+
+
+def test_a_traces_identity_follows_its_content_not_its_path(tmp_path: Path) -> None:
+    """The measurement cache names a trace by its members' checksums: a copy elsewhere is the same trace, one
+    changed gradient is another (and the changed file is still a trace that opens)."""
+    copy, changed = tmp_path / "copy.npz", tmp_path / "changed.npz"
+    shutil.copy(SHIPPED_TRACE, copy)
+    with zipfile.ZipFile(SHIPPED_TRACE) as src, zipfile.ZipFile(changed, "w", zipfile.ZIP_STORED) as dst:
+        for info in src.infolist():
+            data = src.read(info)
+            if info.filename == "gradients.npy":
+                data = data[:-4] + np.float32(0.5).tobytes()  # the last gradient of the last step
+            dst.writestr(info, data)
+    assert measurements.trace_hash(copy) == measurements.trace_hash(SHIPPED_TRACE)
+    assert measurements.trace_hash(changed) != measurements.trace_hash(SHIPPED_TRACE)
+    assert open_trace(changed).elements == open_trace(SHIPPED_TRACE).elements
 
 
 def test_output_through_a_link_writes_the_target_and_keeps_the_link(tmp_path: Path) -> None:

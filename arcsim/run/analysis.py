@@ -10,7 +10,7 @@ import multiprocessing
 import os
 import time
 from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -192,9 +192,8 @@ class Analysis:
                     resolve_trace(cfg.trace, allow_capture=cfg.allow_capture, announce=announce, force=cfg.force,
                                   progress=capture_progress))
             self.trace = open_trace(path)
-        self._hash: Future[str] | None = None  # the trace file's content hash, for the measurement cache:
-        if isinstance(self.trace, Trace):     # read beside the start-up work (hashlib lets go of the GIL)
-            self._hash = ThreadPoolExecutor(1).submit(cache.trace_hash, self.trace.path)
+        # the trace file's content identity, for the measurement cache
+        self._hash = cache.trace_hash(self.trace.path) if isinstance(self.trace, Trace) else None
         self.notes_before: list[str] = []
         self._predict: Callable[[int], ComputePrediction] | None = None  # compute modelled at a batch per GPU
         self.gpu, self.compute_prediction = self._device()
@@ -588,7 +587,6 @@ class Analysis:
         if not todo:
             return 0
         workers = min(len(todo), processes or measure_processes(), len(os.sched_getaffinity(0)))
-        self._trace_hash()  # the hash thread is done before the fork
         started, done = time.perf_counter(), 0
         # what the children read, read here once and shared (copy-on-write): the sample's columns, the whole trace
         if any(self.layer_sample_for(k) is not None for k in todo):
@@ -698,7 +696,7 @@ class Analysis:
 
     def _trace_hash(self) -> str:
         assert self._hash is not None, "only a trace file is measured through the cache"
-        return self._hash.result()
+        return self._hash
 
     def planned_keys(self) -> list[MeasurementKey]:
         """Every measurement a run makes: dense, each compressor at --density, then the ratio grid (each way
