@@ -47,9 +47,9 @@ def test_plan_keeps_unique_buckets_and_samples_each_stratum_systematically():
     buckets = make_buckets(layers, [0.0] * len(layers), 16 * 4)
     sample = BucketSample.plan(buckets)
     assert sample.strata == ((0,), tuple(range(1, 13)), (13,))
-    assert sample.measured == (0, 3, 7, 11, 13)  # every 4th of the 12 equal buckets (3 = ⌈12 / 4⌉), both odd ones
+    assert sample.measured == (0, 3, 7, 11, 13)  # every 4th of the 12 alike buckets (3 = max(3, ⌈12 / 8⌉)), both odd
     assert not sample.whole
-    assert BucketSample.plan(buckets[:3]).whole  # strata of one and two: nothing left to sample
+    assert BucketSample.plan(buckets[:4]).whole  # strata of one and three: nothing left to sample
 
 
 def test_sampled_records_cover_every_bucket_as_the_exact_run_sends_them(runs):
@@ -72,7 +72,8 @@ def test_sampled_interval_contains_the_exact_error(runs):
         lo, hi = s.rel_error_interval()
         assert lo <= e.rel_error() <= hi, name
         assert s.sampling_half_width() is not None and e.sampling_half_width() is None
-        assert (hi - lo) / 2 >= s.sampling_half_width() - 1e-15  # the sampling's and the steps' together
+        assert hi - s.rel_error() >= s.sampling_half_width() - 1e-15  # the sampling's and the steps' together
+        #                                                           (above: below, the interval stops at 0)
 
 
 def test_sampled_runs_say_so_and_keep_the_recommendation(runs):
@@ -117,7 +118,7 @@ def test_cli_exact_flag(tmp_path, forced):
     run_cli(*args, "--json", str(tmp_path / "s.json"))
     run_cli(*args, "--exact", "--json", str(tmp_path / "e.json"))
     s, e = (json.loads((tmp_path / f"{n}.json").read_text()) for n in ("s", "e"))
-    assert s["sampling"]["measured"] == [2, 6, 10, 14] and s["sampling"]["elements_fraction"] == 0.25
+    assert s["sampling"]["measured"] == [2, 8, 13] and s["sampling"]["elements_fraction"] == 3 / 16
     assert e["sampling"] is None and e["config"]["exact"] and not s["config"]["exact"]
 
 

@@ -31,8 +31,10 @@ if TYPE_CHECKING:
     from arcsim.run.measurement import Measurement
 
 SAMPLE_WORK_ELEMENTS = 5e7  # workers × elements × steps of one measurement above which buckets are sampled
-SAMPLE_FRACTION = 0.25      # of each stratum of equal buckets, at least …
-MIN_PER_STRATUM = 2         # … and at least this many (two give the stratum's spread; fewer: measured whole)
+SAMPLE_FRACTION = 0.125     # of each stratum of equal buckets, at least … (PowerSGD on LLaMA-1B against every bucket:
+#                             1/8 and 1/4 each inside at all 8 densities, 1/12 outside at 3; 1/8 measures 21 % of
+#                             the elements, 1/4 32 %: benchmarks/results/powersgd_bucket_sample_llama1b.txt)
+MIN_PER_STRATUM = 3         # … and at least this many (a spread on 2 degrees of freedom: 2 of 16 missed; fewer: whole)
 MIN_SAMPLE_SAVING = 0.25    # a sample is taken only where it leaves out at least this share of the elements
 FLOAT_COLUMNS = ("err2", "ref2", "upd2", "raw2", "gain", "selected", "compress_s")
 
