@@ -5,6 +5,7 @@ from __future__ import annotations
 import signal
 import subprocess
 import sys
+import time
 
 import pytest
 from conftest import interruptible, run_cli
@@ -76,7 +77,8 @@ def test_a_cold_run_counts_what_it_must_measure_and_a_warm_one_nothing():
     todo, seconds = cold.measuring_work(quiet)
     assert todo == cold.planned_measurements() == 3 <= cfg.planned_measurements_at_most()
     read = sum(cold.trace.workers * k[2] * cold.trace.elements for k in cold.planned_keys())
-    assert seconds == pytest.approx(estimates.measuring_seconds(read, timed=cold.ctx.gpu is None, load=quiet))
+    assert seconds == pytest.approx(estimates.measuring_seconds(read, timed=cold.ctx.gpu is None, load=quiet,
+                                                                measurements=3))  # (too few to fork for)
     told: list[str] = []
     cold.detail = told.append  # the bar's note moves within a measurement, step by step
     cold.run()
@@ -93,6 +95,24 @@ def test_measuring_estimates_rise_with_the_load_other_work_puts_on_the_cores():
     assert estimates.Load(0.2, 2).describe() == ""  # a quiet machine is not mentioned
     assert "the cores busy: load 4.0 on 2, 3.0× an idle machine's time" in estimates.Load(4.0, 2).describe()
     assert estimates.Load.now().others >= 0 and estimates.own_load() >= 0
+    # side by side in two single-threaded processes: half the time on two free cores; beside two others' tasks a
+    # fair share is one core between them, an idle machine's time for one
+    halved = estimates.measuring_seconds(4e9, timed=False, load=estimates.Load(0.0, 2), side_by_side=4e9, processes=2)
+    shared = estimates.measuring_seconds(4e9, timed=False, load=estimates.Load(2.0, 2), side_by_side=4e9, processes=2)
+    assert halved == pytest.approx(idle / 2) and shared == pytest.approx(idle)
+
+
+def test_the_load_is_the_tasks_runnable_now():
+    """Two processes spinning: Load.now sees them at once (the 1-minute load average takes a minute, and kept a
+    finished run's load for as long)."""
+    spinners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2)]
+    try:
+        time.sleep(0.3)
+        assert estimates.Load.now().others >= 1.5
+    finally:
+        for p in spinners:
+            p.kill()
+            p.wait()
 
 
 def test_a_capture_on_demand_says_its_estimate_and_is_refused_past_the_memory(monkeypatch, tmp_path):

@@ -61,6 +61,7 @@ CACHE_BYTES = 4 * 2**30  # traces up to this size (as stored) are read once and 
 PARALLEL_PROCESSES = 2  # measure_ahead: processes at most (the machines this was measured on have 2 cores)
 PARALLEL_MIN_MEASUREMENTS = 4  # … and only from this many measurements to run (a fork costs ~0.1 s)
 MEASURING_WALL = "measuring, wall"  # timings: the wall time of all measuring (below the sum where side by side)
+MEASURING_ESTIMATE = "measuring, estimated"  # timings: what the estimate said measuring would take (measuring_work)
 MEASURED_AHEAD = "measured side by side (runs)"  # timings: how many measure_ahead ran, and on how many processes
 MEASURED_AHEAD_PROCESSES = "measured side by side (processes)"
 LIVE_MEMORY_BYTES = 4 * 2**30  # live training: the compressors measured in one pass hold about this much state
@@ -586,7 +587,7 @@ class Analysis:
         todo = self._parallel_todo(processes)
         if not todo:
             return 0
-        workers = min(len(todo), processes or measure_processes(), len(os.sched_getaffinity(0)))
+        workers = self._processes(len(todo), processes)
         started, done = time.perf_counter(), 0
         # what the children read, read here once and shared (copy-on-write): the sample's columns, the whole trace
         if any(self.layer_sample_for(k) is not None for k in todo):
@@ -613,6 +614,12 @@ class Analysis:
             self.timings[MEASURED_AHEAD] = float(done)
             self.timings[MEASURED_AHEAD_PROCESSES] = float(workers)
         return done
+
+    @staticmethod
+    def _processes(measurements: int, processes: int | None = None) -> int:
+        """The processes measure_ahead spreads ``measurements`` over (``processes`` at most, else measure_processes()),
+        no more than this machine's cores."""
+        return max(1, min(measurements, processes or measure_processes(), len(os.sched_getaffinity(0))))
 
     def _parallel_todo(self, processes: int | None) -> list[MeasurementKey]:
         """The measurements measure_ahead would spread over processes (none where it would not)."""
@@ -648,8 +655,17 @@ class Analysis:
         if not isinstance(self.trace, Trace):
             return 0, 0.0
         todo = self._to_measure()
-        read = sum(self.trace.workers * k[2] * self._measured_elements(k) for k in todo)
-        return len(todo), measuring_seconds(read, timed=self.timed, load=load or Load.now())
+        if not todo:
+            return 0, 0.0
+        ahead = set(self._parallel_todo(None))
+
+        def read(keys: Iterable[MeasurementKey]) -> float:
+            return float(sum(self.trace.workers * k[2] * self._measured_elements(k) for k in keys))
+
+        seconds = measuring_seconds(read(todo), timed=self.timed, load=load or Load.now(), side_by_side=read(ahead),
+                                    processes=self._processes(len(ahead)), measurements=len(todo))
+        self.timings[MEASURING_ESTIMATE] = seconds
+        return len(todo), seconds
 
     def _measured_elements(self, key: MeasurementKey) -> int:
         """The elements ``key`` compresses per worker and step: the trace's, or its sample's."""

@@ -4,7 +4,8 @@ machine has available is refused (one ``error:`` line) unless ``--force``.
 
 The rates are measured on the 2-core development machine (2026-11-25); each constant names its source. They are
 rough by design: they decide whether to warn and refuse, not what to report. Measuring is scaled by the load other
-work puts on the machine (:class:`Load`): on a busy machine it had been 3-4x too low.
+work puts on the machine now (:class:`Load`: on a busy machine it had been 3-4x too low) and spread over the
+processes that measure side by side.
 """
 
 from __future__ import annotations
@@ -34,8 +35,13 @@ MEASURE_ELEMENTS_PER_S = 200e6  # measuring compressors with their error feedbac
 #                                (workers × steps × elements) per second over a default run's 67 measurements:
 #                                164-205 M/s on the shipped cnn trace (328 M in 1.6-2.0 s), 220 M/s on a resnet18
 #                                trace of 2 workers × 1 step (1.57 G in 7.1 s)
+MEASURE_FIXED_S = 0.01        # each run's own cost, one at a time in the run's process (its set-up, its result kept
+#                               in the cache): the main example's 82 runs took 1.7 s where their elements said 1.0
+#                               (benchmarks/measuring_estimate.py)
 MEASURE_TIMED_FACTOR = 1.5     # compression timed here as well (--gpu cpu): the shipped trace 3.0 s against 2.0 s
 BUSY_SLOWDOWN = 1.2            # a load that slows measuring by this much or more is named in the estimate
+LOAD_WINDOW_S = 0.3            # how long Load.now watches the cores (the 1-minute load average had a run that had
+#                               just ended make a quiet machine's estimate 1.5× long)
 NOTE_SECONDS, NOTE_BYTES = 10.0, 2e9  # work estimated at either or more is announced before it starts
 OPTIMIZER_SLOTS = {"sgd": 1, "adamw": 2}  # fp32 state per parameter: momentum; AdamW's two moments
 LIVE_STATE_BYTES_PER_ELEMENT = 8  # a compressor measured live keeps error feedback and a scratch copy per worker
@@ -114,12 +120,16 @@ class Load:
 
     @classmethod
     def now(cls) -> Load:
-        """The 1-minute load average less this process's own share of it (:func:`own_load`); 0 where unknown."""
-        try:
-            load = os.getloadavg()[0]
-        except OSError:
-            load = 0.0
-        return cls(max(0.0, load - own_load()), os.cpu_count() or 1)
+        """The other tasks runnable now, over LOAD_WINDOW_S (:func:`others_runnable`); where /proc cannot say, the
+        1-minute load average less this process's share (:func:`own_load`) — which still counts, for a minute, a run
+        that has just ended."""
+        others = others_runnable(LOAD_WINDOW_S)
+        if others is None:
+            try:
+                others = max(0.0, os.getloadavg()[0] - own_load())
+            except OSError:
+                others = 0.0
+        return cls(others, os.cpu_count() or 1)
 
     @property
     def slowdown(self) -> float:
@@ -127,11 +137,29 @@ class Load:
         ``others`` get cores / (cores + others) of them."""
         return 1.0 + self.others / self.cores
 
+    def cores_for(self, processes: int) -> float:
+        """The cores ``processes`` single-threaded processes of ours get beside the others' work (a fair share)."""
+        return min(float(processes), self.cores * processes / (processes + self.others))
+
     def describe(self) -> str:
-        """``, the cores busy: load 4.0 on 2, 3.0× an idle machine's time``, or nothing on a quiet machine."""
+        """``, the cores busy: load 2.0 on 2, 2.0× an idle machine's time``, or nothing on a quiet machine."""
         if self.slowdown < BUSY_SLOWDOWN:
             return ""
         return f", the cores busy: load {self.others:.1f} on {self.cores}, {self.slowdown:.1f}× an idle machine's time"
+
+
+def others_runnable(window: float, samples: int = 10) -> float | None:
+    """Other tasks runnable on this machine, on average over ``window`` seconds (``samples`` readings of
+    /proc/loadavg's count of runnable tasks, less this one, which reads it); None where /proc cannot say."""
+    counts = []
+    try:
+        for i in range(samples):
+            counts.append(int(Path("/proc/loadavg").read_text().split()[3].split("/")[0]) - 1)
+            if i + 1 < samples:
+                time.sleep(window / (samples - 1))
+    except (OSError, ValueError, IndexError):
+        return None
+    return max(0.0, sum(counts) / len(counts))
 
 
 def own_load() -> float:
@@ -148,10 +176,14 @@ def own_load() -> float:
     return time.process_time() / elapsed * (1 - math.exp(-elapsed / 60))
 
 
-def measuring_seconds(elements_read: float, timed: bool, load: Load) -> float:
-    """Measuring compressors that read ``elements_read`` gradient elements in all (``timed``: timing them too), with
-    the machine as loaded as ``load``."""
-    return elements_read / MEASURE_ELEMENTS_PER_S * (MEASURE_TIMED_FACTOR if timed else 1.0) * load.slowdown
+def measuring_seconds(elements_read: float, timed: bool, load: Load, side_by_side: float = 0.0,
+                      processes: int = 1, measurements: int = 0) -> float:
+    """``measurements`` compressor runs that read ``elements_read`` gradient elements in all (``timed``: timing them
+    too), with the machine as loaded as ``load``; ``side_by_side`` of the elements in ``processes`` processes at once
+    (each on one thread: arcsim.run.analysis.Analysis.measure_ahead), the rest one measurement at a time."""
+    seconds_per_element = (MEASURE_TIMED_FACTOR if timed else 1.0) / MEASURE_ELEMENTS_PER_S
+    alone = ((elements_read - side_by_side) * seconds_per_element + measurements * MEASURE_FIXED_S) * load.slowdown
+    return alone + side_by_side * seconds_per_element / load.cores_for(processes)
 
 
 def available_memory() -> float:
