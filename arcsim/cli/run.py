@@ -256,7 +256,7 @@ def run(topology: str, trace: str | None, no_capture: bool, params: str | None, 
     with step_progress("training" if live else "capture", unit="train step") as capture_progress:
         analysis = Analysis(cfg, announce=note, capture_progress=capture_progress)
     load = Load(0.0, 1)
-    if analysis.measuring_work(load)[0]:  # something to measure: how busy the machine is, watched for 0.3 s
+    if analysis.measuring_work(load)[0]:  # something to measure: how busy the machine is, watched for 0.1 s
         load = Load.now()
     todo, seconds = analysis.measuring_work(load)
     if todo and seconds >= NOTE_SECONDS:

@@ -40,7 +40,7 @@ MEASURE_FIXED_S = 0.01        # each run's own cost, one at a time in the run's 
 #                               (benchmarks/measuring_estimate.py)
 MEASURE_TIMED_FACTOR = 1.5     # compression timed here as well (--gpu cpu): the shipped trace 3.0 s against 2.0 s
 BUSY_SLOWDOWN = 1.2            # a load that slows measuring by this much or more is named in the estimate
-LOAD_WINDOW_S = 0.3            # how long Load.now watches the cores (the 1-minute load average had a run that had
+LOAD_WINDOW_S = 0.1            # how long Load.now watches the cores (the 1-minute load average had a run that had
 #                               just ended make a quiet machine's estimate 1.5× long)
 NOTE_SECONDS, NOTE_BYTES = 10.0, 2e9  # work estimated at either or more is announced before it starts
 OPTIMIZER_SLOTS = {"sgd": 1, "adamw": 2}  # fp32 state per parameter: momentum; AdamW's two moments
@@ -148,7 +148,7 @@ class Load:
         return f", the cores busy: load {self.others:.1f} on {self.cores}, {self.slowdown:.1f}× an idle machine's time"
 
 
-def others_runnable(window: float, samples: int = 10) -> float | None:
+def others_runnable(window: float, samples: int = 5) -> float | None:
     """Other tasks runnable on this machine, on average over ``window`` seconds (``samples`` readings of
     /proc/loadavg's count of runnable tasks, less this one, which reads it); None where /proc cannot say."""
     counts = []
