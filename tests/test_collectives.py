@@ -161,6 +161,21 @@ def test_the_kept_tree_pattern_scaled_is_the_tree_built_afresh(nodes, gpus, chun
             assert np.allclose(a.nbytes, b.nbytes, rtol=1e-12) and np.allclose(a.reduce, b.reduce, rtol=1e-12)
 
 
+def test_the_kept_tree_patterns_hold_at_most_their_bound(monkeypatch):
+    """The patterns kept drop the least recently used past PATTERN_MESSAGES, and one built again is the same."""
+    from arcsim.collectives import tree
+
+    monkeypatch.setattr(tree, "_patterns", type(tree._patterns)())
+    monkeypatch.setattr(tree, "PATTERN_MESSAGES", 2_000)
+    first = tree.chain_tree_all_reduce(4, 8, 1e6, 1)
+    for chunks in range(2, 12):
+        tree.chain_tree_all_reduce(4, 8, 1e6, chunks)
+    held = sum(s.messages for steps in tree._patterns.values() for s in steps)
+    assert held <= 2_000 and (4, 8, 1, 1) not in tree._patterns and (4, 8, 11, 1) in tree._patterns
+    again = tree.chain_tree_all_reduce(4, 8, 1e6, 1)
+    assert [(a.src.tolist(), a.nbytes.tolist()) for a in again] == [(a.src.tolist(), a.nbytes.tolist()) for a in first]
+
+
 def _reference_tree_all_reduce(trees: tuple[np.ndarray, ...], nbytes: float, chunks: int) -> list:
     """The pipelined tree all-reduce as first written (594ce7f): every step built from each tree's ranks in turn,
     depths and heights by a walk of each tree; kept here to hold the edge-based builder to the same steps."""
