@@ -176,7 +176,7 @@ def chain_tree_all_reduce(nodes: int, gpus_per_node: int, nbytes: float, chunks:
     # every non-root rank of each of the 2 × channels trees sends each chunk once up and once down
     limits.expect_stored(2 * 2 * channels * (nodes * gpus_per_node - 1) * chunks)
     chunk = nbytes / (2 * channels) / chunks
-    return [dataclasses.replace(s, nbytes=s.nbytes * chunk, reduce=s.reduce * chunk)
+    return [Step(s.src, s.dst, s.nbytes * chunk, s.reduce * chunk, s.repeat)  # (replace(): 1.58 ms a plan)
             for s in _chain_tree_pattern(nodes, gpus_per_node, chunks, channels)]
 
 
