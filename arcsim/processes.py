@@ -33,6 +33,14 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def usable_cores() -> int:
+    """The cores this process may run on (its CPU affinity: a container's or taskset's share), else the machine's."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # (no affinity to ask where the system has none: macOS)
+        return os.cpu_count() or 1
+
+
 def physical_memory_bytes() -> int:
     """This machine's memory (what a request for more than that cannot get)."""
     return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))

@@ -4,8 +4,9 @@ not depend on the others'), the stratified estimate and its interval at several 
 
     python benchmarks/bucket_sample_check.py /tmp/l1b/llama1b.npz --batch 4 --precision bf16   # PowerSGD, LLaMA-1B
 
-Prints per fraction the share of elements measured and, per density, the exact error, the sampled one ± its
-half-width, and whether the exact one lies inside.
+Prints per fraction the share of elements measured and, per density, the exact error, the sampled one ± the
+upper half of the interval a run reports (rel_error_interval: the steps' spread and the sampling's), and whether
+the exact one lies inside that interval.
 """
 
 from __future__ import annotations
@@ -49,10 +50,10 @@ def main() -> None:
         share = sum(buckets[i].numel for i in plan.measured) / sum(b.numel for b in buckets)
         for d, m in exact.items():
             s = sampled(m, plan)
-            half = s.sampling_half_width() or 0.0
-            inside = abs(s.rel_error() - m.rel_error()) <= half
+            lo, hi = s.rel_error_interval() or (s.rel_error(), s.rel_error())  # as the run reports it
+            inside = lo <= m.rel_error() <= hi
             print(f"f={fraction:.3f} ({share:.0%} of elements) d={d:g}: exact {m.rel_error():.4f} sampled "
-                  f"{s.rel_error():.4f} ± {half:.4f} {'inside' if inside else 'OUTSIDE'}", flush=True)
+                  f"{s.rel_error():.4f} ± {hi - s.rel_error():.4f} {'inside' if inside else 'OUTSIDE'}", flush=True)
 
 
 if __name__ == "__main__":

@@ -53,7 +53,7 @@ from arcsim.devices.catalog import PRECISIONS
 from arcsim.errors import ArcsimError
 from arcsim.netsim import ENGINES
 from arcsim.topology import DEFAULT_TOPOLOGY
-from arcsim.traces.estimates import NOTE_SECONDS, Load, rough_duration
+from arcsim.traces.estimates import NOTE_SECONDS, rough_duration
 from arcsim.units import parse_duration, parse_params, parse_rate
 
 if TYPE_CHECKING:  # torch stays unimported until a command needs it
@@ -255,13 +255,10 @@ def run(topology: str, trace: str | None, no_capture: bool, params: str | None, 
 
     with step_progress("training" if live else "capture", unit="train step") as capture_progress:
         analysis = Analysis(cfg, announce=note, capture_progress=capture_progress)
-    load = Load(0.0, 1)
-    if analysis.measuring_work(load)[0]:  # something to measure: how busy the machine is, watched for 0.1 s
-        load = Load.now()
-    todo, seconds = analysis.measuring_work(load)
+    todo, seconds = analysis.measuring_work()
     if todo and seconds >= NOTE_SECONDS:
         note(f"measuring {todo} compressor run(s) on the trace ({analysis.planned_measurements() - todo} cached): "
-             f"~{rough_duration(seconds)} here{load.describe()}")
+             f"~{rough_duration(seconds)} here{analysis.measuring_load.describe()}")
     with progress_bar(analysis.planned_measurements(), "measuring compressors on the trace", "run") as bar:
         def progress(label: str) -> None:
             bar.set_postfix_str(label)

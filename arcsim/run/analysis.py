@@ -26,7 +26,7 @@ from arcsim.errors import ArcsimError
 from arcsim.files import cache_dir, generated_traces_dir
 from arcsim.models.source import input_of_trace, source_of_trace
 from arcsim.pricing import Pricer
-from arcsim.processes import release_freed_memory
+from arcsim.processes import release_freed_memory, usable_cores
 from arcsim.run import cache, decisions, doubt
 from arcsim.run.candidates import Candidate, Context, candidates_for, evaluate
 from arcsim.run.compute import ComputeTimes, from_profile, from_trace, mapped
@@ -196,6 +196,7 @@ class Analysis:
         # the trace file's content identity, for the measurement cache
         self._hash = cache.trace_hash(self.trace.path) if isinstance(self.trace, Trace) else None
         self.notes_before: list[str] = []
+        self.measuring_load = Load(0.0, usable_cores())  # what measuring_work saw (quiet until it looks)
         self._predict: Callable[[int], ComputePrediction] | None = None  # compute modelled at a batch per GPU
         self.gpu, self.compute_prediction = self._device()
         scale = 1.0 if self.params is None else self.params.scale
@@ -541,8 +542,8 @@ class Analysis:
     def sample_for(self, key: MeasurementKey) -> BucketSample | None:
         """The buckets ``key`` is measured on where it is large (workers × elements × steps above
         sample_threshold()) and a sample leaves at least MIN_SAMPLE_SAVING of its elements out; None: every bucket
-        (also with --exact, for live training, and where a sample would save less: LLaMA-60M's 6 buckets, of which
-        a sample skips 11 % of the elements for 5–13 % of the CPU time and intervals 2–5× wider)."""
+        (also with --exact, for live training, and where a sample would save less: LLaMA-60M's 6 buckets, whose 3
+        alike are all measured, MIN_PER_STRATUM)."""
         t = self.trace
         if self.cfg.exact or not isinstance(t, Trace) or t.workers * t.elements * key[2] <= sample_threshold() \
                 or self.layer_sample_for(key) is not None:
@@ -619,15 +620,16 @@ class Analysis:
     def _processes(measurements: int, processes: int | None = None) -> int:
         """The processes measure_ahead spreads ``measurements`` over (``processes`` at most, else measure_processes()),
         no more than this machine's cores."""
-        return max(1, min(measurements, processes or measure_processes(), len(os.sched_getaffinity(0))))
+        return max(1, min(measurements, processes or measure_processes(), usable_cores()))
 
-    def _parallel_todo(self, processes: int | None) -> list[MeasurementKey]:
-        """The measurements measure_ahead would spread over processes (none where it would not)."""
-        if (processes or measure_processes()) < 2 or len(os.sched_getaffinity(0)) < 2 or self.timed \
+    def _parallel_todo(self, processes: int | None, todo: list[MeasurementKey] | None = None) -> list[MeasurementKey]:
+        """The measurements measure_ahead would spread over processes, of ``todo`` (default: _to_measure()); none
+        where it would not."""
+        if (processes or measure_processes()) < 2 or usable_cores() < 2 or self.timed \
                 or not isinstance(self.trace, Trace) or "fork" not in multiprocessing.get_all_start_methods() \
                 or multiprocessing.current_process().daemon:
             return []
-        todo = self._to_measure()
+        todo = self._to_measure() if todo is None else todo
         if len(todo) < PARALLEL_MIN_MEASUREMENTS:
             return []
         from arcsim.run.measure import measuring_threads  # (loads torch: only where there is something to measure)
@@ -650,20 +652,27 @@ class Analysis:
 
     def measuring_work(self, load: Load | None = None) -> tuple[int, float]:
         """The planned measurements neither in memory nor in the cache, and the seconds they should take here with
-        the machine as loaded as ``load`` (default: now; arcsim.traces.estimates); (0, 0) for live training, whose
-        training was estimated before it started."""
+        the machine as loaded as ``load`` (default: as it is now, watched only where there is something to measure;
+        kept in ``measuring_load``; arcsim.traces.estimates); (0, 0) for live training, whose training was estimated
+        before it started."""
         if not isinstance(self.trace, Trace):
             return 0, 0.0
         todo = self._to_measure()
         if not todo:
             return 0, 0.0
-        ahead = set(self._parallel_todo(None))
+        from arcsim.run.measure import measuring_threads  # (loads torch: only where there is something to measure)
+
+        ahead = set(self._parallel_todo(None, todo))
+        whole_alone = measuring_threads(self.ctx.buckets, self.trace.workers) == 1
+        one_thread = [k for k in todo if k not in ahead and (self.layer_sample_for(k) is not None or whole_alone)]
 
         def read(keys: Iterable[MeasurementKey]) -> float:
             return float(sum(self.trace.workers * k[2] * self._measured_elements(k) for k in keys))
 
-        seconds = measuring_seconds(read(todo), timed=self.timed, load=load or Load.now(), side_by_side=read(ahead),
-                                    processes=self._processes(len(ahead)), measurements=len(todo))
+        self.measuring_load = load or Load.now()
+        seconds = measuring_seconds(read(todo), timed=self.timed, load=self.measuring_load, side_by_side=read(ahead),
+                                    processes=self._processes(len(ahead)), one_thread=read(one_thread),
+                                    measurements=len(todo))
         self.timings[MEASURING_ESTIMATE] = seconds
         return len(todo), seconds
 

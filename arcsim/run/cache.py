@@ -21,6 +21,7 @@ from arcsim.run.layer_sample import LayerSample
 from arcsim.run.measurement import Measurement
 from arcsim.run.sampling import BucketSample
 from arcsim.strategy.buckets import Bucket
+from arcsim.traces.format import GRADIENTS_MEMBER, TraceError
 
 VERSION = 5  # bump when what a measurement holds changes (or, up to ties, how it is measured); 4: node-aware
 #             slices cut at row boundaries (their measurements from before are of other slices); 5: a layer
@@ -29,12 +30,19 @@ VERSION = 5  # bump when what a measurement holds changes (or, up to ties, how i
 
 def trace_hash(path: Path) -> str:
     """The trace's content identity: SHA-256 over each member's name, size and CRC-32 as its zip directory holds
-    them — CRCs checked against the bytes (the gradients' when open_trace first opens the file, the small members'
-    as zipfile reads them), so no second read of a many-gigabyte file (a SHA-256 of LLaMA-1B's 5.4 GB took 2 s
-    of a cold run's wall time). Two traces that differ share it with odds of 2⁻³² per member."""
-    with zipfile.ZipFile(path) as zf:
-        members = sorted((i.filename, i.file_size, i.CRC) for i in zf.infolist())
-    return hashlib.sha256(json.dumps(members).encode()).hexdigest()
+    them and over the bytes of every member but the gradients (a few kB) — the gradients' CRC checked against their
+    bytes when open_trace first opens the file — so no second read of a many-gigabyte file (a SHA-256 of LLaMA-1B's
+    5.4 GB took 2 s of a cold run's wall time). Two traces whose gradients differ share it with odds of 2⁻³²."""
+    digest = hashlib.sha256()
+    try:
+        with zipfile.ZipFile(path) as zf:
+            for info in sorted(zf.infolist(), key=lambda i: i.filename):
+                digest.update(json.dumps([info.filename, info.file_size, info.CRC]).encode())
+                if info.filename != GRADIENTS_MEMBER:
+                    digest.update(zf.read(info))
+    except (OSError, zipfile.BadZipFile) as exc:
+        raise TraceError(f"{path}: the trace changed or went while it was read ({exc}); run again") from None
+    return digest.hexdigest()
 
 
 def key(trace: str, buckets: list[Bucket], compressor: str, density: float, memory: str | None, seed: int,

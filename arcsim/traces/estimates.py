@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from arcsim.errors import ArcsimError
-from arcsim.processes import physical_memory_bytes
+from arcsim.processes import physical_memory_bytes, usable_cores
 from arcsim.units import format_size
 
 if TYPE_CHECKING:
@@ -127,9 +127,9 @@ class Load:
         if others is None:
             try:
                 others = max(0.0, os.getloadavg()[0] - own_load())
-            except OSError:
+            except (OSError, AttributeError):  # (no load average at all: Windows)
                 others = 0.0
-        return cls(others, os.cpu_count() or 1)
+        return cls(others, usable_cores())
 
     @property
     def slowdown(self) -> float:
@@ -177,13 +177,15 @@ def own_load() -> float:
 
 
 def measuring_seconds(elements_read: float, timed: bool, load: Load, side_by_side: float = 0.0,
-                      processes: int = 1, measurements: int = 0) -> float:
+                      processes: int = 1, one_thread: float = 0.0, measurements: int = 0) -> float:
     """``measurements`` compressor runs that read ``elements_read`` gradient elements in all (``timed``: timing them
-    too), with the machine as loaded as ``load``; ``side_by_side`` of the elements in ``processes`` processes at once
-    (each on one thread: arcsim.run.analysis.Analysis.measure_ahead), the rest one measurement at a time."""
+    too), with the machine as loaded as ``load``: ``side_by_side`` of the elements in ``processes`` processes at once
+    and ``one_thread`` more one measurement at a time, each on one thread (arcsim.run.analysis.Analysis.measure_ahead,
+    arcsim.run.measure.measuring_threads), the rest one at a time on torch's threads."""
     seconds_per_element = (MEASURE_TIMED_FACTOR if timed else 1.0) / MEASURE_ELEMENTS_PER_S
-    alone = ((elements_read - side_by_side) * seconds_per_element + measurements * MEASURE_FIXED_S) * load.slowdown
-    return alone + side_by_side * seconds_per_element / load.cores_for(processes)
+    threaded = (elements_read - side_by_side - one_thread) * seconds_per_element * load.slowdown
+    return (threaded + one_thread * seconds_per_element / load.cores_for(1) + measurements * MEASURE_FIXED_S
+            * load.slowdown + side_by_side * seconds_per_element / load.cores_for(processes))
 
 
 def available_memory() -> float:

@@ -52,6 +52,9 @@ class TraceError(ArcsimError):
     """A trace file that is missing, corrupt or inconsistent."""
 
 
+GRADIENTS_MEMBER = "gradients.npy"  # the zip member holding every step's gradients
+
+
 def as_torch_dtype(name: str) -> torch.dtype:
     """A trace's dtype (fp16, fp32) as torch holds it (torch loads here: a trace's metadata is read without it)."""
     import torch
@@ -94,7 +97,7 @@ class TraceWriter:
         # is a writer its reader can take for the whole stream (it then reads nothing, and the real one waits)
         self.file = open(self.tmp, "wb")  # closed in __exit__
         self.zip = zipfile.ZipFile(self.file, "w", compression=zipfile.ZIP_STORED, allowZip64=True)
-        self.member = self.zip.open("gradients.npy", "w", force_zip64=True)
+        self.member = self.zip.open(GRADIENTS_MEMBER, "w", force_zip64=True)
         header = {"descr": np.lib.format.dtype_to_descr(self.dtype), "fortran_order": False,
                   "shape": (self.steps, self.workers, self.elements)}
         np.lib.format.write_array_header_1_0(self.member, header)
@@ -242,7 +245,7 @@ class Trace:
                     self._read_into(fh, out)
                     yield out
             return
-        with zipfile.ZipFile(self.path) as zf, zf.open("gradients.npy") as fh:  # compressed member: sequential
+        with zipfile.ZipFile(self.path) as zf, zf.open(GRADIENTS_MEMBER) as fh:  # compressed member: sequential
             _read_npy_header(fh)
             for i in range(stop):
                 out = torch.empty(self.workers, self.elements, dtype=dtype)
@@ -413,7 +416,7 @@ def _stored_data_offset(path: Path, info: zipfile.ZipInfo, header_end: int) -> i
 def _gradients_intact(path: Path) -> bool:
     """Whether the gradients member's bytes match the CRC-32 the zip directory holds for them."""
     with zipfile.ZipFile(path) as zf:
-        info = zf.getinfo("gradients.npy")
+        info = zf.getinfo(GRADIENTS_MEMBER)
         start = _stored_data_offset(path, info, 0)
         if start is None:  # compressed: zipfile checks the CRC when the member is read to its end
             try:
@@ -476,7 +479,7 @@ def open_trace(path: str | Path) -> Trace:
         _check_meta_types(meta, path)
         layers = _layers_from_json(_read_json(zf, "layers", path), path)
         try:
-            info = zf.getinfo("gradients.npy")
+            info = zf.getinfo(GRADIENTS_MEMBER)
             with zf.open(info) as fh:
                 shape, fortran, dtype = _read_npy_header(fh)
                 header_end = fh.tell()
