@@ -579,8 +579,8 @@ class Analysis:
 
     def measure_ahead(self, processes: int | None = None) -> int:
         """Run the planned measurements that are neither in memory nor in the cache now, spread over
-        ``processes`` forked processes (default: measure_processes(), at most this machine's cores), each on one
-        intra-op thread; the run then finds them in memory. Only for a trace file whose compression is
+        ``processes`` forked processes (default: measure_processes(), at most the cores this process may use),
+        each on one intra-op thread; the run then finds them in memory. Only for a trace file whose compression is
         modelled (nothing is timed: timings taken side by side would share the cores), and only the
         measurements on one intra-op thread anyway — every one on the layer sample, and the whole trace's where its
         buckets are small (measuring_threads; large ones use torch's threads in one process and their
@@ -619,7 +619,7 @@ class Analysis:
     @staticmethod
     def _processes(measurements: int, processes: int | None = None) -> int:
         """The processes measure_ahead spreads ``measurements`` over (``processes`` at most, else measure_processes()),
-        no more than this machine's cores."""
+        no more than the cores this process may use."""
         return max(1, min(measurements, processes or measure_processes(), usable_cores()))
 
     def _parallel_todo(self, processes: int | None, todo: list[MeasurementKey] | None = None) -> list[MeasurementKey]:
