@@ -83,6 +83,7 @@ def test_intra_op_threads_are_restored():
     assert torch.get_num_threads() == before
     small = [Bucket(0, (), 0, SMALL_WORK_ELEMENTS // 8 - 1, 0.0)]
     assert measuring_threads(small, 8) == 1 and measuring_threads(small, 9) is None
+    assert measuring_threads(small, 9, sampled=True) == 1  # a layer sample: one thread, side by side or not
 
 
 def test_nested_top_k_sets_are_the_top_k_at_every_density():

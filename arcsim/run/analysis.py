@@ -632,11 +632,15 @@ class Analysis:
         todo = self._to_measure() if todo is None else todo
         if len(todo) < PARALLEL_MIN_MEASUREMENTS:
             return []
+        streamed = self.streamed()  # (a streamed trace's whole measurements are made in one read of it, here)
+        todo = [k for k in todo if self._one_thread(k) and (self.layer_sample_for(k) is not None or not streamed)]
+        return todo if len(todo) >= PARALLEL_MIN_MEASUREMENTS else []
+
+    def _one_thread(self, key: MeasurementKey) -> bool:
+        """Whether ``key`` is measured on one intra-op thread (arcsim.run.measure.measuring_threads)."""
         from arcsim.run.measure import measuring_threads  # (loads torch: only where there is something to measure)
 
-        whole_small = not self.streamed() and measuring_threads(self.ctx.buckets, self.trace.workers) == 1
-        todo = [k for k in todo if self.layer_sample_for(k) is not None or whole_small]  # (a sample: one thread)
-        return todo if len(todo) >= PARALLEL_MIN_MEASUREMENTS else []
+        return measuring_threads(self.ctx.buckets, self.trace.workers, self.layer_sample_for(key) is not None) == 1
 
     def _to_measure(self) -> list[MeasurementKey]:
         """The planned measurements a run still has to make: neither in memory, nor in the cache, nor a twin's copy."""
@@ -660,11 +664,8 @@ class Analysis:
         todo = self._to_measure()
         if not todo:
             return 0, 0.0
-        from arcsim.run.measure import measuring_threads  # (loads torch: only where there is something to measure)
-
         ahead = set(self._parallel_todo(None, todo))
-        whole_alone = measuring_threads(self.ctx.buckets, self.trace.workers) == 1
-        one_thread = [k for k in todo if k not in ahead and (self.layer_sample_for(k) is not None or whole_alone)]
+        one_thread = [k for k in todo if k not in ahead and self._one_thread(k)]
 
         def read(keys: Iterable[MeasurementKey]) -> float:
             return float(sum(self.trace.workers * k[2] * self._measured_elements(k) for k in keys))

@@ -139,12 +139,13 @@ def intra_op_threads(threads: int | None) -> Iterator[None]:
         torch.set_num_threads(before)
 
 
-def measuring_threads(buckets: list[Bucket], workers: int) -> int | None:
+def measuring_threads(buckets: list[Bucket], workers: int, sampled: bool = False) -> int | None:
     """The intra-op threads to measure with: one where every bucket is small (its ops last microseconds,
     and splitting them over threads costs more than it gives — on a 2-core machine shared with other work
-    two threads took 19–50 s where one took 2 s, waiting at every op's barrier for a descheduled thread);
-    None (torch's own) for larger buckets, where two threads measured ~2× faster on an idle machine."""
-    return 1 if max(b.numel for b in buckets) * workers < SMALL_WORK_ELEMENTS else None
+    two threads took 19–50 s where one took 2 s, waiting at every op's barrier for a descheduled thread) and on a
+    layer sample (``sampled``) always, so its sums are the same measured side by side (Analysis.measure_ahead) or
+    not; None (torch's own) for larger buckets, where two threads measured ~2× faster on an idle machine."""
+    return 1 if sampled or max(b.numel for b in buckets) * workers < SMALL_WORK_ELEMENTS else None
 
 
 ROW_KEYS = ("records", "err2", "ref2", "upd2", "raw2", "gain", "selected", "compress_s")  # a step's, per bucket
@@ -392,9 +393,7 @@ def measure_many(steps: Iterable[tuple[int, torch.Tensor]], buckets: list[Bucket
            for bc in runs]
     for i, (step, g) in enumerate(steps):  # (live training yields these: its own threads and autograd)
         final = i + 1 == count
-        # a layer sample's buckets on one thread always: side by side (Analysis.measure_ahead) or not, the same sums
-        threads = 1 if layer_sample is not None else measuring_threads(buckets, g.shape[0])
-        with intra_op_threads(threads), torch.no_grad():
+        with intra_op_threads(measuring_threads(buckets, g.shape[0], layer_sample is not None)), torch.no_grad():
             if not bucket_major:
                 for bc, meas in zip(runs, out, strict=True):
                     meas.add(bc.step(step, g, final=final, updates=False)[1])
