@@ -46,15 +46,34 @@ if "ARCSIM_CACHE_DIR" not in os.environ or os.environ.get("ARCSIM_TEST_CACHE_OF"
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """The emulated cluster's tests (those holding one_emulated_cluster) in one xdist group: `make test` runs
-    ``--dist loadgroup``, which sends a group to one worker, so no other worker sits waiting on the lock."""
+    """Scheduling for `make test` (``--dist loadgroup``, which sends an xdist group to one worker and hands out the
+    largest groups first): the emulated cluster's tests (those holding one_emulated_cluster) in one group, so no other
+    worker sits waiting on the lock; a module's tests that share one of its module-scoped fixtures in a group of the
+    module, so the fixture is built once and not once on each worker (test_recording's torchrun jobs were built
+    twice: ~20 s of CPU); and the tests marked slow handed out before the rest, so none is left running alone
+    at the end."""
     for item in items:
-        if "one_emulated_cluster" in getattr(item, "fixturenames", ()):
-            item.add_marker(pytest.mark.xdist_group("emulated_cluster"))
-            if coerce_node_id and getattr(config.option, "loadgroup", False) and "@" not in item.nodeid:
-                # xdist 3.8 suffixes the group to ``item._nodeid``, which pytest 9 no longer reads (its node ids
-                # live in ``_id``): without the suffix the scheduler spread the group and workers sat on the lock
-                item._id = coerce_node_id(f"{item.nodeid}@emulated_cluster")
+        group = ("emulated_cluster" if "one_emulated_cluster" in getattr(item, "fixturenames", ())
+                 else _shared_module_fixture(item))
+        if group is None:
+            continue
+        item.add_marker(pytest.mark.xdist_group(group))
+        if coerce_node_id and getattr(config.option, "loadgroup", False) and "@" not in item.nodeid:
+            # xdist 3.8 suffixes the group to ``item._nodeid``, which pytest 9 no longer reads (its node ids
+            # live in ``_id``): without the suffix the scheduler spread the group and workers sat on the lock
+            item._id = coerce_node_id(f"{item.nodeid}@{group}")
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)  # stable: otherwise as collected
+
+
+def _shared_module_fixture(item: pytest.Item) -> str | None:
+    """The group of the item's module if the item uses a module-scoped fixture its module defines, else None."""
+    info = getattr(item, "_fixtureinfo", None)
+    module = getattr(item, "module", None)
+    if info is None or module is None:
+        return None
+    own = [d for name in item.fixturenames for d in info.name2fixturedefs.get(name, ())
+           if d.scope == "module" and d.func.__module__ == module.__name__]
+    return module.__name__ if own else None
 
 
 @pytest.fixture

@@ -90,23 +90,52 @@ def data_dirs(package: Path) -> dict[str, str]:
     return dirs
 
 
-def answer(arcsim: Path, args: list[str], data: dict[str, str]) -> object:
-    """The command's JSON with machine-specific parts replaced: where the package's data and the cache are."""
+# Every command of COMMANDS in one process of the install's own Python (as its console script runs them: the entry
+# point's second half), each in an empty folder with a cache of its own: one torch import per install, not one per
+# command (16 processes were ~30 s of CPU beside the suite). Prints each command's exit code, standard output, cache
+# and what it left in its folder, as JSON.
+ANSWERS = """
+import contextlib, io, json, os, sys, tempfile
+from arcsim.processes import wait_passively
+wait_passively()
+from arcsim.cli.main import main
+answers = []
+for args in json.loads(sys.argv[1]):
     with tempfile.TemporaryDirectory() as cwd, tempfile.TemporaryDirectory() as cache:
-        env = {**os.environ, "ARCSIM_CACHE_DIR": cache, "COLUMNS": "100"}
-        env.pop("ARCSIM_TRACE_DIR", None)
-        env.pop("ARCSIM_TOPOLOGY_PATH", None)
-        text = sh(arcsim, "-q", *args, "--json", "-", cwd=Path(cwd), env=env)
-        if any(Path(cwd).iterdir()):
-            raise SystemExit(f"install check: arcsim {' '.join(args)} wrote into the working directory: "
-                             f"{sorted(p.name for p in Path(cwd).iterdir())}")
+        os.environ["ARCSIM_CACHE_DIR"] = cache
+        os.chdir(cwd)
+        sys.argv, out, code = ["arcsim", "-q", *args, "--json", "-"], io.StringIO(), 0
+        with contextlib.redirect_stdout(out):
+            try:
+                main()
+            except SystemExit as exc:
+                code = exc.code
+        answers.append({"code": code, "stdout": out.getvalue(), "cache": cache, "left": sorted(os.listdir(cwd))})
+        os.chdir(os.sep)
+print(json.dumps(answers))
+"""
+
+
+def answers(python: Path, data: dict[str, str]) -> list[object]:
+    """Each command's JSON with machine-specific parts replaced: where the package's data and the cache are."""
+    env = {**os.environ, "COLUMNS": "100"}
+    env.pop("ARCSIM_TRACE_DIR", None)
+    env.pop("ARCSIM_TOPOLOGY_PATH", None)
+    with tempfile.TemporaryDirectory() as cwd:
+        ran = json.loads(sh(python, "-c", ANSWERS, json.dumps(COMMANDS), cwd=Path(cwd), env=env))
+    found = []
+    for args, got in zip(COMMANDS, ran, strict=True):
+        label = f"arcsim {' '.join(args)}"
+        if got["code"] not in (0, None):
+            raise SystemExit(f"install check: {label} exited {got['code']}")
+        if got["left"]:
+            raise SystemExit(f"install check: {label} wrote into the working directory: {got['left']}")
+        text = got["stdout"]
         for where, placeholder in sorted(data.items(), key=lambda kv: -len(kv[0])):
             text = text.replace(where, placeholder)
-        text = text.replace(cache, "<cache>")
-    obj = json.loads(text)
-    if isinstance(obj, dict):
-        obj = {k: v for k, v in obj.items() if k not in VOLATILE}
-    return obj
+        obj = json.loads(text.replace(got["cache"], "<cache>"))
+        found.append({k: v for k, v in obj.items() if k not in VOLATILE} if isinstance(obj, dict) else obj)
+    return found
 
 
 def users_recorded_job(venv: Path) -> str | None:
@@ -170,8 +199,6 @@ def first_difference(a: object, b: object, where: str = "") -> str | None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--venv", type=Path, required=True, help="the venv to install the wheel into (kept)")
-    ap.add_argument("--editable", type=Path, default=Path(sys.executable).parent / "arcsim",
-                    help="the editable install's arcsim entry point (default: beside this Python)")
     args = ap.parse_args()
     venv = args.venv.resolve()
     with tempfile.TemporaryDirectory() as out:
@@ -184,12 +211,12 @@ def main() -> None:
         raise SystemExit(f"install check: the wheel's venv imports arcsim from {wheel_pkg}, not from its own install")
     before = tree_digest(wheel_pkg)
     passed = failed = 0
-    pool = ThreadPoolExecutor(2)  # the two installs side by side
-    for command in COMMANDS:
+    with ThreadPoolExecutor(2) as pool:  # the two installs side by side
+        editable = pool.submit(answers, Path(sys.executable), data_dirs(editable_pkg))
+        from_wheel = pool.submit(answers, venv / "bin" / "python", data_dirs(wheel_pkg))
+    for command, mine, theirs in zip(COMMANDS, editable.result(), from_wheel.result(), strict=True):
         label = "arcsim " + " ".join(command)
-        editable = pool.submit(answer, args.editable, command, data_dirs(editable_pkg))
-        from_wheel = pool.submit(answer, installed, command, data_dirs(wheel_pkg))
-        difference = first_difference(editable.result(), from_wheel.result())
+        difference = first_difference(mine, theirs)
         if difference is None:
             passed += 1
             print(f"install: {label}: same answer from the wheel", flush=True)

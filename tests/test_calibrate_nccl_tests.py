@@ -195,6 +195,7 @@ def test_bad_nccl_tests_requests_are_refused_before_any_work(tmp_path, args, fra
     assert r.stderr.count("\n") == 1 and set(tmp_path.iterdir()) == before
 
 
+@pytest.mark.slow
 def test_published_tables_fitted_on_every_other_size_price_the_sizes_between():
     """benchmarks/calibrate_nccl_tests.py: each published multi-node table fitted on its even-indexed sizes, MAPE
     (%) on the odd ones as measured (2026-11-27), with a margin of 1.5 points: the mid band (64 KiB – 64 MiB) within

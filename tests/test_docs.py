@@ -150,6 +150,7 @@ def first_documents() -> dict[str, set[str]]:
 RUN_ELSEWHERE = first_documents()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("doc", sorted({e.doc for e in EXAMPLES}))
 def test_runnable_examples_run(doc: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Each document's examples in order, in one scratch directory (later ones may read what earlier wrote);

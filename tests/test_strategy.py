@@ -158,6 +158,7 @@ def test_interference_counts_communication_only_while_the_compute_lane_works() -
     assert run(beside, slowed).iteration_s == pytest.approx(1.6)  # 0.2 s under compute: + 0.1
 
 
+@pytest.mark.slow
 def test_a_users_own_gpt_gets_every_strategy_in_one_table(tmp_path, monkeypatch) -> None:
     """Issue 49's question for your own GPT (live gradients, the tokens per example set by --seq-len): DDP with the
     compressors, FSDP and HSDP with ZeRO++'s formats and HSDP with each compressor between nodes, memory on every

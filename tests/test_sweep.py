@@ -193,6 +193,7 @@ def test_a_directory_holding_another_sweep_is_refused(tmp_path):
         ResultStore(tmp_path / "other").open(build_spec({"compressor": "topk"}))
 
 
+@pytest.mark.slow
 def test_cli_sweep_signal_then_resume_with_local_processes(tmp_path):
     out = tmp_path / "s"
     args = [sys.executable, "-m", "arcsim", "sweep", "-c", "dense,topk,randk,arctopk,star", "-d", "0.001,0.01,0.1",

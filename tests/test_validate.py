@@ -92,6 +92,7 @@ def test_bad_validate_requests(args, fragment):
     assert r.returncode == 2 and fragment in r.stderr, r.stderr
 
 
+@pytest.mark.slow
 def test_real_cluster_path_under_torchrun_on_loopback(tmp_path):
     """write-config → torchrun calibrate and worker → --measured: the no-emulation path, loopback standing in."""
     d = tmp_path / "real"

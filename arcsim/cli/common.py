@@ -9,11 +9,10 @@ import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 from rich.console import Console
-from tqdm import tqdm
 
 from arcsim.catalog import MODELS, SCOPES
 from arcsim.cli.paths import JsonTarget
@@ -21,6 +20,9 @@ from arcsim.collectives.limits import DES_EVENTS, EVENTS_PER_SECOND, STORED_MESS
 from arcsim.files import write_atomic
 from arcsim.topology import GRAMMAR
 from arcsim.units import UnitError, parse_size
+
+if TYPE_CHECKING:  # imported where a bar is made: 0.1 s that a refused argument should not wait on
+    from tqdm import tqdm
 
 FORCE_TRAINING_HELP = ("Train even where the estimate (printed first: memory from the model's parameters × workers, "
                        "time from its FLOPs) exceeds the memory this machine has available.")
@@ -56,6 +58,8 @@ def note(message: str) -> None:
 
 def progress_bar(total: int | None, desc: str, unit: str) -> tqdm:
     """A tqdm bar on stderr, hidden when stderr is no terminal or under --quiet."""
+    from tqdm import tqdm
+
     return tqdm(total=total, desc=desc, unit=unit, disable=True if Verbosity.quiet else None, file=sys.stderr)
 
 
