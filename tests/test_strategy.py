@@ -17,7 +17,7 @@ from arcsim.run.config import parse_sharding
 from arcsim.run.convergence import fit_steps_model
 from arcsim.run.strategies import StrategyRow, _mark_recommended
 from arcsim.strategy.buckets import DDP_FIRST_BUCKET_BYTES, make_buckets
-from arcsim.strategy.data_parallel import bucketed_step
+from arcsim.strategy.data_parallel import bucketed_iteration_s, bucketed_step
 from arcsim.strategy.engine import Item, StepEffects, run
 from arcsim.strategy.memory import DDP_BUCKET_BYTES, STATE_BYTES, Memory, memory_per_gpu, replica_buffers
 
@@ -52,6 +52,18 @@ def test_the_bucketed_step_is_its_closed_form(buckets, forward, backward, after,
     assert t.iteration_s == pytest.approx(want, abs=1e-12)
     assert t.comm_start == pytest.approx(starts, abs=1e-12)
     assert t.compress_s == pytest.approx(sum(compress))
+
+
+@settings(max_examples=300)
+@given(st.lists(st.tuples(st.floats(-0.02, 0.1), st.floats(0, 0.01), st.floats(0, 0.05)), max_size=12),
+       st.floats(0, 0.05), st.floats(0, 0.2), st.floats(0, 0.01), st.floats(0.5, 2.0))
+def test_the_policys_iteration_time_is_the_engines_to_the_last_bit(buckets, forward, backward, after, slow):
+    """bucketed_iteration_s (the descent's thousands of steps, no items built) is run(bucketed_items(...)) exactly,
+    ready times out of order (negative compute stretches) and no bucket at all included."""
+    ready = [b[0] for b in buckets]
+    compress, comm = [b[1] for b in buckets], [b[2] for b in buckets]
+    engine = bucketed_step(forward, backward, ready, compress, comm, after, StepEffects(slow, 0.0)).iteration_s
+    assert bucketed_iteration_s(forward, backward, ready, compress, comm, after, slow) == engine
 
 
 def test_lanes_let_node_and_inter_collectives_overlap_and_world_ones_wait_for_both() -> None:

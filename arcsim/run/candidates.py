@@ -20,7 +20,7 @@ from arcsim.run.compute import ComputeTimes
 from arcsim.run.measurement import Measurement
 from arcsim.strategy import effects
 from arcsim.strategy.buckets import Bucket
-from arcsim.strategy.data_parallel import bucketed_step
+from arcsim.strategy.data_parallel import bucketed_iteration_s, bucketed_step
 from arcsim.strategy.engine import Timeline
 from arcsim.strategy.frameworks import get_framework
 from arcsim.topology import Topology
@@ -166,6 +166,17 @@ def bucket_timeline(compress: Sequence[float], comm: Sequence[float], ctx: Conte
     c = ctx.compute
     return bucketed_step(c.forward_s, c.backward_s, [b.ready_s for b in ctx.buckets], compress, comm, c.after_s,
                          effects.step_effects(ctx.topo))
+
+
+def bucket_iteration_s(compress: Sequence[float], comm: Sequence[float], ctx: Context) -> float:
+    """``bucket_timeline(compress, comm, ctx).iteration_s``, with no timeline built where the topology has no
+    interference (bucketed_iteration_s: the same number)."""
+    step = effects.step_effects(ctx.topo)
+    if step.interference:
+        return bucket_timeline(compress, comm, ctx).iteration_s
+    c = ctx.compute
+    return bucketed_iteration_s(c.forward_s, c.backward_s, [b.ready_s for b in ctx.buckets], compress, comm,
+                                c.after_s, step.slowdown)
 
 
 def step_timelines(meas: Measurement, collective: str, ctx: Context,

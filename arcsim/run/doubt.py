@@ -44,7 +44,7 @@ from arcsim.devices.catalog import Device
 from arcsim.errors import ArcsimError
 from arcsim.files import packaged, write_atomic
 from arcsim.pricing import Pricer
-from arcsim.run.candidates import Candidate, Context, bucket_timeline, candidates_for, main_op, priced_buckets
+from arcsim.run.candidates import Candidate, Context, bucket_iteration_s, candidates_for, main_op, priced_buckets
 from arcsim.run.measurement import Measurement
 from arcsim.topology import Topology
 from arcsim.units import format_bits
@@ -203,7 +203,7 @@ def shifts(c: Candidate, ctx: Context, pricer: Pricer, errors: Errors) -> np.nda
     def log_time(k: int, sign: float) -> float:
         f = np.ones(len(sigmas))
         f[k] = math.exp(sign * sigmas[k])
-        return math.log(bucket_timeline(compress * f[1], rest + bands @ f[2:], with_compute(ctx, f[0])).iteration_s)
+        return math.log(bucket_iteration_s(list(compress * f[1]), list(rest + bands @ f[2:]), with_compute(ctx, f[0])))
 
     return np.array([(log_time(k, 1) - log_time(k, -1)) / 2 if s else 0.0 for k, s in enumerate(sigmas)])
 

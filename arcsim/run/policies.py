@@ -27,7 +27,7 @@ from typing import Any, TypeVar
 import numpy as np
 
 from arcsim.catalog import AG_FAMILY, AR_TOPK_FAMILY, INFO
-from arcsim.run.candidates import Candidate, Context, bucket_timeline
+from arcsim.run.candidates import Candidate, Context, bucket_iteration_s, bucket_timeline
 from arcsim.run.convergence import COVERED_SELECTIONS, StepsModel
 from arcsim.run.decisions import UNUSABLE_ERROR, BucketChoice, Policy, Scored, usable
 from arcsim.run.measurement import Measurement
@@ -117,9 +117,14 @@ def _pooled_error(chosen: Sequence[Candidate], memo: PerBucket | None = None) ->
     return err / ref if ref > 0 else 0.0
 
 
+def _per_bucket_times(chosen: Sequence[Candidate], ctx: Context) -> tuple[list[float], list[float]]:
+    """Each bucket's compression and communication seconds under its chosen candidate."""
+    return ([c.bucket_compress_s[b.index] for c, b in zip(chosen, ctx.buckets, strict=True)],
+            [c.bucket_comm_s[b.index] for c, b in zip(chosen, ctx.buckets, strict=True)])
+
+
 def _iteration(chosen: Sequence[Candidate], ctx: Context) -> Any:
-    return bucket_timeline([c.bucket_compress_s[b.index] for c, b in zip(chosen, ctx.buckets, strict=True)],
-                           [c.bucket_comm_s[b.index] for c, b in zip(chosen, ctx.buckets, strict=True)], ctx)
+    return bucket_timeline(*_per_bucket_times(chosen, ctx), ctx)
 
 
 def _choices(chosen: Sequence[Candidate], ctx: Context, ranked: Sequence[Candidate],
@@ -168,7 +173,8 @@ def by_time_to_target(grid: Sequence[Candidate], cands: Sequence[Candidate], ctx
     memo: PerBucket = {}
 
     def tta(chosen: list[Candidate]) -> float:
-        return _iteration(chosen, ctx).iteration_s * model.dense_steps * model.factor(_pooled_error(chosen, memo))
+        return bucket_iteration_s(*_per_bucket_times(chosen, ctx), ctx) * model.dense_steps \
+            * model.factor(_pooled_error(chosen, memo))
 
     mix = [best] * len(ctx.buckets)
     mix_t = best_t
