@@ -90,10 +90,10 @@ def data_dirs(package: Path) -> dict[str, str]:
     return dirs
 
 
-# Every command of COMMANDS in one process of the install's own Python (as its console script runs them: the entry
-# point's second half), each in an empty folder with a cache of its own: one torch import per install, not one per
-# command (16 processes were ~30 s of CPU beside the suite). Prints each command's exit code, standard output, cache
-# and what it left in its folder, as JSON.
+# Every command of COMMANDS in one process of the install's own Python (through arcsim.cli.main.main, as its console
+# script runs a command once it has restarted), each in an empty folder with a cache of its own: one torch import per
+# install, not one per command (16 processes were ~30 s of CPU beside the suite). Prints each command's exit code,
+# standard output, cache and what it left in its folder, as JSON.
 ANSWERS = """
 import contextlib, io, json, os, sys, tempfile
 from arcsim.processes import wait_passively
