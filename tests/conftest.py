@@ -50,8 +50,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     largest groups first): the emulated cluster's tests (those holding one_emulated_cluster) in one group, so no other
     worker sits waiting on the lock; a module's tests that share one of its module-scoped fixtures in a group of the
     module, so the fixture is built once and not once on each worker (test_recording's torchrun jobs were built
-    twice: ~20 s of CPU); and the tests marked slow handed out before the rest, so none is left running alone
-    at the end."""
+    twice: ~20 s of CPU); and the tests marked slow before the other single tests (xdist hands the groups out first),
+    so none is left running alone at the end."""
     for item in items:
         group = ("emulated_cluster" if "one_emulated_cluster" in getattr(item, "fixturenames", ())
                  else _shared_module_fixture(item))
@@ -62,7 +62,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             # xdist 3.8 suffixes the group to ``item._nodeid``, which pytest 9 no longer reads (its node ids
             # live in ``_id``): without the suffix the scheduler spread the group and workers sat on the lock
             item._id = coerce_node_id(f"{item.nodeid}@{group}")
-    items.sort(key=lambda item: item.get_closest_marker("slow") is None)  # stable: otherwise as collected
+    if getattr(config.option, "loadgroup", False):  # plain runs keep the collected order (quick feedback with -x)
+        items.sort(key=lambda item: item.get_closest_marker("slow") is None)  # stable: otherwise as collected
 
 
 def _shared_module_fixture(item: pytest.Item) -> str | None:

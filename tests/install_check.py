@@ -104,13 +104,14 @@ for args in json.loads(sys.argv[1]):
     with tempfile.TemporaryDirectory() as cwd, tempfile.TemporaryDirectory() as cache:
         os.environ["ARCSIM_CACHE_DIR"] = cache
         os.chdir(cwd)
-        sys.argv, out, code = ["arcsim", "-q", *args, "--json", "-"], io.StringIO(), 0
-        with contextlib.redirect_stdout(out):
+        sys.argv, out, err, code = ["arcsim", "-q", *args, "--json", "-"], io.StringIO(), io.StringIO(), 0
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
             try:
                 main()
             except SystemExit as exc:
                 code = exc.code
-        answers.append({"code": code, "stdout": out.getvalue(), "cache": cache, "left": sorted(os.listdir(cwd))})
+        answers.append({"code": code, "stdout": out.getvalue(), "stderr": err.getvalue(), "cache": cache,
+                        "left": sorted(os.listdir(cwd))})
         os.chdir(os.sep)
 print(json.dumps(answers))
 """
@@ -127,7 +128,7 @@ def answers(python: Path, data: dict[str, str]) -> list[object]:
     for args, got in zip(COMMANDS, ran, strict=True):
         label = f"arcsim {' '.join(args)}"
         if got["code"] not in (0, None):
-            raise SystemExit(f"install check: {label} exited {got['code']}")
+            raise SystemExit(f"install check: {label} exited {got['code']}:\n{got['stderr'][-3000:]}")
         if got["left"]:
             raise SystemExit(f"install check: {label} wrote into the working directory: {got['left']}")
         text = got["stdout"]

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 from conftest import run_cli
 from hypothesis import given, settings
@@ -55,13 +56,16 @@ def test_the_bucketed_step_is_its_closed_form(buckets, forward, backward, after,
 
 
 @settings(max_examples=300)
-@given(st.lists(st.tuples(st.floats(-0.02, 0.1), st.floats(0, 0.01), st.floats(0, 0.05)), max_size=12),
-       st.floats(0, 0.05), st.floats(0, 0.2), st.floats(0, 0.01), st.floats(0.5, 2.0))
-def test_the_policys_iteration_time_is_the_engines_to_the_last_bit(buckets, forward, backward, after, slow):
+@given(st.lists(st.tuples(st.floats(-0.02, 0.1), st.floats(0, 0.01), st.floats(-0.01, 0.05)), max_size=12),
+       st.floats(0, 0.05), st.floats(0, 0.2), st.floats(0, 0.01), st.floats(0.5, 2.0), st.booleans())
+def test_the_policys_iteration_time_is_the_engines_to_the_last_bit(buckets, forward, backward, after, slow, arrays):
     """bucketed_iteration_s (the descent's thousands of steps, no items built) is run(bucketed_items(...)) exactly,
-    ready times out of order (negative compute stretches) and no bucket at all included."""
+    ready times out of order (negative compute stretches), negative or zero comm, numpy arrays (as the doubt's shifts
+    pass them) and no bucket at all included."""
     ready = [b[0] for b in buckets]
     compress, comm = [b[1] for b in buckets], [b[2] for b in buckets]
+    if arrays:
+        compress, comm = np.asarray(compress, dtype=float), np.asarray(comm, dtype=float)
     engine = bucketed_step(forward, backward, ready, compress, comm, after, StepEffects(slow, 0.0)).iteration_s
     assert bucketed_iteration_s(forward, backward, ready, compress, comm, after, slow) == engine
 

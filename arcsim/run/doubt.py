@@ -203,7 +203,7 @@ def shifts(c: Candidate, ctx: Context, pricer: Pricer, errors: Errors) -> np.nda
     def log_time(k: int, sign: float) -> float:
         f = np.ones(len(sigmas))
         f[k] = math.exp(sign * sigmas[k])
-        return math.log(bucket_iteration_s(list(compress * f[1]), list(rest + bands @ f[2:]), with_compute(ctx, f[0])))
+        return math.log(bucket_iteration_s(compress * f[1], rest + bands @ f[2:], with_compute(ctx, f[0])))
 
     return np.array([(log_time(k, 1) - log_time(k, -1)) / 2 if s else 0.0 for k, s in enumerate(sigmas)])
 

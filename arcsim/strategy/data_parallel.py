@@ -5,6 +5,7 @@ order (NCCL's single stream; a DDP comm hook's collectives). How the groups are 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 from arcsim.strategy.engine import LINKS, NO_STEP_EFFECTS, Item, StepEffects, Timeline, run
@@ -41,7 +42,7 @@ def bucketed_iteration_s(forward_s: float, backward_s: float, ready_s: Sequence[
     priced by the thousand (the policy's coordinate descent: 7,252 steps of 214 buckets on LLaMA-1B, 3–4 s of its 11 s
     of pricing through the engine)."""
     compute = forward_s * slowdown
-    links = last_comm = 0.0
+    links, last_comm = 0.0, -math.inf  # the engine takes the max over the comm ends it placed, if any
     done = 0.0
     for ready, comp, comm in zip(ready_s, compress_s, comm_s, strict=True):
         compute = compute + (ready - done) * slowdown
@@ -50,4 +51,4 @@ def bucketed_iteration_s(forward_s: float, backward_s: float, ready_s: Sequence[
         links = max(links, compute) + comm  # both links are free at once: the comm waits for them and its compression
         last_comm = max(last_comm, links)
     compute = compute + (backward_s - done) * slowdown
-    return (max(compute, last_comm) if comm_s else compute) + after_s
+    return max(compute, last_comm) + after_s
