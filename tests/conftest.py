@@ -52,17 +52,18 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     module, so the fixture is built once and not once on each worker (test_recording's torchrun jobs were built
     twice: ~20 s of CPU); and the tests marked slow before the other single tests (xdist hands the groups out first),
     so none is left running alone at the end."""
+    loadgroup = getattr(config.option, "loadgroup", False)
     for item in items:
         group = ("emulated_cluster" if "one_emulated_cluster" in getattr(item, "fixturenames", ())
                  else _shared_module_fixture(item))
         if group is None:
             continue
         item.add_marker(pytest.mark.xdist_group(group))
-        if coerce_node_id and getattr(config.option, "loadgroup", False) and "@" not in item.nodeid:
+        if coerce_node_id and loadgroup and "@" not in item.nodeid:
             # xdist 3.8 suffixes the group to ``item._nodeid``, which pytest 9 no longer reads (its node ids
             # live in ``_id``): without the suffix the scheduler spread the group and workers sat on the lock
             item._id = coerce_node_id(f"{item.nodeid}@{group}")
-    if getattr(config.option, "loadgroup", False):  # plain runs keep the collected order (quick feedback with -x)
+    if loadgroup:  # plain runs keep the collected order (quick feedback with -x)
         items.sort(key=lambda item: item.get_closest_marker("slow") is None)  # stable: otherwise as collected
 
 
@@ -72,8 +73,8 @@ def _shared_module_fixture(item: pytest.Item) -> str | None:
     module = getattr(item, "module", None)
     if info is None or module is None:
         return None
-    own = [d for name in item.fixturenames for d in info.name2fixturedefs.get(name, ())
-           if d.scope == "module" and d.func.__module__ == module.__name__]
+    own = any(d.scope == "module" and d.func.__module__ == module.__name__
+              for name in item.fixturenames for d in info.name2fixturedefs.get(name, ()))
     return module.__name__ if own else None
 
 
