@@ -78,15 +78,26 @@ def _shared_module_fixture(item: pytest.Item) -> str | None:
     return module.__name__ if own else None
 
 
+TEST_CLUSTER_PREFIX = "arcsimtc"  # not arcsim's default: a user's cluster or one a killed run left is not the tests'
+
+
 @pytest.fixture
-def one_emulated_cluster() -> Iterator[None]:
-    """Held by a test that builds an emulated cluster: one at a time across pytest-xdist workers (a file lock, for
-    runs without ``--dist loadgroup``, which groups them on one worker) — the default prefix ('arcsim') is one
-    cluster, and two clusters' timings on this machine's cores would each measure the other's load."""
+def one_emulated_cluster() -> Iterator[str]:
+    """The namespace prefix for a test that builds an emulated cluster, one such test at a time across pytest-xdist
+    workers (a file lock, for runs without ``--dist loadgroup``, which groups them on one worker): two clusters'
+    timings on this machine's cores would each measure the other's load. Holding the lock, a cluster found with this
+    prefix is one a killed test run left behind (CI failed on such a one, of the default prefix): it is taken down
+    first; one the test leaves is an error."""
+    from arcsim.testbed.cluster import namespaces, teardown
+
     with open(Path(tempfile.gettempdir()) / "arcsim-tests-default-cluster.lock", "a") as fh:
         fcntl.flock(fh, fcntl.LOCK_EX)
         try:
-            yield
+            teardown(TEST_CLUSTER_PREFIX)
+            yield TEST_CLUSTER_PREFIX
+            left = namespaces(TEST_CLUSTER_PREFIX)
+            teardown(TEST_CLUSTER_PREFIX)
+            assert not left, f"the test left an emulated cluster up: {left}"
         finally:
             fcntl.flock(fh, fcntl.LOCK_UN)
 

@@ -67,6 +67,7 @@ CASES = [
     (["train", "--topology", "8x1-eth1", "--gpu", "x100", "--steps", "1"], "unknown GPU 'x100'"),
     (["sweep", "--gpu", "x100", "-o", "{tmp}/sweep"], "unknown GPU 'x100'"),
     (["validate", "--write-config", "{tmp}/cfg", "--calibration-repeats", "3"], "--write-config runs none"),
+    (["validate", "--measured", "{tmp}", "--prefix", "mine"], "--measured builds none"),
 ]
 
 

@@ -248,7 +248,7 @@ def test_fsdp2_on_the_emulated_cluster(tmp_path, one_emulated_cluster) -> None:
     from arcsim.sharding.emulated import compare, measure
 
     cfg = {"layers": 4, "dim": 1024, "batch": 32, "steps": 3}
-    m = measure(cfg, 2, "100Mbit", tmp_path)
+    m = measure(cfg, 2, "100Mbit", tmp_path, one_emulated_cluster)
     c = compare(cfg, m, "2x1-eth0.1")
     print(c)
     assert c["collectives"] == 12
@@ -300,7 +300,7 @@ def test_fsdp2_with_an_int8_reduce_scatter_on_the_emulated_cluster(tmp_path, one
     from arcsim.sharding.emulated_compressed import compare, measure
 
     cfg = {"layers": 4, "dim": 1024, "batch": 32, "steps": 3}
-    m = measure(cfg, 2, "100Mbit", tmp_path)
+    m = measure(cfg, 2, "100Mbit", tmp_path, one_emulated_cluster)
     c = compare(cfg, m, "2x1-eth0.1")
     print(c, m["gradients"])
     grads = m["gradients"]
@@ -341,7 +341,7 @@ def test_hsdp_with_a_compressor_between_nodes_on_the_emulated_cluster(tmp_path, 
     assert r.returncode == 0, r.stderr
     cfg = {"layers": 4, "dim": 1024, "batch": 32, "steps": 3, "gpus": 2, "compressor": "fp16",
            "loss_scale": 65536}
-    m = measure_hsdp(cfg, 4, "100Mbit", tmp_path)
+    m = measure_hsdp(cfg, 4, "100Mbit", tmp_path, one_emulated_cluster)
     c = compare_hsdp(cfg, m, "2x2-eth0.1", node=str(node))
     named = compare_hsdp(cfg, m, "2x2-eth0.1")
     print(c, m["gradients"])
@@ -359,7 +359,7 @@ def test_hsdp_with_a_compressor_between_nodes_on_the_emulated_cluster(tmp_path, 
     assert named["ratio"] < c["ratio"]                                 # measured: 0.82, 0.86 (loopback as NVLink)
     assert named["priced_node_allgather_s"] < 0.2 * c["priced_node_allgather_s"]
     topk = measure_hsdp({**cfg, "compressor": "topk", "memory": "ef14", "density": 0.01, "steps": 2}, 4, "100Mbit",
-                        tmp_path)
+                        tmp_path, one_emulated_cluster)
     assert topk["gradients"]["rel_error_vs_node_aware"] < 1e-6         # measured: 0.0
     assert topk["rail_records"][0]["elements"] < 0.025 * (topk["unit_numel"] // 2)  # 1 %: values and indices
 

@@ -24,7 +24,7 @@ REPORT = ROOT / "reports" / "validation.csv"
 def test_validate_writes_a_consistent_report(tmp_path, one_emulated_cluster):
     args = ("validate", "--ranks", "2", "--bandwidth", "200Mbit", "--delay", "0.5ms", "-c", "dense,topk,arctopk",
             "--model", "mlp", "--steps", "6", "--repeats", "2", "--out", str(tmp_path),
-            "--calibration-sizes", "1KB,64KB,1MB", "--calibration-repeats", "3")
+            "--calibration-sizes", "1KB,64KB,1MB", "--calibration-repeats", "3", "--prefix", one_emulated_cluster)
     r = run_cli(*args, timeout=600)
     assert r.returncode == 0, r.stderr[-2000:]
     said = " ".join(r.stdout.split())  # the table wraps at 100 columns
@@ -42,7 +42,7 @@ def test_validate_writes_a_consistent_report(tmp_path, one_emulated_cluster):
                                      & (rows["predicted"] <= rows["spread_max"]))).all()
     assert (tmp_path / "validation.png").read_bytes()[:4] == b"\x89PNG"
     assert (tmp_path / "validation" / "topo-2r-200Mbit.yaml").exists()
-    assert namespaces() == []
+    assert namespaces(one_emulated_cluster) == []
     again = run_cli(*args, timeout=120)  # the same settings: the finished case is kept, nothing measured again
     assert again.returncode == 0 and "already" in again.stderr
     assert pd.read_csv(tmp_path / "validation.csv")["measured"].tolist() == rows["measured"].tolist()
@@ -57,7 +57,8 @@ def test_node_aware_validation_runs_both_hierarchies_on_nodes_of_two(tmp_path, o
 
     r = run_cli("validate", "--ranks", "4", "--ranks-per-node", "2", "--hierarchy", "both", "--bandwidth", "200Mbit",
                 "-c", "dense,topk", "--model", "mlp", "--steps", "4", "--repeats", "1", "--out", str(tmp_path),
-                "--calibration-sizes", "1KB,64KB,1MB", "--calibration-repeats", "3", timeout=900)
+                "--calibration-sizes", "1KB,64KB,1MB", "--calibration-repeats", "3", "--prefix", one_emulated_cluster,
+                timeout=900)
     assert r.returncode == 0, r.stderr[-2000:]
     assert "by hierarchy: flat" in " ".join(r.stdout.split())
     rows = pd.read_csv(tmp_path / "validation.csv")
@@ -70,7 +71,22 @@ def test_node_aware_validation_runs_both_hierarchies_on_nodes_of_two(tmp_path, o
     assert Pricer(topo).group("node").price("reducescatter", 1e5).algo == "measured"
     assert Pricer(topo).group("inter").price("allgather", 1e3).algo == "measured"
     assert (tmp_path / "validation" / "compute-4rx2-200Mbit-node.json").exists()
-    assert namespaces() == []
+    assert namespaces(one_emulated_cluster) == []
+
+
+@pytest.mark.skipif(not netns_available(), reason="needs root and network namespaces")
+def test_a_cluster_already_up_is_refused_before_the_traces_are_captured(tmp_path, one_emulated_cluster):
+    """One a killed run left (or a user's own): one error line naming how to take it down, before any long work."""
+    from arcsim.testbed.cluster import EmulatedCluster
+
+    with EmulatedCluster(2, "1Gbit", prefix=one_emulated_cluster):
+        r = run_cli("validate", "--ranks", "2", "--bandwidth", "1Gbit", "-c", "dense", "--model", "mlp",
+                    "--out", str(tmp_path / "o"), "--prefix", one_emulated_cluster)
+    assert r.returncode == 2 and "capturing" not in r.stderr, r.stderr
+    down = f"arcsim cluster down --prefix {one_emulated_cluster}"
+    assert r.stderr.strip() == (f"error: an emulated cluster with prefix {one_emulated_cluster!r} is already up; run "
+                                f"`{down}` first (or give this one another --prefix)")
+    assert not (tmp_path / "o").exists()
 
 
 @pytest.mark.parametrize(("args", "fragment"), [

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 import click
 from rich.table import Table
 
+from arcsim.cli.cluster import prefix_option
 from arcsim.cli.common import (
     TOPOLOGY_HELP,
     Count,
@@ -34,7 +35,8 @@ if TYPE_CHECKING:
     from arcsim.topology import Topology
 
 
-MEASURING = ("cluster", "loopback", "ranks", "bandwidth", "delay", "burst", "sizes", "ranks_per_node", "repeats")
+MEASURING = ("cluster", "loopback", "ranks", "bandwidth", "delay", "burst", "sizes", "ranks_per_node", "repeats",
+             "prefix")
 
 
 @click.command("calibrate")
@@ -59,12 +61,13 @@ MEASURING = ("cluster", "loopback", "ranks", "bandwidth", "delay", "burst", "siz
               help="Ranks per node (numbered node by node): also measure inside a node and along the rails between "
                    "nodes, for node-aware compression. Under torchrun: its --nproc_per_node.")
 @click.option("--repeats", default="5", show_default=True, type=Count(), help="Timed repeats per size (median).")
+@prefix_option
 @click.option("--out", "-o", required=True, type=OutputPath(companions=(".samples.csv",)),
               help="Topology YAML to write (and its samples beside it, as .samples.csv).")
 @json_option
 def calibrate(logs: tuple[str, ...], nccl_tests: bool, topology: str | None, cluster: str | None, loopback: bool,
               ranks: int | None, bandwidth: str | None, delay: str, burst: str | None, sizes: tuple[int, ...] | None,
-              ranks_per_node: int, repeats: int, out: str, json_out: str | None) -> None:
+              ranks_per_node: int, repeats: int, prefix: str, out: str, json_out: str | None) -> None:
     """Measure all_reduce, all_gather and broadcast over sizes; fit α and bandwidth per collective.
 
     \b
@@ -118,7 +121,7 @@ def calibrate(logs: tuple[str, ...], nccl_tests: bool, topology: str | None, clu
              + (" (and inside nodes and along rails)" if ranks_per_node > 1 else "") + " …")
         measured = run_microbench(ranks, where, bandwidth, size_list, repeats, delay=delay,
                                   burst=parse_size(burst) if burst else None, announce=note,
-                                  ranks_per_node=ranks_per_node)
+                                  ranks_per_node=ranks_per_node, prefix=prefix)
     fits, groups = fits_from(measured, measured["world"]), group_fits(measured)
     for fit in [*fits.values(), *(f for by_op in groups.values() for f in by_op.values())]:
         note(describe(fit))

@@ -8,6 +8,9 @@ from arcsim.cli.common import Count, note
 from arcsim.testbed.cluster import PREFIX, EmulatedCluster, namespaces, teardown
 from arcsim.units import parse_size
 
+prefix_option = click.option("--prefix", default=PREFIX, show_default=True,
+                             help="Names of the emulated cluster's namespaces: PREFIX-br, PREFIX-r0, …")
+
 
 @click.group()
 def cluster() -> None:
@@ -22,7 +25,7 @@ def cluster() -> None:
 @click.option("--burst", default=None, help="tbf burst, e.g. 16kB (default: 2 packets or 1 ms of tokens, the larger).")
 @click.option("--ranks-per-node", default=1, show_default=True, type=Count(),
               help="Ranks sharing a node's namespace (loopback between them) and its one link to the others.")
-@click.option("--prefix", default=PREFIX, show_default=True, help="Namespace name prefix.")
+@prefix_option
 def cluster_up(ranks: int, bandwidth: str, delay: str, burst: str | None, ranks_per_node: int, prefix: str) -> None:
     """Build it and leave it up (tear down with `arcsim cluster down`)."""
     c = EmulatedCluster(ranks, bandwidth, delay, prefix, burst=parse_size(burst) if burst else None,
@@ -35,7 +38,7 @@ def cluster_up(ranks: int, bandwidth: str, delay: str, burst: str | None, ranks_
 
 
 @cluster.command("down")
-@click.option("--prefix", default=PREFIX, show_default=True)
+@prefix_option
 def cluster_down(prefix: str) -> None:
     """Kill every process in the cluster's namespaces and remove them."""
     removed = teardown(prefix)
@@ -43,7 +46,7 @@ def cluster_down(prefix: str) -> None:
 
 
 @cluster.command("status")
-@click.option("--prefix", default=PREFIX, show_default=True)
+@prefix_option
 def cluster_status(prefix: str) -> None:
     """List the cluster's namespaces."""
     names = namespaces(prefix)

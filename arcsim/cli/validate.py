@@ -8,6 +8,7 @@ import click
 from rich.table import Table
 
 from arcsim.catalog import COMPRESSORS
+from arcsim.cli.cluster import prefix_option
 from arcsim.cli.common import (
     DENSITY,
     Count,
@@ -57,6 +58,7 @@ VALIDATE_WRITES = ("validation.csv", "validation.png", "validation/*")  # what -
                    "smaller sizes calibrate sooner, as arcsim calibrate --sizes).")
 @click.option("--calibration-repeats", default="9", show_default=True, type=Count(),
               help="Timed repeats per calibration size (median).")
+@prefix_option
 @click.option("--out", default=None, type=OutputPath(directory=True, writes=VALIDATE_WRITES),
               help="Where the measured cases go (default: reports; --report writes nothing there).")
 @click.option("--write-config", type=OutputPath(directory=True, writes=("config.json",)), default=None,
@@ -71,7 +73,7 @@ VALIDATE_WRITES = ("validation.csv", "validation.png", "validation/*")  # what -
 @json_option
 def validate(rank_list: tuple[int, ...], bandwidth: str, delay: str, ranks_per_node: int, hierarchy: str,
              compressors: str, model: str, dataset: str, density: float, steps: int, batch: int, repeats: int,
-             calibration_sizes: tuple[int, ...] | None, calibration_repeats: int, out: str | None,
+             calibration_sizes: tuple[int, ...] | None, calibration_repeats: int, prefix: str, out: str | None,
              write_config: str | None, measured: str | None, topology: str | None, report: str | None,
              json_out: str | None) -> None:
     """Measure DDP iterations on the emulated cluster (or a real one) and compare with arcsim run's predictions."""
@@ -82,6 +84,8 @@ def validate(rank_list: tuple[int, ...], bandwidth: str, delay: str, ranks_per_n
         raise ArcsimError(f"{' and '.join(calibrating)} shape{'s' if len(calibrating) == 1 else ''} the calibration "
                           f"before the emulated cluster's trainings; {elsewhere} runs none (on a real cluster, "
                           "arcsim calibrate --sizes does): drop it")
+    if elsewhere and given_options("prefix"):
+        raise ArcsimError(f"--prefix names the emulated cluster's namespaces; {elsewhere} builds none: drop it")
     import json
 
     from arcsim.catalog import MODELS
@@ -124,7 +128,7 @@ def validate(rank_list: tuple[int, ...], bandwidth: str, delay: str, ranks_per_n
                           "are not written yet)")
     cfg = ValidateConfig(ranks=rank_list, bandwidths=_list(bandwidth), delay=delay, compressors=comps, model=model,
                          dataset=dataset, density=density, steps=steps, batch=batch, out_dir=Path(out or "reports"),
-                         repeats=repeats, ranks_per_node=ranks_per_node, hierarchies=hierarchies,
+                         repeats=repeats, ranks_per_node=ranks_per_node, hierarchies=hierarchies, prefix=prefix,
                          calib_repeats=calibration_repeats,
                          calib_sizes=tuple(sorted(calibration_sizes or ValidateConfig.calib_sizes)))
     if write_config:

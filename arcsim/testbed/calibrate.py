@@ -31,6 +31,7 @@ from arcsim.errors import ArcsimError
 from arcsim.files import write_atomic
 from arcsim.processes import free_port
 from arcsim.testbed import MICROBENCH
+from arcsim.testbed.cluster import PREFIX
 from arcsim.topology import Band, Calibrated, load_topology
 from arcsim.units import format_bits, format_duration, format_size
 
@@ -248,7 +249,8 @@ def samples_text(fits: dict[str, Fit]) -> str:
 
 def run_microbench(ranks: int, where: str, bandwidth: str | None, sizes: tuple[int, ...], repeats: int,
                    timeout: float = 1800, delay: str = "0s", burst: float | None = None,
-                   announce: Callable[[str], None] = print, ranks_per_node: int = 1, gap_s: float = 0.0) -> dict:
+                   announce: Callable[[str], None] = print, ranks_per_node: int = 1, gap_s: float = 0.0,
+                   prefix: str = PREFIX) -> dict:
     """Spawn one process per rank on loopback or in a new emulated cluster; returns rank 0's medians.
     ``ranks_per_node`` > 1: the ranks as nodes of that many (sharing a namespace), the groups measured too."""
     from arcsim.testbed.cluster import EmulatedCluster
@@ -257,7 +259,7 @@ def run_microbench(ranks: int, where: str, bandwidth: str | None, sizes: tuple[i
         return microbench(None, ranks, sizes, repeats, timeout, ranks_per_node, gap_s)
     if bandwidth is None:
         raise ArcsimError("--cluster emulated needs --bandwidth (e.g. 1Gbit)")
-    with EmulatedCluster(ranks, bandwidth, delay, burst=burst, ranks_per_node=ranks_per_node) as cluster:
+    with EmulatedCluster(ranks, bandwidth, delay, prefix=prefix, burst=burst, ranks_per_node=ranks_per_node) as cluster:
         announce(f"shaping: {cluster.knobs()}")
         return microbench(cluster, ranks, sizes, repeats, timeout, ranks_per_node, gap_s)
 

@@ -76,6 +76,15 @@ def namespaces(prefix: str = PREFIX) -> list[str]:
     return sorted(n for n in names if n == f"{prefix}-br" or n.startswith(f"{prefix}-r"))
 
 
+def refuse_if_up(prefix: str = PREFIX) -> None:
+    """Refuse to build a cluster over one with the same prefix (commands that measure call it before their long
+    work as well: one left by a killed run would otherwise stop them after it)."""
+    if namespaces(prefix):
+        down = "arcsim cluster down" + ("" if prefix == PREFIX else f" --prefix {prefix}")
+        raise ClusterError(f"an emulated cluster with prefix {prefix!r} is already up; run `{down}` first (or "
+                           "give this one another --prefix)")
+
+
 def _entering(ns: str) -> list[int]:
     """Processes still in ``ip netns exec <ns>``, not yet inside: `ip netns pids` misses them, and once in
     they would outlive the namespace's name (a rank started just before an exception, say)."""
@@ -208,9 +217,7 @@ class EmulatedCluster:
     def up(self) -> EmulatedCluster:
         """Build the namespaces, bridge and shaping; on any failure, remove what was built."""
         check_available()
-        if namespaces(self.prefix):
-            raise ClusterError(f"an emulated cluster with prefix {self.prefix!r} is already up; "
-                               "run `arcsim cluster down` first")
+        refuse_if_up(self.prefix)
         try:
             self._build()
         except BaseException:

@@ -33,6 +33,7 @@ from arcsim.files import write_atomic
 from arcsim.plotting import save_png
 from arcsim.run.tables import Column, read_table
 from arcsim.testbed import VALIDATE_WORKER
+from arcsim.testbed.cluster import PREFIX
 
 if TYPE_CHECKING:
     from arcsim.pricing import Pricer
@@ -60,6 +61,7 @@ class ValidateConfig:
     repeats: int = 3  # DDP trainings per case, each in fresh processes
     ranks_per_node: int = 1  # >1: ranks share a node's namespace (loopback between them), one shaped link out
     hierarchies: tuple[str, ...] = ("flat",)  # flat and/or node (node-aware hooks over node and rail groups)
+    prefix: str = PREFIX  # the emulated cluster's namespace names
 
 
 def case_tag(cfg: ValidateConfig, ranks: int, bandwidth: str) -> str:
@@ -76,7 +78,7 @@ def _case(cfg: ValidateConfig, ranks: int, bandwidth: str, work: Path,
     from arcsim.testbed.cluster import EmulatedCluster, wait_for
 
     tag, g = case_tag(cfg, ranks, bandwidth), cfg.ranks_per_node
-    with EmulatedCluster(ranks, bandwidth, cfg.delay, ranks_per_node=g) as cluster:
+    with EmulatedCluster(ranks, bandwidth, cfg.delay, prefix=cfg.prefix, ranks_per_node=g) as cluster:
         note(f"[{tag}] calibrating collectives{'' if g == 1 else ' (world, inside nodes, along rails)'} …")
         measured = microbench(cluster, ranks, cfg.calib_sizes, cfg.calib_repeats, gpus_per_node=g)
         for hierarchy in cfg.hierarchies:
@@ -256,10 +258,11 @@ def worker_config(cfg: ValidateConfig, hierarchy: str = "flat") -> dict[str, Any
 def run_validation(cfg: ValidateConfig, note: Callable[[str], None] = print) -> list[dict[str, Any]]:
     """Every (ranks, bandwidth) case on the emulated cluster; cases finished by an earlier run with the same
     settings (``validation/cases.jsonl``) are kept, not measured again."""
-    from arcsim.testbed.cluster import check_available, realtime_allowed
+    from arcsim.testbed.cluster import check_available, realtime_allowed, refuse_if_up
     from arcsim.units import parse_duration
 
     check_available()
+    refuse_if_up(cfg.prefix)  # before the traces are captured, not after
     realtime = parse_duration(cfg.delay) == 0 and realtime_allowed()  # as the cluster runs its ranks
     (cfg.out_dir / "validation").mkdir(parents=True, exist_ok=True)
     done = finished_cases(cfg)
