@@ -137,6 +137,18 @@ def test_a_sampled_run_says_so_and_is_cached_apart(runs):
     assert report.sampling(exact.result) is None  # type: ignore[attr-defined]
 
 
+def test_a_measurement_reads_back_from_the_cache_as_it_was_kept(runs):
+    """Every field, a layer sample's parts and the records included."""
+    from arcsim.run import cache
+
+    kept = [m for a in runs.values() for m in a._measured.values()]
+    assert any(m.layer_sample is not None and m.err2_parts for m in kept)
+    for meas in kept:
+        cache.save("f" * 32, meas)
+        again = cache.load("f" * 32)
+        assert again is not None and repr(again) == repr(meas)  # (nan in the times of an untimed run: not ==)
+
+
 def test_expand_grows_messages_and_keeps_scalars():
     sample = plan()
     from arcsim.comm.log import record
