@@ -55,19 +55,24 @@ def test_the_bucketed_step_is_its_closed_form(buckets, forward, backward, after,
     assert t.compress_s == pytest.approx(sum(compress))
 
 
-@settings(max_examples=300)
+@settings(max_examples=400)
 @given(st.lists(st.tuples(st.floats(-0.02, 0.1), st.floats(0, 0.01), st.floats(-0.01, 0.05)), max_size=12),
-       st.floats(0, 0.05), st.floats(0, 0.2), st.floats(0, 0.01), st.floats(0.5, 2.0), st.booleans())
-def test_the_policys_iteration_time_is_the_engines_to_the_last_bit(buckets, forward, backward, after, slow, arrays):
+       st.floats(0, 0.05), st.floats(0, 0.2), st.floats(0, 0.01), st.floats(0.5, 2.0),
+       st.sampled_from([0.0, 0.0, 0.15, 1.0]), st.booleans(), st.booleans())
+def test_the_policys_iteration_time_is_the_engines_to_the_last_bit(buckets, forward, backward, after, slow,
+                                                                   interference, in_order, arrays):
     """bucketed_iteration_s (the descent's thousands of steps, no items built) is run(bucketed_items(...)) exactly,
-    ready times out of order (negative compute stretches), negative or zero comm, numpy arrays (as the doubt's shifts
-    pass them) and no bucket at all included."""
+    with and without interference, ready times in order or not (negative compute stretches), negative or zero comm,
+    numpy arrays (as the doubt's shifts pass them) and no bucket at all included."""
     ready = [b[0] for b in buckets]
+    if in_order:
+        ready = sorted(abs(r) for r in ready)
     compress, comm = [b[1] for b in buckets], [b[2] for b in buckets]
     if arrays:
         compress, comm = np.asarray(compress, dtype=float), np.asarray(comm, dtype=float)
-    engine = bucketed_step(forward, backward, ready, compress, comm, after, StepEffects(slow, 0.0)).iteration_s
-    assert bucketed_iteration_s(forward, backward, ready, compress, comm, after, slow) == engine
+    effects = StepEffects(slow, interference)
+    engine = bucketed_step(forward, backward, ready, compress, comm, after, effects).iteration_s
+    assert bucketed_iteration_s(forward, backward, ready, compress, comm, after, effects) == engine
 
 
 def test_lanes_let_node_and_inter_collectives_overlap_and_world_ones_wait_for_both() -> None:

@@ -169,14 +169,11 @@ def bucket_timeline(compress: Sequence[float], comm: Sequence[float], ctx: Conte
 
 
 def bucket_iteration_s(compress: Sequence[float], comm: Sequence[float], ctx: Context) -> float:
-    """``bucket_timeline(compress, comm, ctx).iteration_s``, with no timeline built where the topology has no
-    interference (bucketed_iteration_s: the same number)."""
-    step = effects.step_effects(ctx.topo)
-    if step.interference:
-        return bucket_timeline(compress, comm, ctx).iteration_s
+    """``bucket_timeline(compress, comm, ctx).iteration_s`` without a timeline built (bucketed_iteration_s: the same
+    number)."""
     c = ctx.compute
     return bucketed_iteration_s(c.forward_s, c.backward_s, [b.ready_s for b in ctx.buckets], compress, comm,
-                                c.after_s, step.slowdown)
+                                c.after_s, effects.step_effects(ctx.topo))
 
 
 def step_timelines(meas: Measurement, collective: str, ctx: Context,

@@ -83,7 +83,7 @@ def _merged(spans: list[tuple[float, float]]) -> list[tuple[float, float]]:
     return out
 
 
-def _overlap(intervals: Sequence[tuple[float, float]], spans: list[tuple[float, float]]) -> float:
+def overlap_s(intervals: Sequence[tuple[float, float]], spans: list[tuple[float, float]]) -> float:
     """Σ over ``intervals`` of their overlap with the disjoint, ordered ``spans``: one sweep of both in start order."""
     total, first = 0.0, 0
     for s, e in sorted(intervals):
@@ -130,7 +130,7 @@ def run(items: Sequence[Item], effects: StepEffects = NO_STEP_EFFECTS, after_s: 
     if effects.interference:
         busy_spans = _merged([(start[i], min(end[i], compute_end)) for i, item in enumerate(items)
                               if item.kind != "comm"])
-        slowed = effects.interference * _overlap(list(zip(comm_start, comm_end, strict=True)), busy_spans)
+        slowed = effects.interference * overlap_s(list(zip(comm_start, comm_end, strict=True)), busy_spans)
         compute_end += slowed
         busy += slowed
     last = max(compute_end, *comm_end) if comm_end else compute_end
