@@ -79,6 +79,8 @@ def _shared_module_fixture(item: pytest.Item) -> str | None:
 
 
 TEST_CLUSTER_PREFIX = "arcsimtc"  # not arcsim's default: a user's cluster or one a killed run left is not the tests'
+# the machine's namespaces are one: so is the lock, whatever a session's TMPDIR (where there is a /tmp)
+CLUSTER_LOCK = (Path("/tmp") if Path("/tmp").is_dir() else Path(tempfile.gettempdir())) / "arcsim-tests-cluster.lock"
 
 
 @pytest.fixture
@@ -90,7 +92,7 @@ def one_emulated_cluster() -> Iterator[str]:
     first; one the test leaves is an error."""
     from arcsim.testbed.cluster import namespaces, teardown
 
-    with open(Path(tempfile.gettempdir()) / "arcsim-tests-default-cluster.lock", "a") as fh:
+    with open(CLUSTER_LOCK, "a") as fh:
         fcntl.flock(fh, fcntl.LOCK_EX)
         try:
             teardown(TEST_CLUSTER_PREFIX)

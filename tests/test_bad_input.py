@@ -68,6 +68,9 @@ CASES = [
     (["sweep", "--gpu", "x100", "-o", "{tmp}/sweep"], "unknown GPU 'x100'"),
     (["validate", "--write-config", "{tmp}/cfg", "--calibration-repeats", "3"], "--write-config runs none"),
     (["validate", "--measured", "{tmp}", "--prefix", "mine"], "--measured builds none"),
+    (["validate", "--prefix", "my cluster"], "no '-' or spaces"),
+    (["calibrate", "--loopback", "-p", "2", "--prefix", "mine", "-o", "{tmp}/l.yaml"], "--loopback builds none"),
+    (["cluster", "up", "-p", "2", "-b", "1Gbit", "--prefix", "arcsim-rail"], "no '-' or spaces"),
 ]
 
 

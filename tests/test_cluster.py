@@ -23,6 +23,13 @@ HERE = Path(__file__).parent
 needs_netns = pytest.mark.skipif(not netns_available(), reason="needs root and network namespaces")
 
 
+def _fresh(prefix: str) -> str:
+    """A test's own prefix (one per test), with what a killed run left of its cluster taken down first: that one
+    would be "already up"."""
+    cl.teardown(prefix)
+    return prefix
+
+
 def _leftovers(prefix: str) -> list[str]:
     return namespaces(prefix)
 
@@ -38,7 +45,7 @@ def _all_reduce_in(c: EmulatedCluster, out: Path) -> None:
 
 @needs_netns
 def test_gloo_all_reduce_across_shaped_namespaces(tmp_path):
-    prefix = "arcsimt1"
+    prefix = _fresh("arcsimt1")
     with EmulatedCluster(3, "200Mbit", prefix=prefix) as c:
         assert _leftovers(prefix) == [f"{prefix}-br", f"{prefix}-r0", f"{prefix}-r1", f"{prefix}-r2"]
         shaping = c.qdiscs()
@@ -50,7 +57,7 @@ def test_gloo_all_reduce_across_shaped_namespaces(tmp_path):
 
 @needs_netns
 def test_exception_and_leftover_processes_are_cleaned_up():
-    prefix = "arcsimt2"
+    prefix = _fresh("arcsimt2")
     with pytest.raises(RuntimeError, match="boom"), EmulatedCluster(2, "1Gbit", prefix=prefix) as c:
         sleeper = subprocess.Popen(c.command(0, ["sleep", "300"]))
         raise RuntimeError("boom")
@@ -63,7 +70,7 @@ def test_a_process_still_entering_a_namespace_is_killed_too(tmp_path):
     """`ip netns exec` opens the namespace, then enters it: a rank caught between the two by the tear-down is not
     in `ip netns pids`, and would run on after it (CI saw it once, on a busy machine). Held there for certain by a
     stand-in that keeps `ip netns exec <ns>` as its command line: bash running ./netns, a builtin wait."""
-    prefix = "arcsimt8"
+    prefix = _fresh("arcsimt8")
     (tmp_path / "netns").write_text("read -t 300 line\n")
     with EmulatedCluster(2, "1Gbit", prefix=prefix) as c:
         entering = subprocess.Popen(["ip", "netns", "exec", c.ns(0), "sleep", "300"], executable="/bin/bash",
@@ -81,7 +88,7 @@ def test_a_process_that_enters_as_the_name_goes_is_killed_too(monkeypatch):
     """The last race: a process that gets in after the tear-down looked (a child forked before and exec'd into
     `ip netns exec` since, say). Made certain here: one enters, by the namespace's file rather than its name's
     command line, just before `ip netns del`; the tear-down finds it by the namespace's inode afterwards."""
-    prefix = "arcsimt10"
+    prefix = _fresh("arcsimt10")
     late: list[subprocess.Popen] = []
     real_ip = cl._ip
 
@@ -143,7 +150,7 @@ def _environ(pid: str) -> list[str]:
 
 @needs_netns
 def test_cli_up_down_and_refusals():
-    prefix = "arcsimt4"
+    prefix = _fresh("arcsimt4")
     try:
         r = run_cli("cluster", "up", "--ranks", "2", "--bandwidth", "100Mbit", "--prefix", prefix)
         assert r.returncode == 0, r.stderr
@@ -188,7 +195,7 @@ def _probe(c: EmulatedCluster, nbytes: int) -> dict:
 @needs_netns
 def test_one_way_delay_through_the_forwarder_with_shaping():
     # 20 Mbit/s: a user-space forwarder on a busy 2-core machine kept up with 18 Mbit/s, not 100 (CI, stop 60)
-    prefix, delay, rate, nbytes = "arcsimt6", 0.004, 20e6 / 8, 1_000_000
+    prefix, delay, rate, nbytes = _fresh("arcsimt6"), 0.004, 20e6 / 8, 1_000_000
     with EmulatedCluster(2, "20Mbit", "4ms", prefix=prefix) as c:
         assert c.qdiscs().count("rate 20Mbit") == 2  # the send side; the forwarder shapes the receive side
         got = _probe(c, nbytes)
@@ -203,7 +210,7 @@ def test_one_way_delay_through_the_forwarder_with_shaping():
 
 @needs_netns
 def test_gloo_across_the_delayed_cluster(tmp_path):
-    with EmulatedCluster(2, "1Gbit", "0.5ms", prefix="arcsimt7") as c:
+    with EmulatedCluster(2, "1Gbit", "0.5ms", prefix=_fresh("arcsimt7")) as c:
         port = free_port()
         procs = [c.spawn(r, [sys.executable, str(HERE / "_cluster_allreduce.py"), str(tmp_path / "out")], port=port,
                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT) for r in range(2)]
@@ -242,8 +249,7 @@ def test_forwarder_routes_only_ipv4_to_ranks_on_the_subnet():
 def test_nodes_of_several_ranks_share_a_namespace_and_one_shaped_link(tmp_path):
     """2 nodes × 2 ranks: two node namespaces (each one veth, shaped both ways), ranks numbered node by node,
     the ranks of a node reaching each other over loopback; a gloo all-reduce over all four is right."""
-    prefix = "arcsimt9"
-    run_cli("cluster", "down", "--prefix", prefix)
+    prefix = _fresh("arcsimt9")
     with EmulatedCluster(4, "200Mbit", prefix=prefix, ranks_per_node=2) as c:
         assert _leftovers(prefix) == [f"{prefix}-br", f"{prefix}-r0", f"{prefix}-r1"]
         assert [c.ns(r) for r in range(4)] == [f"{prefix}-r0", f"{prefix}-r0", f"{prefix}-r1", f"{prefix}-r1"]

@@ -95,6 +95,9 @@ def calibrate(logs: tuple[str, ...], nccl_tests: bool, topology: str | None, clu
         from_nccl_tests(logs, topology or "", path, json_out)
         return
     size_list = sizes or DEFAULT_SIZES
+    if given_options("prefix") and cluster is None:
+        raise ArcsimError("--prefix names the emulated cluster's namespaces (--cluster emulated); "
+                          f"{'--loopback' if loopback else 'a run under torchrun'} builds none: drop it")
     if cluster or loopback:
         refuse_stray_rank("arcsim calibrate --loopback / --cluster")
     world = None if cluster or loopback else torchrun_world()

@@ -44,21 +44,22 @@ def bucketed_iteration_s(forward_s: float, backward_s: float, ready_s: Sequence[
     engine). With interference, the compute lane with no negative stretch is busy from 0 to its end, one span; one
     with a negative stretch (ready times out of order) is placed by the engine."""
     slowdown, interference = effects.slowdown, effects.interference
-    compute = forward_s * slowdown
+    compute = 0.0 + forward_s * slowdown  # (0.0 +: the engine's start plus seconds, so -0.0 comes out as it does)
     links, last_comm = 0.0, -math.inf  # the engine takes the max over the comm ends it placed, if any
-    comms: list[tuple[float, float]] = []
+    comms: list[tuple[float, float]] = []  # (with interference)
     done = 0.0
-    backward = True  # no compute-lane stretch is negative (checked only where interference needs it)
+    backward = True  # no compute-lane stretch is negative (with interference)
     for ready, comp, comm in zip(ready_s, compress_s, comm_s, strict=True):
         stretch = (ready - done) * slowdown
-        backward = backward and stretch >= 0 and comp >= 0
         compute = compute + stretch
         done = ready
         compute = compute + comp
         begin = max(links, compute)  # both links are free at once: the comm waits for them and its compression
         links = begin + comm
         last_comm = max(last_comm, links)
-        comms.append((begin, links))
+        if interference:
+            backward = backward and stretch >= 0 and comp >= 0
+            comms.append((begin, links))
     tail = (backward_s - done) * slowdown
     compute = compute + tail
     if interference:

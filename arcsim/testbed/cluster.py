@@ -30,6 +30,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -69,16 +70,30 @@ def _tc(ns: str, *args: str) -> None:
         raise ClusterError(f"tc {' '.join(args)} in {ns} failed: {out.stderr.strip()}")
 
 
+PREFIX_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.]{0,31}")  # a file name under /run/netns, no "-": see below
+
+
+def check_prefix(prefix: str) -> None:
+    """Refuse a prefix that is no plain name (a namespace is a file under /run/netns; ``-`` ends the prefix in
+    ``<prefix>-br`` and ``<prefix>-r<i>``, so that no cluster's names are another's)."""
+    if not PREFIX_PATTERN.fullmatch(prefix):
+        raise ClusterError(f"--prefix {prefix!r}: give 1 to 32 letters, digits, '_' or '.' (no '-' or spaces), "
+                           "starting with a letter or digit, e.g. arcsim2")
+
+
 def namespaces(prefix: str = PREFIX) -> list[str]:
-    """Existing namespaces that belong to an emulated cluster with this prefix."""
+    """Existing namespaces that belong to an emulated cluster with this prefix: ``<prefix>-br`` and
+    ``<prefix>-r<i>``, not another prefix's that begins with this one."""
     out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True)
     names = [line.split()[0] for line in out.stdout.splitlines() if line.strip()]
-    return sorted(n for n in names if n == f"{prefix}-br" or n.startswith(f"{prefix}-r"))
+    mine = re.compile(rf"{re.escape(prefix)}-(br|r\d+)")
+    return sorted(n for n in names if mine.fullmatch(n))
 
 
 def refuse_if_up(prefix: str = PREFIX) -> None:
-    """Refuse to build a cluster over one with the same prefix (commands that measure call it before their long
-    work as well: one left by a killed run would otherwise stop them after it)."""
+    """Refuse a prefix that is no plain name, or to build a cluster over one with the same prefix (commands that
+    measure call it before their long work as well: one left by a killed run would otherwise stop them after it)."""
+    check_prefix(prefix)
     if namespaces(prefix):
         down = "arcsim cluster down" + ("" if prefix == PREFIX else f" --prefix {prefix}")
         raise ClusterError(f"an emulated cluster with prefix {prefix!r} is already up; run `{down}` first (or "
@@ -194,6 +209,7 @@ class EmulatedCluster:
         self.delay = parse_duration(delay) if isinstance(delay, str) else float(delay)  # seconds, one way
         if not 0 <= self.delay <= 1:
             raise ClusterError(f"--delay must be 0 … 1 s one way, e.g. 0.5ms, got {delay}")
+        check_prefix(prefix)
         self.ranks, self.prefix, self.realtime = ranks, prefix, realtime
         self.bridge_ns = f"{prefix}-br"  # the bridge, or with a delay the forwarder
         self.mtu = TUN_MTU if self.delay > 0 else MTU

@@ -258,14 +258,16 @@ def worker_config(cfg: ValidateConfig, hierarchy: str = "flat") -> dict[str, Any
 def run_validation(cfg: ValidateConfig, note: Callable[[str], None] = print) -> list[dict[str, Any]]:
     """Every (ranks, bandwidth) case on the emulated cluster; cases finished by an earlier run with the same
     settings (``validation/cases.jsonl``) are kept, not measured again."""
-    from arcsim.testbed.cluster import check_available, realtime_allowed, refuse_if_up
+    from arcsim.testbed.cluster import check_available, check_prefix, realtime_allowed, refuse_if_up
     from arcsim.units import parse_duration
 
     check_available()
-    refuse_if_up(cfg.prefix)  # before the traces are captured, not after
+    check_prefix(cfg.prefix)
+    done = finished_cases(cfg)
+    if any((r, link_label(cfg, b)) not in done for r in cfg.ranks for b in cfg.bandwidths):
+        refuse_if_up(cfg.prefix)  # before the traces are captured, not after (and not where nothing is left)
     realtime = parse_duration(cfg.delay) == 0 and realtime_allowed()  # as the cluster runs its ranks
     (cfg.out_dir / "validation").mkdir(parents=True, exist_ok=True)
-    done = finished_cases(cfg)
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory() as tmp:
         for ranks in cfg.ranks:
