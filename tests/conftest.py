@@ -47,14 +47,14 @@ if "ARCSIM_CACHE_DIR" not in os.environ or os.environ.get("ARCSIM_TEST_CACHE_OF"
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Scheduling for `make test` (``--dist loadgroup``, which sends an xdist group to one worker and hands out the
-    largest groups first): the emulated cluster's tests (those holding one_emulated_cluster) in one group, so no other
-    worker sits waiting on the lock; a module's tests that share one of its module-scoped fixtures in a group of the
-    module, so the fixture is built once and not once on each worker (test_recording's torchrun jobs were built
-    twice: ~20 s of CPU); and the tests marked slow before the other single tests (xdist hands the groups out first),
-    so none is left running alone at the end."""
+    largest groups first): the tests that time their own ranks (those holding quiet_cores: the emulated cluster's, a
+    loopback calibration) in one group, so no other worker sits waiting on the lock; a module's tests that share one
+    of its module-scoped fixtures in a group of the module, so the fixture is built once and not once on each worker
+    (test_recording's torchrun jobs were built twice: ~20 s of CPU); and the tests marked slow before the other
+    single tests (xdist hands the groups out first), so none is left running alone at the end."""
     loadgroup = getattr(config.option, "loadgroup", False)
     for item in items:
-        group = ("emulated_cluster" if "one_emulated_cluster" in getattr(item, "fixturenames", ())
+        group = ("quiet_cores" if "quiet_cores" in getattr(item, "fixturenames", ())
                  else _shared_module_fixture(item))
         if group is None:
             continue
@@ -84,24 +84,32 @@ CLUSTER_LOCK = (Path("/tmp") if Path("/tmp").is_dir() else Path(tempfile.gettemp
 
 
 @pytest.fixture
-def one_emulated_cluster() -> Iterator[str]:
-    """The namespace prefix for a test that builds an emulated cluster, one such test at a time across pytest-xdist
-    workers (a file lock, for runs without ``--dist loadgroup``, which groups them on one worker): two clusters'
-    timings on this machine's cores would each measure the other's load. Holding the lock, a cluster found with this
-    prefix is one a killed test run left behind (CI failed on such a one, of the default prefix): it is taken down
-    first; one the test leaves is an error."""
-    from arcsim.testbed.cluster import namespaces, teardown
-
+def quiet_cores() -> Iterator[None]:
+    """Held by a test that times collectives among its own ranks: one such test at a time across pytest-xdist
+    workers (a file lock, for runs without ``--dist loadgroup``, which puts them in one group on one worker). The
+    emulated cluster's ranks run real-time (arcsim.testbed.cluster): beside them a loopback calibration's medians
+    were starved into times that fell with size (CI-like clean-clone run, 2026-11-29)."""
     with open(CLUSTER_LOCK, "a") as fh:
         fcntl.flock(fh, fcntl.LOCK_EX)
         try:
-            teardown(TEST_CLUSTER_PREFIX)
-            yield TEST_CLUSTER_PREFIX
-            left = namespaces(TEST_CLUSTER_PREFIX)
-            teardown(TEST_CLUSTER_PREFIX)
-            assert not left, f"the test left an emulated cluster up: {left}"
+            yield
         finally:
             fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+@pytest.fixture
+def one_emulated_cluster(quiet_cores: None) -> Iterator[str]:
+    """The namespace prefix for a test that builds an emulated cluster (holding ``quiet_cores``: two clusters'
+    timings on this machine's cores would each measure the other's load). A cluster found with this prefix is one a
+    killed test run left behind (CI failed on such a one, of the default prefix): it is taken down first; one the
+    test leaves is an error."""
+    from arcsim.testbed.cluster import namespaces, teardown
+
+    teardown(TEST_CLUSTER_PREFIX)
+    yield TEST_CLUSTER_PREFIX
+    left = namespaces(TEST_CLUSTER_PREFIX)
+    teardown(TEST_CLUSTER_PREFIX)
+    assert not left, f"the test left an emulated cluster up: {left}"
 
 
 def flat(p: int, gbps: float = 10.0, latency: float = 20e-6, gamma: float = 0.0, **kw) -> Topology:

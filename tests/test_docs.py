@@ -150,11 +150,26 @@ def first_documents() -> dict[str, set[str]]:
 RUN_ELSEWHERE = first_documents()
 
 
+TIMING_RANKS = {"calibration.md"}  # documents whose examples time collectives among their own ranks (loopback)
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("doc", sorted({e.doc for e in EXAMPLES}))
+@pytest.mark.parametrize("doc", sorted({e.doc for e in EXAMPLES} - TIMING_RANKS))
 def test_runnable_examples_run(doc: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Each document's examples in order, in one scratch directory (later ones may read what earlier wrote);
     arcsim itself in this process (as the console script calls it), torchrun as a subprocess."""
+    run_examples(doc, tmp_path, monkeypatch)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("doc", sorted(TIMING_RANKS))
+def test_runnable_examples_that_time_their_ranks_run(doc: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                     quiet_cores: None) -> None:
+    """As test_runnable_examples_run, never beside the emulated cluster's real-time ranks."""
+    run_examples(doc, tmp_path, monkeypatch)
+
+
+def run_examples(doc: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(workspace(tmp_path))
     ran = 0
     for example in (e for e in EXAMPLES if e.doc == doc):
