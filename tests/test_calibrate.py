@@ -121,7 +121,7 @@ def test_a_token_bucket_burst_is_found_between_measured_sizes_and_prices_the_siz
     assert fit_burst([(1e3, 1e-3), (2e3, 1.1e-3)], "allreduce") is None  # too few sizes to place a knee
 
 
-def test_groups_are_measured_fitted_and_priced_by_their_own_fits(tmp_path):
+def test_groups_are_measured_fitted_and_priced_by_their_own_fits(tmp_path, quiet_cores):
     """--ranks-per-node 2: the node's reduce-scatter and all-gather and the rails' collectives are measured
     (each group of a kind at once), written under calibration_groups and price their group's records; the
     NIC is derived from the rails' all-reduce (G rails share it) and the link in a node from its all-gather."""
@@ -157,7 +157,7 @@ def test_a_group_without_fits_of_its_own_is_priced_by_its_links_not_the_worlds_f
     assert Pricer(topo).group("inter").price("allreduce", 1e5).algo != "measured"  # 4 ranks' fit is not a rail's
 
 
-def test_loopback_calibration_feeds_arcsim_run(tmp_path):
+def test_loopback_calibration_feeds_arcsim_run(tmp_path, quiet_cores):
     out = tmp_path / "loop.yaml"
     r = run_cli("calibrate", "--loopback", "--ranks", "2", "--sizes", "64KB,2MB,16MB", "--repeats", "3",
                 "--out", str(out))
