@@ -70,6 +70,8 @@ CASES = [
     (["validate", "--measured", "{tmp}", "--prefix", "mine"], "--measured builds none"),
     (["validate", "--prefix", "my cluster"], "no '-' or spaces"),
     (["calibrate", "--loopback", "-p", "2", "--prefix", "mine", "-o", "{tmp}/l.yaml"], "--loopback builds none"),
+    (["calibrate", "--cluster", "emulated", "-p", "2", "-b", "1Gbit", "--prefix", "x/y", "-o", "{tmp}/e.yaml"],
+     "no '-' or spaces"),
     (["cluster", "up", "-p", "2", "-b", "1Gbit", "--prefix", "arcsim-rail"], "no '-' or spaces"),
 ]
 

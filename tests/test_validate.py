@@ -109,7 +109,7 @@ def test_bad_validate_requests(args, fragment):
 
 
 @pytest.mark.slow
-def test_real_cluster_path_under_torchrun_on_loopback(tmp_path, quiet_cores):
+def test_real_cluster_path_under_torchrun_on_loopback(tmp_path):
     """write-config → torchrun calibrate and worker → --measured: the no-emulation path, loopback standing in."""
     d = tmp_path / "real"
     assert run_cli("validate", "--write-config", str(d), "-c", "dense,topk", "--steps", "5").returncode == 0
