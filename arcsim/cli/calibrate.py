@@ -98,10 +98,6 @@ def calibrate(logs: tuple[str, ...], nccl_tests: bool, topology: str | None, clu
     if given_options("prefix") and cluster is None:
         raise ArcsimError("--prefix names the emulated cluster's namespaces (--cluster emulated); "
                           f"{'--loopback' if loopback else 'a run under torchrun'} builds none: drop it")
-    if cluster:
-        from arcsim.testbed.cluster import check_prefix
-
-        check_prefix(prefix)
     if cluster or loopback:
         refuse_stray_rank("arcsim calibrate --loopback / --cluster")
     world = None if cluster or loopback else torchrun_world()

@@ -5,10 +5,16 @@ from __future__ import annotations
 import click
 
 from arcsim.cli.common import Count, note
-from arcsim.testbed.cluster import PREFIX, EmulatedCluster, namespaces, teardown
+from arcsim.testbed.cluster import PREFIX, EmulatedCluster, check_prefix, namespaces, teardown
 from arcsim.units import parse_size
 
-prefix_option = click.option("--prefix", default=PREFIX, show_default=True,
+
+def _checked_prefix(ctx: click.Context, param: click.Parameter, prefix: str) -> str:
+    check_prefix(prefix)
+    return prefix
+
+
+prefix_option = click.option("--prefix", default=PREFIX, show_default=True, callback=_checked_prefix,
                              help="Names of the emulated cluster's namespaces: PREFIX-br, PREFIX-r0, …")
 
 

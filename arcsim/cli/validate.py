@@ -86,9 +86,6 @@ def validate(rank_list: tuple[int, ...], bandwidth: str, delay: str, ranks_per_n
                           "arcsim calibrate --sizes does): drop it")
     if elsewhere and given_options("prefix"):
         raise ArcsimError(f"--prefix names the emulated cluster's namespaces; {elsewhere} builds none: drop it")
-    from arcsim.testbed.cluster import check_prefix
-
-    check_prefix(prefix)
     import json
 
     from arcsim.catalog import MODELS

@@ -91,9 +91,8 @@ def namespaces(prefix: str = PREFIX) -> list[str]:
 
 
 def refuse_if_up(prefix: str = PREFIX) -> None:
-    """Refuse a prefix that is no plain name, or to build a cluster over one with the same prefix (commands that
-    measure call it before their long work as well: one left by a killed run would otherwise stop them after it)."""
-    check_prefix(prefix)
+    """Refuse to build a cluster over one with the same prefix (commands that measure call it before their long work
+    as well: one left by a killed run would otherwise stop them after it)."""
     if namespaces(prefix):
         down = "arcsim cluster down" + ("" if prefix == PREFIX else f" --prefix {prefix}")
         raise ClusterError(f"an emulated cluster with prefix {prefix!r} is already up; run `{down}` first (or "
