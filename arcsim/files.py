@@ -511,26 +511,42 @@ def trim_cache() -> None:
 
 
 def file_fact(path: Path, fact: str, compute: Callable[[Path], Any]) -> Any:
-    """``compute(path)`` (JSON-able), remembered per (path, size, mtime) in the cache's index, so a large
+    """``compute(path)`` (JSON-able, not None), remembered per (path, size, mtime) in the cache's index, so a large
     file is read once; where the cache cannot be written it is computed again next time."""
+    known = known_file_fact(path, fact)
+    if known is None:
+        known = compute(path.resolve())
+        remember_file_fact(path, fact, known)
+    return known
+
+
+def _fact_index(path: Path) -> tuple[dict[str, Any], str]:
+    """The cache's index of file facts (empty where absent or damaged) and ``path``'s key in it, as it is now."""
     path = path.resolve()
     stat = path.stat()
-    index_path = results_dir() / TRACE_INDEX
     try:
-        index = json.loads(index_path.read_text())
+        index = json.loads((results_dir() / TRACE_INDEX).read_text())
     except (OSError, ValueError):
         index = {}
     if not isinstance(index, dict):  # a damaged index is a miss
         index = {}
-    stamp = f"{path}:{stat.st_size}:{stat.st_mtime_ns}"
+    return index, f"{path}:{stat.st_size}:{stat.st_mtime_ns}"
+
+
+def known_file_fact(path: Path, fact: str) -> Any:
+    """``fact`` about ``path`` as the file is now, if file_fact or remember_file_fact kept it; else None."""
+    index, stamp = _fact_index(path)
     kept = index.get(stamp)
-    facts: dict[str, Any] = kept if isinstance(kept, dict) else {}
-    if fact not in facts:
-        facts[fact] = compute(path)
-        index[stamp] = facts
-        with suppress(ArcsimError):  # write_atomic makes the folder; a failure is one ArcsimError
-            write_atomic(index_path, json.dumps(index))
-    return facts[fact]
+    return kept.get(fact) if isinstance(kept, dict) else None
+
+
+def remember_file_fact(path: Path, fact: str, value: Any) -> None:
+    """Keep ``fact`` about ``path`` as the file is now (nothing where the cache cannot be written)."""
+    index, stamp = _fact_index(path)
+    kept = index.get(stamp)
+    index[stamp] = {**(kept if isinstance(kept, dict) else {}), fact: value}
+    with suppress(ArcsimError):  # write_atomic makes the folder; a failure is one ArcsimError
+        write_atomic(results_dir() / TRACE_INDEX, json.dumps(index))
 
 
 def _named_entries() -> list[Path]:

@@ -289,3 +289,35 @@ def test_a_closed_standard_output_is_one_error_line_before_any_work() -> None:
                           stderr=subprocess.PIPE, text=True, preexec_fn=lambda: os.close(1), timeout=120)
     assert done.returncode == 2 and done.stderr.count("error:") == 1 and "standard output is closed" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+def test_a_trace_damaged_after_its_run_is_refused_though_every_measurement_is_cached(tmp_path: Path,
+                                                                                      cache: Path) -> None:
+    """open_trace(check_later=True) answers before the gradients' checksum is read (beside the run's model count):
+    the trace is refused at its first read of gradients, and by a run whose measurements the cache holds from
+    before the damage (the zip directory's CRC, and so the trace's identity, unchanged), which reads none."""
+    from arcsim.run.analysis import Analysis
+    from arcsim.run.config import RunConfig
+    from arcsim.traces.format import CHECKSUM_FACT, TraceError
+
+    copy = tmp_path / "mine.npz"
+    shutil.copy(SHIPPED_TRACE, copy)
+    config = RunConfig(trace=str(copy), compressors=("dense", "topk"), policy="none", ratios=(0.01,))
+    Analysis(config, announce=lambda _: None).run()
+    assert files.known_file_fact(copy, CHECKSUM_FACT) is True
+    raw = bytearray(copy.read_bytes())
+    at = raw.index(b"NUMPY") + 4096
+    raw[at:at + 64] = bytes(range(64))
+    copy.write_bytes(bytes(raw))  # (a new mtime: the checksum is read again)
+    assert files.known_file_fact(copy, CHECKSUM_FACT) is None
+    trace = open_trace(copy, check_later=True)  # no refusal yet …
+    with pytest.raises(TraceError, match="checksum"):
+        next(trace.steps_iter())  # … but at the first read
+    assert files.known_file_fact(copy, CHECKSUM_FACT) is False  # the verdict kept: refused at once next time
+    with pytest.raises(TraceError, match="checksum"):
+        open_trace(copy, check_later=True)
+    (files.results_dir() / files.TRACE_INDEX).unlink()  # the verdict forgotten: the run's own check refuses it
+    again = Analysis(config, announce=lambda _: None)
+    assert again.measuring_work()[0] == 0  # every measurement cached from before the damage
+    with pytest.raises(TraceError, match="checksum"):
+        again.run()

@@ -17,10 +17,11 @@ import contextlib
 import io
 import json
 import math
+import threading
 import zipfile
 import zlib
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Protocol
@@ -29,7 +30,7 @@ import numpy as np
 
 from arcsim.compressors.layout import Layer
 from arcsim.errors import ArcsimError
-from arcsim.files import atomic_path, file_fact
+from arcsim.files import atomic_path, known_file_fact, remember_file_fact
 
 if TYPE_CHECKING:  # torch loads where gradients are read or written: a trace's metadata and layers are read without it
     import torch
@@ -199,10 +200,22 @@ class Trace:
     backward_s: np.ndarray
     ready_s: np.ndarray
     _data_offset: int | None  # where gradient bytes start in the file (stored members), else None
+    # the gradients' CRC-32 being checked beside the caller's work (open_trace(check_later=True)); None: checked
+    _checking: _Checksum | None = field(default=None, repr=False, compare=False)
 
     @property
     def label(self) -> str:
         return f"trace {self.path.name}"
+
+    def check_intact(self) -> None:
+        """Wait for the checksum open_trace(check_later=True) began, and refuse the trace where it failed; nothing
+        where it is checked. Every read of the gradients calls it first."""
+        checking, self._checking = self._checking, None
+        if checking is not None:
+            intact = checking.result()
+            remember_file_fact(self.path, CHECKSUM_FACT, intact)
+            if not intact:
+                raise TraceError(damaged(self.path))
 
     @property
     def steps(self) -> int:
@@ -236,6 +249,7 @@ class Trace:
         """Steps as stored (fp16/fp32), each read straight into a fresh tensor: no intermediate copies."""
         import torch
 
+        self.check_intact()
         dtype = self.torch_dtype
         if self._data_offset is not None:
             with open(self.path, "rb", buffering=0) as fh:
@@ -281,6 +295,7 @@ class Trace:
             for lo, hi in ranges:
                 yield g[:, lo:hi]
             return
+        self.check_intact()
         dtype = self.torch_dtype
         size = self.dtype.itemsize
         base = self._data_offset + index * self._step_bytes()
@@ -413,6 +428,14 @@ def _stored_data_offset(path: Path, info: zipfile.ZipInfo, header_end: int) -> i
     return info.header_offset + 30 + name_len + extra_len + header_end
 
 
+CHECKSUM_FACT = "gradients_checksum_ok"  # the file fact (arcsim.files) a trace's checked checksum is kept as
+
+
+def damaged(path: Path) -> str:
+    return (f"{path}: the stored gradients do not match their checksum (CRC-32); the file was damaged after it was "
+            "written — copy or capture it again")
+
+
 def _gradients_intact(path: Path) -> bool:
     """Whether the gradients member's bytes match the CRC-32 the zip directory holds for them."""
     with zipfile.ZipFile(path) as zf:
@@ -454,8 +477,12 @@ def _layers_from_json(rows: Any, path: Path) -> tuple[Layer, ...]:
     return tuple(layers)
 
 
-def open_trace(path: str | Path) -> Trace:
-    """Open and validate a trace; every inconsistency is a TraceError naming the file and the fix."""
+def open_trace(path: str | Path, check_later: bool = False) -> Trace:
+    """Open and validate a trace; every inconsistency is a TraceError naming the file and the fix. The gradients'
+    checksum is checked once per file (kept in the cache's index); ``check_later``: on a thread of its own (the
+    file read and the CRC-32 let the interpreter run on), so that the caller's work goes on beside it — the trace
+    is refused when first read (Trace.check_intact): a second on LLaMA-60M's 0.9 GB, its run's model counted
+    meanwhile."""
     path = Path(path)
     if not path.exists():
         raise TraceError(f"no such trace file: {path}")
@@ -513,8 +540,35 @@ def open_trace(path: str | Path) -> Trace:
         raise TraceError(f"{path}: the gradients member holds {info.file_size} bytes, not what its shape "
                          f"{tuple(shape)} needs; the file is truncated or corrupt")
     offset = _stored_data_offset(path, info, header_end)
-    if not file_fact(path, "gradients_checksum_ok", _gradients_intact):
-        raise TraceError(f"{path}: the stored gradients do not match their checksum (CRC-32); the file was "
-                         "damaged after it was written — copy or capture it again")
-    return Trace(path, meta, layers, np.dtype(dtype), small["loss"], small["worker_loss"], small["forward_s"],
-                 small["backward_s"], small["ready_s"], offset)
+    trace = Trace(path, meta, layers, np.dtype(dtype), small["loss"], small["worker_loss"], small["forward_s"],
+                  small["backward_s"], small["ready_s"], offset)
+    if known_file_fact(path, CHECKSUM_FACT) is None:
+        trace._checking = _Checksum(path)
+        if not check_later:
+            trace.check_intact()
+    elif not known_file_fact(path, CHECKSUM_FACT):
+        raise TraceError(damaged(path))
+    return trace
+
+
+class _Checksum(threading.Thread):
+    """_gradients_intact(path) on a thread of its own (a daemon: an early end of the run does not wait for it)."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__(name="arcsim-trace-checksum", daemon=True)
+        self.path, self.intact = path, False
+        self.error: BaseException | None = None
+        self.start()
+
+    def run(self) -> None:
+        try:
+            self.intact = _gradients_intact(self.path)
+        except BaseException as exc:  # (raised where the result is asked for)
+            self.error = exc
+
+    def result(self) -> bool:
+        """The check's answer, once the thread has ended (no thread of it is left for a fork to copy)."""
+        self.join()
+        if self.error is not None:
+            raise self.error
+        return self.intact
