@@ -293,9 +293,9 @@ def test_a_closed_standard_output_is_one_error_line_before_any_work() -> None:
 
 def test_a_trace_damaged_after_its_run_is_refused_though_every_measurement_is_cached(tmp_path: Path,
                                                                                       cache: Path) -> None:
-    """open_trace(check_later=True) answers before the gradients' checksum is read (beside the run's model count):
-    the trace is refused at its first read of gradients, and by a run whose measurements the cache holds from
-    before the damage (the zip directory's CRC, and so the trace's identity, unchanged), which reads none."""
+    """open_trace(check_later=True) answers before the gradients' checksum is read: the trace is refused at its
+    first read of gradients, and by a run (once the model is counted, beside the check) whose measurements the
+    cache holds from before the damage — the zip directory's CRC, and so the trace's identity, unchanged."""
     from arcsim.run.analysis import Analysis
     from arcsim.run.config import RunConfig
     from arcsim.traces.format import CHECKSUM_FACT, TraceError
@@ -304,12 +304,14 @@ def test_a_trace_damaged_after_its_run_is_refused_though_every_measurement_is_ca
     shutil.copy(SHIPPED_TRACE, copy)
     config = RunConfig(trace=str(copy), compressors=("dense", "topk"), policy="none", ratios=(0.01,))
     Analysis(config, announce=lambda _: None).run()
+    assert Analysis(config, announce=lambda _: None).measuring_work()[0] == 0  # every measurement cached
     assert files.known_file_fact(copy, CHECKSUM_FACT) is True
+    identity = measurements.trace_hash(copy)
     raw = bytearray(copy.read_bytes())
     at = raw.index(b"NUMPY") + 4096
     raw[at:at + 64] = bytes(range(64))
     copy.write_bytes(bytes(raw))  # (a new mtime: the checksum is read again)
-    assert files.known_file_fact(copy, CHECKSUM_FACT) is None
+    assert measurements.trace_hash(copy) == identity and files.known_file_fact(copy, CHECKSUM_FACT) is None
     trace = open_trace(copy, check_later=True)  # no refusal yet …
     with pytest.raises(TraceError, match="checksum"):
         next(trace.steps_iter())  # … but at the first read
@@ -317,7 +319,5 @@ def test_a_trace_damaged_after_its_run_is_refused_though_every_measurement_is_ca
     with pytest.raises(TraceError, match="checksum"):
         open_trace(copy, check_later=True)
     (files.results_dir() / files.TRACE_INDEX).unlink()  # the verdict forgotten: the run's own check refuses it
-    again = Analysis(config, announce=lambda _: None)
-    assert again.measuring_work()[0] == 0  # every measurement cached from before the damage
     with pytest.raises(TraceError, match="checksum"):
-        again.run()
+        Analysis(config, announce=lambda _: None)

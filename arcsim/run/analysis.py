@@ -192,7 +192,7 @@ class Analysis:
             path = (self.params.sample_trace(generated_traces_dir(), cfg.seed) if self.params is not None else
                     resolve_trace(cfg.trace, allow_capture=cfg.allow_capture, announce=announce, force=cfg.force,
                                   progress=capture_progress))
-            self.trace = open_trace(path, check_later=True)  # (its checksum read beside the model's count below)
+            self.trace = open_trace(path, check_later=True)  # (its checksum read beside the model's count)
         # the trace file's content identity, for the measurement cache
         self._hash = cache.trace_hash(self.trace.path) if isinstance(self.trace, Trace) else None
         self.notes_before: list[str] = []
@@ -227,6 +227,8 @@ class Analysis:
         self._works: dict[tuple[str, float], tuple[Any, ...] | None] = {}  # what a compressor does at a density
         self.timings: dict[str, float] = {}
         self._measuring_wall = 0.0  # seconds of wall time spent measuring (side by side: the wall, not the sum)
+        if isinstance(self.trace, Trace):  # read beside the count above; before anything is measured or read from
+            self.trace.check_intact()      # the cache, and before measuring_work watches the cores' load
 
     @property
     def live(self) -> bool:
@@ -740,8 +742,6 @@ class Analysis:
         """The whole answer; ``lean``: without the crossover and the tips of too-close verdicts (the choices,
         times and intervals are the same), as a network schedule's phases need it."""
         started = time.perf_counter()
-        if isinstance(self.trace, Trace):
-            self.trace.check_intact()  # before anything is measured, or read from the cache, for this trace
         result = self._run(lean)
         self.timings[MEASURING_WALL] = self._measuring_wall
         self.timings["pricing, policy, front and crossover"] = time.perf_counter() - started - self._measuring_wall
