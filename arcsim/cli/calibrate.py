@@ -74,6 +74,29 @@ def calibrate(logs: tuple[str, ...], nccl_tests: bool, topology: str | None, clu
     Or fit a cluster's network on its own nccl-tests output:
       arcsim calibrate --nccl-tests all_reduce.log all_gather.log --topology 2x8-ib400x8-h100 -o mine.yaml
     """
+    path = Path(out)
+    if path.suffix not in (".yaml", ".yml"):
+        raise ArcsimError(f"--out {out}: a topology file ends in .yaml")
+    if nccl_tests or logs or topology:
+        _check_nccl_tests_request(logs, nccl_tests, topology)
+        from_nccl_tests(logs, topology or "", path, json_out)
+        return
+    if given_options("prefix") and cluster is None:
+        raise ArcsimError("--prefix names the emulated cluster's namespaces (--cluster emulated); "
+                          f"{'--loopback' if loopback else 'a run under torchrun'} builds none: drop it")
+    if cluster or loopback:
+        refuse_stray_rank("arcsim calibrate --loopback / --cluster")
+    world = None if cluster or loopback else torchrun_world()
+    if world is None:  # (every refusal before the fitting's imports: scipy's 0.3 s)
+        from arcsim.topology import splits_into_nodes
+
+        if bool(cluster) == loopback:
+            raise ArcsimError("say where to measure: --loopback, --cluster emulated, or run under torchrun")
+        if ranks is None or ranks < 2:
+            raise ArcsimError("--ranks must be at least 2")
+        if ranks_per_node > 1 and not splits_into_nodes(ranks, ranks_per_node):
+            raise ArcsimError(f"--ranks-per-node {ranks_per_node} must divide --ranks {ranks} into two or more nodes "
+                              f"(e.g. --ranks 4 --ranks-per-node 2)")
     from arcsim.testbed.calibrate import (
         DEFAULT_SIZES,
         describe,
@@ -85,22 +108,8 @@ def calibrate(logs: tuple[str, ...], nccl_tests: bool, topology: str | None, clu
         topology_text,
         write_topology,
     )
-    from arcsim.topology import splits_into_nodes
 
-    path = Path(out)
-    if path.suffix not in (".yaml", ".yml"):
-        raise ArcsimError(f"--out {out}: a topology file ends in .yaml")
-    if nccl_tests or logs or topology:
-        _check_nccl_tests_request(logs, nccl_tests, topology)
-        from_nccl_tests(logs, topology or "", path, json_out)
-        return
     size_list = sizes or DEFAULT_SIZES
-    if given_options("prefix") and cluster is None:
-        raise ArcsimError("--prefix names the emulated cluster's namespaces (--cluster emulated); "
-                          f"{'--loopback' if loopback else 'a run under torchrun'} builds none: drop it")
-    if cluster or loopback:
-        refuse_stray_rank("arcsim calibrate --loopback / --cluster")
-    world = None if cluster or loopback else torchrun_world()
     if world is not None:
         local = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
         ranks_per_node = local if 1 < local < world and world % local == 0 else 1  # one node: no groups between
@@ -109,13 +118,7 @@ def calibrate(logs: tuple[str, ...], nccl_tests: bool, topology: str | None, clu
         if measured is None:
             return  # not rank 0
     else:
-        if bool(cluster) == loopback:
-            raise ArcsimError("say where to measure: --loopback, --cluster emulated, or run under torchrun")
-        if ranks is None or ranks < 2:
-            raise ArcsimError("--ranks must be at least 2")
-        if ranks_per_node > 1 and not splits_into_nodes(ranks, ranks_per_node):
-            raise ArcsimError(f"--ranks-per-node {ranks_per_node} must divide --ranks {ranks} into two or more nodes "
-                              f"(e.g. --ranks 4 --ranks-per-node 2)")
+        assert ranks is not None
         where = "loopback" if loopback else "emulated"
         how = (f"{where}, {ranks} ranks" + (f" as nodes of {ranks_per_node}" if ranks_per_node > 1 else "")
                + (f", {bandwidth} per {'rank' if ranks_per_node == 1 else 'node'}" if bandwidth else "")
