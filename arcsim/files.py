@@ -510,39 +510,33 @@ def trim_cache() -> None:
         path.unlink(missing_ok=True)
 
 
-def file_fact(path: Path, fact: str, compute: Callable[[Path], Any]) -> Any:
-    """``compute(path)`` (JSON-able, not None), remembered per (path, size, mtime) in the cache's index, so a large
-    file is read once; where the cache cannot be written it is computed again next time."""
-    known = known_file_fact(path, fact)
-    if known is None:
-        known = compute(path.resolve())
-        remember_file_fact(path, fact, known)
-    return known
-
-
-def _fact_index(path: Path) -> tuple[dict[str, Any], str]:
-    """The cache's index of file facts (empty where absent or damaged) and ``path``'s key in it, as it is now."""
+def file_stamp(path: Path) -> str:
+    """What a file fact is kept under: the file's path, size and modification time as they are now."""
     path = path.resolve()
     stat = path.stat()
+    return f"{path}:{stat.st_size}:{stat.st_mtime_ns}"
+
+
+def _fact_index() -> dict[str, Any]:
+    """The cache's index of facts about large files, by file_stamp (empty where absent or damaged)."""
     try:
         index = json.loads((results_dir() / TRACE_INDEX).read_text())
     except (OSError, ValueError):
         index = {}
-    if not isinstance(index, dict):  # a damaged index is a miss
-        index = {}
-    return index, f"{path}:{stat.st_size}:{stat.st_mtime_ns}"
+    return index if isinstance(index, dict) else {}  # a damaged index is a miss
 
 
 def known_file_fact(path: Path, fact: str) -> Any:
-    """``fact`` about ``path`` as the file is now, if file_fact or remember_file_fact kept it; else None."""
-    index, stamp = _fact_index(path)
-    kept = index.get(stamp)
+    """``fact`` about ``path`` as the file is now, if remember_file_fact kept it (so a large file is read once);
+    else None."""
+    kept = _fact_index().get(file_stamp(path))
     return kept.get(fact) if isinstance(kept, dict) else None
 
 
-def remember_file_fact(path: Path, fact: str, value: Any) -> None:
-    """Keep ``fact`` about ``path`` as the file is now (nothing where the cache cannot be written)."""
-    index, stamp = _fact_index(path)
+def remember_file_fact(stamp: str, fact: str, value: Any) -> None:
+    """Keep ``fact`` (JSON-able) about the file as ``stamp`` (file_stamp, taken before it was read) says it was;
+    nothing where the cache cannot be written (it is found again next time)."""
+    index = _fact_index()
     kept = index.get(stamp)
     index[stamp] = {**(kept if isinstance(kept, dict) else {}), fact: value}
     with suppress(ArcsimError):  # write_atomic makes the folder; a failure is one ArcsimError

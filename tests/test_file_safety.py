@@ -313,11 +313,46 @@ def test_a_trace_damaged_after_its_run_is_refused_though_every_measurement_is_ca
     copy.write_bytes(bytes(raw))  # (a new mtime: the checksum is read again)
     assert measurements.trace_hash(copy) == identity and files.known_file_fact(copy, CHECKSUM_FACT) is None
     trace = open_trace(copy, check_later=True)  # no refusal yet …
-    with pytest.raises(TraceError, match="checksum"):
-        next(trace.steps_iter())  # … but at the first read
+    for _ in range(2):
+        with pytest.raises(TraceError, match="checksum"):
+            next(trace.steps_iter())  # … but at the first read, and every one after
     assert files.known_file_fact(copy, CHECKSUM_FACT) is False  # the verdict kept: refused at once next time
     with pytest.raises(TraceError, match="checksum"):
         open_trace(copy, check_later=True)
     (files.results_dir() / files.TRACE_INDEX).unlink()  # the verdict forgotten: the run's own check refuses it
     with pytest.raises(TraceError, match="checksum"):
         Analysis(config, announce=lambda _: None)
+
+
+def test_a_trace_whose_checksum_is_still_being_read_is_forked_and_pickled_whole(tmp_path: Path, cache: Path,
+                                                                                monkeypatch: pytest.MonkeyPatch
+                                                                                ) -> None:
+    """A process forked while the checksum's thread reads finds the trace intact by reading it itself (the thread
+    is not there), and keeps no verdict the parent has not reached; a pickled copy is a checked trace."""
+    import pickle
+    import time
+
+    from arcsim.traces import format as trace_format
+    from arcsim.traces.format import CHECKSUM_FACT
+
+    intact = trace_format._gradients_intact
+
+    def slow(path: Path) -> bool:
+        time.sleep(0.5)
+        return intact(path)
+
+    monkeypatch.setattr(trace_format, "_gradients_intact", slow)
+    copy = tmp_path / "mine.npz"
+    shutil.copy(SHIPPED_TRACE, copy)
+    trace = open_trace(copy, check_later=True)
+    pid = os.fork()
+    if pid == 0:  # the child (no torch here: the parent's OpenMP threads are not): 0 intact, 1 refused or failed
+        try:
+            trace.check_intact()
+        except BaseException:
+            os._exit(1)
+        os._exit(0)
+    assert os.waitpid(pid, 0)[1] == 0
+    again = pickle.loads(pickle.dumps(trace))  # (waits for the check: its thread does not travel)
+    assert again._checking is None and trace._checking is None and again.workers == trace.workers
+    assert files.known_file_fact(copy, CHECKSUM_FACT) is True

@@ -17,6 +17,7 @@ import contextlib
 import io
 import json
 import math
+import os
 import threading
 import zipfile
 import zlib
@@ -30,7 +31,7 @@ import numpy as np
 
 from arcsim.compressors.layout import Layer
 from arcsim.errors import ArcsimError
-from arcsim.files import atomic_path, known_file_fact, remember_file_fact
+from arcsim.files import atomic_path, file_stamp, known_file_fact, remember_file_fact
 
 if TYPE_CHECKING:  # torch loads where gradients are read or written: a trace's metadata and layers are read without it
     import torch
@@ -208,14 +209,18 @@ class Trace:
         return f"trace {self.path.name}"
 
     def check_intact(self) -> None:
-        """Wait for the checksum open_trace(check_later=True) began, and refuse the trace where it failed; nothing
-        where it is checked. Every read of the gradients calls it first."""
-        checking, self._checking = self._checking, None
+        """Wait for the checksum open_trace(check_later=True) began, and refuse the trace where it failed (at every
+        call); nothing where it is checked. Every read of the gradients calls it first."""
+        checking = self._checking
         if checking is not None:
-            intact = checking.result()
-            remember_file_fact(self.path, CHECKSUM_FACT, intact)
-            if not intact:
+            if not checking.result():
                 raise TraceError(damaged(self.path))
+            self._checking = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        """A copy (pickled for another process) of a checked trace: the check's thread does not travel."""
+        self.check_intact()
+        return {**self.__dict__, "_checking": None}
 
     @property
     def steps(self) -> int:
@@ -542,21 +547,24 @@ def open_trace(path: str | Path, check_later: bool = False) -> Trace:
     offset = _stored_data_offset(path, info, header_end)
     trace = Trace(path, meta, layers, np.dtype(dtype), small["loss"], small["worker_loss"], small["forward_s"],
                   small["backward_s"], small["ready_s"], offset)
-    if known_file_fact(path, CHECKSUM_FACT) is None:
+    known = known_file_fact(path, CHECKSUM_FACT)
+    if known is None:
         trace._checking = _Checksum(path)
         if not check_later:
             trace.check_intact()
-    elif not known_file_fact(path, CHECKSUM_FACT):
+    elif not known:
         raise TraceError(damaged(path))
     return trace
 
 
 class _Checksum(threading.Thread):
-    """_gradients_intact(path) on a thread of its own (a daemon: an early end of the run does not wait for it)."""
+    """_gradients_intact(path) on a thread of its own (a daemon: an early end of the run does not wait for it), its
+    verdict kept among the file facts under the file's stamp as it was before the read."""
 
     def __init__(self, path: Path) -> None:
         super().__init__(name="arcsim-trace-checksum", daemon=True)
-        self.path, self.intact = path, False
+        self.path, self.stamp, self.pid = path, file_stamp(path), os.getpid()
+        self.intact: bool | None = None
         self.error: BaseException | None = None
         self.start()
 
@@ -565,10 +573,17 @@ class _Checksum(threading.Thread):
             self.intact = _gradients_intact(self.path)
         except BaseException as exc:  # (raised where the result is asked for)
             self.error = exc
+        else:
+            remember_file_fact(self.stamp, CHECKSUM_FACT, self.intact)
 
     def result(self) -> bool:
-        """The check's answer, once the thread has ended (no thread of it is left for a fork to copy)."""
-        self.join()
+        """The check's verdict once the thread has ended (no thread of it is left for a fork to copy); in a process
+        forked before the verdict, where the thread does not run, the check made again there."""
+        if os.getpid() == self.pid:
+            self.join()
+        elif self.intact is None and self.error is None:
+            return _gradients_intact(self.path)
         if self.error is not None:
             raise self.error
+        assert self.intact is not None
         return self.intact
