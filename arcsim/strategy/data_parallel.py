@@ -48,7 +48,7 @@ def bucketed_iteration_s(forward_s: float, backward_s: float, ready_s: Sequence[
     links, last_comm = 0.0, -math.inf  # the engine takes the max over the comm ends it placed, if any
     comms: list[tuple[float, float]] = []  # (with interference)
     done = 0.0
-    backward = True  # no compute-lane stretch is negative (with interference)
+    in_order = True  # no compute-lane stretch is negative (with interference)
     for ready, comp, comm in zip(ready_s, compress_s, comm_s, strict=True):
         stretch = (ready - done) * slowdown
         compute = compute + stretch
@@ -58,12 +58,12 @@ def bucketed_iteration_s(forward_s: float, backward_s: float, ready_s: Sequence[
         links = begin + comm
         last_comm = max(last_comm, links)
         if interference:
-            backward = backward and stretch >= 0 and comp >= 0
+            in_order = in_order and stretch >= 0 and comp >= 0
             comms.append((begin, links))
     tail = (backward_s - done) * slowdown
     compute = compute + tail
     if interference:
-        if not (backward and forward_s * slowdown >= 0 and tail >= 0):
+        if not (in_order and forward_s * slowdown >= 0 and tail >= 0):
             return bucketed_step(forward_s, backward_s, ready_s, compress_s, comm_s, after_s, effects).iteration_s
         compute = compute + interference * overlap_s(comms, [(0.0, compute)] if compute > 0 else [])
     return max(compute, last_comm) + after_s

@@ -264,22 +264,22 @@ def run_validation(cfg: ValidateConfig, note: Callable[[str], None] = print) -> 
     check_available()
     check_prefix(cfg.prefix)
     done = finished_cases(cfg)
-    if any((r, link_label(cfg, b)) not in done for r in cfg.ranks for b in cfg.bandwidths):
+    todo = {ranks: [b for b in cfg.bandwidths if (ranks, link_label(cfg, b)) not in done] for ranks in cfg.ranks}
+    if any(todo.values()):
         refuse_if_up(cfg.prefix)  # before the traces are captured, not after (and not where nothing is left)
     realtime = parse_duration(cfg.delay) == 0 and realtime_allowed()  # as the cluster runs its ranks
     (cfg.out_dir / "validation").mkdir(parents=True, exist_ok=True)
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory() as tmp:
         for ranks in cfg.ranks:
-            todo = [b for b in cfg.bandwidths if (ranks, link_label(cfg, b)) not in done]
             rows += [r for b in cfg.bandwidths if (ranks, link_label(cfg, b)) in done
                      for r in done[(ranks, link_label(cfg, b))]]
-            if not todo:
+            if not todo[ranks]:
                 note(f"{ranks} ranks: every link rate is in {cases_path(cfg)} already")
                 continue
             note(f"capturing a {cfg.model} trace with {ranks} workers …")
             trace = _trace(cfg, ranks)
-            for bandwidth in todo:
+            for bandwidth in todo[ranks]:
                 topo, by_hierarchy = _case(cfg, ranks, bandwidth, Path(tmp), note)
                 case = [row for hierarchy, (profile, runs) in by_hierarchy.items()
                         for row in compare(cfg, ranks, link_label(cfg, bandwidth), topo, trace, profile, runs,
