@@ -3,7 +3,10 @@ kept busy: each case a cold `arcsim run` (a fresh cache) with nothing else runni
 process per core started a second before; the estimate and the measuring wall time are read from the run's JSON
 (timings_s: "measuring, estimated", "measuring, wall"). Issue 51's goal: within 1.5× both ways, busy as quiet.
 
-    python benchmarks/measuring_estimate.py [--llama FILE]
+    python benchmarks/measuring_estimate.py [--llama FILE] [--trace FILE ...]
+
+The rates (arcsim/traces/estimates.py, 2026-11-29) were fitted on the main example, LLaMA-60M and LLaMA-1B's parts;
+``--trace`` adds others (on 4x8-eth25-a100), e.g. traces the rates never saw.
 """
 
 from __future__ import annotations
@@ -53,6 +56,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--llama", type=Path, default=None, help="a LLaMA-60M trace (default: llama_60m.npz among the "
                                                               "generated traces, if there)")
+    ap.add_argument("--trace", type=Path, action="append", default=[], help="another trace to check (repeat)")
     args = ap.parse_args()
     print(f"{os.cpu_count()} cores; python {sys.version.split()[0]}")
     case("main example", [])
@@ -61,6 +65,8 @@ def main() -> None:
         case("LLaMA-60M", ["--trace", str(llama), "-t", "4x8-eth25-a100"])
     else:
         print(f"LLaMA-60M: skipped (no trace at {llama})")
+    for trace in args.trace:
+        case(trace.stem, ["--trace", str(trace), "-t", "4x8-eth25-a100"])
 
 
 if __name__ == "__main__":

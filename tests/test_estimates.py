@@ -78,8 +78,10 @@ def test_a_cold_run_counts_what_it_must_measure_and_a_warm_one_nothing():
     todo, seconds = cold.measuring_work(quiet)
     assert todo == cold.planned_measurements() == 3 <= cfg.planned_measurements_at_most()
     read = sum(cold.trace.workers * k[2] * cold.trace.elements for k in cold.planned_keys())
-    assert seconds == pytest.approx(estimates.measuring_seconds(read, timed=cold.ctx.gpu is None, load=quiet,
-                                                                measurements=3))  # (too few to fork for)
+    stored = cold.trace.steps * cold.trace.workers * cold.trace.elements * cold.trace.dtype.itemsize
+    assert seconds == pytest.approx(estimates.MeasuringWork(one_thread=read, measurements=3, trace_bytes=stored,
+                                                            timed=cold.ctx.gpu is None).seconds(quiet))
+    # (too few to fork for, each on one thread: the cnn's buckets are small; the trace read once, then kept)
     told: list[str] = []
     cold.detail = told.append  # the bar's note moves within a measurement, step by step
     cold.run()
@@ -90,18 +92,24 @@ def test_a_cold_run_counts_what_it_must_measure_and_a_warm_one_nothing():
 
 def test_measuring_estimates_rise_with_the_load_other_work_puts_on_the_cores():
     """A busy machine had made the estimate 3-4x low (~40 s said, 163 s taken)."""
-    idle, busy, busier = (estimates.measuring_seconds(4e9, timed=False, load=estimates.Load(load, 2))
-                          for load in (0.0, 4.0, 6.0))
-    assert idle == pytest.approx(20.0) and busy == pytest.approx(3 * idle) and busier == pytest.approx(4 * idle)
+    threaded = estimates.MeasuringWork(threaded=4e9)
+    idle, busy, busier = (threaded.seconds(estimates.Load(load, 2)) for load in (0.0, 4.0, 6.0))
+    assert idle == pytest.approx(4e9 / estimates.MEASURE_ELEMENTS_PER_S)
+    assert busy == pytest.approx(3 * idle) and busier == pytest.approx(4 * idle)
     assert estimates.Load(0.2, 2).describe() == ""  # a quiet machine is not mentioned
     assert "the cores busy: load 4.0 on 2, 3.0× an idle machine's time" in estimates.Load(4.0, 2).describe()
     # one thread beside one other task on two cores has a core of its own; beside three, a fair half
     assert estimates.Load(1.0, 2).cores_for(1) == 1.0 and estimates.Load(3.0, 2).cores_for(1) == 0.5
     # side by side in two single-threaded processes: half the time on two free cores; beside two others' tasks a
     # fair share is one core between them, an idle machine's time for one
-    halved = estimates.measuring_seconds(4e9, timed=False, load=estimates.Load(0.0, 2), side_by_side=4e9, processes=2)
-    shared = estimates.measuring_seconds(4e9, timed=False, load=estimates.Load(2.0, 2), side_by_side=4e9, processes=2)
-    assert halved == pytest.approx(idle / 2) and shared == pytest.approx(idle)
+    pair = estimates.MeasuringWork(side_by_side=4e9, processes=2)
+    one = 4e9 / estimates.MEASURE_ONE_THREAD_ELEMENTS_PER_S  # one process's time for them all
+    halved, shared = (pair.seconds(estimates.Load(load, 2)) for load in (0.0, 2.0))
+    assert halved == pytest.approx(one / 2) and shared == pytest.approx(one)
+    # reading the stored trace goes on one thread: at its rate on a free core, at half of it beside three others
+    read = estimates.MeasuringWork(trace_bytes=2e9)
+    assert read.seconds(estimates.Load(1.0, 2)) == pytest.approx(2e9 / estimates.TRACE_READ_BYTES_PER_S)
+    assert read.seconds(estimates.Load(3.0, 2)) == pytest.approx(2 * 2e9 / estimates.TRACE_READ_BYTES_PER_S)
 
 
 @pytest.mark.skipif(not Path("/proc/loadavg").exists(), reason="the runnable tasks are read from /proc/loadavg")
@@ -127,3 +135,29 @@ def test_a_capture_on_demand_says_its_estimate_and_is_refused_past_the_memory(mo
     with pytest.raises(estimates.TooBig, match=refused):
         resolve_trace("resnet18.npz", announce=lambda _: None)
     assert not any(tmp_path.iterdir())  # refused before any training
+
+
+@pytest.mark.parametrize("streamed", [False, True], ids=["kept", "streamed"])
+def test_the_measuring_estimate_counts_the_trace_bytes_a_run_reads(tmp_path, monkeypatch, streamed):
+    """Loading a kept trace once; for a streamed one, gathering the layer sample's columns (Top-K's) and a pass
+    reading the buckets PowerSGD is measured on: every gradient read, counted where the trace reads them."""
+    from arcsim.run import analysis
+    from arcsim.run.analysis import Analysis
+    from arcsim.run.config import RunConfig
+    from arcsim.traces.format import Trace
+
+    monkeypatch.setenv("ARCSIM_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("ARCSIM_SAMPLE_ELEMENTS", "2e6")  # the shipped trace measured on a layer sample
+    monkeypatch.setenv("ARCSIM_MEASURE_PROCESSES", "1")  # (every read in this process)
+    if streamed:
+        monkeypatch.setattr(analysis, "CACHE_BYTES", 1)
+    read: list[int] = []
+    real = Trace._read_into
+    monkeypatch.setattr(Trace, "_read_into",
+                        lambda self, fh, out: read.append(out.numel() * out.element_size()) or real(self, fh, out))
+    a = Analysis(RunConfig(compressors=("topk", "powersgd"), ratios=(0.01,)), announce=lambda _: None)
+    assert a.streamed() == streamed and a.layer_sample() is not None
+    said = a._trace_bytes_read(a._to_measure())
+    read.clear()
+    a.run()
+    assert sum(read) == said > 0

@@ -44,7 +44,7 @@ from arcsim.run.sampling import MIN_SAMPLE_SAVING, BucketSample, describe, sampl
 from arcsim.strategy.buckets import Bucket
 from arcsim.strategy.frameworks import Framework, get_framework
 from arcsim.topology import Topology, load_topology
-from arcsim.traces.estimates import LIVE_STATE_BYTES_PER_ELEMENT, Load, measuring_seconds
+from arcsim.traces.estimates import LIVE_STATE_BYTES_PER_ELEMENT, Load, MeasuringWork
 from arcsim.traces.format import GradientSource, Trace, open_trace
 from arcsim.traces.resolve import resolve_trace
 from arcsim.units import format_bits, format_duration
@@ -668,16 +668,39 @@ class Analysis:
             return 0, 0.0
         ahead = set(self._parallel_todo(None, todo))
         one_thread = [k for k in todo if k not in ahead and self._one_thread(k)]
+        threaded = [k for k in todo if k not in ahead and k not in one_thread]
 
         def read(keys: Iterable[MeasurementKey]) -> float:
             return float(sum(self.trace.workers * k[2] * self._measured_elements(k) for k in keys))
 
+        work = MeasuringWork(threaded=read(threaded), one_thread=read(one_thread), side_by_side=read(ahead),
+                             processes=self._processes(len(ahead)), measurements=len(todo),
+                             trace_bytes=self._trace_bytes_read(todo), timed=self.timed)
         self.measuring_load = load or Load.now()
-        seconds = measuring_seconds(read(todo), timed=self.timed, load=self.measuring_load, side_by_side=read(ahead),
-                                    processes=self._processes(len(ahead)), one_thread=read(one_thread),
-                                    measurements=len(todo))
+        seconds = work.seconds(self.measuring_load)
         self.timings[MEASURING_ESTIMATE] = seconds
         return len(todo), seconds
+
+    def _trace_bytes_read(self, todo: list[MeasurementKey]) -> float:
+        """The stored gradients' bytes measuring ``todo`` reads: the trace loaded once where it is kept (steps);
+        where it is streamed, the steps once to gather the layer sample's columns (sample_steps, which checks them
+        finite) and, for each pass of whole measurements (one per count of steps and grouping: _measure_streamed),
+        the buckets measured, or every bucket where the columns cannot be read alone or are not yet checked."""
+        t = self.trace
+        assert isinstance(t, Trace)
+        size = t.dtype.itemsize * t.workers
+        if not self.streamed():
+            return float(t.steps * t.elements * size) if self._cached is None else 0.0
+        gathered = self._sample_steps is not None or any(self.layer_sample_for(k) is not None for k in todo)
+        read = 0.0 if self._sample_steps is not None or not gathered else float(t.steps * t.elements * size)
+        passes: dict[tuple[int, Grouping | None], int] = {}
+        for k in todo:
+            if self.layer_sample_for(k) is None:
+                on_demand = t.random_access and self.cfg.measure_device == "cpu" \
+                    and (gathered or self.sample_for(k) is None)
+                passes[k[2], k[3]] = max(passes.get((k[2], k[3]), 0),
+                                         self._measured_elements(k) if on_demand else t.elements)
+        return read + sum(steps * elements * size for (steps, _), elements in passes.items())
 
     def _measured_elements(self, key: MeasurementKey) -> int:
         """The elements ``key`` compresses per worker and step: the trace's, or its sample's."""

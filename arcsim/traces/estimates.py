@@ -31,13 +31,20 @@ TRAIN_FLOPS_PER_S = 70e9      # training on this CPU, forward + backward (captur
 #                               2.1 s and 341 GFLOP in 3.1 s (the 256 GFLOP between in 1.0 s); llama_60m 264 GFLOP in
 #                               7.8 s and 527 GFLOP in 7.7 s (its text data's set-up dominates)
 TRAIN_START_S = 2.0           # building the model and its data: cnn 1.0-1.1 s, resnet18 ~1.8 s, llama_60m ~7 s
-MEASURE_ELEMENTS_PER_S = 200e6  # measuring compressors with their error feedback on a trace: gradient elements read
-#                                (workers × steps × elements) per second over a default run's 67 measurements:
-#                                164-205 M/s on the shipped cnn trace (328 M in 1.6-2.0 s), 220 M/s on a resnet18
-#                                trace of 2 workers × 1 step (1.57 G in 7.1 s)
-MEASURE_FIXED_S = 0.01        # each run's own cost, one at a time in the run's process (its set-up, its result kept
-#                               in the cache): the main example's 82 runs took 1.7 s where their elements said 1.0
-#                               (benchmarks/measuring_estimate.py)
+MEASURE_ELEMENTS_PER_S = 220e6  # measuring compressors with their error feedback on a trace, one run at a time on
+#                                torch's threads: gradient elements read (workers × steps × elements) per second,
+#                                PowerSGD measured whole (2026-11-29): llama_60m 1.39 G in 4.6-7.8 s (180-300 M/s),
+#                                llama_1b 3.38 G in 21 s streamed (160 M/s); the geometric middle
+MEASURE_ONE_THREAD_ELEMENTS_PER_S = 130e6  # the same on one thread, per process, two side by side on 2 cores
+#                                (2026-11-29): the shipped trace's 82 runs, 0.40 G in 1.6-1.8 s with their own
+#                                costs; llama_60m's layer sample 1.29 G in 4.5 s (143 M/s a process), llama_1b's
+#                                1.97 G in 8.3 s (118 M/s)
+MEASURE_FIXED_S = 0.005       # each run's own cost (its set-up, its result kept in the cache): the shipped trace's
+#                               82 runs against their elements at the rate above
+TRACE_READ_BYTES_PER_S = 1e9   # a pass over the stored gradients (loading them, gathering the layer sample, a
+#                               streamed pass of whole measurements), 2026-11-29: llama_60m's 0.93 GB loaded with
+#                               the sample and its buckets' norms 0.65 GB/s, loaded alone 1.44 GB/s; llama_1b's
+#                               5.4 GB gathered in chunks 1.3-1.8 GB/s
 MEASURE_TIMED_FACTOR = 1.5     # compression timed here as well (--gpu cpu): the shipped trace 3.0 s against 2.0 s
 BUSY_SLOWDOWN = 1.2            # a load that slows measuring by this much or more is named in the estimate
 LOAD_WINDOW_S = 0.1            # how long Load.now watches the cores (the 1-minute load average had a run that had
@@ -176,16 +183,30 @@ def own_load() -> float:
     return time.process_time() / elapsed * (1 - math.exp(-elapsed / 60))
 
 
-def measuring_seconds(elements_read: float, timed: bool, load: Load, side_by_side: float = 0.0,
-                      processes: int = 1, one_thread: float = 0.0, measurements: int = 0) -> float:
-    """``measurements`` compressor runs that read ``elements_read`` gradient elements in all (``timed``: timing them
-    too), with the machine as loaded as ``load``: ``side_by_side`` of the elements in ``processes`` processes at once
-    and ``one_thread`` more one measurement at a time, each on one thread (arcsim.run.analysis.Analysis.measure_ahead,
-    arcsim.run.measure.measuring_threads), the rest one at a time on torch's threads."""
-    seconds_per_element = (MEASURE_TIMED_FACTOR if timed else 1.0) / MEASURE_ELEMENTS_PER_S
-    threaded = (elements_read - side_by_side - one_thread) * seconds_per_element * load.slowdown
-    return (threaded + one_thread * seconds_per_element / load.cores_for(1) + measurements * MEASURE_FIXED_S
-            * load.slowdown + side_by_side * seconds_per_element / load.cores_for(processes))
+@dataclass(frozen=True)
+class MeasuringWork:
+    """What measuring a trace's compressors reads, and how it runs (arcsim.run.analysis.Analysis.measuring_work):
+    gradient elements read one run at a time on torch's threads (``threaded``) or on one thread (``one_thread``,
+    arcsim.run.measure.measuring_threads), or side by side in ``processes`` one-thread processes (``side_by_side``,
+    Analysis.measure_ahead); ``measurements`` runs in all; the stored trace's bytes read (``trace_bytes``);
+    ``timed``: the compression timed as well."""
+
+    threaded: float = 0.0
+    one_thread: float = 0.0
+    side_by_side: float = 0.0
+    processes: int = 1
+    measurements: int = 0
+    trace_bytes: float = 0.0
+    timed: bool = False
+
+    def seconds(self, load: Load) -> float:
+        """The time it should take here with the machine as loaded as ``load``: torch's threads slowed by the
+        load, one thread or process by the cores it gets beside the others' work."""
+        timed = MEASURE_TIMED_FACTOR if self.timed else 1.0
+        one = timed * self.one_thread / MEASURE_ONE_THREAD_ELEMENTS_PER_S + self.trace_bytes / TRACE_READ_BYTES_PER_S
+        side = timed * self.side_by_side / MEASURE_ONE_THREAD_ELEMENTS_PER_S
+        return ((timed * self.threaded / MEASURE_ELEMENTS_PER_S + self.measurements * MEASURE_FIXED_S)
+                * load.slowdown + one / load.cores_for(1) + side / load.cores_for(self.processes))
 
 
 def available_memory() -> float:
