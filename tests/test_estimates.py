@@ -137,10 +137,15 @@ def test_a_capture_on_demand_says_its_estimate_and_is_refused_past_the_memory(mo
     assert not any(tmp_path.iterdir())  # refused before any training
 
 
-@pytest.mark.parametrize("streamed", [False, True], ids=["kept", "streamed"])
-def test_the_measuring_estimate_counts_the_trace_bytes_a_run_reads(tmp_path, monkeypatch, streamed):
-    """Loading a kept trace once; for a streamed one, gathering the layer sample's columns (Top-K's) and a pass
-    reading the buckets PowerSGD is measured on: every gradient read, counted where the trace reads them."""
+@pytest.mark.parametrize(("streamed", "processes", "apart"), [(False, 1, False), (True, 1, False), (True, 2, False),
+                                                           (True, 1, True)],
+                         ids=["kept", "streamed", "streamed, the sample gathered first", "streamed, a pass a run"])
+def test_the_measuring_estimate_counts_the_trace_bytes_a_run_reads(tmp_path, monkeypatch, streamed, processes, apart):
+    """Every gradient byte a run reads from the file (where the trace reads them, in this process: the side-by-side
+    processes read what it gathered), as the estimate counts it. A kept trace is loaded once. A streamed one is read
+    whole to gather the layer sample (Top-K's and the others'), first where runs go side by side, else in the run's
+    order; PowerSGD's pass reads its buckets. With a bucket sample and no room for two runs' state in a pass, each
+    run is a pass of its own, and the first reads the steps whole to check them finite, before the gathering."""
     from arcsim.run import analysis
     from arcsim.run.analysis import Analysis
     from arcsim.run.config import RunConfig
@@ -148,16 +153,26 @@ def test_the_measuring_estimate_counts_the_trace_bytes_a_run_reads(tmp_path, mon
 
     monkeypatch.setenv("ARCSIM_CACHE_DIR", str(tmp_path))
     monkeypatch.setenv("ARCSIM_SAMPLE_ELEMENTS", "2e6")  # the shipped trace measured on a layer sample
-    monkeypatch.setenv("ARCSIM_MEASURE_PROCESSES", "1")  # (every read in this process)
+    monkeypatch.setenv("ARCSIM_MEASURE_PROCESSES", str(processes))
     if streamed:
         monkeypatch.setattr(analysis, "CACHE_BYTES", 1)
+    if apart:
+        monkeypatch.setattr(analysis, "MIN_SAMPLE_SAVING", -1.0)  # a bucket sample, however little it leaves out
+        monkeypatch.setattr(analysis, "LIVE_MEMORY_BYTES", 1)     # room for one run's state in a pass
+    config = RunConfig(compressors=("powersgd", "topk", "randk", "terngrad"), ratios=(0.01, 0.1))
+    if apart:  # dense in the cache: PowerSGD's pass, first, reads the steps whole to check them, then the gathering
+        Analysis(config, announce=lambda _: None).measurement("dense", 1.0)
     read: list[int] = []
     real = Trace._read_into
     monkeypatch.setattr(Trace, "_read_into",
                         lambda self, fh, out: read.append(out.numel() * out.element_size()) or real(self, fh, out))
-    a = Analysis(RunConfig(compressors=("topk", "powersgd"), ratios=(0.01,)), announce=lambda _: None)
-    assert a.streamed() == streamed and a.layer_sample() is not None
-    said = a._trace_bytes_read(a._to_measure())
+    a = Analysis(config, announce=lambda _: None)
+    todo = a._to_measure()
+    ahead = a._parallel_todo(None, todo)
+    assert a.streamed() == streamed and a.layer_sample() is not None and bool(ahead) == (processes > 1)
+    assert apart == any(a.sample_for(k) is not None for k in todo)
+    said = a._trace_bytes_read(todo, bool(ahead))
     read.clear()
     a.run()
-    assert sum(read) == said > 0
+    stored = a.trace.steps * a.trace.workers * a.trace.elements * a.trace.dtype.itemsize
+    assert sum(read) == said >= stored

@@ -675,32 +675,49 @@ class Analysis:
 
         work = MeasuringWork(threaded=read(threaded), one_thread=read(one_thread), side_by_side=read(ahead),
                              processes=self._processes(len(ahead)), measurements=len(todo),
-                             trace_bytes=self._trace_bytes_read(todo), timed=self.timed)
+                             trace_bytes=self._trace_bytes_read(todo, bool(ahead)), timed=self.timed)
         self.measuring_load = load or Load.now()
         seconds = work.seconds(self.measuring_load)
         self.timings[MEASURING_ESTIMATE] = seconds
         return len(todo), seconds
 
-    def _trace_bytes_read(self, todo: list[MeasurementKey]) -> float:
-        """The stored gradients' bytes measuring ``todo`` reads: the trace loaded once where it is kept (steps);
-        where it is streamed, the steps once to gather the layer sample's columns (sample_steps, which checks them
-        finite) and, for each pass of whole measurements (one per count of steps and grouping: _measure_streamed),
-        the buckets measured, or every bucket where the columns cannot be read alone or are not yet checked."""
+    def _trace_bytes_read(self, todo: list[MeasurementKey], gathered_first: bool) -> float:
+        """The stored gradients' bytes measuring ``todo`` reads, walked in the order the run measures (the layer
+        sample gathered first where measure_ahead runs: ``gathered_first``). A kept trace is loaded once (steps).
+        A streamed one is read whole to gather the layer sample (sample_steps), and once per pass of whole
+        measurements (_measure_streamed: as many as _one_pass fits): their buckets' columns alone where the trace
+        has them apart (after the steps read whole once to check them finite, where the pass takes a bucket
+        sample), else the pass's steps whole."""
         t = self.trace
         assert isinstance(t, Trace)
         size = t.dtype.itemsize * t.workers
+        step_bytes = t.elements * size
         if not self.streamed():
-            return float(t.steps * t.elements * size) if self._cached is None else 0.0
-        gathered = self._sample_steps is not None or any(self.layer_sample_for(k) is not None for k in todo)
-        read = 0.0 if self._sample_steps is not None or not gathered else float(t.steps * t.elements * size)
-        passes: dict[tuple[int, Grouping | None], int] = {}
-        for k in todo:
-            if self.layer_sample_for(k) is None:
-                on_demand = t.random_access and self.cfg.measure_device == "cpu" \
-                    and (gathered or self.sample_for(k) is None)
-                passes[k[2], k[3]] = max(passes.get((k[2], k[3]), 0),
-                                         self._measured_elements(k) if on_demand else t.elements)
-        return read + sum(steps * elements * size for (steps, _), elements in passes.items())
+            return float(t.steps * step_bytes) if self._cached is None else 0.0
+        apart = t.random_access and self.cfg.measure_device == "cpu"
+        checked, gathered, read = set(self._finite_checked), self._sample_steps is not None, 0.0
+        left = set(todo)
+        for key in todo:
+            if key not in left:
+                continue
+            if not gathered and (gathered_first or self.layer_sample_for(key) is not None):
+                read += t.steps * step_bytes
+                gathered = True
+                checked.update(range(t.steps) if apart else ())
+            if self.layer_sample_for(key) is not None:
+                left.discard(key)
+                continue
+            left.difference_update(self._one_pass(key, t.workers * t.elements, stateless=key[2] == 1,
+                                                  todo=lambda k: k in left and self.layer_sample_for(k) is None))
+            if not apart:
+                read += key[2] * step_bytes
+                continue
+            if self.sample_for(key) is not None:
+                unchecked = set(range(key[2])) - checked
+                read += len(unchecked) * step_bytes
+                checked |= unchecked
+            read += key[2] * self._measured_elements(key) * size
+        return read
 
     def _measured_elements(self, key: MeasurementKey) -> int:
         """The elements ``key`` compresses per worker and step: the trace's, or its sample's."""

@@ -2,10 +2,10 @@
 and measuring compressors on a trace (a cold ``arcsim run``). Training that would need more memory than this
 machine has available is refused (one ``error:`` line) unless ``--force``.
 
-The rates are measured on the 2-core development machine (2026-11-25); each constant names its source. They are
-rough by design: they decide whether to warn and refuse, not what to report. Measuring is scaled by the load other
-work puts on the machine now (:class:`Load`: on a busy machine it had been 3-4x too low) and spread over the
-processes that measure side by side.
+The rates are measured on the 2-core development machine (training 2026-11-25, measuring 2026-11-29); each
+constant names its source. They are rough by design: they decide whether to warn and refuse, not what to report.
+Measuring is scaled by the load other work puts on the machine now (:class:`Load`: on a busy machine it had been
+3-4x too low) and spread over the processes that measure side by side.
 """
 
 from __future__ import annotations
@@ -39,8 +39,8 @@ MEASURE_ONE_THREAD_ELEMENTS_PER_S = 130e6  # the same on one thread, per process
 #                                (2026-11-29): the shipped trace's 82 runs, 0.40 G in 1.6-1.8 s with their own
 #                                costs; llama_60m's layer sample 1.29 G in 4.5 s (143 M/s a process), llama_1b's
 #                                1.97 G in 8.3 s (118 M/s)
-MEASURE_FIXED_S = 0.005       # each run's own cost (its set-up, its result kept in the cache): the shipped trace's
-#                               82 runs against their elements at the rate above
+MEASURE_FIXED_S = 0.002       # each run's own cost (its set-up, its result kept in the cache): the shipped trace's
+#                               82 runs took 1.6-1.8 s where their elements at the rate above say 1.54 s (1-3 ms a run)
 TRACE_READ_BYTES_PER_S = 1e9   # a pass over the stored gradients (loading them, gathering the layer sample, a
 #                               streamed pass of whole measurements), 2026-11-29: llama_60m's 0.93 GB loaded with
 #                               the sample and its buckets' norms 0.65 GB/s, loaded alone 1.44 GB/s; llama_1b's
