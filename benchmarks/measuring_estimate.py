@@ -25,6 +25,15 @@ from arcsim.files import generated_traces_dir
 GOAL = 1.5
 
 
+def loop_seconds() -> float:
+    """A pure-Python loop of 20 M additions: this machine's speed at the moment (it has varied 1.5-2.5 s in an hour,
+    which no load reading sees)."""
+    started, total = time.perf_counter(), 0
+    for i in range(20_000_000):
+        total += i
+    return time.perf_counter() - started
+
+
 def cold(args: list[str]) -> tuple[float, float]:
     """(estimated, taken) seconds of measuring in one cold run."""
     with tempfile.TemporaryDirectory() as tmp:
@@ -58,7 +67,7 @@ def main() -> None:
                                                               "generated traces, if there)")
     ap.add_argument("--trace", type=Path, action="append", default=[], help="another trace to check (repeat)")
     args = ap.parse_args()
-    print(f"{os.cpu_count()} cores; python {sys.version.split()[0]}")
+    print(f"{os.cpu_count()} cores; python {sys.version.split()[0]}; a 20 M-step Python loop {loop_seconds():.2f} s")
     case("main example", [])
     llama = args.llama or generated_traces_dir() / "llama_60m.npz"
     if llama.exists():
@@ -67,6 +76,7 @@ def main() -> None:
         print(f"LLaMA-60M: skipped (no trace at {llama})")
     for trace in args.trace:
         case(trace.stem, ["--trace", str(trace), "-t", "4x8-eth25-a100"])
+    print(f"a 20 M-step Python loop {loop_seconds():.2f} s at the end")
 
 
 if __name__ == "__main__":
