@@ -26,8 +26,8 @@ GOAL = 1.5
 
 
 def loop_seconds() -> float:
-    """A pure-Python loop of 20 M additions: this machine's speed at the moment (it has varied 1.5-2.5 s in an hour,
-    which no load reading sees)."""
+    """A pure-Python loop of 20 M additions: this machine's speed at the moment, which no load reading sees (such a
+    loop took 2.5 s at 06:35 and 1.5 s at 07:03 on 2026-11-29, nothing else running)."""
     started, total = time.perf_counter(), 0
     for i in range(20_000_000):
         total += i

@@ -146,11 +146,14 @@ def test_the_measuring_estimate_counts_the_trace_bytes_a_run_reads(tmp_path, mon
     whole to gather the layer sample (Top-K's and the others'), first where runs go side by side, else in the run's
     order; PowerSGD's pass reads its buckets. With a bucket sample and no room for two runs' state in a pass, each
     run is a pass of its own, and the first reads the steps whole to check them finite, before the gathering."""
+    from arcsim.processes import usable_cores
     from arcsim.run import analysis
     from arcsim.run.analysis import Analysis
     from arcsim.run.config import RunConfig
     from arcsim.traces.format import Trace
 
+    if processes > usable_cores():
+        pytest.skip(f"runs side by side need {processes} usable cores")
     monkeypatch.setenv("ARCSIM_CACHE_DIR", str(tmp_path))
     monkeypatch.setenv("ARCSIM_SAMPLE_ELEMENTS", "2e6")  # the shipped trace measured on a layer sample
     monkeypatch.setenv("ARCSIM_MEASURE_PROCESSES", str(processes))
