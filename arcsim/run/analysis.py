@@ -335,7 +335,7 @@ class Analysis:
     def streamed(self) -> bool:
         """Whether the trace is too large to keep (CACHE_BYTES as stored): read again by every measurement."""
         t = self.trace
-        return isinstance(t, Trace) and t.steps * t.workers * t.elements * t.dtype.itemsize > CACHE_BYTES
+        return isinstance(t, Trace) and t.steps * t.step_bytes() > CACHE_BYTES
 
     def grid_steps(self) -> int:
         """Trace steps the ratio grid is measured on: all, unless the trace is large (then the first only)."""
@@ -690,8 +690,7 @@ class Analysis:
         sample), else the pass's steps whole."""
         t = self.trace
         assert isinstance(t, Trace)
-        size = t.dtype.itemsize * t.workers
-        step_bytes = t.elements * size
+        step_bytes = t.step_bytes()
         if not self.streamed():
             return float(t.steps * step_bytes) if self._cached is None else 0.0
         apart = t.random_access and self.cfg.measure_device == "cpu"
@@ -700,11 +699,12 @@ class Analysis:
         for key in todo:
             if key not in left:
                 continue
-            if not gathered and (gathered_first or self.layer_sample_for(key) is not None):
+            sampled = self.layer_sample_for(key) is not None
+            if not gathered and (gathered_first or sampled):
                 read += t.steps * step_bytes
                 gathered = True
                 checked.update(range(t.steps) if apart else ())
-            if self.layer_sample_for(key) is not None:
+            if sampled:
                 left.discard(key)
                 continue
             left.difference_update(self._one_pass(key, t.workers * t.elements, stateless=key[2] == 1,
@@ -716,7 +716,7 @@ class Analysis:
                 unchecked = set(range(key[2])) - checked
                 read += len(unchecked) * step_bytes
                 checked |= unchecked
-            read += key[2] * self._measured_elements(key) * size
+            read += key[2] * t.workers * self._measured_elements(key) * t.dtype.itemsize
         return read
 
     def _measured_elements(self, key: MeasurementKey) -> int:

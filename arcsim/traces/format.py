@@ -238,7 +238,8 @@ class Trace:
     def recorded_steps(self) -> list[int]:
         return [int(s) for s in self.meta["recorded_steps"]]
 
-    def _step_bytes(self) -> int:
+    def step_bytes(self) -> int:
+        """One step's gradients as stored: every worker's."""
         return self.workers * self.elements * self.dtype.itemsize
 
     def _read_into(self, fh: Any, out: torch.Tensor) -> None:
@@ -258,7 +259,7 @@ class Trace:
         dtype = self.torch_dtype
         if self._data_offset is not None:
             with open(self.path, "rb", buffering=0) as fh:
-                fh.seek(self._data_offset + start * self._step_bytes())
+                fh.seek(self._data_offset + start * self.step_bytes())
                 for _ in range(start, stop):
                     out = torch.empty(self.workers, self.elements, dtype=dtype)
                     self._read_into(fh, out)
@@ -303,7 +304,7 @@ class Trace:
         self.check_intact()
         dtype = self.torch_dtype
         size = self.dtype.itemsize
-        base = self._data_offset + index * self._step_bytes()
+        base = self._data_offset + index * self.step_bytes()
         with open(self.path, "rb", buffering=0) as fh:
             for lo, hi in ranges:
                 out = torch.empty(self.workers, hi - lo, dtype=dtype)
