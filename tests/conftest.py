@@ -187,14 +187,22 @@ def interruptible() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
-def spawn_ranks(script: Path, world: int, out_dir: Path, timeout: float = 600) -> None:
-    """Run ``script RANK WORLD PORT OUT_DIR`` as ``world`` gloo processes on loopback; fail with their output."""
-    from _rank_launch import run_ranks
+# what the tests' rank scripts import: once, by the forkserver
+RANK_SCRIPTS_IMPORT = ["torch.nn.parallel", "torch.distributed.fsdp", "arcsim.hooks", "arcsim.compressors.registry",
+                       "arcsim.compressors.memory", "arcsim.comm.distributed", "arcsim.models",
+                       "arcsim.traces.synthetic", "arcsim.sharding.fsdp_probe"]
 
+
+def spawn_ranks(script: Path, world: int, out_dir: Path, timeout: float = 600) -> None:
+    """Run ``script RANK WORLD PORT OUT_DIR`` as ``world`` gloo processes on loopback, forked from a server that
+    imported torch once (arcsim.testbed.ranks); fail with a failing rank's output."""
+    from arcsim.processes import forkserver
+    from arcsim.testbed.ranks import RankLaunch, run_ranks
+
+    forkserver(RANK_SCRIPTS_IMPORT)
     port = free_port()
-    argvs = [[str(r), str(world), str(port), str(out_dir)] for r in range(world)]
-    for code, out in run_ranks(script, argvs, [out_dir / f"rank{r}.log" for r in range(world)], timeout):
-        assert code == 0, out[-3000:]
+    run_ranks([RankLaunch(str(script), (str(r), str(world), str(port), str(out_dir)), dict(os.environ), script=True)
+               for r in range(world)], timeout)
 
 
 def rank_reports(script: Path, world: int, out_dir: Path) -> list[dict]:

@@ -208,15 +208,23 @@ def test_one_way_delay_through_the_forwarder_with_shaping():
     assert got["bulk_s"] < 3 * nbytes / rate + 1.0  # and nothing is lost (a retransmission timeout costs seconds)
 
 
+def _netns_of(c: EmulatedCluster, rank: int) -> str:
+    """What /proc/<pid>/ns/net reads for a process in rank ``rank``'s namespace."""
+    return f"net:[{os.stat(f'/var/run/netns/{c.ns(rank)}').st_ino}]"
+
+
 @needs_netns
 def test_gloo_across_the_delayed_cluster(tmp_path):
+    """Ranks forked from the preloaded server (EmulatedCluster.run): in their own namespaces, not real-time (the
+    forwarder's softirqs would starve)."""
     with EmulatedCluster(2, "1Gbit", "0.5ms", prefix=_fresh("arcsimt7")) as c:
-        port = free_port()
-        procs = [c.spawn(r, [sys.executable, str(HERE / "_cluster_allreduce.py"), str(tmp_path / "out")], port=port,
-                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT) for r in range(2)]
-        for p in procs:
-            assert cl.wait_for(p, 120) == 0, p.stdout.read()
+        c.run(str(HERE / "_cluster_allreduce.py"), [str(tmp_path / "out")], 120, script=True)
+        c.run(str(HERE / "_rank_env.py"), [str(tmp_path / "env")], 120, script=True)
+        spaces = [_netns_of(c, r) for r in range(2)]
     assert {float((tmp_path / f"out.{r}").read_text()) for r in range(2)} == {3.0}
+    reports = [json.loads((tmp_path / f"env.{r}").read_text()) for r in range(2)]
+    assert [r["netns"] for r in reports] == spaces and len(set(spaces)) == 2
+    assert not any(r["fifo"] for r in reports)
 
 
 def test_link_holds_each_packet_one_delay_then_serialises_per_receiver():
@@ -259,7 +267,13 @@ def test_nodes_of_several_ranks_share_a_namespace_and_one_shaped_link(tmp_path):
                                capture_output=True, text=True).stdout
         assert "dev lo" in route  # the same node: loopback, unshaped
         _all_reduce_in(c, tmp_path / "out")
+        c.run(str(HERE / "_rank_env.py"), [str(tmp_path / "env")], 120, script=True)  # forked, as arcsim's ranks
+        spaces = [_netns_of(c, r) for r in range(4)]
     assert _leftovers(prefix) == []
     assert {float((tmp_path / f"out.{r}").read_text()) for r in range(4)} == {10.0}  # 1 + 2 + 3 + 4
+    reports = [json.loads((tmp_path / f"env.{r}").read_text()) for r in range(4)]
+    assert [r["netns"] for r in reports] == spaces and spaces[0] == spaces[1] != spaces[2] == spaces[3]
+    assert all(r["fifo"] == cl.realtime_allowed() for r in reports)  # `chrt -f 1`, as spawned ranks get
+    assert [r["env"]["OMP_NUM_THREADS"] for r in reports] == ["1"] * 4 and all(r["threads"] == 1 for r in reports)
     with pytest.raises(ClusterError, match="two or more nodes"):
         EmulatedCluster(4, "200Mbit", ranks_per_node=4)

@@ -431,7 +431,8 @@ def test_pool_workers_die_with_a_killed_sweep(tmp_path):
     deadline = time.monotonic() + 240
     workers: list[int] = []
     while time.monotonic() < deadline and proc.poll() is None and len(workers) < 2:
-        workers = [k for k in _children(proc.pid) if "spawn" in Path(f"/proc/{k}/cmdline").read_bytes().decode()]
+        servers = [k for k in _children(proc.pid) if "forkserver" in Path(f"/proc/{k}/cmdline").read_bytes().decode()]
+        workers = [k for server in servers for k in _children(server)]  # the pool's workers fork from the server
         time.sleep(0.1)
     assert len(workers) >= 2, "the pool never started"
     proc.kill()  # SIGKILL: no handler runs in the parent

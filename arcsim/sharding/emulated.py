@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -74,18 +73,12 @@ def alone_s(call: Any) -> float:
 def run_on_cluster(worker: str, cfg: dict[str, Any], ranks: int, bandwidth: str, work: Path, prefix: str,
                    name: str, ranks_per_node: int = 1) -> Path:
     """``python -m worker CONFIG OUT`` on each rank of an emulated cluster (needs root); the path of OUT."""
-    from arcsim.processes import free_port
-    from arcsim.testbed.calibrate import collect
-    from arcsim.testbed.cluster import EmulatedCluster, wait_for
+    from arcsim.testbed.cluster import EmulatedCluster
 
     conf, out = work / f"{name}.json", work / f"{name}-out.json"
     conf.write_text(json.dumps(cfg))
     with EmulatedCluster(ranks, bandwidth, prefix=prefix, ranks_per_node=ranks_per_node) as cluster:
-        port = free_port()
-        argv = [sys.executable, "-m", worker, str(conf), str(out)]
-        procs = [cluster.spawn(r, argv, port=port, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-                 for r in range(ranks)]
-        collect(procs, 900, wait_for)
+        cluster.run(worker, [str(conf), str(out)], 900)
     return out
 
 

@@ -129,13 +129,12 @@ def probe(configs: Sequence[dict[str, Any]], world: int = 2) -> list[dict[str, A
     """Run each config (``model``: mlp or transformer; ``reshard``: bool or int, absent for FSDP2's default;
     ``mesh``: (replicas, shard) for HSDP; ``bf16``: bf16 parameters, fp32 reduction) for two steps on
     ``world`` gloo ranks and return the second step's collectives, as rank 0 saw them."""
-    import multiprocessing
-
     import torch.multiprocessing as mp
 
-    # ranks forked from a server that imported torch once (spawned, each spent 1.5 s of CPU importing it again);
-    # the preload applies where this process starts the server
-    multiprocessing.get_context("forkserver").set_forkserver_preload(["torch", "torch.distributed.fsdp", __name__])
+    from arcsim.processes import forkserver
+
+    # ranks forked from a server that imported torch once (spawned, each spent 1.5 s of CPU importing it again)
+    forkserver(["torch", "torch.distributed.fsdp", __name__])
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "collectives.json")
         mp.start_processes(_worker, args=(world, os.path.join(tmp, "store"), list(configs), out), nprocs=world,

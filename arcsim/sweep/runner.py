@@ -4,7 +4,6 @@ appending rows as chunks finish (resumable), with a progress bar."""
 from __future__ import annotations
 
 import math
-import multiprocessing
 import os
 import signal
 import sys
@@ -16,12 +15,14 @@ from typing import Any
 from tqdm import tqdm
 
 from arcsim.files import writable_cache_dir
-from arcsim.processes import die_with_parent, signals_interrupt
+from arcsim.processes import die_with_parent, forkserver, signals_interrupt
 from arcsim.sweep.evaluate import evaluate_chunk, point_topology
 from arcsim.sweep.spec import SweepError, SweepSpec
 from arcsim.sweep.store import ResultStore
 
 CHUNKS_PER_WORKER = 4  # enough chunks to balance the load; few enough that measurements are rarely repeated
+POINT_NEEDS = ["torch", "arcsim.sweep.evaluate", "arcsim.run.analysis", "arcsim.run.config", "arcsim.pricing",
+               "arcsim.run.candidates"]  # what evaluate_chunk imports: once, by the pool's forkserver
 
 
 @dataclass
@@ -73,7 +74,8 @@ def _local(chunks: list[list[dict[str, Any]]], workers: int) -> Iterator[list[di
         for c in chunks:
             yield evaluate_chunk(c)
         return
-    pool = multiprocessing.get_context("spawn").Pool(workers, initializer=_pool_worker, initargs=(os.getpid(),))
+    # forked from a server that imported what a point needs once (spawned, each worker imported torch: 2 s of CPU)
+    pool = forkserver(POINT_NEEDS).Pool(workers, initializer=_pool_worker, initargs=(os.getpid(),))
     try:
         yield from pool.imap_unordered(evaluate_chunk, chunks)
         pool.close()
@@ -82,9 +84,10 @@ def _local(chunks: list[list[dict[str, Any]]], workers: int) -> Iterator[list[di
         pool.join()
 
 
-def _pool_worker(parent_pid: int) -> None:
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides; it terminates the pool
-    die_with_parent(parent_pid)  # and if the parent is killed outright, the workers go with it
+def _pool_worker(sweep_pid: int) -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the sweep decides; it terminates the pool
+    # and if the sweep is killed outright, its forkserver ends and the workers go with it
+    die_with_parent(sweep_pid)
 
 
 def connect(address: str):

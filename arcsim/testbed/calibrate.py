@@ -17,8 +17,6 @@ import dataclasses
 import json
 import math
 import os
-import subprocess
-import sys
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -268,21 +266,18 @@ def microbench(cluster, ranks: int, sizes: tuple[int, ...], repeats: int, timeou
                gpus_per_node: int = 1, gap_s: float = 0.0) -> dict:
     """Run the microbenchmark with one process per rank: in ``cluster`` (an EmulatedCluster) or on loopback;
     ``gpus_per_node`` > 1 measures the node and rail groups too; ``gap_s`` idle before each collective."""
-    from arcsim.testbed.cluster import wait_for
+    from arcsim.testbed.ranks import RankLaunch, run_ranks
 
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "bench.json"
-        argv = [sys.executable, "-m", MICROBENCH, str(out), ",".join(map(str, sizes)), str(repeats),
-                str(gpus_per_node), str(gap_s)]
-        port = free_port()
+        args = [str(out), ",".join(map(str, sizes)), str(repeats), str(gpus_per_node), str(gap_s)]
         if cluster is None:
-            procs = [subprocess.Popen(argv, env={**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
-                                                 "RANK": str(r), "WORLD_SIZE": str(ranks), "OMP_NUM_THREADS": "1"},
-                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT) for r in range(ranks)]
+            port = free_port()
+            run_ranks([RankLaunch(MICROBENCH, tuple(args),
+                                  {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": str(r),
+                                   "WORLD_SIZE": str(ranks), "OMP_NUM_THREADS": "1"}) for r in range(ranks)], timeout)
         else:
-            procs = [cluster.spawn(r, argv, port=port, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-                     for r in range(ranks)]
-        collect(procs, timeout, wait_for)
+            cluster.run(MICROBENCH, args, timeout)
         return json.loads(out.read_text())
 
 
@@ -300,19 +295,6 @@ def measure_in_job(sizes: tuple[int, ...], repeats: int, gpus_per_node: int = 1)
     finally:
         dist.destroy_process_group()
     return measured if rank == 0 else None
-
-
-def collect(procs: list[subprocess.Popen], timeout: float, wait_for) -> None:
-    """Wait for every rank; a failing rank is an error with its last output; stragglers are killed."""
-    try:
-        for p in procs:
-            if wait_for(p, timeout) != 0:
-                output = p.stdout.read().decode() if p.stdout is not None else ""
-                raise ArcsimError(f"a rank failed: {output[-800:]}")
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
 
 
 def write_topology(path: Path, text: str) -> None:

@@ -1,7 +1,7 @@
 """An emulated cluster on one machine: one network namespace per rank, a bridge, and tbf rate shaping.
 
     with EmulatedCluster(ranks=4, bandwidth="1Gbit") as cluster:
-        procs = [cluster.spawn(r, [sys.executable, "worker.py"]) for r in range(4)]
+        cluster.run("worker.py", [], timeout=600, script=True)  # or Popen each: cluster.spawn(rank, argv)
 
 Layout: namespace ``<prefix>-br`` holds a Linux bridge; namespace ``<prefix>-r<i>`` holds node i's end of
 a veth pair (``eth0``, address 10.77.0.<i+1>/24, used only inside these namespaces). Both directions
@@ -314,11 +314,26 @@ class EmulatedCluster:
                 "LOCAL_WORLD_SIZE": str(self.ranks_per_node), "GLOO_SOCKET_IFNAME": "eth0",
                 "OMP_NUM_THREADS": "1"}  # as torchrun sets it: ranks sharing cores must not spin on each other
 
+    @functools.cached_property
+    def _realtime_ranks(self) -> bool:
+        return self.realtime and self.delay == 0 and realtime_allowed()  # see the module docstring
+
     def command(self, rank: int, argv: Sequence[str]) -> list[str]:
         prefix = ["ip", "netns", "exec", self.ns(rank)]
-        if self.realtime and realtime_allowed() and self.delay == 0:  # see the module docstring
+        if self._realtime_ranks:
             prefix += ["chrt", "-f", "1"]
         return [*prefix, *argv]
+
+    def run(self, module: str, args: Sequence[str], timeout: float, script: bool = False) -> None:
+        """``python -m module *args`` (``python module *args`` where ``script``) on every rank at once, forked from
+        a server that imported torch once (arcsim.testbed.ranks); an ArcsimError with a failing rank's output, or
+        after ``timeout`` seconds."""
+        from arcsim.processes import free_port
+        from arcsim.testbed.ranks import RankLaunch, run_ranks
+
+        port = free_port()
+        run_ranks([RankLaunch(module, tuple(args), {**os.environ, **self.env(rank, port)}, self.ns(rank),
+                              self._realtime_ranks, script) for rank in range(self.ranks)], timeout)
 
     def spawn(self, rank: int, argv: Sequence[str], port: int = 29500, **popen) -> subprocess.Popen:
         env = {**os.environ, **self.env(rank, port), **popen.pop("env", {})}

@@ -16,8 +16,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import subprocess
-import sys
 import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -73,9 +71,8 @@ def _case(cfg: ValidateConfig, ranks: int, bandwidth: str, work: Path,
           note: Callable[[str], None]) -> tuple[Path, dict[str, tuple[Path, list[dict[str, Any]]]]]:
     """Calibrate and measure one (ranks, bandwidth) case in every hierarchy; returns the topology and, per
     hierarchy, (compute profile, times of every repeat)."""
-    from arcsim.processes import free_port
-    from arcsim.testbed.calibrate import collect, fits_from, group_fits, microbench, topology_text, write_topology
-    from arcsim.testbed.cluster import EmulatedCluster, wait_for
+    from arcsim.testbed.calibrate import fits_from, group_fits, microbench, topology_text, write_topology
+    from arcsim.testbed.cluster import EmulatedCluster
 
     tag, g = case_tag(cfg, ranks, bandwidth), cfg.ranks_per_node
     with EmulatedCluster(ranks, bandwidth, cfg.delay, prefix=cfg.prefix, ranks_per_node=g) as cluster:
@@ -86,12 +83,8 @@ def _case(cfg: ValidateConfig, ranks: int, bandwidth: str, work: Path,
             for k in range(cfg.repeats):
                 note(f"[{tag}] training {cfg.model} with {', '.join(cfg.compressors)} ({cfg.steps} steps each"
                      f"{', node-aware' if hierarchy == 'node' else ''}), run {k + 1} of {cfg.repeats} …")
-                argv = [sys.executable, "-m", VALIDATE_WORKER, str(work / f"{tag}-{hierarchy}.json"),
-                        str(work / f"{tag}-{hierarchy}-r{k}-")]
-                port = free_port()
-                procs = [cluster.spawn(r, argv, port=port, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-                         for r in range(ranks)]
-                collect(procs, 1800, wait_for)
+                cluster.run(VALIDATE_WORKER, [str(work / f"{tag}-{hierarchy}.json"),
+                                              str(work / f"{tag}-{hierarchy}-r{k}-")], 1800)
     topo = cfg.out_dir / "validation" / f"topo-{tag}.yaml"
     write_topology(topo, topology_text(topo.stem, ranks, fits_from(measured, ranks),
                                        f"emulated cluster, {ranks} ranks, {link_label(cfg, bandwidth)}", g,
