@@ -5,25 +5,30 @@ BIN    := $(VENV)/bin
 
 .PHONY: demo test lint bench clean
 
-# pip without byte-compiling every file of every package (a third of the set-up's time here), then the byte-code of
-# what arcsim and its tests import, in one process (tests/write_bytecode.py)
+# pip without byte-compiling every file of every package (a third of the set-up's time here)
 $(BIN)/arcsim: pyproject.toml requirements-ci.txt
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --no-compile -r requirements-ci.txt
 	$(BIN)/pip install -q --no-compile -e '.[dev]'
+	touch $@
+
+# then the byte-code of what arcsim and its tests import, in one process (tests/write_bytecode.py)
+BYTECODE := $(VENV)/.bytecode-written
+$(BYTECODE): $(BIN)/arcsim
 	$(BIN)/python tests/write_bytecode.py
 	touch $@
 
-demo: $(BIN)/arcsim
+demo: $(BYTECODE)
 	$(BIN)/arcsim run
 
-# arcsim's byte-code is written first (where PYTHONDONTWRITEBYTECODE is set, each of the suite's ~200 processes
-# would compile what it imports again). mypy and the wheel check run beside the suite (its workers often wait on
-# child processes); each one's output is printed whole when it ends, and any failure fails the target
+# mypy starts first, beside the byte-code (one process on one core: mypy takes the other); arcsim's byte-code is
+# written before the suite (where PYTHONDONTWRITEBYTECODE is set, each of its ~200 processes would compile what it
+# imports again). mypy and the wheel check run beside the suite (its workers often wait on child processes); each
+# one's output is printed whole when it ends, and any failure fails the target
 test: $(BIN)/arcsim
-	$(BIN)/ruff check .
-	@$(BIN)/python -m compileall -q arcsim
 	@$(BIN)/mypy > $(VENV)-mypy.log 2>&1 & mypy=$$!; \
+	$(MAKE) --no-print-directory $(BYTECODE) && $(BIN)/ruff check . && $(BIN)/python -m compileall -q arcsim \
+		|| { kill $$mypy; exit 1; }; \
 	$(BIN)/python tests/install_check.py --venv $(VENV)-wheel > $(VENV)-wheel.log 2>&1 & wheel=$$!; \
 	$(BIN)/pytest -q -n auto --maxprocesses 4 --dist loadgroup --durations=15; status=$$?; \
 	wait $$mypy || status=1; echo "--- mypy"; cat $(VENV)-mypy.log; \
