@@ -10,7 +10,7 @@ import socket
 import sys
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
-from multiprocessing.context import ForkServerContext
+from multiprocessing.context import ForkServerContext, SpawnContext
 
 from arcsim.errors import ArcsimError
 
@@ -46,10 +46,13 @@ def usable_cores() -> int:
 _PRELOADED: list[str] = []  # what this process's forkserver imports when it starts: every caller's asks
 
 
-def forkserver(preload: Iterable[str]) -> ForkServerContext:
+def forkserver(preload: Iterable[str]) -> ForkServerContext | SpawnContext:
     """multiprocessing's forkserver, told to import ``preload`` too: its processes fork from a server that imported
     torch once instead of each importing it (about 2 s of CPU a process). A process has one server, started on first
-    use with what was asked until then; a module it lacks is imported by the process that needs it."""
+    use with what was asked until then; a module it lacks is imported by the process that needs it. Where there is
+    no forkserver (Windows): spawn."""
+    if "forkserver" not in multiprocessing.get_all_start_methods():
+        return multiprocessing.get_context("spawn")
     _PRELOADED.extend(m for m in preload if m not in _PRELOADED)
     ctx = multiprocessing.get_context("forkserver")
     ctx.set_forkserver_preload(list(_PRELOADED))

@@ -9,13 +9,15 @@ import sys
 import time
 from pathlib import Path
 
-import torch
+PRELOADED = "torch" in sys.modules  # before this script imports it
+
+import torch  # noqa: E402
 
 with open(f"{sys.argv[1]}.{os.environ['RANK']}", "w") as fh:
     json.dump({"name": __name__, "argv": sys.argv, "cwd": os.getcwd(), "path0": sys.path[0],
                "env": {k: os.environ.get(k) for k in ("OMP_NUM_THREADS", "ARCSIM_RANK_TEST")},
                "threads": torch.get_num_threads(), "netns": os.readlink("/proc/self/ns/net"),
-               "fifo": os.sched_getscheduler(0) == os.SCHED_FIFO, "pid": os.getpid()}, fh)
+               "fifo": os.sched_getscheduler(0) == os.SCHED_FIFO, "pid": os.getpid(), "preloaded": PRELOADED}, fh)
 print(f"rank {os.environ['RANK']} wrote its report")
 exit_with = sys.argv[2] if len(sys.argv) > 2 else "0"
 for _ in range(600):

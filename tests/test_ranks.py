@@ -44,6 +44,7 @@ def test_each_rank_is_a_process_of_its_own_run_as_its_script(tmp_path: Path, mon
         assert g["cwd"] == str(tmp_path) and g["path0"] == str(HERE)  # as `python script` from this folder
         assert g["threads"] == 1  # OMP_NUM_THREADS as the rank's environment says, not as the server's did
         assert g["netns"] == os.readlink("/proc/self/ns/net") and not g["fifo"]
+        assert g["preloaded"]  # forked from a server that imported torch (whichever caller started it: each asks)
     assert len({os.getpid(), got[0]["pid"], got[1]["pid"]}) == 3
 
 
