@@ -249,7 +249,7 @@ def run_microbench(ranks: int, where: str, bandwidth: str | None, sizes: tuple[i
                    timeout: float = 1800, delay: str = "0s", burst: float | None = None,
                    announce: Callable[[str], None] = print, ranks_per_node: int = 1, gap_s: float = 0.0,
                    prefix: str = PREFIX) -> dict:
-    """Spawn one process per rank on loopback or in a new emulated cluster; returns rank 0's medians.
+    """Start one process per rank on loopback or in a new emulated cluster; returns rank 0's medians.
     ``ranks_per_node`` > 1: the ranks as nodes of that many (sharing a namespace), the groups measured too."""
     from arcsim.testbed.cluster import EmulatedCluster
 
