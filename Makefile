@@ -14,9 +14,9 @@ $(BIN)/arcsim: pyproject.toml requirements-ci.txt
 
 # then the byte-code of what arcsim and its tests import, in one process (tests/write_bytecode.py)
 BYTECODE := $(VENV)/.bytecode-written
+WRITE_BYTECODE := $(BIN)/python tests/write_bytecode.py && touch $(BYTECODE)
 $(BYTECODE): $(BIN)/arcsim
-	$(BIN)/python tests/write_bytecode.py
-	touch $@
+	$(WRITE_BYTECODE)
 
 demo: $(BYTECODE)
 	$(BIN)/arcsim run
@@ -27,7 +27,7 @@ demo: $(BYTECODE)
 # one's output is printed whole when it ends, and any failure fails the target
 test: $(BIN)/arcsim
 	@$(BIN)/mypy > $(VENV)-mypy.log 2>&1 & mypy=$$!; \
-	$(MAKE) --no-print-directory $(BYTECODE) && $(BIN)/ruff check . && $(BIN)/python -m compileall -q arcsim \
+	{ [ -e $(BYTECODE) ] || { $(WRITE_BYTECODE); }; } && $(BIN)/ruff check . && $(BIN)/python -m compileall -q arcsim \
 		|| { kill $$mypy; exit 1; }; \
 	$(BIN)/python tests/install_check.py --venv $(VENV)-wheel > $(VENV)-wheel.log 2>&1 & wheel=$$!; \
 	$(BIN)/pytest -q -n auto --maxprocesses 4 --dist loadgroup --durations=15; status=$$?; \

@@ -5,9 +5,11 @@ from __future__ import annotations
 import ctypes
 import multiprocessing
 import os
+import select
 import signal
 import socket
 import sys
+import threading
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from multiprocessing.context import ForkServerContext, SpawnContext
@@ -65,18 +67,29 @@ def physical_memory_bytes() -> int:
 
 
 def die_with_parent(owner_pid: int) -> None:
-    """Ask the kernel to SIGTERM this process when its parent dies (Linux; a no-op elsewhere), so workers
-    never outlive a killed command; exit now if ``owner_pid`` is already gone: the parent, or the process whose
-    forkserver forked this one (the server ends with it)."""
+    """End this worker when ``owner_pid`` ends (Linux; a no-op elsewhere), so workers never outlive a killed command:
+    the kernel SIGTERMs it when its parent dies, and where ``owner_pid`` is not the parent (a worker its forkserver
+    forked, which outlives the owner while any worker lives) a thread watching the owner's pidfd does; exits now if
+    the owner is gone already (a zombie too)."""
     try:
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
     except (OSError, AttributeError):
         return
+    if os.getppid() == owner_pid:
+        return
     try:
-        os.kill(owner_pid, 0)
+        owner = os.pidfd_open(owner_pid)
     except ProcessLookupError:
         os._exit(1)
+    except (OSError, AttributeError):  # a kernel before 5.3: the parent-death signal alone
+        return
+    threading.Thread(target=_end_with, args=(owner,), name="die-with-owner", daemon=True).start()
+
+
+def _end_with(owner: int) -> None:
+    select.select([owner], [], [])  # readable once the owner has ended
+    os.kill(os.getpid(), signal.SIGTERM)
 
 
 def wait_passively() -> None:

@@ -446,6 +446,57 @@ def test_pool_workers_die_with_a_killed_sweep(tmp_path):
     assert not alive, f"pool workers {alive} outlived their killed parent"
 
 
+BUSY_POOL = """
+import os, time
+from arcsim.processes import forkserver
+from arcsim.sweep.runner import _pool_worker
+
+if __name__ == "__main__":
+    pool = forkserver([]).Pool(2, initializer=_pool_worker, initargs=(os.getpid(), dict(os.environ)))
+    busy = [pool.apply_async(time.sleep, (600,)) for _ in range(2)]
+    time.sleep(1.0)  # each worker has taken its task
+    print(*(p.pid for p in pool._pool), flush=True)
+    time.sleep(600)
+"""
+
+
+def _ended(pid: int) -> bool:
+    stat = Path(f"/proc/{pid}/stat")
+    return not stat.exists() or stat.read_text().rsplit(")", 1)[1].split()[0] == "Z"
+
+
+def test_busy_pool_workers_die_with_a_killed_sweep(tmp_path):
+    """The pool's workers are forked by its forkserver, which outlives the sweep while they live: a worker busy with
+    a point (here a ten-minute one) ends with the sweep all the same."""
+    (tmp_path / "owner.py").write_text(BUSY_POOL)
+    owner = subprocess.Popen([sys.executable, str(tmp_path / "owner.py")], stdout=subprocess.PIPE, text=True)
+    workers = [int(w) for w in owner.stdout.readline().split()]
+    assert len(workers) == 2 and owner.pid not in workers
+    owner.kill()
+    owner.wait()
+    deadline = time.monotonic() + 60  # a liveness bound: the alternative is 600 s
+    while not all(_ended(w) for w in workers) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert all(_ended(w) for w in workers), f"pool workers {workers} outlived their killed sweep"
+
+
+def test_pool_workers_take_the_sweeps_environment_not_their_servers(monkeypatch):
+    """A process has one forkserver, started with the environment of its first use: the pool's workers set the
+    sweep's own (ARCSIM_CACHE_DIR and the rest) when they start."""
+    first = runner_mod.forkserver([]).Pool(1, initializer=runner_mod._pool_worker,
+                                           initargs=(os.getpid(), dict(os.environ)))
+    first.close()
+    first.join()  # the server runs from here on, with the environment before the line below
+    monkeypatch.setenv("ARCSIM_SWEEP_ENV_TEST", "the sweep's")
+    pool = runner_mod.forkserver([]).Pool(1, initializer=runner_mod._pool_worker,
+                                          initargs=(os.getpid(), dict(os.environ)))
+    try:
+        assert pool.apply(os.getenv, ("ARCSIM_SWEEP_ENV_TEST",)) == "the sweep's"
+    finally:
+        pool.terminate()
+        pool.join()
+
+
 def test_die_with_parent_ends_a_sleeping_child_when_its_parent_is_killed(tmp_path):
     """Without the parent-death signal the grandchild would sleep 600 s; with it, it dies with its parent."""
     code = ("import os, subprocess, sys, time\n"

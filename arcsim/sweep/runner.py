@@ -75,7 +75,7 @@ def _local(chunks: list[list[dict[str, Any]]], workers: int) -> Iterator[list[di
             yield evaluate_chunk(c)
         return
     # forked from a server that imported what a point needs once (spawned, each worker imported torch: 2 s of CPU)
-    pool = forkserver(POINT_NEEDS).Pool(workers, initializer=_pool_worker, initargs=(os.getpid(),))
+    pool = forkserver(POINT_NEEDS).Pool(workers, initializer=_pool_worker, initargs=(os.getpid(), dict(os.environ)))
     try:
         yield from pool.imap_unordered(evaluate_chunk, chunks)
         pool.close()
@@ -84,10 +84,11 @@ def _local(chunks: list[list[dict[str, Any]]], workers: int) -> Iterator[list[di
         pool.join()
 
 
-def _pool_worker(sweep_pid: int) -> None:
+def _pool_worker(sweep_pid: int, environ: dict[str, str]) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the sweep decides; it terminates the pool
-    # and if the sweep is killed outright, its forkserver ends and the workers go with it
-    die_with_parent(sweep_pid)
+    die_with_parent(sweep_pid)  # and if the sweep is killed outright, the workers go with it
+    os.environ.clear()  # the sweep's (ARCSIM_CACHE_DIR, …), not what its forkserver started with
+    os.environ.update(environ)
 
 
 def connect(address: str):

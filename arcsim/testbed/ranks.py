@@ -45,9 +45,9 @@ class RankLaunch:
 def run_ranks(launches: Sequence[RankLaunch], timeout: float) -> None:
     """Start every rank at once and wait for all of them, ``timeout`` seconds at most; a rank that fails (or
     outlasts the timeout) is an ArcsimError with its last output, and every rank still running is killed."""
-    # what the ranks run, imported once by the server with torch (a validation calibrates, then trains)
-    ctx = forkserver(["torch", "torch.distributed", MICROBENCH, VALIDATE_WORKER,
-                      *{run.module for run in launches if not run.script}])
+    # arcsim's rank workers, imported once by the server with torch (a validation calibrates, then trains); never the
+    # module launched, whose body would run in the server
+    ctx = forkserver(["torch", "torch.distributed", MICROBENCH, VALIDATE_WORKER])
     with tempfile.TemporaryDirectory(prefix="arcsim-ranks-") as tmp:
         logs = [Path(tmp) / f"rank{r}.log" for r in range(len(launches))]
         procs = [ctx.Process(target=_rank, args=(launch, str(log), os.getcwd()), name=f"rank{r}")
@@ -56,16 +56,18 @@ def run_ranks(launches: Sequence[RankLaunch], timeout: float) -> None:
             for p in procs:
                 p.start()
             deadline = time.monotonic() + timeout
-            while any(p.exitcode is None for p in procs):
-                failed = next((r for r, p in enumerate(procs) if p.exitcode not in (None, 0)), None)
+            while True:
+                codes = [p.exitcode for p in procs]
+                failed = next((r for r, code in enumerate(codes) if code not in (None, 0)), None)
                 if failed is not None:
-                    raise ArcsimError(f"a rank failed: {_tail(logs[failed])}")
+                    raise ArcsimError(f"rank {failed} failed (exit code {codes[failed]}): {_tail(logs[failed])}")
+                if None not in codes:
+                    return
                 if time.monotonic() > deadline:
-                    raise ArcsimError(f"a rank did not finish within {timeout:g} s")
+                    late = [r for r, code in enumerate(codes) if code is None]
+                    raise ArcsimError(f"rank {late[0]} (of {len(late)} still running) did not finish within "
+                                      f"{timeout:g} s: {_tail(logs[late[0]])}")
                 time.sleep(POLL_S)
-            failed = next((r for r, p in enumerate(procs) if p.exitcode != 0), None)
-            if failed is not None:
-                raise ArcsimError(f"a rank failed: {_tail(logs[failed])}")
         finally:
             for p in procs:
                 if p.is_alive():
@@ -91,10 +93,11 @@ def _rank(launch: RankLaunch, log: str, folder: str) -> None:
     os.environ.clear()
     os.environ.update(launch.env)
     os.chdir(folder)
-    if "torch" in sys.modules:  # its thread count was read from the server's environment when it loaded
+    threads = launch.env.get("OMP_NUM_THREADS", "").split(",")[0].strip()
+    if "torch" in sys.modules and threads.isdigit() and int(threads) > 0:  # torch read the server's when it loaded
         import torch
 
-        torch.set_num_threads(int(launch.env.get("OMP_NUM_THREADS", torch.get_num_threads())))
+        torch.set_num_threads(int(threads))
     sys.argv = [launch.module, *launch.args]
     try:
         if launch.script:
@@ -102,6 +105,7 @@ def _rank(launch: RankLaunch, log: str, folder: str) -> None:
             runpy.run_path(launch.module, run_name="__main__")
         else:
             sys.path.insert(0, folder)  # as `python -m` does
+            sys.modules.pop(launch.module, None)  # the server's import of it: run afresh, as `python -m` would
             runpy.run_module(launch.module, run_name="__main__", alter_sys=True)
     finally:
         sys.stdout.flush()
