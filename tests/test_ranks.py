@@ -58,7 +58,7 @@ def test_a_module_runs_as_python_dash_m_from_the_working_folder(tmp_path: Path,
 
 def test_a_failing_rank_is_one_error_with_its_output_and_the_others_are_killed(tmp_path: Path) -> None:
     out = tmp_path / "out"
-    with pytest.raises(ArcsimError, match="a rank failed: rank 1 wrote its report"):
+    with pytest.raises(ArcsimError, match=r"rank 1 failed \(exit code 3\): rank 1 wrote its report"):
         run_ranks([launch(out, 0, "sleep"), launch(out, 1, "3", f"{out}.0")], 120)  # rank 1 fails once 0 sleeps
     assert gone(report(out, 0)["pid"])
 
