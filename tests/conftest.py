@@ -50,11 +50,13 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     largest groups first): the tests that time their own ranks (those holding quiet_cores: the emulated cluster's, a
     loopback calibration) in one group, so no other worker sits waiting on the lock; a module's tests that share one
     of its module-scoped fixtures in a group of the module, so the fixture is built once and not once on each worker
-    (test_recording's torchrun jobs were built twice: ~20 s of CPU); and the tests marked slow before the other
+    (test_recording's torchrun jobs were built twice: ~20 s of CPU), and the readers of published_collectives in one
+    (else a worker may sit waiting on the other building it); and the tests marked slow before the other
     single tests (xdist hands the groups out first), so none is left running alone at the end."""
     loadgroup = getattr(config.option, "loadgroup", False)
     for item in items:
-        group = ("quiet_cores" if "quiet_cores" in getattr(item, "fixturenames", ())
+        names = getattr(item, "fixturenames", ())
+        group = ("quiet_cores" if "quiet_cores" in names else SESSION_SHARED if SESSION_SHARED in names
                  else _shared_module_fixture(item))
         if group is None:
             continue
@@ -65,6 +67,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item._id = coerce_node_id(f"{item.nodeid}@{group}")
     if loadgroup:  # plain runs keep the collected order (quick feedback with -x)
         items.sort(key=lambda item: item.get_closest_marker("slow") is None)  # stable: otherwise as collected
+
+
+SESSION_SHARED = "published_collectives"  # a session fixture two modules read: on one worker, no other waits on it
 
 
 def _shared_module_fixture(item: pytest.Item) -> str | None:
@@ -203,6 +208,22 @@ def spawn_ranks(script: Path, world: int, out_dir: Path, timeout: float = 600) -
     port = free_port()
     run_ranks([RankLaunch(str(script), (str(r), str(world), str(port), str(out_dir)), dict(os.environ), script=True)
                for r in range(world)], timeout)
+
+
+def loopback_job(target: str | Path, args: list[str], nproc: int, script: bool = False, timeout: float = 300) -> None:
+    """``target`` (a module, or a script's path where ``script``) as ``nproc`` ranks on loopback with the environment
+    torchrun gives each (RANK, LOCAL_RANK, WORLD_SIZE, MASTER_*, OMP_NUM_THREADS=1), forked from a server that
+    imported torch once: for tests whose point is the job, not its launcher (each torchrun started nproc + 1
+    interpreters importing torch; tests/test_recording.py and tests/test_validate.py keep torchrun jobs of their
+    own)."""
+    from arcsim.processes import forkserver
+    from arcsim.testbed.ranks import RankLaunch, run_ranks
+
+    forkserver(RANK_SCRIPTS_IMPORT)
+    base = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "WORLD_SIZE": str(nproc),
+            "LOCAL_WORLD_SIZE": str(nproc), "OMP_NUM_THREADS": "1"}
+    run_ranks([RankLaunch(str(target), tuple(args), {**base, "RANK": str(r), "LOCAL_RANK": str(r)}, script=script)
+               for r in range(nproc)], timeout)
 
 
 def rank_reports(script: Path, world: int, out_dir: Path) -> list[dict]:

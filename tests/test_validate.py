@@ -11,8 +11,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
-from conftest import free_port, netns_available, run_cli
+from conftest import free_port, loopback_job, netns_available, run_cli
 
+from arcsim.testbed import VALIDATE_WORKER
 from arcsim.testbed.cluster import namespaces
 from arcsim.testbed.validate_worker import PHASES
 
@@ -145,17 +146,13 @@ def test_real_cluster_path_under_torchrun_on_loopback(tmp_path):
 
 @pytest.mark.slow
 def test_node_aware_worker_times_the_collectives_inside_the_node_apart(tmp_path):
-    """2 nodes × 2 ranks under torchrun on loopback: the node-aware hook's reduce-scatter and all-gather inside
-    the node are their own phase, out of the hook's local work and apart from the rails' collectives."""
+    """2 nodes × 2 ranks on loopback, as torchrun starts them: the node-aware hook's reduce-scatter and all-gather
+    inside the node are their own phase, out of the hook's local work and apart from the rails' collectives."""
     from arcsim.testbed.validate import ValidateConfig, measured_phases, worker_config
 
     cfg = ValidateConfig(compressors=("topk",), model="mlp", steps=3, warmup=1, ranks_per_node=2)
     (tmp_path / "config.json").write_text(json.dumps(worker_config(cfg, "node")))
-    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "4", "--master_port",
-                        str(free_port()), "-m", "arcsim.testbed.validate_worker", str(tmp_path / "config.json"),
-                        str(tmp_path / "real-")], capture_output=True, text=True,
-                       env={**os.environ, "OMP_NUM_THREADS": "1"}, timeout=300)
-    assert r.returncode == 0, r.stderr[-2000:]
+    loopback_job(VALIDATE_WORKER, [str(tmp_path / "config.json"), str(tmp_path / "real-")], 4)
     topk = json.loads((tmp_path / "real-times.json").read_text())["topk"]
     phases = topk["phases"]
     assert np.asarray(phases["hook_node_s"]).shape == (4, 3) and np.all(np.asarray(phases["hook_node_s"]) > 0)
