@@ -358,13 +358,3 @@ class EmulatedCluster:
                 self._forwarder.communicate(timeout=10)
         self._signals.close()
 
-
-def wait_for(proc: subprocess.Popen, timeout: float) -> int:
-    """Wait for a rank process; kill it on timeout (tear-down then cleans its namespace)."""
-    deadline = time.monotonic() + timeout
-    while proc.poll() is None:
-        if time.monotonic() > deadline:
-            proc.kill()
-            raise ClusterError(f"a rank did not finish within {timeout:g} s")
-        time.sleep(0.05)
-    return proc.returncode
