@@ -211,19 +211,15 @@ def spawn_ranks(script: Path, world: int, out_dir: Path, timeout: float = 600) -
 
 
 def loopback_job(target: str | Path, args: list[str], nproc: int, script: bool = False, timeout: float = 300) -> None:
-    """``target`` (a module, or a script's path where ``script``) as ``nproc`` ranks on loopback with the environment
-    torchrun gives each (RANK, LOCAL_RANK, WORLD_SIZE, MASTER_*, OMP_NUM_THREADS=1), forked from a server that
-    imported torch once: for tests whose point is the job, not its launcher (each torchrun started nproc + 1
-    interpreters importing torch; tests/test_recording.py and tests/test_validate.py keep torchrun jobs of their
-    own)."""
+    """``target`` (a module, or a script's path where ``script``) as ``nproc`` ranks on loopback as torchrun starts
+    them (arcsim.testbed.ranks.on_loopback), forked from a server that imported torch once: for tests whose point is
+    the job, not its launcher (each torchrun started nproc + 1 interpreters importing torch; tests/test_recording.py
+    and tests/test_validate.py keep torchrun jobs of their own)."""
     from arcsim.processes import forkserver
-    from arcsim.testbed.ranks import RankLaunch, run_ranks
+    from arcsim.testbed.ranks import on_loopback, run_ranks
 
     forkserver(RANK_SCRIPTS_IMPORT)
-    base = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "WORLD_SIZE": str(nproc),
-            "LOCAL_WORLD_SIZE": str(nproc), "OMP_NUM_THREADS": "1"}
-    run_ranks([RankLaunch(str(target), tuple(args), {**base, "RANK": str(r), "LOCAL_RANK": str(r)}, script=script)
-               for r in range(nproc)], timeout)
+    run_ranks(on_loopback(str(target), args, nproc, script=script), timeout)
 
 
 def rank_reports(script: Path, world: int, out_dir: Path) -> list[dict]:

@@ -177,5 +177,5 @@ def test_the_measuring_estimate_counts_the_trace_bytes_a_run_reads(tmp_path, mon
     said = a._trace_bytes_read(todo, bool(ahead))
     read.clear()
     a.run()
-    stored = a.trace.steps * a.trace.workers * a.trace.elements * a.trace.dtype.itemsize
+    stored = a.trace.steps * a.trace.step_bytes()
     assert sum(read) == said >= stored

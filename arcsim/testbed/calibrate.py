@@ -16,7 +16,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import os
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -27,7 +26,6 @@ from scipy.optimize import nnls
 
 from arcsim.errors import ArcsimError
 from arcsim.files import write_atomic
-from arcsim.processes import free_port
 from arcsim.testbed import MICROBENCH
 from arcsim.testbed.cluster import PREFIX
 from arcsim.topology import Band, Calibrated, load_topology
@@ -266,16 +264,13 @@ def microbench(cluster, ranks: int, sizes: tuple[int, ...], repeats: int, timeou
                gpus_per_node: int = 1, gap_s: float = 0.0) -> dict:
     """Run the microbenchmark with one process per rank: in ``cluster`` (an EmulatedCluster) or on loopback;
     ``gpus_per_node`` > 1 measures the node and rail groups too; ``gap_s`` idle before each collective."""
-    from arcsim.testbed.ranks import RankLaunch, run_ranks
+    from arcsim.testbed.ranks import on_loopback, run_ranks
 
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "bench.json"
         args = [str(out), ",".join(map(str, sizes)), str(repeats), str(gpus_per_node), str(gap_s)]
         if cluster is None:
-            port = free_port()
-            run_ranks([RankLaunch(MICROBENCH, tuple(args),
-                                  {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": str(r),
-                                   "WORLD_SIZE": str(ranks), "OMP_NUM_THREADS": "1"}) for r in range(ranks)], timeout)
+            run_ranks(on_loopback(MICROBENCH, args, ranks), timeout)
         else:
             cluster.run(MICROBENCH, args, timeout)
         return json.loads(out.read_text())

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from arcsim.errors import ArcsimError
-from arcsim.processes import forkserver
+from arcsim.processes import forkserver, free_port
 from arcsim.testbed import MICROBENCH, VALIDATE_WORKER
 
 CLONE_NEWNET = 0x40000000
@@ -40,6 +40,15 @@ class RankLaunch:
     netns: str | None = None
     realtime: bool = False
     script: bool = False
+
+
+def on_loopback(module: str, args: Sequence[str], ranks: int, script: bool = False) -> list[RankLaunch]:
+    """``ranks`` ranks of ``module`` on this machine's loopback, each with the environment torchrun gives it (RANK,
+    LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_*, OMP_NUM_THREADS=1)."""
+    job = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "WORLD_SIZE": str(ranks),
+           "LOCAL_WORLD_SIZE": str(ranks), "OMP_NUM_THREADS": "1"}
+    return [RankLaunch(module, tuple(args), {**job, "RANK": str(r), "LOCAL_RANK": str(r)}, script=script)
+            for r in range(ranks)]
 
 
 def run_ranks(launches: Sequence[RankLaunch], timeout: float) -> None:
