@@ -196,6 +196,32 @@ def test_work_past_the_limits_is_refused_at_once_unless_forced(monkeypatch):
         des.simulate(schedule, topo)
 
 
+@pytest.mark.parametrize("spec", ["64x8-ib100", "16x8-ib400x8", "8x1-ib100", "2x8-eth25"])
+def test_a_des_too_large_is_refused_before_its_schedule_is_built(monkeypatch, spec):
+    """The tree all-reduce's DES events, counted without building it, are those simulate() would refuse it for
+    (its symmetry folded), and past the limit the refusal comes before any plan is built or priced."""
+    import numpy as np
+
+    from arcsim import pricing
+    from arcsim.collectives import build, limits
+    from arcsim.netsim import des
+    from arcsim.topology import load_topology
+
+    topo = load_topology(spec)
+    least = float("inf")
+    for way in pricing.plans(topo, "allreduce", "tree", 1e8):  # each protocol's, its chunk count its own
+        links = way.choice.protocol.links(topo)
+        fold = des._fold(way.schedule, links, np.zeros(topo.ranks), use_symmetry=True)
+        simulated = des.expected_events(way.schedule, fold.reps)
+        assert des.events_unbuilt(build("allreduce", "tree", 1e8, links, 1), way.schedule.message_count,
+                                  links) == simulated
+        least = min(least, simulated)
+    monkeypatch.setattr(limits, "DES_EVENTS", least - 1)
+    monkeypatch.setattr(pricing, "plan", lambda *a, **k: pytest.fail("a plan was built before refusing"))
+    with pytest.raises(limits.TooMuchWork, match=f"tree allreduce on {topo.ranks:,} ranks: the DES would process"):
+        pricing.price_collective(topo, "allreduce", "tree", 1e8, ("analytic", "des"))
+
+
 def test_long_des_runs_report_progress_with_the_estimate(monkeypatch):
     from arcsim.collectives import build, limits
     from arcsim.netsim import des

@@ -161,6 +161,17 @@ def test_the_kept_tree_pattern_scaled_is_the_tree_built_afresh(nodes, gpus, chun
             assert np.allclose(a.nbytes, b.nbytes, rtol=1e-12) and np.allclose(a.reduce, b.reduce, rtol=1e-12)
 
 
+@pytest.mark.parametrize(("nodes", "gpus", "channels"), [(1, 8, 1), (8, 8, 1), (5, 1, 1), (3, 4, 1), (2, 8, 8),
+                                                         (4, 8, 4), (33, 8, 8), (100, 2, 2)])
+def test_the_tree_counts_its_messages_as_built_without_building(nodes, gpus, channels):
+    """The messages counted from the trees' edges are those the built steps hold, pairs merged in a step and all."""
+    from arcsim.collectives import tree
+
+    for chunks in (1, 2, 7, 64):
+        built = sum(s.messages * s.repeat for s in tree.chain_tree_all_reduce(nodes, gpus, 1e6, chunks, channels))
+        assert tree.chain_tree_messages(nodes, gpus, chunks, channels) == built
+
+
 def test_the_kept_tree_patterns_hold_at_most_their_bound(monkeypatch):
     """The patterns kept drop the least recently used past PATTERN_MESSAGES, and one built again is the same."""
     from arcsim.collectives import tree

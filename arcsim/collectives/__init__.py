@@ -17,7 +17,7 @@ from arcsim.errors import CollectiveError
 from arcsim.topology import Topology
 
 __all__ = ["ALGORITHMS", "ALGORITHM_NAMES", "OPS", "PIPELINED", "Schedule", "Step", "build", "busbw_factor",
-           "make_step", "normalize_op", "tree_channels"]
+           "make_step", "message_count", "normalize_op", "tree_channels"]
 
 
 def _groups(topo: Topology) -> tuple[np.ndarray, np.ndarray]:
@@ -60,13 +60,18 @@ def _slowest_link(topo: Topology) -> tuple[float, float]:
 def _tree_all_reduce(topo: Topology, n: float, chunks: int | None) -> Built:
     """NCCL's tree: chains inside nodes under a double binary tree of nodes, one pair of trees per channel
     (:func:`tree_channels`), each tree carrying n / (2 · channels)."""
-    channels = tree_channels(topo)
-    if chunks is None:
-        alpha, beta = _slowest_link(topo)
-        levels = tree.node_tree_depth(topo.nodes, topo.gpus_per_node) + 1
-        chunks = tree.best_chunks(levels, n / channels, alpha, beta)
+    channels, chunks = tree_channels(topo), _tree_chunks(topo, n, chunks)
     steps = tree.chain_tree_all_reduce(topo.nodes, topo.gpus_per_node, n, chunks, channels)
     return steps, f"{chunks} chunks per tree" + (f", {channels} channels (one per NIC)" if channels > 1 else "")
+
+
+def _tree_chunks(topo: Topology, n: float, chunks: int | None) -> int:
+    """The tree all-reduce's chunk count: ``chunks``, else the one its closed form prices lowest."""
+    if chunks is not None:
+        return chunks
+    alpha, beta = _slowest_link(topo)
+    levels = tree.node_tree_depth(topo.nodes, topo.gpus_per_node) + 1
+    return tree.best_chunks(levels, n / tree_channels(topo), alpha, beta)
 
 
 def _chain_broadcast(topo: Topology, n: float, chunks: int | None) -> Built:
@@ -165,6 +170,15 @@ def build(op: str, algo: str, nbytes: float, topo: Topology, chunks: int | None 
     with limits.counting_stored(f"{algo} {op} on {topo.ranks:,} ranks"):
         steps, detail = table[algo](topo, float(nbytes), chunks)
     return Schedule(op, algo, topo.ranks, float(nbytes), tuple(steps), detail)
+
+
+def message_count(op: str, algo: str, nbytes: float, topo: Topology, chunks: int | None = None) -> int | None:
+    """The messages ``build(op, algo, nbytes, topo, chunks)`` would hold, where the algorithm counts them without
+    building (the tree all-reduce, whose steps grow with ranks × chunks); else None."""
+    if (normalize_op(op), algo) != ("allreduce", "tree"):
+        return None
+    return tree.chain_tree_messages(topo.nodes, topo.gpus_per_node, _tree_chunks(topo, float(nbytes), chunks),
+                                    tree_channels(topo))
 
 
 def busbw_factor(op: str, ranks: int) -> float:

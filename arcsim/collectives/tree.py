@@ -128,6 +128,23 @@ class TreeEdges:
 
         return merge_repeats(steps_for(self.up_start, reduce=True) + steps_for(self.down_start, reduce=False))
 
+    def message_count(self, chunks: int) -> int:
+        """The messages :meth:`all_reduce` in ``chunks`` pieces holds, counted without building it: each edge sends
+        in steps [start, start + chunks) going up and again coming down, and trees sending over one pair in one
+        step are one message (make_step merges them), so a pair sends in the union of its trees' windows."""
+        p = int(max(self.sender.max(), self.receiver.max())) + 1 if self.sender.size else 0
+
+        def count(src: np.ndarray, dst: np.ndarray, start: np.ndarray) -> int:
+            pair = src * p + dst
+            order = np.lexsort((start, pair))
+            pair, start = pair[order], start[order]
+            same_pair_next = np.append(pair[1:] == pair[:-1], False)
+            until_next = np.append(np.diff(start), chunks)
+            return int(np.where(same_pair_next, np.minimum(chunks, until_next), chunks).sum())
+
+        return (count(self.sender, self.receiver, self.up_start)
+                + count(self.receiver, self.sender, self.down_start))
+
 
 def pipelined_tree_all_reduce(trees: tuple[np.ndarray, ...], nbytes: float, chunks: int) -> list[Step]:
     """Each tree reduces its share of the vector to its root, then broadcasts it back, in ``chunks`` pieces.
@@ -141,6 +158,13 @@ def pipelined_tree_all_reduce(trees: tuple[np.ndarray, ...], nbytes: float, chun
 @functools.lru_cache(maxsize=16)
 def _chain_tree_edges(nodes: int, gpus_per_node: int, channels: int) -> TreeEdges:
     return TreeEdges.of(tuple(t for head in range(channels) for t in node_chain_trees(nodes, gpus_per_node, head)))
+
+
+@functools.lru_cache(maxsize=16)
+def chain_tree_messages(nodes: int, gpus_per_node: int, chunks: int, channels: int = 1) -> int:
+    """The messages :func:`chain_tree_all_reduce` holds, counted from its trees' edges (131,072 ranks: 0.2 s,
+    against 1.3 s to build it)."""
+    return _chain_tree_edges(nodes, gpus_per_node, channels).message_count(chunks)
 
 
 PATTERN_MESSAGES = 4_000_000  # messages the kept tree patterns hold at most together (~130 MB): every chunk count

@@ -29,16 +29,18 @@ from collections.abc import Callable, Generator, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import partial
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import simpy
 
 from arcsim.collectives import limits
 from arcsim.collectives.schedule import Schedule
 from arcsim.netsim.analytic import schedule_time
 from arcsim.netsim.fluid import FluidNetwork
 from arcsim.topology import Topology
+
+if TYPE_CHECKING:
+    import simpy
 
 
 def _events_scheduled(env: simpy.Environment) -> int:
@@ -108,6 +110,8 @@ def simulate(schedule: Schedule, topo: Topology, start_times: np.ndarray | None 
     reps = fold.reps  # ranks simulated
     events = expected_events(schedule, reps)
     limits.check_des(f"{schedule.algo} {schedule.op} on {p:,} ranks", events)
+    import simpy  # here, not at the top: only a simulation needs it (fluid.py)
+
     env = simpy.Environment()
     net = FluidNetwork(env, _capacity(topo, fold))
     rng = np.random.default_rng(seed)
@@ -186,10 +190,18 @@ def simulate(schedule: Schedule, topo: Topology, start_times: np.ndarray | None 
     return DesResult(float(finish.max()), _events_scheduled(env), reps, finish + t0)
 
 
-def expected_events(schedule: Schedule, simulated_ranks: int) -> float:
-    """SimPy events a simulation of ``simulated_ranks`` of the schedule's ranks will take, about."""
+def expected_events(schedule: Schedule, simulated_ranks: int, messages: int | None = None) -> float:
+    """SimPy events a simulation of ``simulated_ranks`` of the schedule's ranks will take, about; ``messages``: those
+    of a schedule with this one's symmetry but more pieces (default: this one's)."""
     share = min(1.0, 2.0 * simulated_ranks / schedule.ranks) if simulated_ranks < schedule.ranks else 1.0
-    return limits.des_events(schedule.message_count * share)
+    return limits.des_events((schedule.message_count if messages is None else messages) * share)
+
+
+def events_unbuilt(like: Schedule, messages: int, topo: Topology, start_times: np.ndarray | None = None) -> float:
+    """:func:`expected_events` of a schedule not built yet, from one with its symmetry built cheaply (a pipelined
+    algorithm in one piece: its symmetries do not depend on the piece count) and its message count."""
+    starts = np.zeros(topo.ranks) if start_times is None else np.asarray(start_times, dtype=float)
+    return expected_events(like, _fold(like, topo, starts, use_symmetry=True).reps, messages)
 
 
 @dataclass(frozen=True)

@@ -11,9 +11,10 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Callable, Hashable, Sequence
 from functools import partial
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import simpy
+if TYPE_CHECKING:  # only annotations here: importing SimPy (40 ms, its version read from metadata) waits for a DES
+    import simpy
 
 _Links = list[tuple[float, set["_Flow"]]]  # each resource of a path: its bandwidth and the flows on it
 
