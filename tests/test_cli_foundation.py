@@ -198,28 +198,44 @@ def test_work_past_the_limits_is_refused_at_once_unless_forced(monkeypatch):
 
 @pytest.mark.parametrize("spec", ["64x8-ib100", "16x8-ib400x8", "8x1-ib100", "2x8-eth25"])
 def test_a_des_too_large_is_refused_before_its_schedule_is_built(monkeypatch, spec):
-    """The tree all-reduce's DES events, counted without building it, are those simulate() would refuse it for
-    (its symmetry folded), and past the limit the refusal comes before any plan is built or priced."""
+    """The tree all-reduce's DES events, counted without building it, are those simulate() would refuse it for (its
+    symmetry folded, or not where ranks arrive apart); past the limit for every protocol the refusal comes before any
+    plan is built or priced, and at the limit for one of them there is none."""
     import numpy as np
 
     from arcsim import pricing
     from arcsim.collectives import build, limits
+    from arcsim.errors import CollectiveError
     from arcsim.netsim import des
     from arcsim.topology import load_topology
 
     topo = load_topology(spec)
-    least = float("inf")
-    for way in pricing.plans(topo, "allreduce", "tree", 1e8):  # each protocol's, its chunk count its own
-        links = way.choice.protocol.links(topo)
-        fold = des._fold(way.schedule, links, np.zeros(topo.ranks), use_symmetry=True)
-        simulated = des.expected_events(way.schedule, fold.reps)
-        assert des.events_unbuilt(build("allreduce", "tree", 1e8, links, 1), way.schedule.message_count,
-                                  links) == simulated
-        least = min(least, simulated)
-    monkeypatch.setattr(limits, "DES_EVENTS", least - 1)
-    monkeypatch.setattr(pricing, "plan", lambda *a, **k: pytest.fail("a plan was built before refusing"))
-    with pytest.raises(limits.TooMuchWork, match=f"tree allreduce on {topo.ranks:,} ranks: the DES would process"):
-        pricing.price_collective(topo, "allreduce", "tree", 1e8, ("analytic", "des"))
+    apart = np.linspace(0.0, 1e-3, topo.ranks)
+    fewest = {}
+    for starts in (apart, None):
+        least = float("inf")
+        for way in pricing.plans(topo, "allreduce", "tree", 1e8):  # each protocol's, its chunk count its own
+            links = way.choice.protocol.links(topo)
+            folded = des._fold(way.schedule, links, np.zeros(topo.ranks) if starts is None else starts, True)
+            simulated = des.expected_events(way.schedule, folded.reps)
+            like = build("allreduce", "tree", 1e8, links, 1)
+            assert des.expected_events(like, des.simulated_ranks(like, links, starts),
+                                       way.schedule.message_count) == simulated
+            least = min(least, simulated)
+        fewest[starts is None] = least
+        monkeypatch.setattr(limits, "DES_EVENTS", least)
+        pricing.refuse_unsimulable(topo, "allreduce", "tree", 1e8, start_times=starts)  # the cheapest one may run
+        monkeypatch.setattr(limits, "DES_EVENTS", least - 1)
+        with pytest.raises(limits.TooMuchWork, match=f"tree allreduce on {topo.ranks:,} ranks: the DES would"):
+            pricing.refuse_unsimulable(topo, "allreduce", "tree", 1e8, start_times=starts)
+    assert fewest[True] <= fewest[False]  # folding never adds events
+    with monkeypatch.context() as patched:  # (the limit is the folded run's, less one)
+        patched.setattr(pricing, "plan", lambda *a, **k: pytest.fail("a plan was built before refusing"))
+        for algo in ("tree", "all"):  # 'all': the ring, which may run, is not simulated only to be thrown away
+            with pytest.raises(limits.TooMuchWork, match="the DES would process"):
+                pricing.price_collective(topo, "allreduce", algo, 1e8, ("analytic", "des"))
+    with pytest.raises(CollectiveError, match="chunk count must be between 1 and 64"):
+        pricing.refuse_unsimulable(topo, "allreduce", "tree", 1e8, chunks=1000)
 
 
 def test_long_des_runs_report_progress_with_the_estimate(monkeypatch):

@@ -155,6 +155,14 @@ def build(op: str, algo: str, nbytes: float, topo: Topology, chunks: int | None 
 
     ``chunks`` fixes a pipelined algorithm's piece count (default: the count its closed form prices lowest).
     """
+    op = _checked(op, algo, nbytes, chunks)
+    with limits.counting_stored(f"{algo} {op} on {topo.ranks:,} ranks"):
+        steps, detail = ALGORITHMS[op][algo](topo, float(nbytes), chunks)
+    return Schedule(op, algo, topo.ranks, float(nbytes), tuple(steps), detail)
+
+
+def _checked(op: str, algo: str, nbytes: float, chunks: int | None) -> str:
+    """``op``'s name, once ``algo`` of ``nbytes`` in ``chunks`` pieces is a schedule the catalogue can build."""
     op = normalize_op(op)
     table = ALGORITHMS[op]
     if algo not in table:
@@ -167,15 +175,13 @@ def build(op: str, algo: str, nbytes: float, topo: Topology, chunks: int | None 
                               + ", ".join(f"{a} {o}" for o, a in sorted(PIPELINED)))
     if chunks is not None and not 1 <= chunks <= tree.MAX_CHUNKS:
         raise CollectiveError(f"a chunk count must be between 1 and {tree.MAX_CHUNKS} (got {chunks})")
-    with limits.counting_stored(f"{algo} {op} on {topo.ranks:,} ranks"):
-        steps, detail = table[algo](topo, float(nbytes), chunks)
-    return Schedule(op, algo, topo.ranks, float(nbytes), tuple(steps), detail)
+    return op
 
 
 def message_count(op: str, algo: str, nbytes: float, topo: Topology, chunks: int | None = None) -> int | None:
     """The messages ``build(op, algo, nbytes, topo, chunks)`` would hold, where the algorithm counts them without
     building (the tree all-reduce, whose steps grow with ranks × chunks); else None."""
-    if (normalize_op(op), algo) != ("allreduce", "tree"):
+    if (_checked(op, algo, nbytes, chunks), algo) != ("allreduce", "tree"):
         return None
     return tree.chain_tree_messages(topo.nodes, topo.gpus_per_node, _tree_chunks(topo, float(nbytes), chunks),
                                     tree_channels(topo))

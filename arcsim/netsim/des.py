@@ -197,11 +197,11 @@ def expected_events(schedule: Schedule, simulated_ranks: int, messages: int | No
     return limits.des_events((schedule.message_count if messages is None else messages) * share)
 
 
-def events_unbuilt(like: Schedule, messages: int, topo: Topology, start_times: np.ndarray | None = None) -> float:
-    """:func:`expected_events` of a schedule not built yet, from one with its symmetry built cheaply (a pipelined
-    algorithm in one piece: its symmetries do not depend on the piece count) and its message count."""
+def simulated_ranks(schedule: Schedule, topo: Topology, start_times: np.ndarray | None = None) -> int:
+    """The ranks a simulation of ``schedule`` on ``topo`` simulates, its symmetries folded (the tree all-reduce's are
+    the same in any number of chunks: each step is the union of its start levels' edges)."""
     starts = np.zeros(topo.ranks) if start_times is None else np.asarray(start_times, dtype=float)
-    return expected_events(like, _fold(like, topo, starts, use_symmetry=True).reps, messages)
+    return _fold(schedule, topo, starts, use_symmetry=True).reps
 
 
 @dataclass(frozen=True)
