@@ -17,13 +17,21 @@ from pathlib import Path
 
 import numpy as np
 
-from arcsim.collectives import ALGORITHM_NAMES, PIPELINED, Schedule, build, busbw_factor, message_count, normalize_op
+from arcsim.collectives import (
+    ALGORITHM_NAMES,
+    PIPELINED,
+    Schedule,
+    build,
+    busbw_factor,
+    limits,
+    message_count,
+    normalize_op,
+)
 from arcsim.collectives.libraries import LIBRARIES, Choice, get_library
-from arcsim.collectives.limits import TooMuchWork, check_des, lifted
+from arcsim.collectives.limits import TooMuchWork, lifted
 from arcsim.comm.log import GROUPS, CommRecord, on_ranks
 from arcsim.errors import CollectiveError
-from arcsim.netsim import ENGINES, estimate
-from arcsim.netsim.des import expected_events, simulated_ranks
+from arcsim.netsim import ENGINES, des, estimate
 from arcsim.topology import Topology
 
 # the catalogue's algorithms, those a library runs on other steps (NCCL's NVLS), and the library's own choice or all
@@ -116,26 +124,30 @@ def _choices(topo: Topology, op: str, algo: str, nbytes: float, chunks: int | No
 
 def refuse_unsimulable(topo: Topology, op: str, algo: str, nbytes: float, chunks: int | None = None,
                        start_times: np.ndarray | None = None) -> None:
-    """Refuse before building anything when the DES could run none of the library's ways of ``op`` within its event
-    limit (arcsim.collectives.limits), where their messages are counted without building (message_count; a
-    131,072-rank tree all-reduce is refused in 0.15 s instead of the 2.7 s of building and pricing it first). Its
-    symmetries are read from the algorithm in one chunk, once: protocols change its links' speeds, not their shape."""
+    """Refuse before building any schedule to simulate when the DES could run none of the library's ways of ``op``
+    within its event limit (arcsim.collectives.limits), where their messages are counted without building
+    (message_count; docs/collectives.md has the time it saves). Ways too large to store are left to plan(), which
+    refuses them for that. Symmetries, which only lower the estimate, are read only where the messages alone pass the
+    limit: from the algorithm built in one chunk, once (protocols change its links' speeds, not their shape)."""
     if lifted():
         return
     op = normalize_op(op)
-    choices = _choices(topo, op, algo, nbytes, chunks)
     least, folded = float("inf"), {}
-    for c in choices:
+    for c in _choices(topo, op, algo, nbytes, chunks):
         links = c.protocol.links(topo)
-        messages = message_count(c.runs_as or op, c.steps, nbytes, links, c.chunks)
-        if messages is None:
-            return
+        try:
+            messages = message_count(c.runs_as or op, c.steps, nbytes, links, c.chunks)
+        except TooMuchWork:  # too large to build: plan() refuses it as such, or runs another way
+            continue
+        if messages is None or limits.des_events(messages) <= limits.DES_EVENTS:
+            return  # this way may be simulated
         if c.steps not in folded:
             like = build(c.runs_as or op, c.steps, nbytes, links, 1)
-            folded[c.steps] = (like, simulated_ranks(like, links, start_times))
-        least = min(least, expected_events(*folded[c.steps], messages))
-    if choices:
-        check_des(f"{choices[0].steps} {op} on {topo.ranks:,} ranks", least)
+            folded[c.steps] = (like, des.simulated_ranks(like, links, start_times))
+        least = min(least, des.expected_events(*folded[c.steps], messages))
+        what = f"{c.steps} {op} on {topo.ranks:,} ranks"
+    if least < float("inf"):
+        limits.check_des(what, least)
 
 
 def plan(topo: Topology, op: str, algo: str, nbytes: float, chunks: int | None = None) -> Plan:

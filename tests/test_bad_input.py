@@ -63,6 +63,8 @@ CASES = [
       "resnet50-h100-b32-fp32.json"], "does not match trace"),
     (["collective", "-t", "16384x8-ib400", "--algo", "tree", "--engine", "des"], "DES would process about"),
     (["collective", "-t", "16384x8-ib400x8", "--algo", "tree", "--chunks", "64"], "steps hold more than 50 M messages"),
+    (["collective", "-t", "16384x8-ib400x8", "--algo", "tree", "--chunks", "64", "--engine", "des"],
+     "steps hold more than 50 M messages"),  # too large to build, not only to simulate: said so, as for analytic
     (["train", "--gpu", "h100", "--steps", "1"], "give --topology too"),
     (["train", "--topology", "8x1-eth1", "--gpu", "x100", "--steps", "1"], "unknown GPU 'x100'"),
     (["sweep", "--gpu", "x100", "-o", "{tmp}/sweep"], "unknown GPU 'x100'"),

@@ -180,11 +180,14 @@ def _checked(op: str, algo: str, nbytes: float, chunks: int | None) -> str:
 
 def message_count(op: str, algo: str, nbytes: float, topo: Topology, chunks: int | None = None) -> int | None:
     """The messages ``build(op, algo, nbytes, topo, chunks)`` would hold, where the algorithm counts them without
-    building (the tree all-reduce, whose steps grow with ranks × chunks); else None."""
-    if (_checked(op, algo, nbytes, chunks), algo) != ("allreduce", "tree"):
+    building (the tree all-reduce, whose steps grow with ranks × chunks), refused as build() would refuse them for
+    their stored size; else None."""
+    op = _checked(op, algo, nbytes, chunks)
+    if (op, algo) != ("allreduce", "tree"):
         return None
-    return tree.chain_tree_messages(topo.nodes, topo.gpus_per_node, _tree_chunks(topo, float(nbytes), chunks),
-                                    tree_channels(topo))
+    with limits.counting_stored(f"{algo} {op} on {topo.ranks:,} ranks"):
+        return tree.chain_tree_messages(topo.nodes, topo.gpus_per_node, _tree_chunks(topo, float(nbytes), chunks),
+                                        tree_channels(topo))
 
 
 def busbw_factor(op: str, ranks: int) -> float:
