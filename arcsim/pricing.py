@@ -139,7 +139,7 @@ def refuse_unsimulable(topo: Topology, op: str, algo: str, nbytes: float, chunks
             messages = message_count(c.runs_as or op, c.steps, nbytes, links, c.chunks)
         except TooMuchWork:  # too large to build: plan() refuses it as such, or runs another way
             continue
-        if messages is None or limits.des_events(messages) <= limits.DES_EVENTS:
+        if messages is None or limits.within_des(limits.des_events(messages)):
             return  # this way may be simulated
         if c.steps not in folded:
             like = build(c.runs_as or op, c.steps, nbytes, links, 1)

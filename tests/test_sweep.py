@@ -422,6 +422,21 @@ def _children(pid: int) -> list[int]:
     return kids
 
 
+def _still_running(pids: list[int], within_s: float = 60.0) -> list[int]:
+    """Those of ``pids`` neither gone nor a zombie after up to ``within_s`` seconds of waiting for them to end (a
+    liveness bound, not a speed goal)."""
+    def running(pid: int) -> bool:
+        try:
+            return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+        except FileNotFoundError:
+            return False
+
+    deadline = time.monotonic() + within_s
+    while (alive := [p for p in pids if running(p)]) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return alive
+
+
 def test_pool_workers_die_with_a_killed_sweep(tmp_path):
     out = tmp_path / "s"
     args = [sys.executable, "-m", "arcsim", "sweep", "-c", "dense,topk,randk,arctopk,star", "-d", "0.001,0.01,0.1",
@@ -437,12 +452,7 @@ def test_pool_workers_die_with_a_killed_sweep(tmp_path):
     assert len(workers) >= 2, "the pool never started"
     proc.kill()  # SIGKILL: no handler runs in the parent
     proc.wait()
-    deadline = time.monotonic() + 60  # a liveness bound, not a speed goal
-    alive = workers
-    while alive and time.monotonic() < deadline:
-        alive = [w for w in workers if Path(f"/proc/{w}").exists()
-                 and Path(f"/proc/{w}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"]
-        time.sleep(0.2)
+    alive = _still_running(workers)
     assert not alive, f"pool workers {alive} outlived their killed parent"
 
 
@@ -460,11 +470,6 @@ if __name__ == "__main__":
 """
 
 
-def _ended(pid: int) -> bool:
-    stat = Path(f"/proc/{pid}/stat")
-    return not stat.exists() or stat.read_text().rsplit(")", 1)[1].split()[0] == "Z"
-
-
 def test_busy_pool_workers_die_with_a_killed_sweep(tmp_path):
     """The pool's workers are forked by its forkserver, which outlives the sweep while they live: a worker busy with
     a point (here a ten-minute one) ends with the sweep all the same."""
@@ -474,10 +479,8 @@ def test_busy_pool_workers_die_with_a_killed_sweep(tmp_path):
     assert len(workers) == 2 and owner.pid not in workers
     owner.kill()
     owner.wait()
-    deadline = time.monotonic() + 60  # a liveness bound: the alternative is 600 s
-    while not all(_ended(w) for w in workers) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert all(_ended(w) for w in workers), f"pool workers {workers} outlived their killed sweep"
+    alive = _still_running(workers)  # (left alone, they would sleep 600 s)
+    assert not alive, f"pool workers {alive} outlived their killed sweep"
 
 
 def test_pool_workers_take_the_sweeps_environment_not_their_servers(monkeypatch):

@@ -84,9 +84,14 @@ def des_events(simulated_messages: float) -> float:
     return EVENTS_PER_MESSAGE * simulated_messages
 
 
+def within_des(events: float) -> bool:
+    """Whether a DES estimated at ``events`` events is within ``DES_EVENTS``."""
+    return events <= DES_EVENTS
+
+
 def check_des(what: str, events: float) -> None:
     """Refuse a DES estimated past ``DES_EVENTS`` events, unless the limits are lifted."""
-    if events > DES_EVENTS and not _unlimited.get():
+    if not within_des(events) and not _unlimited.get():
         raise TooMuchWork(f"{what}: the DES would process about {events / 1e6:,.0f} M events (~"
                           f"{events / EVENTS_PER_SECOND / 60:,.0f} min here); use --engine analytic, fewer ranks, "
                           "or --force to run it anyway")
